@@ -1,0 +1,187 @@
+"""Layout checks run before any process group exists, each saying what to change.
+
+They catch what otherwise fails minutes into a launch (or at ``initialize_model_parallel``):
+a world size the parallel sizes do not divide, layers that do not split over pipeline stages
+(including uneven first/last stages and virtual stages), heads and GDN heads that tensor
+parallelism cannot split, experts that expert parallelism cannot split, an expert group that
+does not tile the data-parallel group, sequence lengths that context or sequence parallelism
+cannot split, and a global batch that micro batches and data parallelism do not divide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int | None
+    vpp: int | None
+    dp: int | None  # None when the world size is not divisible
+    world: int
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"DP{self.dp if self.dp is not None else '?'}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str  # error | warning
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+def layout_of(cfg: Any, world_size: int) -> Layout:
+    m = cfg.model
+    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size or 1
+    mp = tp * pp * cp
+    return Layout(
+        tp=tp, pp=pp, cp=cp, ep=m.expert_model_parallel_size or 1, etp=m.expert_tensor_parallel_size,
+        vpp=m.virtual_pipeline_model_parallel_size, dp=world_size // mp if world_size % mp == 0 else None,
+        world=world_size,
+    )
+
+
+def stage_layers(cfg: Any) -> list[int] | None:
+    """Decoder layers per pipeline stage, or None when they cannot be split."""
+    m = cfg.model
+    pp, n = m.pipeline_model_parallel_size, m.num_layers
+    first = getattr(m, "num_layers_in_first_pipeline_stage", None)
+    last = getattr(m, "num_layers_in_last_pipeline_stage", None)
+    if pp == 1:
+        return [n]
+    middle_stages = pp - (first is not None) - (last is not None)
+    rest = n - (first or 0) - (last or 0)
+    if rest < 0 or (middle_stages == 0 and rest != 0) or (middle_stages and rest % middle_stages):
+        return None
+    mid = [rest // middle_stages] * middle_stages if middle_stages else []
+    return ([first] if first is not None else []) + mid + ([last] if last is not None else [])
+
+
+def _div(a: int, b: int) -> bool:
+    return b > 0 and a % b == 0
+
+
+def check(cfg: Any, world_size: int) -> list[Problem]:
+    m, problems = cfg.model, []
+
+    def err(msg: str) -> None:
+        problems.append(Problem("error", msg))
+
+    def warn(msg: str) -> None:
+        problems.append(Problem("warning", msg))
+
+    lay = layout_of(cfg, world_size)
+    mp = lay.tp * lay.pp * lay.cp
+    if lay.dp is None:
+        err(f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {mp}; "
+            f"launch a multiple of {mp} GPUs or change -tp/-pp/-cp")
+
+    # Layers over pipeline stages (and virtual stages).
+    stages = stage_layers(cfg)
+    if stages is None:
+        err(f"{m.num_layers} layers do not split over PP={lay.pp} stages with first={m.num_layers_in_first_pipeline_stage}"
+            f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
+            f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp")
+    if lay.vpp:
+        if lay.pp == 1:
+            err("virtual pipeline stages need PP > 1: unset -vp or raise -pp")
+        elif stages is not None and any(s % lay.vpp for s in stages):
+            err(f"layers per stage {stages} are not divisible by VPP={lay.vpp}; choose -vp dividing every stage")
+
+    # Heads over tensor parallelism.
+    for what, n in (("attention heads", m.num_attention_heads), ("KV heads (num_query_groups)", m.num_query_groups),
+                    ("GDN key heads", getattr(m, "linear_num_key_heads", None)),
+                    ("GDN value heads", getattr(m, "linear_num_value_heads", None))):
+        if n and not _div(n, lay.tp):
+            err(f"{what} = {n} is not divisible by TP={lay.tp}; use -tp dividing {n}")
+
+    # Experts over expert parallelism; the expert group must tile the data-parallel group.
+    experts = m.num_moe_experts
+    if experts:
+        if lay.etp is None:
+            err("model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)")
+        if not _div(experts, lay.ep):
+            err(f"{experts} experts are not divisible by EP={lay.ep}; use -ep dividing {experts}")
+        etp = lay.etp or lay.tp
+        if lay.dp is not None and not _div(lay.tp * lay.cp * lay.dp, lay.ep * etp):
+            err(f"EP x ETP = {lay.ep} x {etp} must divide TP x CP x DP = {lay.tp} x {lay.cp} x {lay.dp} "
+                f"(the GPUs of one pipeline stage); lower -ep/-etp or raise the data-parallel size")
+    elif lay.ep > 1:
+        err(f"EP={lay.ep} on a dense model: set -ep 1")
+
+    # Sequence length over context and sequence parallelism.
+    seq = m.seq_length
+    data_seq = getattr(cfg.dataset, "seq_length", seq)
+    if data_seq != seq:
+        err(f"model.seq_length={seq} differs from dataset.seq_length={data_seq}; set both (-sl sets both)")
+    if lay.cp > 1 and not _div(seq, 2 * lay.cp):
+        err(f"sequence length {seq} is not divisible by 2 x CP = {2 * lay.cp} (load-balanced context parallelism)")
+    if m.sequence_parallel:
+        if lay.tp == 1:
+            warn("sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
+        elif not _div(seq // lay.cp, lay.tp):
+            err(f"sequence length per CP rank {seq // lay.cp} is not divisible by TP={lay.tp} under sequence parallelism")
+    elif lay.tp > 1 and experts:
+        err("TP > 1 with MoE needs sequence parallelism (Megatron-Core requires it); set model.sequence_parallel=true")
+
+    if getattr(m, "calculate_per_token_loss", False) and getattr(cfg.ddp, "average_in_collective", False):
+        err("per-token loss sums gradients across ranks and cannot average in the collective; "
+            "set ddp.average_in_collective=false")
+
+    # Batch shape.
+    gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
+    if lay.dp is not None and not _div(gbs, mbs * lay.dp):
+        err(f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
+            f"use -gb as a multiple of {mbs * lay.dp} or change -mb")
+    return problems
+
+
+def errors(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if p.severity == "error"]
+
+
+def summary(cfg: Any, world_size: int) -> str:
+    """One screen describing the layout and batch a launch will use."""
+    m, t = cfg.model, cfg.train
+    lay = layout_of(cfg, world_size)
+    stages = stage_layers(cfg)
+    mbs_per_step = t.global_batch_size // (t.micro_batch_size * lay.dp) if lay.dp else "?"
+    recompute = (f"{m.recompute_granularity} {m.recompute_method or ''} {m.recompute_num_layers or ''}".strip()
+                 if m.recompute_granularity else "none")
+    opt = cfg.optimizer
+    offload = f"CPU offload {getattr(opt, 'optimizer_offload_fraction', 0):g}" if getattr(opt, "optimizer_cpu_offload", False) else "on GPU"
+    lines = [
+        f"world size        {world_size}  ->  {lay.label()}",
+        f"layers per stage  {stages if stages is not None else 'invalid'}"
+        + (f" (VPP {lay.vpp})" if lay.vpp else ""),
+        f"sequence          {m.seq_length} tokens"
+        + (f", SP" if m.sequence_parallel else "") + (f", CP{lay.cp}" if lay.cp > 1 else ""),
+        f"batch             global {t.global_batch_size} = micro {t.micro_batch_size} x DP {lay.dp} x {mbs_per_step} micro-batches",
+        f"recompute         {recompute}",
+    ]
+    if m.num_moe_experts:
+        lines.append(f"MoE               {m.num_moe_experts} experts top-{m.moe_router_topk}, "
+                     f"{m.num_moe_experts // lay.ep} per GPU, dispatcher {m.moe_token_dispatcher_type}"
+                     + (f"/{m.moe_flex_dispatcher_backend}" if m.moe_token_dispatcher_type == "flex" else ""))
+    lines.append(f"optimizer         {opt.optimizer}, distributed={opt.use_distributed_optimizer}, "
+                 f"precision-aware={getattr(opt, 'use_precision_aware_optimizer', False)}, {offload}")
+    lines.append(f"precision         {cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else type(cfg.mixed_precision).__name__}")
+    lines.append(f"train             {t.train_iters} steps, lr {opt.lr:g} -> {opt.min_lr:g}")
+    return "\n".join(lines)

@@ -1,0 +1,132 @@
+"""Command line of scripts/run_recipe.py: list, build, override, check, dry-run, run.
+
+Exit codes: 0 success, 2 bad input (unknown recipe, bad override, layout that cannot work),
+anything else comes from the training run itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+from typing import Any
+
+from bridge_recipes.runner import registry
+from bridge_recipes.runner.overrides import FLAG_KEYS, OverrideError, apply_all
+
+USAGE_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="run_recipe.py",
+        description="Build, check and run a Qwen3.5/3.6 recipe. Trailing KEY=VALUE overrides use Hydra "
+        "grammar (a.b=1, +env_vars.X=1, ~peft, lists, null) and win over the convenience flags.",
+    )
+    p.add_argument("--list", action="store_true", help="print the recipe table and exit")
+    p.add_argument("--filter", nargs="+", default=[], metavar="TERM",
+                   help="with --list: keep rows matching every term (e.g. h200 sft)")
+    p.add_argument("--recipe", help="exported recipe function name")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build, override and check; print the resolved YAML and the layout; no GPU needed")
+    p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
+    p.add_argument("--show-env", action="store_true",
+                   help="print the environment the training process starts with (after the re-exec) and exit")
+    g = p.add_argument_group("convenience flags (applied before trailing overrides)")
+    for dest, keys in FLAG_KEYS.items():
+        opt = f"-{dest}" if len(dest) <= 3 else f"--{dest.replace('_', '-')}"
+        kind = str if dest in ("save_dir", "load_dir", "pretrained_checkpoint") else float if "lr" in dest else int
+        g.add_argument(opt, dest=dest, type=kind, help=" and ".join(keys))
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    return p
+
+
+def fail(msg: str) -> int:
+    print(f"run_recipe.py: error: {msg}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def world_size_of(args: argparse.Namespace) -> int:
+    return args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def megatron_validation(cfg: Any, world_size: int) -> str | None:
+    """Megatron-Bridge's own pre-launch validation on a copy; the error text, or None."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", *cfg.env_vars)}
+    os.environ["WORLD_SIZE"] = str(world_size)
+    try:
+        probe = copy.deepcopy(cfg)
+        probe.model.gradient_accumulation_fusion = False  # needs APEX, decided at launch
+        runtime_config_update(probe)
+        return None
+    except (AssertionError, ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
+    entry = registry.find(args.recipe)
+    cfg = registry.load(args.recipe)()
+    apply_all(cfg, vars(args), args.overrides)
+    return entry, cfg
+
+
+def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list:
+        entries = [e for e in registry.discover().values() if registry.matches(e, args.filter)]
+        print(registry.table(sorted(entries, key=lambda e: (e.tree, e.name))))
+        return 0
+    if not args.recipe:
+        return fail("--recipe NAME is required (or --list to see the recipes)")
+    try:
+        entry, cfg = build(args)
+    except registry.UnknownRecipe as exc:
+        return fail(str(exc))
+    except OverrideError as exc:
+        return fail(str(exc))
+
+    from bridge_recipes.runner import checks, environment
+
+    world = world_size_of(args)
+    problems = checks.check(cfg, world)
+    for p in problems:
+        print(f"[run_recipe] {p}", file=sys.stderr)
+    if checks.errors(problems):
+        return fail(f"the layout of {entry.name} cannot run on {world} GPU(s); fix the errors above")
+
+    if args.dry_run:
+        cfg.print_yaml()
+        print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
+        print(checks.summary(cfg, world))
+        problem = megatron_validation(cfg, world)
+        if problem:
+            return fail(f"Megatron-Bridge rejects this config: {problem}")
+        print("checks: ok (layout checks and Megatron-Bridge validation passed)")
+        return 0
+
+    environment.reexec_with(cfg.env_vars)  # returns only once the environment is in place
+    if args.show_env:
+        state = start_state or {}
+        names = sorted(cfg.env_vars)
+        print(json.dumps({
+            "reexecuted_from_pid": os.environ.get(environment.MARKER),
+            "transformer_engine_imported_at_start": state.get("transformer_engine_imported"),
+            "recipe_env_at_start": {k: (state.get("environ") or {}).get(k) for k in names},
+        }, indent=1))
+        return 0
+
+    from bridge_recipes.runner import launch
+
+    print(checks.summary(cfg, world), flush=True)
+    launch.run(cfg, entry.meta.task)
+    return 0

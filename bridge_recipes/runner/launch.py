@@ -1,0 +1,121 @@
+"""Hand a checked config to Megatron-Bridge's pretrain / finetune with the right forward step.
+
+Two differences between a registry install and an NGC container stop a run; each is handled
+here when it applies and reported in one log line:
+- ``initialize_megatron`` runs ``make`` to compile the dataset index helpers, but the
+  megatron-core wheel ships the compiled ``helpers_cpp`` and no Makefile: the compile step is
+  skipped when the compiled module imports.
+- ``gradient_accumulation_fusion`` (on by default) needs APEX's
+  ``fused_weight_gradient_mlp_cuda``: without APEX it is turned off.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any, Callable
+
+LOG = "[run_recipe]"
+
+
+def _log(msg: str) -> None:
+    print(f"{LOG} {msg}", flush=True)
+
+
+def dataset_helpers_prebuilt() -> bool:
+    """The wheel's compiled helpers import and there is no Makefile to build them with."""
+    spec = importlib.util.find_spec("megatron.core.datasets")
+    folder = Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+    if folder is None or (folder / "Makefile").exists():
+        return False
+    try:
+        importlib.import_module("megatron.core.datasets.helpers_cpp")
+        return True
+    except ImportError:
+        return False
+
+
+def skip_helper_compile_if_prebuilt() -> bool:
+    if not dataset_helpers_prebuilt():
+        return False
+    import megatron.bridge.training.initialize as init
+
+    init.compile_helpers = lambda: None
+    _log("dataset helpers: using the compiled helpers_cpp shipped in the megatron-core wheel (no Makefile to run)")
+    return True
+
+
+def apex_grad_fusion_available() -> bool:
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
+
+def disable_grad_fusion_without_apex(cfg: Any) -> bool:
+    if not getattr(cfg.model, "gradient_accumulation_fusion", False) or apex_grad_fusion_available():
+        return False
+    cfg.model.gradient_accumulation_fusion = False
+    _log("gradient_accumulation_fusion: off (needs APEX's fused_weight_gradient_mlp_cuda, not installed)")
+    return True
+
+
+def flash_attn_available() -> bool:
+    return any(importlib.util.find_spec(m) is not None for m in ("flash_attn", "flash_attn_interface"))
+
+
+def fall_back_from_flash_without_flash_attn(cfg: Any) -> bool:
+    """TE's flash backend needs the flash-attn package; without it TE's own (cuDNN) attention runs."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    if getattr(cfg.model, "attention_backend", None) != AttnBackend.flash or flash_attn_available():
+        return False
+    cfg.model.attention_backend = AttnBackend.auto
+    _log("attention_backend: flash -> auto (flash-attn is not installed; Transformer Engine picks its fused attention)")
+    return True
+
+
+def prepare_for_registry_install(cfg: Any) -> None:
+    """Apply the registry-install adjustments that apply (each logs one line)."""
+    disable_grad_fusion_without_apex(cfg)
+    fall_back_from_flash_without_flash_attn(cfg)
+    skip_helper_compile_if_prebuilt()
+
+
+def is_vlm(cfg: Any) -> bool:
+    return hasattr(cfg.model, "vision_config")
+
+
+def forward_step_for(cfg: Any) -> Callable:
+    """VL models feed images through vlm_step; text models use gpt_step."""
+    if is_vlm(cfg):
+        from megatron.bridge.training.vlm_step import forward_step
+    else:
+        from megatron.bridge.training.gpt_step import forward_step
+    return forward_step
+
+
+def entry_point_name(cfg: Any, task: str) -> str:
+    """``finetune`` for SFT/PEFT starting from weights; ``pretrain`` otherwise (random init)."""
+    if task in ("sft", "peft") and (cfg.checkpoint.pretrained_checkpoint or cfg.peft is not None):
+        return "finetune"
+    return "pretrain"
+
+
+def entry_point_for(cfg: Any, task: str) -> Callable:
+    name = entry_point_name(cfg, task)
+    if name == "finetune":
+        from megatron.bridge.training.finetune import finetune
+
+        return finetune
+    if task in ("sft", "peft"):
+        _log("no checkpoint.pretrained_checkpoint: fine-tuning recipe runs from random init through pretrain()")
+    from megatron.bridge.training.pretrain import pretrain
+
+    return pretrain
+
+
+def run(cfg: Any, task: str) -> None:
+    prepare_for_registry_install(cfg)
+    step = forward_step_for(cfg)
+    entry = entry_point_for(cfg, task)
+    _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")
+    entry(cfg, step)

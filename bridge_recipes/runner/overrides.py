@@ -1,0 +1,233 @@
+"""Command-line overrides of a built ConfigContainer: convenience flags, then ``KEY=VALUE``.
+
+The grammar is Hydra's (parsed by Hydra's own override parser): ``a.b=1``, ``+a.key=v`` adds a
+dictionary key, ``++a.b=v`` sets or adds, ``~a.b`` deletes a dictionary key or sets an
+optional field to null, lists ``[1,2]``, ``null``, quoted strings, typed numbers and booleans.
+
+Unlike a round trip through OmegaConf, each override is applied to the live object, so
+nothing else in the config is rewritten, and every problem is an :class:`OverrideError` that
+names the token: a key that does not exist (with the nearest valid keys), a value of the wrong
+type, or a malformed token. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+# Convenience flags (argparse dest -> dotted keys they set). -sl sets both sequence lengths,
+# which must agree.
+FLAG_KEYS: dict[str, tuple[str, ...]] = {
+    "tp": ("model.tensor_model_parallel_size",),
+    "pp": ("model.pipeline_model_parallel_size",),
+    "cp": ("model.context_parallel_size",),
+    "vp": ("model.virtual_pipeline_model_parallel_size",),
+    "ep": ("model.expert_model_parallel_size",),
+    "etp": ("model.expert_tensor_parallel_size",),
+    "gb": ("train.global_batch_size",),
+    "mb": ("train.micro_batch_size",),
+    "sl": ("model.seq_length", "dataset.seq_length"),
+    "max_steps": ("train.train_iters",),
+    "lr": ("optimizer.lr",),
+    "min_lr": ("optimizer.min_lr",),
+    "warmup_iters": ("scheduler.lr_warmup_iters",),
+    "save_dir": ("checkpoint.save",),
+    "load_dir": ("checkpoint.load",),
+    "pretrained_checkpoint": ("checkpoint.pretrained_checkpoint",),
+    "save_interval": ("checkpoint.save_interval",),
+}
+
+
+class OverrideError(ValueError):
+    """An override that cannot be applied; the message names the token and the fix."""
+
+
+@dataclass(frozen=True)
+class Override:
+    key: str
+    kind: str  # set | add | force_add | delete
+    value: Any
+    token: str
+
+
+def parse(token: str) -> Override:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "=" not in token and not token.startswith("~"):
+        raise OverrideError(f"malformed override {token!r}: expected KEY=VALUE (or ~KEY to delete)")
+    try:
+        o = OverridesParser.create().parse_override(token)
+    except Exception as exc:  # Hydra raises its own exception types for grammar errors
+        raise OverrideError(f"malformed override {token!r}: {exc}") from None
+    kind = "delete" if o.is_delete() else "force_add" if o.is_force_add() else "add" if o.is_add() else "set"
+    return Override(o.key_or_group, kind, None if kind == "delete" else o.value(), token)
+
+
+def flag_overrides(flags: dict[str, Any]) -> list[Override]:
+    """Overrides for the convenience flags that were given (value not None)."""
+    out = []
+    for dest, keys in FLAG_KEYS.items():
+        if flags.get(dest) is not None:
+            out += [Override(k, "set", flags[dest], f"--{dest.replace('_', '-')} {flags[dest]}") for k in keys]
+    return out
+
+
+def _children(obj: Any) -> list[str]:
+    if isinstance(obj, dict):
+        return [str(k) for k in obj]
+    if dataclasses.is_dataclass(obj):
+        return [f.name for f in dataclasses.fields(obj) if not f.name.startswith("_")]
+    return []
+
+
+def _has(obj: Any, name: str) -> bool:
+    if isinstance(obj, dict):
+        return name in obj
+    return dataclasses.is_dataclass(obj) and name in {f.name for f in dataclasses.fields(obj)}
+
+
+def _nearest(obj: Any, name: str, prefix: str) -> str:
+    near = difflib.get_close_matches(name, _children(obj), n=3, cutoff=0.5)
+    if not near:
+        return ""
+    return " Nearest valid keys: " + ", ".join(f"{prefix}{n}" for n in near) + "."
+
+
+def _walk(cfg: Any, parts: list[str], token: str) -> Any:
+    obj, path = cfg, ""
+    for part in parts:
+        if not _has(obj, part):
+            raise OverrideError(f"unknown key {path + part!r} in {token!r}.{_nearest(obj, part, path)}")
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+        path += part + "."
+        if obj is None:
+            raise OverrideError(
+                f"{token!r}: {path[:-1]!r} is null in this recipe, so it has no sub-keys to set"
+            )
+    return obj
+
+
+def _annotation(obj: Any, name: str) -> Any:
+    try:
+        return typing.get_type_hints(type(obj)).get(name)
+    except Exception:  # forward references that cannot be resolved: fall back to the value's type
+        return None
+
+
+def _allowed_types(annotation: Any) -> "tuple[type, ...] | None":
+    """Concrete classes an annotation admits, or None where it cannot be told (Any, callables)."""
+    if annotation is None or annotation is Any:
+        return None
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        out: list[type] = []
+        for arg in typing.get_args(annotation):
+            sub = _allowed_types(arg)
+            if sub is None:
+                return None
+            out += sub
+        return tuple(out)
+    if origin is typing.Literal:
+        return tuple({type(a) for a in typing.get_args(annotation)})
+    if origin is not None:
+        return (origin,) if isinstance(origin, type) else None
+    return (annotation,) if isinstance(annotation, type) else None
+
+
+def _coerce(value: Any, current: Any, allowed: tuple[type, ...] | None, token: str, key: str) -> Any:
+    """The value to store, or OverrideError when its type cannot be the field's."""
+    import torch
+
+    if value is None:
+        if allowed is not None and type(None) not in allowed and current is not None:
+            raise OverrideError(f"{token!r}: {key} cannot be null (expected {_names(allowed)})")
+        return None
+    if isinstance(current, torch.dtype) or (allowed and torch.dtype in allowed):
+        if isinstance(value, str) and isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype):
+            return getattr(torch, value.removeprefix("torch."))
+        raise OverrideError(f"{token!r}: {key} takes a torch dtype name such as bfloat16, not {value!r}")
+    want = allowed if allowed is not None else ((type(current),) if current is not None else None)
+    if want is None:
+        return value
+    if isinstance(value, bool):
+        if bool in want:
+            return value
+    elif isinstance(value, int):
+        if int in want:
+            return value
+        if float in want:
+            return float(value)
+    elif isinstance(value, float):
+        if float in want:
+            return value
+    elif isinstance(value, str):
+        if str in want:
+            return value
+    elif isinstance(value, (list, tuple)):
+        if list in want or tuple in want:
+            return type(current)(value) if isinstance(current, (list, tuple)) else list(value)
+    elif isinstance(value, dict):
+        if dict in want:
+            return dict(value)
+    if str in want and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # e.g. a numeric-looking path or name
+    raise OverrideError(f"{token!r}: {key} expects {_names(want)}, got {type(value).__name__} {value!r}")
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    return " or ".join(sorted({"null" if t is type(None) else t.__name__ for t in kinds}))
+
+
+def apply(cfg: Any, override: Override) -> None:
+    """Apply one override to ``cfg`` in place."""
+    parts = override.key.split(".")
+    if not all(parts):
+        raise OverrideError(f"malformed key in {override.token!r}")
+    parent = _walk(cfg, parts[:-1], override.token)
+    leaf, prefix = parts[-1], ".".join(parts[:-1]) + ("." if len(parts) > 1 else "")
+    exists = _has(parent, leaf)
+    if isinstance(parent, dict):
+        if override.kind == "delete":
+            if not exists:
+                raise OverrideError(f"{override.token!r}: no key {override.key!r} to delete.{_nearest(parent, leaf, prefix)}")
+            del parent[leaf]
+        elif override.kind == "add" and exists:
+            raise OverrideError(f"{override.token!r}: {override.key!r} exists already; set it without '+' or use '++'")
+        elif override.kind == "set" and not exists:
+            raise OverrideError(
+                f"unknown key {override.key!r} in {override.token!r}; add a new entry with "
+                f"'+{override.key}=...'.{_nearest(parent, leaf, prefix)}"
+            )
+        else:
+            parent[leaf] = override.value
+        return
+    if not dataclasses.is_dataclass(parent):
+        raise OverrideError(f"{override.token!r}: {prefix[:-1]!r} is a {type(parent).__name__}, not a config section")
+    if not exists:
+        how = " ('+' adds keys to dictionaries such as env_vars, not fields)" if override.kind != "set" else ""
+        raise OverrideError(f"unknown key {override.key!r} in {override.token!r}{how}.{_nearest(parent, leaf, prefix)}")
+    if override.kind == "add":
+        raise OverrideError(f"{override.token!r}: {override.key!r} exists already; set it without '+'")
+    current = getattr(parent, leaf)
+    allowed = _allowed_types(_annotation(parent, leaf))
+    if override.kind == "delete":
+        setattr(parent, leaf, _coerce(None, current, allowed, override.token, override.key))
+        return
+    if dataclasses.is_dataclass(current) and not isinstance(override.value, type(current)):
+        raise OverrideError(
+            f"{override.token!r}: {override.key!r} is a section ({type(current).__name__}); set its fields, "
+            f"e.g. {override.key}.{_children(current)[0]}=..."
+        )
+    setattr(parent, leaf, _coerce(override.value, current, allowed, override.token, override.key))
+
+
+def apply_all(cfg: Any, flags: dict[str, Any], tokens: list[str]) -> list[Override]:
+    """Flags first, then trailing tokens (which therefore win). Returns what was applied."""
+    todo = flag_overrides(flags) + [parse(t) for t in tokens]
+    for o in todo:
+        apply(cfg, o)
+    return todo

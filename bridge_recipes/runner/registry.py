@@ -1,0 +1,161 @@
+"""Find recipes by exported function name, reading ``@recipe(...)`` from the source.
+
+Nothing is imported to list recipes: each module under ``bridge_recipes`` and
+``perf_recipes`` is parsed with :mod:`ast`, and the literal arguments of its ``@recipe``
+decorators give the table. Only :func:`load` imports the one module a recipe lives in.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from bridge_recipes.recipe import RecipeMeta
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # bridge_recipes/
+TREES = {"bridge_recipes": PACKAGE_ROOT, "perf_recipes": PACKAGE_ROOT.parent / "perf_recipes"}
+SKIP_DIRS = {"runner", "models", "__pycache__"}
+
+
+class UnknownRecipe(LookupError):
+    """A recipe name that matches nothing; carries the closest names."""
+
+    def __init__(self, name: str, suggestions: list[str]):
+        self.name, self.suggestions = name, suggestions
+        hint = f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""
+        super().__init__(f"no recipe named {name!r}.{hint} ('--list' shows them all)")
+
+
+@dataclass(frozen=True)
+class RecipeEntry:
+    name: str
+    module: str
+    tree: str  # bridge_recipes (real data) | perf_recipes (mock-data benchmark)
+    meta: RecipeMeta
+    summary: str
+    path: Path
+    line: int
+
+
+def _module_constants(module: ast.Module) -> dict[str, object]:
+    """Module-level ``NAME = <literal>`` assignments, usable inside ``@recipe(...)``."""
+    out = {}
+    for node in module.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return out
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, constants: dict[str, object]):
+        self.constants = constants
+
+    def visit_Name(self, node: ast.Name):
+        return ast.Constant(self.constants[node.id]) if node.id in self.constants else node
+
+
+def _recipe_kwargs(fn: ast.FunctionDef, path: Path, constants: dict[str, object]) -> dict | None:
+    for dec in fn.decorator_list:
+        if isinstance(dec, ast.Call) and getattr(dec.func, "id", getattr(dec.func, "attr", None)) == "recipe":
+            try:
+                sub = _Substitute(constants)
+                return {kw.arg: ast.literal_eval(sub.visit(kw.value)) for kw in dec.keywords}
+            except ValueError as exc:
+                raise ValueError(
+                    f"{path}:{fn.lineno}: @recipe arguments of {fn.name} must be literals or module-level "
+                    f"literal constants ({exc})"
+                ) from None
+    return None
+
+
+def _module_name(tree: str, root: Path, path: Path) -> str:
+    rel = path.relative_to(root).with_suffix("")
+    return ".".join((tree, *rel.parts))
+
+
+def scan_file(tree: str, root: Path, path: Path) -> list[RecipeEntry]:
+    module = ast.parse(path.read_text(), filename=str(path))
+    constants = _module_constants(module)
+    out = []
+    for node in module.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        kwargs = _recipe_kwargs(node, path, constants)
+        if kwargs is None:
+            continue
+        doc = (ast.get_docstring(node) or "").strip().splitlines()
+        out.append(
+            RecipeEntry(node.name, _module_name(tree, root, path), tree, RecipeMeta(**kwargs),
+                        doc[0] if doc else "", path, node.lineno)
+        )
+    return out
+
+
+@lru_cache(maxsize=1)
+def discover() -> dict[str, RecipeEntry]:
+    """All recipes by name. Two recipes with one name are an error: lookups must be unambiguous."""
+    found: dict[str, RecipeEntry] = {}
+    for tree, root in TREES.items():
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*.py")):
+            if SKIP_DIRS.intersection(path.relative_to(root).parts):
+                continue
+            for entry in scan_file(tree, root, path):
+                if entry.name in found:
+                    other = found[entry.name]
+                    raise ValueError(
+                        f"recipe name {entry.name!r} is defined twice: {other.module} and {entry.module}"
+                    )
+                found[entry.name] = entry
+    return found
+
+
+def find(name: str) -> RecipeEntry:
+    recipes = discover()
+    if name in recipes:
+        return recipes[name]
+    raise UnknownRecipe(name, difflib.get_close_matches(name, recipes, n=3, cutoff=0.6))
+
+
+def load(name: str) -> Callable:
+    """Import the recipe's module and return the function."""
+    entry = find(name)
+    return getattr(importlib.import_module(entry.module), entry.name)
+
+
+def matches(entry: RecipeEntry, terms: list[str]) -> bool:
+    """Every term (case-insensitive) appears in the name, tree, task, GPU type, precision or status."""
+    m = entry.meta
+    hay = " ".join([entry.name, entry.tree, m.task, m.gpu, m.precision, m.status, f"{m.gpus}gpu"]).lower()
+    return all(t.lower() in hay for t in terms)
+
+
+def _figure(d: dict | None) -> str:
+    if not d or d.get("tokens_per_s_per_gpu") is None:
+        return "-"
+    return f"{d['tokens_per_s_per_gpu']:,.1f}"
+
+
+def table(entries: list[RecipeEntry]) -> str:
+    """The --list table: one row a recipe."""
+    header = ("recipe", "tree", "task", "GPUs", "GPU", "prec", "layout", "status", "measured", "published")
+    rows = [
+        (e.name, "perf" if e.tree == "perf_recipes" else "bridge", e.meta.task, str(e.meta.gpus), e.meta.gpu,
+         e.meta.precision, e.meta.layout, e.meta.status, _figure(e.meta.measured), _figure(e.meta.reference))
+        for e in entries
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r) for r in rows]
+    lines.append(f"{len(rows)} recipe(s); tokens/s/GPU in 'measured' and 'published'")
+    return "\n".join(lines)

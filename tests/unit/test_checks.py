@@ -1,0 +1,114 @@
+"""Layout checks: each failure is caught before launch and says what to change."""
+
+import pytest
+
+from bridge_recipes.runner import checks
+
+
+@pytest.fixture
+def moe():
+    from bridge_recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
+
+    return qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
+
+
+@pytest.fixture
+def dense():
+    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
+
+    return qwen35_27b_sft_8gpu_h200_bf16_config()
+
+
+def messages(cfg, world):
+    return [str(p) for p in checks.errors(checks.check(cfg, world))]
+
+
+def test_published_layouts_pass(moe, dense):
+    assert messages(moe, 8) == [] and messages(dense, 8) == []
+
+
+def one_error(cfg, world, pattern):
+    msgs = messages(cfg, world)
+    assert any(__import__("re").search(pattern, m) for m in msgs), msgs
+
+
+def test_world_size_not_divisible(dense):
+    one_error(dense, 6, r"world size 6 is not divisible by TP x PP x CP = 1 x 4 x 1 = 4")
+
+
+def test_layers_against_pipeline_splits(dense):
+    dense.model.num_layers_in_first_pipeline_stage = 15  # 64-15-14 = 35 over 2 middle stages
+    one_error(dense, 8, r"64 layers do not split over PP=4 stages with first=15 last=14")
+
+
+def test_layers_against_pp_without_splits(dense):
+    dense.model.num_layers_in_first_pipeline_stage = dense.model.num_layers_in_last_pipeline_stage = None
+    dense.model.pipeline_model_parallel_size = 3
+    one_error(dense, 6, r"64 layers do not split over PP=3")
+
+
+def test_vpp_against_layers_per_stage(dense):
+    dense.model.virtual_pipeline_model_parallel_size = 3
+    one_error(dense, 8, r"layers per stage \[16, 17, 17, 14\] are not divisible by VPP=3")
+
+
+def test_vpp_needs_pipeline(moe):
+    moe.model.virtual_pipeline_model_parallel_size = 2
+    one_error(moe, 8, "virtual pipeline stages need PP > 1")
+
+
+def test_kv_heads_against_tp(moe):
+    moe.model.tensor_model_parallel_size = 4
+    moe.model.sequence_parallel = True
+    one_error(moe, 8, r"KV heads \(num_query_groups\) = 2 is not divisible by TP=4")
+
+
+def test_experts_against_ep(moe):
+    moe.model.expert_model_parallel_size = 3
+    one_error(moe, 24, "256 experts are not divisible by EP=3")
+
+
+def test_unset_etp_is_refused(moe):
+    moe.model.expert_tensor_parallel_size = None
+    one_error(moe, 8, "expert_tensor_parallel_size is unset and would silently inherit TP")
+
+
+def test_expert_group_against_data_parallel(moe):
+    moe.model.expert_model_parallel_size = 16
+    one_error(moe, 8, r"EP x ETP = 16 x 1 must divide TP x CP x DP = 1 x 1 x 8")
+
+
+def test_sequence_against_cp_and_sp(moe):
+    moe.model.context_parallel_size = 2
+    moe.model.seq_length = moe.dataset.seq_length = 8190
+    one_error(moe, 8, r"sequence length 8190 is not divisible by 2 x CP = 4")
+    moe.model.context_parallel_size = 1
+    moe.model.tensor_model_parallel_size, moe.model.sequence_parallel = 2, True
+    moe.model.expert_model_parallel_size = 4
+    moe.model.seq_length = moe.dataset.seq_length = 8191
+    one_error(moe, 8, r"sequence length per CP rank 8191 is not divisible by TP=2")
+
+
+def test_moe_with_tp_needs_sequence_parallel(moe):
+    moe.model.tensor_model_parallel_size, moe.model.expert_model_parallel_size = 2, 4
+    one_error(moe, 8, "needs sequence parallelism")
+
+
+def test_model_and_data_sequence_lengths_must_agree(moe):
+    moe.dataset.seq_length = 4096
+    one_error(moe, 8, "model.seq_length=8192 differs from dataset.seq_length=4096")
+
+
+def test_global_batch_against_micro_batch_and_dp(moe):
+    moe.train.global_batch_size = 100
+    one_error(moe, 8, r"global batch 100 is not divisible by micro batch x DP = 1 x 8")
+
+
+def test_per_token_loss_cannot_average_in_collective(moe):
+    moe.ddp.average_in_collective = True
+    one_error(moe, 8, "set ddp.average_in_collective=false")
+
+
+def test_summary_describes_the_layout(dense):
+    text = checks.summary(dense, 8)
+    assert "TP1 PP4 DP2" in text and "[16, 17, 17, 14]" in text and "full block 12" in text

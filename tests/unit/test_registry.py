@@ -1,0 +1,88 @@
+"""Recipe discovery: by exported name, without importing Megatron; listing and suggestions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.runner import registry
+from bridge_recipes.runner.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_list_imports_neither_torch_nor_megatron():
+    code = (
+        "import sys, io, contextlib; from bridge_recipes.runner.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf): rc = main(['--list'])\n"
+        "import json; print(json.dumps({'rc': rc, 'heavy': sorted(m for m in ('torch', 'megatron', "
+        "'transformer_engine') if m in sys.modules), 'rows': buf.getvalue().count('_config')}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"rc": 0, "heavy": [], "rows": len(registry.discover())}
+
+
+def test_list_table_has_the_columns_and_figures(capsys):
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header == ["recipe", "tree", "task", "GPUs", "GPU", "prec", "layout", "status", "measured", "published"]
+    row = next(l for l in out.splitlines() if l.startswith("qwen35_35b_a3b_sft_8gpu_h200_bf16_config "))
+    assert "TP1 PP1 EP8 DP8" in row and "4,663.1" in row
+
+
+def test_filter_keeps_rows_matching_every_term(capsys):
+    assert main(["--list", "--filter", "h200", "27b"]) == 0
+    rows = [l for l in capsys.readouterr().out.splitlines() if "_config" in l]
+    assert rows and all("27b" in r and "h200" in r for r in rows)
+
+
+def test_misspelt_name_exits_2_with_the_closest_names(capsys):
+    assert main(["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_confg"]) == 2
+    err = capsys.readouterr().err
+    assert "no recipe named" in err and "qwen35_35b_a3b_sft_8gpu_h200_bf16_config" in err
+
+
+def test_static_metadata_equals_the_runtime_decorator():
+    for name, entry in registry.discover().items():
+        fn = registry.load(name)
+        assert fn.recipe_meta == entry.meta, name
+        assert fn.__module__ == entry.module
+
+
+def test_exported_names_are_exactly_the_decorated_recipes():
+    import importlib
+
+    modules = {e.module for e in registry.discover().values()}
+    for mod in modules:
+        m = importlib.import_module(mod)
+        decorated = {n for n, e in registry.discover().items() if e.module == mod}
+        assert set(m.__all__) == decorated, mod
+
+
+def test_duplicate_recipe_names_are_rejected(tmp_path, monkeypatch):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "r.py").write_text(
+            "from bridge_recipes.recipe import recipe\n"
+            "@recipe(task='sft', gpus=8, gpu='h200', precision='bf16', layout='TP1')\n"
+            "def same_config():\n    pass\n"
+        )
+    monkeypatch.setattr(registry, "TREES", {"bridge_recipes": tmp_path / "a", "perf_recipes": tmp_path / "b"})
+    registry.discover.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="defined twice"):
+            registry.discover()
+    finally:
+        registry.discover.cache_clear()
+
+
+def test_non_literal_metadata_is_reported_with_its_location(tmp_path):
+    path = tmp_path / "r.py"
+    path.write_text("@recipe(task=make_task(), gpus=1, gpu='h200', precision='bf16', layout='x')\ndef x_config(): pass\n")
+    with pytest.raises(ValueError, match=r"r.py:2: @recipe arguments of x_config must be literals"):
+        registry.scan_file("bridge_recipes", tmp_path, path)
