@@ -141,6 +141,9 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     elif lay.tp > 1 and experts:
         err("TP > 1 with MoE needs sequence parallelism (Megatron-Core requires it); set model.sequence_parallel=true")
 
+    problems += [Problem("error", msg) for msg in vision_budget_problems(cfg)]
+    problems += [Problem("error", msg) for msg in dataset_problems(cfg)]
+
     if getattr(m, "calculate_per_token_loss", False) and getattr(cfg.ddp, "average_in_collective", False):
         err("per-token loss sums gradients across ranks and cannot average in the collective; "
             "set ddp.average_in_collective=false")
@@ -151,6 +154,34 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         err(f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
             f"use -gb as a multiple of {mbs * lay.dp} or change -mb")
     return problems
+
+
+def vision_patches_per_micro_batch(cfg: Any) -> int | None:
+    """Upper bound of vision patches in one micro batch from the dataset's image budget (one
+    image per sample, as in image-text pair data), or None when the dataset sets no budget."""
+    enc = getattr(cfg.dataset, "task_encoder", None)
+    max_pixels = getattr(enc, "max_pixels", None)
+    if max_pixels is None:
+        return None
+    patch = getattr(enc, "patch_size", None) or cfg.model.vision_config.patch_size
+    return cfg.train.micro_batch_size * (-(-max_pixels // (patch * patch)))
+
+
+def vision_budget_problems(cfg: Any) -> list[str]:
+    cap = getattr(cfg.model, "max_vision_cuda_graph_seq_length", None)
+    patches = vision_patches_per_micro_batch(cfg) if hasattr(cfg.model, "vision_config") else None
+    if cap is None or patches is None or patches <= cap:
+        return []
+    return [f"image budget of {patches} vision patches per micro batch (micro batch {cfg.train.micro_batch_size} x "
+            f"dataset.task_encoder.max_pixels={cfg.dataset.task_encoder.max_pixels}) exceeds the vision CUDA-graph cap "
+            f"of {cap} this recipe was measured with; lower dataset.task_encoder.max_pixels or the micro batch"]
+
+
+def dataset_problems(cfg: Any) -> list[str]:
+    d = cfg.dataset
+    if type(d).__name__ == "EnergonDatasetConfig" and not getattr(d, "path", None):
+        return ["--dataset energon needs the dataset folder: add dataset.path=/path/to/energon/dataset"]
+    return []
 
 
 def errors(problems: list[Problem]) -> list[Problem]:

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", help="exported recipe function name")
     p.add_argument("--dry-run", action="store_true",
                    help="build, override and check; print the resolved YAML and the layout; no GPU needed")
+    p.add_argument("--dataset", metavar="KIND",
+                   help="replace the recipe's data: mock | energon (VL; then set dataset.path=...)")
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
     p.add_argument("--show-env", action="store_true",
                    help="print the environment the training process starts with (after the re-exec) and exit")
@@ -53,19 +55,28 @@ def world_size_of(args: argparse.Namespace) -> int:
 
 
 def megatron_validation(cfg: Any, world_size: int) -> str | None:
-    """Megatron-Bridge's own pre-launch validation on a copy; the error text, or None."""
-    from megatron.bridge.training.config import runtime_config_update
+    """Megatron-Bridge's own pre-launch validation on a copy; the error text, or None.
+
+    Without a GPU, the one step that asks the GPU (the flex dispatcher's architecture check)
+    is skipped with a note: it runs again at launch."""
+    import megatron.bridge.training.config as mb_config
+    import torch
 
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", *cfg.env_vars)}
     os.environ["WORLD_SIZE"] = str(world_size)
+    probe_gpu = mb_config.validate_flex_dispatcher_backend
+    if not torch.cuda.is_available() and getattr(cfg.model, "moe_token_dispatcher_type", None) == "flex":
+        print("note: the flex dispatcher's GPU-architecture check needs a GPU; skipped here, it runs at launch")
+        mb_config.validate_flex_dispatcher_backend = lambda model_config: None
     try:
         probe = copy.deepcopy(cfg)
         probe.model.gradient_accumulation_fusion = False  # needs APEX, decided at launch
-        runtime_config_update(probe)
+        mb_config.runtime_config_update(probe)
         return None
     except (AssertionError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
+        mb_config.validate_flex_dispatcher_backend = probe_gpu
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -76,6 +87,10 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     entry = registry.find(args.recipe)
     cfg = registry.load(args.recipe)()
+    if args.dataset:
+        from bridge_recipes.runner import datasets
+
+        datasets.select(cfg, args.dataset)
     apply_all(cfg, vars(args), args.overrides)
     return entry, cfg
 
@@ -92,7 +107,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         entry, cfg = build(args)
     except registry.UnknownRecipe as exc:
         return fail(str(exc))
-    except OverrideError as exc:
+    except (OverrideError, ValueError) as exc:
         return fail(str(exc))
 
     from bridge_recipes.runner import checks, environment

@@ -14,6 +14,7 @@ Qwen3.6 checkpoints use these recipes unchanged (same architecture and tokenizer
 from __future__ import annotations
 
 from bridge_recipes.common import pretrain_config, sft_config
+from bridge_recipes.qwen.policy import cpu_optimizer_offload, full_recompute, openrecipes_sft_numerics, set_layout
 from bridge_recipes.recipe import recipe
 from bridge_recipes.scaledown import scale_down
 
@@ -30,63 +31,6 @@ __all__ = [
 SEED_001 = "OpenRecipes Qwen3.6-35B-A3B H200 leaderboard, ATTUNE, measured 2026-10-13 (seed 001)"
 SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (seed 002)"
 
-# The environment of the OpenRecipes H200 runs. NCCL_NVLS_ENABLE there was 1 when the node
-# reports NVLink (p5en does); export NCCL_NVLS_ENABLE=0 where NVLink SHARP must stay off
-# (a value already in the environment wins over the recipe's).
-H200_ENV = {
-    "CUDA_DEVICE_MAX_CONNECTIONS": 1,
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    "TORCHINDUCTOR_COMPILE_THREADS": 1,
-    "NCCL_NVLS_ENABLE": 1,
-}
-
-
-def _sft_numerics(cfg) -> None:
-    """Settings every OpenRecipes H200 SFT run shares (flags of seed 001's command)."""
-    from megatron.core.transformer.enums import AttnBackend
-
-    m, o = cfg.model, cfg.optimizer
-    m.attention_backend = AttnBackend.flash  # --attention-backend flash
-    m.attention_softmax_in_fp32 = True
-    m.attention_dropout = m.hidden_dropout = 0.0
-    m.calculate_per_token_loss = True
-    cfg.ddp.average_in_collective = False  # per-token loss sums in the collective, then divides
-    m.moe_router_dtype = "fp32" if m.num_moe_experts else None
-    # Fused cross entropy keeps the 248K-vocab logits small; Megatron-Core 0.19.2 flags the TE
-    # implementation as unstable, so the real-data recipes use its native fused kernel.
-    m.cross_entropy_loss_fusion, m.cross_entropy_fusion_impl = True, "native"
-    cfg.ddp.grad_reduce_in_fp32 = True  # --accumulate-allreduce-grads-in-fp32
-    o.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = True
-    o.use_precision_aware_optimizer = True
-    cfg.env_vars = dict(H200_ENV)
-
-
-def _full_recompute(cfg, method: str = "uniform", num_layers: int = 1) -> None:
-    cfg.model.recompute_granularity = "full"
-    cfg.model.recompute_method = method
-    cfg.model.recompute_num_layers = num_layers
-
-
-def _cpu_optimizer_offload(cfg) -> None:
-    """All optimizer state on the host, copies overlapped with compute (--optimizer-cpu-offload
-    --overlap-cpu-optimizer-d2h-h2d)."""
-    cfg.optimizer.optimizer_cpu_offload = True
-    cfg.optimizer.optimizer_offload_fraction = 1.0
-    cfg.optimizer.overlap_cpu_optimizer_d2h_h2d = True
-
-
-def _layout(cfg, *, tp=1, pp=1, cp=1, ep=1, etp=1, sp=False, first=None, last=None) -> None:
-    m = cfg.model
-    m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size = tp, pp, cp
-    m.expert_model_parallel_size, m.expert_tensor_parallel_size = ep, etp
-    m.sequence_parallel = sp
-    m.virtual_pipeline_model_parallel_size = None
-    m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage = first, last
-    import torch
-
-    m.pipeline_dtype = torch.bfloat16 if pp > 1 else None
-
-
 # --- Qwen3.5/3.6-35B-A3B ------------------------------------------------------------------
 
 
@@ -94,9 +38,9 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
     """ATTUNE's tuned 8 x H200 layout (seed 001, #1): TP1 PP1 EP8 ETP1 DP8, one 8,192-token row
     per micro batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware
     distributed Adam on the GPU (no offload)."""
-    _sft_numerics(cfg)
-    _layout(cfg, ep=8)
-    _full_recompute(cfg)
+    openrecipes_sft_numerics(cfg)
+    set_layout(cfg, ep=8)
+    full_recompute(cfg)
     cfg.model.moe_token_dispatcher_type = "alltoall"
     cfg.train.micro_batch_size = 1
 
@@ -117,7 +61,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
     the CPU, copies overlapped (seed 001, #2: 3,466.8 published)."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     cfg.train.micro_batch_size = 2
-    _cpu_optimizer_offload(cfg)
+    cpu_optimizer_offload(cfg)
     return cfg
 
 
@@ -127,7 +71,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
     """The 16,384-token offloaded variant with two pipeline stages and EP4 (seed 001, #3:
     3,076.8 published). 40 layers split 20/20."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
-    _layout(cfg, pp=2, ep=4)
+    set_layout(cfg, pp=2, ep=4)
     return cfg
 
 
@@ -146,8 +90,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
     it has not been run at CP2 by this project.
     """
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
-    _layout(cfg, tp=2, cp=2, ep=8, etp=1, sp=True)
-    _cpu_optimizer_offload(cfg)
+    set_layout(cfg, tp=2, cp=2, ep=8, etp=1, sp=True)
+    cpu_optimizer_offload(cfg)
     cfg.model.seq_length = cfg.dataset.seq_length = 32768
     return cfg
 
@@ -160,9 +104,9 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
     8,192-token row per micro batch, full recompute of the first 12 layers of each stage
     (block), precision-aware distributed Adam on the GPU. Block 10 ran out of memory on the
     first stage; PP2 at TP1 ran out on the last stage (FP32 logits of the 248K vocabulary)."""
-    _sft_numerics(cfg)
-    _layout(cfg, pp=4, first=16, last=14)
-    _full_recompute(cfg, "block", 12)
+    openrecipes_sft_numerics(cfg)
+    set_layout(cfg, pp=4, first=16, last=14)
+    full_recompute(cfg, "block", 12)
     cfg.train.micro_batch_size = 1
 
 
@@ -179,10 +123,10 @@ def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
     """The reference ATTUNE compared against (seed 002): slime's run-qwen3.5-27B.sh on one node,
     TP4 with sequence parallelism, PP2 with 34/30 layers, CP1, full uniform recompute,
     optimizer on the CPU, same optimizer settings."""
-    _sft_numerics(cfg)
-    _layout(cfg, tp=4, pp=2, sp=True, first=34, last=30)
-    _full_recompute(cfg)
-    _cpu_optimizer_offload(cfg)
+    openrecipes_sft_numerics(cfg)
+    set_layout(cfg, tp=4, pp=2, sp=True, first=34, last=30)
+    full_recompute(cfg)
+    cpu_optimizer_offload(cfg)
     cfg.train.micro_batch_size = 1
 
 

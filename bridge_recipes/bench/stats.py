@@ -1,0 +1,306 @@
+"""Window statistics over per-step records, GPU peak FLOP/s, and Megatron's training log.
+
+OpenRecipes measures a 20-step run over the window of steps 5..19 inclusive (``window: [5,
+19]``): tokens/s/GPU is the window's tokens over the window's time over the GPUs, MFU is that
+rate times the FLOPs per token over the GPU's dense BF16 peak. :func:`summarize` computes the
+same from a list of :class:`StepRecord`, with:
+
+- step time mean and coefficient of variation over the window, the standard deviation taken
+  as the population one (ddof = 0: the window is every step described, not a sample of
+  them); ``step_time_cv_percent`` is 100 x std / mean, a percentage as in OpenRecipes;
+- peak memory: the maximum over ranks and over every record given (the whole run, since an
+  allocation peak outside the window limits the layout just the same), in GB of 1e9 bytes as
+  Megatron logs it.
+
+:func:`parse_megatron_log` reads the per-iteration lines Megatron-Bridge prints with
+``log_interval = 1``; :func:`step_records_from_log` turns them (and the ``memory (GB)`` lines)
+into step records.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+DEFAULT_WINDOW = (5, 19)  # OpenRecipes: steps 5..19 of a 20-step run, 1-based, inclusive
+BYTES_PER_GB = 1e9  # Megatron-Bridge's report_memory divides bytes by 1e9
+
+
+# --- GPUs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_bf16_flops: float  # dense BF16 tensor-core FLOP/s per GPU, no sparsity
+    memory_gb: int  # datasheet HBM per GPU
+
+
+# NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 "with sparsity",
+# twice these numbers.
+GPUS: dict[str, GpuSpec] = {
+    # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
+    "H100": GpuSpec("H100", 989.4e12, 80),
+    # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
+    "H200": GpuSpec("H200", 989.4e12, 141),
+    # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
+    "B200": GpuSpec("B200", 2250e12, 180),
+    # GB200 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs; 13.4 TB over 72 GPUs.
+    "GB200": GpuSpec("GB200", 2500e12, 186),
+    # GB300 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs (as GB200); 288 GB HBM3e per GPU.
+    "GB300": GpuSpec("GB300", 2500e12, 288),
+}
+
+# Names torch.cuda.get_device_name() prints that are not the SXM part of the table: refused
+# rather than given the SXM peak (H100 PCIe and NVL have lower clocks and peaks).
+_OTHER_FORM_FACTORS = ("PCIE", "NVL")
+
+
+def gpu_type_from_name(name: str) -> str:
+    """``"NVIDIA H200"`` -> ``"H200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``; a key of
+    :data:`GPUS` passes through. Unknown GPUs and other H100 form factors are an error."""
+    upper = name.upper()
+    match = re.search(r"\b(GB300|GB200|B200|H200|H100)\b", upper)
+    if not match:
+        raise KeyError(f"no peak FLOP/s known for GPU {name!r}; known: {', '.join(GPUS)}")
+    if match.group(1) == "H100" and any(f in upper for f in _OTHER_FORM_FACTORS):
+        raise KeyError(f"{name!r} is not the H100 SXM of the table (989.4 TFLOP/s); pass peak_flops explicitly")
+    return match.group(1)
+
+
+def peak_bf16_flops(gpu: str) -> float:
+    """Dense BF16 peak FLOP/s per GPU for a type (``"H200"``) or a device name."""
+    return GPUS[gpu_type_from_name(gpu)].peak_bf16_flops
+
+
+# --- step records and window statistics -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step: 1-based index, wall time, tokens of the step over all GPUs, and the
+    optional peak allocated / reserved bytes per rank."""
+
+    step: int
+    time_s: float
+    tokens: int
+    peak_allocated_bytes: tuple[int, ...] = ()
+    peak_reserved_bytes: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("peak_allocated_bytes", "peak_reserved_bytes"):
+            value = getattr(self, name)
+            ranks = (value,) if isinstance(value, (int, float)) else value  # one rank given as a number
+            object.__setattr__(self, name, tuple(int(v) for v in ranks))
+        if self.time_s <= 0 or not math.isfinite(self.time_s):
+            raise ValueError(f"step {self.step}: step time must be a positive number of seconds, got {self.time_s}")
+        if self.tokens < 0:
+            raise ValueError(f"step {self.step}: tokens must be >= 0, got {self.tokens}")
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    window: tuple[int, int]
+    world_size: int
+    steps_recorded: int
+    window_tokens: int
+    window_time_s: float
+    tokens_per_s_per_gpu: float
+    step_time_mean_s: float
+    step_time_std_s: float  # population (ddof = 0)
+    step_time_cv_percent: float
+    flops_per_token: float | None = None
+    six_n_flops_per_token: float | None = None
+    peak_flops: float | None = None
+    tflops_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    mfu_6n: float | None = None
+    peak_allocated_gb: float | None = None
+    peak_reserved_gb: float | None = None
+    step_times_s: tuple[float, ...] = field(default=(), repr=False)
+
+
+def window_records(records: Sequence[StepRecord], window: tuple[int, int] = DEFAULT_WINDOW) -> list[StepRecord]:
+    """The records of steps ``window[0]..window[1]`` (inclusive), every one of them present."""
+    first, last = window
+    if not (isinstance(first, int) and isinstance(last, int)) or first < 1 or last < first:
+        raise ValueError(f"window must be two 1-based steps (first, last) with first <= last, got {window!r}")
+    by_step: dict[int, StepRecord] = {}
+    for r in records:
+        if r.step in by_step:
+            raise ValueError(f"step {r.step} is recorded twice; give one record per step")
+        by_step[r.step] = r
+    if not by_step:
+        raise ValueError("no step records: nothing to measure")
+    missing = [step for step in range(first, last + 1) if step not in by_step]
+    if missing:
+        have = f"steps {min(by_step)}..{max(by_step)} ({len(by_step)} recorded)"
+        raise ValueError(
+            f"window {first}..{last} is not covered by the records: missing steps {_ranges(missing)}; have {have}. "
+            f"Run at least {last} steps with log_interval 1, or choose a window inside the recorded steps"
+        )
+    return [by_step[step] for step in range(first, last + 1)]
+
+
+def summarize(
+    records: Sequence[StepRecord],
+    window: tuple[int, int] = DEFAULT_WINDOW,
+    world_size: int = 1,
+    flops_per_token: float | None = None,
+    peak_flops: float | str | None = None,
+    *,
+    six_n_flops_per_token: float | None = None,
+) -> WindowStats:
+    """Throughput, MFU and step-time statistics of the window (module docstring).
+
+    ``flops_per_token`` is the model's training FLOPs per token (``FlopsPerToken.training_total``),
+    ``six_n_flops_per_token`` OpenRecipes' 6N; ``peak_flops`` the GPU's dense BF16 FLOP/s or a
+    GPU name for :func:`peak_bf16_flops`. MFU fields are None when their inputs are.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    steps = window_records(records, window)
+    times = tuple(r.time_s for r in steps)
+    window_time = sum(times)
+    window_tokens = sum(r.tokens for r in steps)
+    mean = window_time / len(times)
+    std = math.sqrt(sum((t - mean) ** 2 for t in times) / len(times))
+    tokens_per_s_per_gpu = window_tokens / window_time / world_size
+    peak = peak_bf16_flops(peak_flops) if isinstance(peak_flops, str) else peak_flops
+
+    def utilization(flops: float | None) -> float | None:
+        return None if flops is None or not peak else tokens_per_s_per_gpu * flops / peak
+
+    return WindowStats(
+        window=(window[0], window[1]),
+        world_size=world_size,
+        steps_recorded=len(records),
+        window_tokens=window_tokens,
+        window_time_s=window_time,
+        tokens_per_s_per_gpu=tokens_per_s_per_gpu,
+        step_time_mean_s=mean,
+        step_time_std_s=std,
+        step_time_cv_percent=100 * std / mean,
+        flops_per_token=flops_per_token,
+        six_n_flops_per_token=six_n_flops_per_token,
+        peak_flops=peak,
+        tflops_per_s_per_gpu=None if flops_per_token is None else tokens_per_s_per_gpu * flops_per_token / 1e12,
+        mfu=utilization(flops_per_token),
+        mfu_6n=utilization(six_n_flops_per_token),
+        peak_allocated_gb=_peak_gb(r.peak_allocated_bytes for r in records),
+        peak_reserved_gb=_peak_gb(r.peak_reserved_bytes for r in records),
+        step_times_s=times,
+    )
+
+
+def _peak_gb(per_step: Iterable[tuple[int, ...]]) -> float | None:
+    values = [v for ranks in per_step for v in ranks]
+    return max(values) / BYTES_PER_GB if values else None
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7' (steps sorted)."""
+    spans, start, prev = [], steps[0], steps[0]
+    for cur in steps[1:] + [None]:
+        if cur is None or cur != prev + 1:
+            spans.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = cur
+        prev = cur
+    return ", ".join(spans)
+
+
+# --- Megatron's training log ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogIteration:
+    """One ``iteration N/ M | name: value | ...`` line; ``values`` holds every numeric field
+    under its name as printed (``"lm loss"``, ``"elapsed time per iteration (ms)"``, ...)."""
+
+    step: int
+    train_iters: int
+    time_s: float
+    global_batch_size: int
+    lm_loss: float | None
+    grad_norm: float | None
+    values: dict[str, float]
+    timestamp: str | None = None
+
+
+_ITERATION = re.compile(r"(?:\[(?P<ts>[^\]]+)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$")
+_MEMORY = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(GB\)\s*\|(?P<rest>.*)$")
+
+
+def _fields(rest: str) -> dict[str, float]:
+    values = {}
+    for part in rest.split("|"):
+        name, sep, value = part.partition(":")
+        if not sep:
+            continue
+        try:
+            values[name.strip()] = float(value.strip())
+        except ValueError:  # a non-numeric field: not a measurement
+            continue
+    return values
+
+
+def parse_megatron_log(text: str) -> list[LogIteration]:
+    """Per-iteration records of a Megatron(-Bridge) training log, in the order printed.
+
+    ``time_s`` is "elapsed time per iteration (ms)" / 1000: one step's time only when the log
+    interval is 1 (otherwise Megatron prints the mean over the interval, every interval).
+    """
+    out = []
+    for line in text.splitlines():
+        m = _ITERATION.search(line)
+        if not m:
+            continue
+        values = _fields(m.group("rest"))
+        if "elapsed time per iteration (ms)" not in values or "global batch size" not in values:
+            continue  # not a training-iteration line (e.g. an evaluation summary)
+        out.append(
+            LogIteration(
+                step=int(m.group("step")),
+                train_iters=int(m.group("total")),
+                time_s=values["elapsed time per iteration (ms)"] / 1000,
+                global_batch_size=int(values["global batch size"]),
+                lm_loss=values.get("lm loss"),
+                grad_norm=values.get("grad norm"),
+                values=values,
+                timestamp=m.group("ts"),
+            )
+        )
+    return out
+
+
+def parse_megatron_memory(text: str) -> dict[int, dict[int, dict[str, float]]]:
+    """``[Rank r] (after N iterations) memory (GB) | ...`` lines: {step: {rank: {name: GB}}}."""
+    out: dict[int, dict[int, dict[str, float]]] = {}
+    for line in text.splitlines():
+        m = _MEMORY.search(line)
+        if m:
+            out.setdefault(int(m.group("step")), {})[int(m.group("rank"))] = _fields(m.group("rest"))
+    return out
+
+
+def step_records_from_log(text: str, seq_length: int) -> list[StepRecord]:
+    """Step records of a log: tokens = global batch size x ``seq_length`` (fixed-length rows),
+    peak memory from the ``mem-max-allocated/reserved-gigabytes`` of the memory lines."""
+    memory = parse_megatron_memory(text)
+
+    def peaks(step: int, key: str) -> tuple[int, ...]:
+        ranks = memory.get(step, {})
+        return tuple(round(v[key] * BYTES_PER_GB) for _, v in sorted(ranks.items()) if key in v)
+
+    return [
+        StepRecord(
+            step=it.step,
+            time_s=it.time_s,
+            tokens=it.global_batch_size * seq_length,
+            peak_allocated_bytes=peaks(it.step, "mem-max-allocated-gigabytes"),
+            peak_reserved_bytes=peaks(it.step, "mem-max-reserved-gigabytes"),
+        )
+        for it in parse_megatron_log(text)
+    ]

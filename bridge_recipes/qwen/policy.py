@@ -1,0 +1,64 @@
+"""Building blocks of execution policies, shared by the per-GPU recipe modules.
+
+Each ``_apply_<model>_<N>gpu_<gpu>_execution_config`` helper is written from these, so one
+setting (say, how CPU optimizer offload is switched on) has one definition.
+"""
+
+from __future__ import annotations
+
+# The environment of the OpenRecipes H200 SFT runs (seeds 001, 002). NCCL_NVLS_ENABLE there was
+# 1 when the node reports NVLink (p5en does); export NCCL_NVLS_ENABLE=0 where NVLink SHARP must
+# stay off (a value already in the environment wins over the recipe's).
+OPENRECIPES_ENV = {
+    "CUDA_DEVICE_MAX_CONNECTIONS": 1,
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "TORCHINDUCTOR_COMPILE_THREADS": 1,
+    "NCCL_NVLS_ENABLE": 1,
+}
+
+
+def openrecipes_sft_numerics(cfg) -> None:
+    """Numerics every OpenRecipes SFT run shares (the flags of seed 001's command), and its env."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    m, o = cfg.model, cfg.optimizer
+    m.attention_backend = AttnBackend.flash  # --attention-backend flash
+    m.attention_softmax_in_fp32 = True
+    m.attention_dropout = m.hidden_dropout = 0.0
+    m.calculate_per_token_loss = True  # --calculate-per-token-loss
+    cfg.ddp.average_in_collective = False  # per-token loss sums in the collective, then divides
+    m.moe_router_dtype = "fp32" if m.num_moe_experts else None
+    # Fused cross entropy keeps the 248K-vocab logits small; Megatron-Core 0.19.2 flags the TE
+    # implementation as unstable, so the recipes use its native fused kernel.
+    m.cross_entropy_loss_fusion, m.cross_entropy_fusion_impl = True, "native"
+    cfg.ddp.grad_reduce_in_fp32 = True  # --accumulate-allreduce-grads-in-fp32
+    o.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = True
+    o.use_precision_aware_optimizer = True
+    cfg.env_vars = dict(OPENRECIPES_ENV)
+
+
+def full_recompute(cfg, method: str = "uniform", num_layers: int = 1) -> None:
+    cfg.model.recompute_granularity = "full"
+    cfg.model.recompute_method = method
+    cfg.model.recompute_num_layers = num_layers
+
+
+def cpu_optimizer_offload(cfg) -> None:
+    """All optimizer state on the host, copies overlapped with compute (slime's
+    --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d)."""
+    cfg.optimizer.optimizer_cpu_offload = True
+    cfg.optimizer.optimizer_offload_fraction = 1.0
+    cfg.optimizer.overlap_cpu_optimizer_d2h_h2d = True
+
+
+def set_layout(cfg, *, tp=1, pp=1, cp=1, ep=1, etp=1, sp=False, first=None, last=None) -> None:
+    """Parallel sizes (ETP always explicit: unset it would inherit TP) and the pipeline split."""
+    import torch
+
+    m = cfg.model
+    m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size = tp, pp, cp
+    m.expert_model_parallel_size, m.expert_tensor_parallel_size = ep, etp
+    m.sequence_parallel = sp
+    m.virtual_pipeline_model_parallel_size = None
+    m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage = first, last
+    m.pipeline_dtype = torch.bfloat16 if pp > 1 else None

@@ -1,0 +1,57 @@
+"""``--dataset KIND``: swap the data side of a recipe without touching its execution policy.
+
+Applied after the recipe is built and before the KEY=VALUE overrides, so ``dataset.*`` keys
+address the selected dataset (``--dataset energon dataset.path=/data/wds``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def _is_vl(cfg: Any) -> bool:
+    return hasattr(cfg.model, "vision_config")
+
+
+def _processor_of(cfg: Any) -> str | None:
+    d = cfg.dataset
+    return getattr(d, "hf_processor_path", None) or getattr(getattr(d, "task_encoder", None), "hf_processor_path", None)
+
+
+def use_mock(cfg: Any) -> None:
+    from bridge_recipes.common import mock_text_dataset, mock_vlm_dataset, null_tokenizer
+
+    seq = cfg.model.seq_length
+    cfg.dataset = mock_vlm_dataset(seq, _processor_of(cfg)) if _is_vl(cfg) else mock_text_dataset(seq)
+    cfg.tokenizer = null_tokenizer(cfg.model.vocab_size)
+
+
+def use_energon(cfg: Any) -> None:
+    """An Energon (WebDataset) image-text dataset with Megatron-Bridge's Qwen-VL task encoder.
+    ``dataset.path`` must then be given; Qwen3.5's vision tower uses 16-pixel patches."""
+    if not _is_vl(cfg):
+        raise ValueError("--dataset energon needs a VL recipe (qwen35_vl_*): text recipes read token data")
+    from megatron.bridge.data.builders.energon import EnergonDatasetConfig, QwenVLEnergonTaskEncoderConfig
+
+    v = cfg.model.vision_config
+    cfg.dataset = EnergonDatasetConfig(
+        path=None,
+        seq_length=cfg.model.seq_length,
+        micro_batch_size=cfg.train.micro_batch_size,
+        task_encoder=QwenVLEnergonTaskEncoderConfig(
+            hf_processor_path=_processor_of(cfg),
+            patch_size=v.patch_size,
+            spatial_merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+        ),
+        num_workers=2,
+    )
+
+
+KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_energon}
+
+
+def select(cfg: Any, kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown --dataset {kind!r}; choose one of {', '.join(KINDS)}")
+    KINDS[kind](cfg)

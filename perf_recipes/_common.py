@@ -1,0 +1,41 @@
+"""Benchmark settings shared by every perf recipe (one definition, used by all of them).
+
+A perf recipe is its real-data recipe (same execution policy, built by the same
+``_apply_*_execution_config`` helper) with mock data and measurement settings: a fixed number
+of steps (20, so OpenRecipes' window of steps 5-19 fits), no evaluation, no checkpoints, every
+step logged, NaN checks off. Numerics are left as the real-data recipe has them, so a
+benchmark measures the recipe users train with.
+"""
+
+from __future__ import annotations
+
+from bridge_recipes.common import mock_text_dataset, mock_vlm_dataset, null_tokenizer
+
+BENCHMARK_STEPS = 20
+
+
+def use_mock_data(cfg) -> None:
+    """Random-token text data, or synthetic image conversations for VL models."""
+    seq = cfg.model.seq_length
+    if hasattr(cfg.model, "vision_config"):
+        processor = getattr(cfg.dataset, "hf_processor_path", None) or getattr(
+            getattr(cfg.dataset, "task_encoder", None), "hf_processor_path", None)
+        cfg.dataset = mock_vlm_dataset(seq, processor)
+    else:
+        cfg.dataset = mock_text_dataset(seq)
+    cfg.tokenizer = null_tokenizer(cfg.model.vocab_size)
+
+
+def benchmark_settings(cfg, steps: int = BENCHMARK_STEPS) -> None:
+    use_mock_data(cfg)
+    cfg.train.train_iters = steps
+    cfg.scheduler.lr_decay_iters = steps
+    cfg.scheduler.lr_warmup_iters = max(1, steps // 10)
+    cfg.validation.eval_iters = 0
+    cfg.validation.eval_interval = steps + 1
+    cfg.checkpoint.save = cfg.checkpoint.load = None
+    cfg.checkpoint.pretrained_checkpoint = None
+    cfg.logger.log_interval = 1
+    cfg.logger.tensorboard_dir = None
+    cfg.ddp.check_for_nan_in_grad = False
+    cfg.rerun_state_machine.check_for_nan_in_loss = False

@@ -1,0 +1,20 @@
+"""B200 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.qwen.b200."""
+
+from __future__ import annotations
+
+from bridge_recipes.qwen.b200 import qwen35 as real
+from bridge_recipes.recipe import recipe
+from perf_recipes._common import benchmark_settings
+
+__all__ = ["qwen35_35b_a3b_sft_8gpu_b200_bf16_mock_config"]
+
+SEED_001_B200 = "OpenRecipes Qwen3.6-35B-A3B on 8 x B200 (seed 001); layout not published"
+
+
+@recipe(task="sft", gpus=8, gpu="b200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
+        reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200})
+def qwen35_35b_a3b_sft_8gpu_b200_bf16_mock_config():
+    """Benchmark of qwen35_35b_a3b_sft_8gpu_b200_bf16_config (our proposed B200 layout)."""
+    cfg = real.qwen35_35b_a3b_sft_8gpu_b200_bf16_config()
+    benchmark_settings(cfg)
+    return cfg

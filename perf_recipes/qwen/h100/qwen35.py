@@ -1,0 +1,17 @@
+"""H100 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.qwen.h100."""
+
+from __future__ import annotations
+
+from bridge_recipes.qwen.h100 import qwen35 as real
+from bridge_recipes.recipe import recipe
+from perf_recipes._common import benchmark_settings
+
+__all__ = ["qwen35_35b_a3b_sft_8gpu_h100_bf16_mock_config"]
+
+
+@recipe(task="sft", gpus=8, gpu="h100", precision="bf16", layout="TP2 PP2 CP2 EP4 ETP1 DP1", status="unmeasured")
+def qwen35_35b_a3b_sft_8gpu_h100_bf16_mock_config():
+    """Benchmark of qwen35_35b_a3b_sft_8gpu_h100_bf16_config (slime's TP2 PP2 CP2 EP4 layout)."""
+    cfg = real.qwen35_35b_a3b_sft_8gpu_h100_bf16_config()
+    benchmark_settings(cfg)
+    return cfg

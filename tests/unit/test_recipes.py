@@ -1,0 +1,277 @@
+"""Every recipe: builds offline, passes the layout checks at its GPU count, matches the
+published layout it claims, shares its execution-policy helper between the two trees."""
+
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.models.qwen35 import SPECS
+from bridge_recipes.runner import checks, registry
+from bridge_recipes.runner.cli import megatron_validation
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted(registry.discover())
+# Names fixed by the reference page of the GB300 module (seed 003) rather than by our convention.
+SEED_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
+
+
+def build(name):
+    return registry.load(name)()
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_recipe_builds_and_passes_checks_at_its_gpu_count(name):
+    entry = registry.find(name)
+    cfg = build(name)
+    assert checks.errors(checks.check(cfg, entry.meta.gpus)) == []
+    assert megatron_validation(cfg, entry.meta.gpus) is None
+
+
+def _layout_tokens(label):
+    return dict((k, int(v)) for k, v in re.findall(r"\b(TP|PP|CP|EP|ETP|DP)(\d+)\b", label))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_layout_label_matches_the_config(name):
+    entry = registry.find(name)
+    lay = checks.layout_of(build(name), entry.meta.gpus)
+    actual = {"TP": lay.tp, "PP": lay.pp, "CP": lay.cp, "EP": lay.ep, "ETP": lay.etp, "DP": lay.dp}
+    claimed = _layout_tokens(entry.meta.layout)
+    assert claimed and {k: actual[k] for k in claimed} == claimed
+
+
+NAME = re.compile(r"^(?P<model>qwen35_(?:vl_)?\w+?)_(?P<task>pretrain|sft|peft)_(?P<n>\d+)gpu_(?P<gpu>[a-z0-9]+)_"
+                  r"(?P<prec>bf16|fp8cs|fp8mx)(?:_(?P<variant>\w+?))?_config$")
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if n not in SEED_NAMES])
+def test_name_follows_the_convention_and_agrees_with_metadata(name):
+    m = NAME.match(name)
+    assert m, name
+    meta = registry.find(name).meta
+    assert m["model"] in SPECS
+    assert (m["task"], int(m["n"]), m["gpu"], m["prec"]) == (meta.task, meta.gpus, meta.gpu, meta.precision)
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_evidence_files_exist(name):
+    meta = registry.find(name).meta
+    if meta.status == "functional":
+        assert (ROOT / meta.evidence).is_file()
+    if meta.status == "measured":
+        assert (ROOT / meta.measured["result"]).is_file()
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if registry.find(n).tree == "perf_recipes"])
+def test_perf_recipes_use_mock_data_and_no_checkpoints(name):
+    cfg = build(name)
+    if hasattr(cfg.model, "vision_config"):
+        assert type(cfg.dataset).__name__ == "MockVLMSFTDatasetConfig"
+        assert cfg.model.moe_router_force_load_balancing
+    else:
+        assert cfg.dataset.blend is None and cfg.dataset.blend_per_split is None and cfg.dataset.data_path is None
+    assert cfg.tokenizer.tokenizer_type == "NullTokenizer"
+    assert cfg.checkpoint.save is None and cfg.checkpoint.load is None
+    assert cfg.train.train_iters == 20 and cfg.logger.log_interval == 1
+
+
+# --- one execution policy, used by both trees --------------------------------------------
+
+HELPER = re.compile(r"^_apply_\w+_execution_config$")
+# A benchmark-only layout: the real-data GB300 module keeps exactly the helpers of its page.
+PERF_ONLY_HELPERS = {"_apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config"}
+
+
+def _helpers():
+    out = {}
+    for entry in registry.discover().values():
+        mod = importlib.import_module(entry.module)
+        for name, fn in inspect.getmembers(mod, inspect.isfunction):
+            if HELPER.match(name) and fn.__module__ == mod.__name__:
+                out[name] = mod
+    return out
+
+
+def test_each_policy_helper_is_defined_once():
+    sources = [p.read_text() for tree in ("bridge_recipes", "perf_recipes") for p in (ROOT / tree).rglob("*.py")]
+    for name in _helpers():
+        assert sum(len(re.findall(rf"^def {name}\(", s, re.M)) for s in sources) == 1, name
+
+
+def test_policy_helpers_are_used_by_both_trees(monkeypatch):
+    helpers = _helpers()
+    calls = {}
+    for name, mod in helpers.items():
+        real = getattr(mod, name)
+
+        def spy(cfg, _name=name, _real=real):
+            calls.setdefault(_name, set()).add(current[0])
+            return _real(cfg)
+
+        monkeypatch.setattr(mod, name, spy)
+    current = [None]
+    for recipe_name in RECIPES:
+        current[0] = registry.find(recipe_name).tree
+        build(recipe_name)
+        assert any(current[0] in v for v in calls.values()), f"{recipe_name} applies no execution-policy helper"
+    for name, trees in calls.items():
+        if name in PERF_ONLY_HELPERS:
+            assert trees == {"perf_recipes"}
+            continue
+        assert helpers[name].__name__.startswith("bridge_recipes."), f"{name} must live in bridge_recipes"
+        assert trees == {"bridge_recipes", "perf_recipes"}, (name, trees)
+    assert set(calls) == set(helpers)
+
+
+# --- pinned to the source documents ----------------------------------------------------------
+
+
+def _recompute(cfg):
+    m = cfg.model
+    return (m.recompute_granularity, m.recompute_method, m.recompute_num_layers)
+
+
+def test_h200_sft_workload_is_the_openrecipes_one():
+    for name in [n for n in RECIPES if "_sft_8gpu_h200_" in n]:
+        cfg, o = build(name), build(name).optimizer
+        assert cfg.train.global_batch_size == 128, name
+        assert (o.lr, o.min_lr, o.weight_decay, o.adam_beta1, o.adam_beta2) == (1e-5, 1e-6, 0.1, 0.9, 0.98)
+        assert cfg.scheduler.lr_decay_style == "cosine"
+        assert cfg.scheduler.lr_warmup_iters == cfg.train.train_iters // 10 or "mock" in name
+        assert o.use_distributed_optimizer and o.use_precision_aware_optimizer
+        assert cfg.model.calculate_per_token_loss and cfg.model.attention_backend.name == "flash"
+        assert cfg.env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == 1
+        assert cfg.env_vars["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        assert cfg.env_vars["TORCHINDUCTOR_COMPILE_THREADS"] == 1
+
+
+def test_35b_a3b_h200_layouts_seed_001():
+    base = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")
+    m = base.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size,
+            m.expert_tensor_parallel_size, m.context_parallel_size) == (1, 1, 8, 1, 1)
+    assert (base.train.micro_batch_size, m.seq_length) == (1, 8192)
+    assert _recompute(base) == ("full", "uniform", 1) and m.moe_token_dispatcher_type == "alltoall"
+    assert not base.optimizer.optimizer_cpu_offload
+    mt16k = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config")
+    assert mt16k.train.micro_batch_size * mt16k.model.seq_length == 16384
+    o = mt16k.optimizer
+    assert o.optimizer_cpu_offload and o.optimizer_offload_fraction == 1.0 and o.overlap_cpu_optimizer_d2h_h2d
+    pp2 = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config")
+    assert (pp2.model.pipeline_model_parallel_size, pp2.model.expert_model_parallel_size) == (2, 4)
+    assert pp2.optimizer.optimizer_cpu_offload and pp2.train.micro_batch_size == 2
+    refs = {n: registry.find(n).meta.reference["tokens_per_s_per_gpu"] for n in (
+        "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config",
+        "qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config")}
+    assert list(refs.values()) == [4663.1, 3466.8, 3076.8]
+
+
+def test_27b_h200_layouts_seed_002():
+    cfg = build("qwen35_27b_sft_8gpu_h200_bf16_config")
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size) == (1, 4)
+    assert checks.stage_layers(cfg) == [16, 17, 17, 14]
+    assert _recompute(cfg) == ("full", "block", 12) and not cfg.optimizer.optimizer_cpu_offload
+    ref = build("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
+    r = ref.model
+    assert (r.tensor_model_parallel_size, r.sequence_parallel, r.pipeline_model_parallel_size) == (4, True, 2)
+    assert checks.stage_layers(ref) == [34, 30] and _recompute(ref)[0] == "full"
+    assert ref.optimizer.optimizer_cpu_offload
+    assert registry.find("qwen35_27b_sft_8gpu_h200_bf16_config").meta.reference["tokens_per_s_per_gpu"] == 2499.5
+    assert registry.find("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config").meta.reference[
+        "tokens_per_s_per_gpu"] == 948.7
+
+
+def test_h100_layout_seed_000():
+    cfg = build("qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
+            m.expert_model_parallel_size, m.expert_tensor_parallel_size, m.sequence_parallel) == (2, 2, 2, 4, 1, True)
+    assert _recompute(cfg) == ("full", "uniform", 1)
+    assert cfg.optimizer.optimizer_cpu_offload and cfg.optimizer.overlap_cpu_optimizer_d2h_h2d
+    assert cfg.optimizer.use_precision_aware_optimizer and m.attention_backend.name == "flash"
+    assert m.seq_length * cfg.train.micro_batch_size // m.context_parallel_size == 8192  # tokens per GPU
+    assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend) == ("flex", "deepep")
+
+
+def test_long_context_layout_seed_004():
+    entry = registry.find("qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config")
+    cfg = build(entry.name)
+    m = cfg.model
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
+            m.expert_model_parallel_size, m.expert_tensor_parallel_size) == (2, 1, 2, 8, 1)
+    assert checks.layout_of(cfg, 8).dp == 2 and cfg.optimizer.optimizer_cpu_offload
+    assert entry.meta.status == "unmeasured"
+    doc = registry.load(entry.name).__doc__
+    assert "0.19.2" in doc and "CP" in doc
+
+
+def test_b200_is_unmeasured_with_its_reasoning():
+    entry = registry.find("qwen35_35b_a3b_sft_8gpu_b200_bf16_config")
+    assert entry.meta.status == "unmeasured" and entry.meta.reference["tokens_per_s_per_gpu"] == 6573.4
+    assert "reasoning" in importlib.import_module(entry.module).__doc__
+
+
+# --- the GB300 VL module of seed 003 ---------------------------------------------------------
+
+GB300_PUBLIC = {
+    "qwen35_vl_397b_a17b_pretrain_config",
+    "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
+    "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config",
+}
+GB300_PRIVATE = {
+    "_apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config",
+    "_apply_qwen35_vl_35b_a3b_16gpu_gb300_execution_config",
+}
+
+
+def test_gb300_module_has_exactly_the_functions_of_its_page():
+    mod = importlib.import_module("bridge_recipes.qwen_vl.gb300.qwen35_vl")
+    own = {n for n, f in inspect.getmembers(mod, inspect.isfunction) if f.__module__ == mod.__name__}
+    assert own == GB300_PUBLIC | GB300_PRIVATE
+    assert set(mod.__all__) == GB300_PUBLIC
+
+
+def test_gb300_library_recipe_keeps_the_16gpu_policy_and_adds_mxfp8():
+    base = build("qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config")
+    lib = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config")
+    for cfg in (base, lib):
+        m = cfg.model
+        assert (m.expert_model_parallel_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+                m.context_parallel_size) == (4, 1, 1, 1)
+        assert (cfg.train.micro_batch_size, cfg.train.global_batch_size) == (4, 2048)
+        assert m.cuda_graph_impl == "transformer_engine" and m.recompute_granularity == "selective"
+        assert m.moe_router_force_load_balancing is False
+        assert m.max_vision_cuda_graph_seq_length == 3712
+    assert type(lib.mixed_precision).__name__ == "MixedPrecisionConfig" and lib.mixed_precision.fp8_recipe == "mxfp8"
+    assert lib.env_vars["NVTE_CUTEDSL_FUSED_GROUPED_MLP"] == 1
+    assert (lib.model.moe_token_dispatcher_type, lib.model.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+    assert lib.env_vars["NVTE_NORM_FWD_USE_CUDNN"] == 1
+    from bridge_recipes.qwen_vl.policy import gdn_kernel_backend_declared
+
+    assert hasattr(lib.model, "gdn_kernel_backend") == gdn_kernel_backend_declared()
+    assert checks.layout_of(lib, 8).dp == 8
+    assert lib.train.global_batch_size // (lib.train.micro_batch_size * 8) == 64  # micro batches per rank
+
+
+def test_gb300_image_budget_above_the_vision_graph_cap_is_refused():
+    from bridge_recipes.runner import datasets
+    from bridge_recipes.runner.overrides import apply_all
+
+    cfg = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config")
+    datasets.select(cfg, "energon")
+    apply_all(cfg, {}, ["dataset.path=/data/wds", "dataset.task_encoder.max_pixels=200704"])
+    assert checks.errors(checks.check(cfg, 8)) == []
+    assert checks.vision_patches_per_micro_batch(cfg) == 4 * 784
+    apply_all(cfg, {}, ["dataset.task_encoder.max_pixels=401408"])
+    assert any("exceeds the vision CUDA-graph cap of 3712" in str(p) for p in checks.errors(checks.check(cfg, 8)))
+
+
+def test_gb300_perf_fp8mx_benchmark_is_ep8_gbs512_and_not_the_library_name():
+    cfg = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config")
+    assert (cfg.model.expert_model_parallel_size, cfg.train.global_batch_size) == (8, 512)
+    assert registry.find("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config").tree == "perf_recipes"
+    assert registry.find("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config").tree == "bridge_recipes"
