@@ -40,6 +40,9 @@ def scale_down(
     """Shrink ``cfg`` in place for one GPU; returns the list of changes made."""
     m, changes = cfg.model, []
     period = 4
+    from bridge_recipes.runner.checks import stage_layers
+
+    old_stage = max(stage_layers(cfg) or [m.num_layers])
     if num_layers % period:
         raise ValueError(f"num_layers must be a multiple of the GDN/attention period {period} (got {num_layers})")
     _set(m, "num_layers", num_layers, changes, "model.")
@@ -56,8 +59,10 @@ def scale_down(
                   "num_layers_in_last_pipeline_stage"):
         _set(m, field, None, changes, "model.")
     _set(m, "sequence_parallel", False, changes, "model.")
-    if m.recompute_method == "block" and (m.recompute_num_layers or 0) > num_layers:
-        _set(m, "recompute_num_layers", num_layers, changes, "model.")
+    if m.recompute_method == "block" and m.recompute_num_layers:
+        # Keep the recomputed fraction of the (largest) stage: 12 of 16 becomes 3 of 4.
+        kept = min(num_layers, max(1, round(m.recompute_num_layers * num_layers / old_stage)))
+        _set(m, "recompute_num_layers", kept, changes, "model.")
 
     if num_experts is not None and m.num_moe_experts:
         _set(m, "num_moe_experts", num_experts, changes, "model.")

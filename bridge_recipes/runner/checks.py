@@ -179,9 +179,25 @@ def vision_budget_problems(cfg: Any) -> list[str]:
 
 def dataset_problems(cfg: Any) -> list[str]:
     d = cfg.dataset
-    if type(d).__name__ == "EnergonDatasetConfig" and not getattr(d, "path", None):
+    kind = type(d).__name__
+    if kind == "EnergonDatasetConfig" and not getattr(d, "path", None):
         return ["--dataset energon needs the dataset folder: add dataset.path=/path/to/energon/dataset"]
+    if kind == "PackedSFTRowsConfig":
+        if not d.path:
+            return ["--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows (scripts/build_sft_rows.py --out)"]
+        from bridge_recipes.data.packed_rows import PackedRowsError, read_manifest
+
+        try:
+            rows = read_manifest(d.path)["row_tokens"]
+        except PackedRowsError as exc:
+            return [str(exc)]
+        if rows != m_seq(cfg):
+            return [f"rows in {d.path} are {rows} tokens but model.seq_length is {m_seq(cfg)}; set -sl {rows}"]
     return []
+
+
+def m_seq(cfg: Any) -> int:
+    return cfg.model.seq_length
 
 
 def errors(problems: list[Problem]) -> list[Problem]:

@@ -17,6 +17,7 @@ from bridge_recipes.runner import registry
 from bridge_recipes.runner.overrides import FLAG_KEYS, OverrideError, apply_all
 
 USAGE_ERROR = 2
+SHORT_FLAGS = {"tp", "pp", "cp", "vp", "ep", "etp", "gb", "mb", "sl"}  # the rest are --long-names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,13 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="build, override and check; print the resolved YAML and the layout; no GPU needed")
     p.add_argument("--dataset", metavar="KIND",
-                   help="replace the recipe's data: mock | energon (VL; then set dataset.path=...)")
+                   help="replace the recipe's data: mock | sft-rows (text) | energon (VL); then set dataset.path=...")
+    p.add_argument("--scale-down", type=int, metavar="LAYERS",
+                   help="shrink the recipe to one GPU with LAYERS layers (a multiple of 4), keeping its execution "
+                   "policy; the changes are printed")
+    p.add_argument("--scale-experts", type=int, metavar="N", help="with --scale-down: keep N routed experts")
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
     p.add_argument("--show-env", action="store_true",
                    help="print the environment the training process starts with (after the re-exec) and exit")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
     for dest, keys in FLAG_KEYS.items():
-        opt = f"-{dest}" if len(dest) <= 3 else f"--{dest.replace('_', '-')}"
+        opt = f"-{dest}" if dest in SHORT_FLAGS else f"--{dest.replace('_', '-')}"
         kind = str if dest in ("save_dir", "load_dir", "pretrained_checkpoint") else float if "lr" in dest else int
         g.add_argument(opt, dest=dest, type=kind, help=" and ".join(keys))
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -87,6 +92,12 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     entry = registry.find(args.recipe)
     cfg = registry.load(args.recipe)()
+    if args.scale_down:
+        from bridge_recipes.scaledown import scale_down
+
+        for change in scale_down(cfg, num_layers=args.scale_down, num_experts=args.scale_experts,
+                                 global_batch_size=cfg.train.global_batch_size):
+            print(f"[run_recipe] scale-down: {change}")
     if args.dataset:
         from bridge_recipes.runner import datasets
 
@@ -96,7 +107,8 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
 
 
 def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # intermixed: KEY=VALUE tokens may come before, between or after the flags
+    args = build_parser().parse_intermixed_args(argv)
     if args.list:
         entries = [e for e in registry.discover().values() if registry.matches(e, args.filter)]
         print(registry.table(sorted(entries, key=lambda e: (e.tree, e.name))))

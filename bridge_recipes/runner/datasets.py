@@ -48,7 +48,18 @@ def use_energon(cfg: Any) -> None:
     )
 
 
-KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_energon}
+def use_sft_rows(cfg: Any) -> None:
+    """Packed SFT rows from scripts/build_sft_rows.py (``dataset.path=DIR``); text models."""
+    if _is_vl(cfg):
+        raise ValueError("--dataset sft-rows is for text recipes; VL recipes take --dataset energon")
+    from bridge_recipes.common import null_tokenizer
+    from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
+
+    cfg.dataset = PackedSFTRowsConfig(path=None, seq_length=cfg.model.seq_length, num_workers=1)
+    cfg.tokenizer = null_tokenizer(cfg.model.vocab_size)  # rows are already token ids
+
+
+KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_energon, "sft-rows": use_sft_rows}
 
 
 def select(cfg: Any, kind: str) -> None:
