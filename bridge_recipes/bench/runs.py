@@ -76,3 +76,13 @@ def launch(name: str, recipe: str, args: list[str], log_path: Path, *, kill_afte
         log.write(f"===== run {name} exit status {proc.returncode} after {time.time() - start:.0f} s\n")
     text = "".join(lines)
     return Run(name, proc.returncode, killed, text, time.time() - start, parse_megatron_log(text))
+
+
+_RUN_HEADER = re.compile(r"^===== run (\S+): (.*)$", re.M)
+
+
+def split_runs(log_text: str) -> dict[str, str]:
+    """The runs of a log written by :func:`launch` (several runs appended to one file)."""
+    heads = list(_RUN_HEADER.finditer(log_text))
+    return {h.group(1): log_text[h.start():(heads[i + 1].start() if i + 1 < len(heads) else len(log_text))]
+            for i, h in enumerate(heads)}

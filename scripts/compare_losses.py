@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Compare the loss curves of two runs (Megatron-Bridge validate_convergence rules).
+
+    python scripts/compare_losses.py RUNS.log --reference reference --candidate no_recompute [--out result.json]
+    python scripts/compare_losses.py ref.log cand.log
+
+A single log holding several runs (written by bridge_recipes.bench.runs.launch) is split at its
+'===== run NAME:' lines; two logs are read as one run each. Exit status 0 when the curves agree,
+1 when they do not, 2 on bad input.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bridge_recipes.bench.convergence import compare  # noqa: E402
+from bridge_recipes.bench.runs import split_runs  # noqa: E402
+from bridge_recipes.bench.stats import parse_megatron_log  # noqa: E402
+
+
+def losses(text: str) -> dict[int, float]:
+    return {it.step: it.lm_loss for it in parse_megatron_log(text) if it.lm_loss is not None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("logs", nargs="+", help="one multi-run log, or two logs")
+    ap.add_argument("--reference", help="run name in a multi-run log")
+    ap.add_argument("--candidate", help="run name in a multi-run log")
+    ap.add_argument("--out", help="write the comparison as JSON here")
+    args = ap.parse_args()
+    try:
+        texts = [Path(p).read_text() for p in args.logs]
+    except OSError as exc:
+        print(f"compare_losses.py: error: {exc}", file=sys.stderr)
+        return 2
+    if len(texts) == 2:
+        ref, cand = losses(texts[0]), losses(texts[1])
+    else:
+        runs = split_runs(texts[0])
+        missing = [n for n in (args.reference, args.candidate) if n not in runs]
+        if missing or not args.reference:
+            print(f"compare_losses.py: error: name --reference and --candidate among the runs {sorted(runs)}",
+                  file=sys.stderr)
+            return 2
+        ref, cand = losses(runs[args.reference]), losses(runs[args.candidate])
+    try:
+        result = compare(ref, cand)
+    except ValueError as exc:
+        print(f"compare_losses.py: error: {exc}", file=sys.stderr)
+        return 2
+    doc = {"reference_losses": ref, "candidate_losses": cand, **result.as_dict()}
+    print(json.dumps({k: doc[k] for k in ("correlation", "final_loss_difference", "pointwise_failures",
+                                          "points_checked", "passed", "reasons")}, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
