@@ -15,7 +15,9 @@ Defaults and where they come from:
   projections and lr 1e-4, as Megatron-Bridge's PEFT recipes do.
 - VL forms: the same, with the VL provider, the mock VLM conversation dataset, and no
   gradient/parameter-gather overlap (Megatron-Bridge's VLM defaults).
-Nothing here opens a network connection; tokenizers and processors named by HF id are only
+Every base builder switches on the resilience defaults of :mod:`bridge_recipes.resilience`
+(async torch_dist checkpoints with automatic resume, NVRx fault tolerance and straggler
+detection). Nothing here opens a network connection; tokenizers and processors named by HF id are only
 loaded by the training process.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 
 from bridge_recipes.models.qwen35 import Qwen35Spec, build_provider, get_spec
+from bridge_recipes.resilience import enable_resilience
 
 PRETRAIN_SEQ_LENGTH = 4096
 SFT_SEQ_LENGTH = 8192  # OpenRecipes SFT rows (seed 001)
@@ -134,7 +137,7 @@ def _container(spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: i
 
     out = run_dir(name)
     optimizer, scheduler = opt
-    return ConfigContainer(
+    cfg = ConfigContainer(
         model=build_provider(spec, seq_length=seq_length),
         train=TrainingConfig(
             train_iters=iters, global_batch_size=gbs, micro_batch_size=mbs, manual_gc=True, manual_gc_interval=100
@@ -156,7 +159,6 @@ def _container(spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: i
         checkpoint=CheckpointConfig(
             save=os.path.join(out, "checkpoints"),
             load=os.path.join(out, "checkpoints"),
-            save_interval=500,
             ckpt_format="torch_dist",
             fully_parallel_save=True,
         ),
@@ -165,6 +167,8 @@ def _container(spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: i
         mixed_precision="bf16_mixed",
         env_vars={},
     )
+    enable_resilience(cfg)
+    return cfg
 
 
 # --- text --------------------------------------------------------------------------------
@@ -196,7 +200,6 @@ def sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH):
     )
     cfg.model.calculate_per_token_loss = True
     cfg.ddp.average_in_collective = False  # per-token loss sums, then divides by the token count
-    cfg.checkpoint.save_interval = 25
     cfg.checkpoint.pretrained_checkpoint = None
     return cfg
 

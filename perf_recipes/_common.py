@@ -3,13 +3,14 @@
 A perf recipe is its real-data recipe (same execution policy, built by the same
 ``_apply_*_execution_config`` helper) with mock data and measurement settings: a fixed number
 of steps (20, so OpenRecipes' window of steps 5-19 fits), no evaluation, no checkpoints, every
-step logged, NaN checks off. Numerics are left as the real-data recipe has them, so a
+step logged, NaN checks off, resilience monitors off. Numerics are left as the real-data recipe has them, so a
 benchmark measures the recipe users train with.
 """
 
 from __future__ import annotations
 
 from bridge_recipes.common import mock_text_dataset, mock_vlm_dataset, null_tokenizer
+from bridge_recipes.resilience import disable_resilience
 
 BENCHMARK_STEPS = 20
 
@@ -35,6 +36,7 @@ def benchmark_settings(cfg, steps: int = BENCHMARK_STEPS) -> None:
     cfg.validation.eval_interval = steps + 1
     cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.checkpoint.pretrained_checkpoint = None
+    disable_resilience(cfg)
     cfg.logger.log_interval = 1
     cfg.logger.tensorboard_dir = None
     cfg.ddp.check_for_nan_in_grad = False

@@ -143,6 +143,9 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
 
     problems += [Problem("error", msg) for msg in vision_budget_problems(cfg)]
     problems += [Problem("error", msg) for msg in dataset_problems(cfg)]
+    from bridge_recipes.runner import checkpoints
+
+    problems += [Problem("error", msg) for msg in checkpoints.problems(cfg, world_size)]
 
     if getattr(m, "calculate_per_token_loss", False) and getattr(cfg.ddp, "average_in_collective", False):
         err("per-token loss sums gradients across ranks and cannot average in the collective; "

@@ -155,5 +155,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     from bridge_recipes.runner import launch
 
     print(checks.summary(cfg, world), flush=True)
+    from bridge_recipes.runner.checkpoints import record_layout
+
+    record_layout(cfg, world)
     launch.run(cfg, entry.meta.task)
     return 0

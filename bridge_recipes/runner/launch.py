@@ -73,8 +73,21 @@ def fall_back_from_flash_without_flash_attn(cfg: Any) -> bool:
     return True
 
 
+def fault_tolerance_off_without_ft_launcher(cfg: Any) -> bool:
+    """NVRx fault tolerance talks to the rank monitors ft_launcher starts; under plain torchrun
+    there are none, so it is turned off rather than failing at setup."""
+    from bridge_recipes.resilience import launched_by_ft_launcher
+
+    if not (cfg.ft and cfg.ft.enable_ft_package) or launched_by_ft_launcher():
+        return False
+    cfg.ft.enable_ft_package = False
+    _log("fault tolerance: off (not launched by ft_launcher; launch with ft_launcher to enable heartbeats and timeouts)")
+    return True
+
+
 def prepare_for_registry_install(cfg: Any) -> None:
     """Apply the registry-install adjustments that apply (each logs one line)."""
+    fault_tolerance_off_without_ft_launcher(cfg)
     disable_grad_fusion_without_apex(cfg)
     fall_back_from_flash_without_flash_attn(cfg)
     skip_helper_compile_if_prebuilt()

@@ -55,7 +55,7 @@ FAMILIES = {
 
 
 def _no_save(args):
-    return [*args, "checkpoint.save=null", "checkpoint.load=null"]
+    return [*args, "checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
 
 
 def _report(family: str, data: dict) -> None:

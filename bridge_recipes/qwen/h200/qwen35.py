@@ -16,6 +16,7 @@ from __future__ import annotations
 from bridge_recipes.common import pretrain_config, sft_config
 from bridge_recipes.qwen.policy import cpu_optimizer_offload, full_recompute, openrecipes_sft_numerics, set_layout
 from bridge_recipes.recipe import recipe
+from bridge_recipes.resilience import disable_resilience
 from bridge_recipes.scaledown import scale_down
 
 __all__ = [
@@ -156,5 +157,6 @@ def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config():
     scale_down(cfg, num_layers=4, global_batch_size=8, seq_length=4096, train_iters=20)
     cfg.optimizer.lr, cfg.optimizer.min_lr = 3e-4, 3e-5  # pretraining from random init
     cfg.checkpoint.save = cfg.checkpoint.load = None
+    disable_resilience(cfg)  # a 20-step smoke run: nothing to resume
     cfg.validation.eval_iters = 0
     return cfg

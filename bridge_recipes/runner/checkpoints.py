@@ -1,0 +1,114 @@
+"""Checkpoint settings that cannot work, caught before launch.
+
+- a save interval of 0 (Megatron would divide by it);
+- asynchronous saving with no save folder;
+- a pretrained checkpoint or an explicit resume folder that does not exist (an automatic
+  resume from the save folder may find nothing: that is a fresh start, not an error);
+- resuming from a checkpoint whose saved run differs in a way the format cannot reshard:
+  the architecture (layers, hidden size, heads, experts, vocabulary) never; with the legacy
+  ``torch`` format, any change of TP or PP; with the distributed optimizer's default
+  (not fully reshardable) state, a change of the data-parallel layout unless the optimizer
+  state is not loaded. torch_dist reshards TP/PP/EP/CP changes of the weights.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+                       "num_moe_experts", "moe_ffn_hidden_size", "vocab_size", "linear_num_value_heads")
+LAYOUT_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+
+
+def latest_run_config(folder: str) -> tuple[int, dict] | None:
+    """(iteration, run_config) of the newest checkpoint in ``folder``, or None when there is none."""
+    tracker = Path(folder) / "latest_checkpointed_iteration.txt"
+    if not tracker.is_file():
+        return None
+    text = tracker.read_text().strip()
+    if not text.isdigit():
+        return None
+    iteration = int(text)
+    run_config = Path(folder) / f"iter_{iteration:07d}" / "run_config.yaml"
+    if not run_config.is_file():
+        return iteration, {}
+    import yaml
+
+    class _Lenient(yaml.SafeLoader):
+        pass
+
+    _Lenient.add_multi_constructor("", lambda loader, suffix, node: None)  # python tags: not needed here
+    return iteration, yaml.load(run_config.read_text(), Loader=_Lenient) or {}
+
+
+LAYOUT_FILE = "run_layout.json"  # written by the runner into the save folder at launch
+
+
+def record_layout(cfg: Any, world_size: int) -> None:
+    """Note the world size of this run beside its checkpoints (Megatron-Bridge's run_config.yaml
+    has the parallel sizes but not the world size, which fixes the data-parallel size)."""
+    import json
+
+    if not cfg.checkpoint.save or os.environ.get("RANK", "0") != "0":
+        return
+    os.makedirs(cfg.checkpoint.save, exist_ok=True)
+    Path(cfg.checkpoint.save, LAYOUT_FILE).write_text(json.dumps({"world_size": world_size}) + "\n")
+
+
+def saved_world_size(folder: str, run_config: dict) -> int | None:
+    import json
+
+    path = Path(folder) / LAYOUT_FILE
+    if path.is_file():
+        return json.loads(path.read_text()).get("world_size")
+    return (run_config.get("dist") or {}).get("world_size")
+
+
+def _data_parallel(model: dict, world: int | None) -> int | None:
+    if not world:
+        return None
+    mp = model.get("tensor_model_parallel_size", 1) * model.get("pipeline_model_parallel_size", 1) * (
+        model.get("context_parallel_size") or 1)
+    return world // mp if mp else None
+
+
+def problems(cfg: Any, world_size: int) -> list[str]:
+    c, out = cfg.checkpoint, []
+    if c.save_interval is not None and c.save_interval <= 0:
+        out.append(f"checkpoint.save_interval={c.save_interval}: use a positive step count, or null to save only at the end")
+    if getattr(c, "async_save", False) and not c.save:
+        out.append("checkpoint.async_save needs checkpoint.save; give a save folder or set checkpoint.async_save=false")
+    if c.pretrained_checkpoint and not os.path.exists(c.pretrained_checkpoint):
+        out.append(f"checkpoint.pretrained_checkpoint={c.pretrained_checkpoint} does not exist")
+    if c.load and c.load != c.save and not os.path.exists(c.load):
+        out.append(f"checkpoint.load={c.load} does not exist (to resume automatically, leave load equal to save)")
+    saved = latest_run_config(c.load) if c.load and os.path.isdir(c.load) else None
+    if saved:
+        out += reshard_problems(cfg, world_size, *saved)
+    return out
+
+
+def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict) -> list[str]:
+    model, m, out = run_config.get("model") or {}, cfg.model, []
+    where = f"checkpoint iteration {iteration} in {cfg.checkpoint.load}"
+    for f in ARCHITECTURE_FIELDS:
+        if f in model and model[f] != getattr(m, f, None):
+            out.append(f"{where} was saved with model.{f}={model[f]} but this run has {getattr(m, f, None)}; "
+                       "a checkpoint cannot be resharded to another architecture")
+    saved_format = (run_config.get("checkpoint") or {}).get("ckpt_format")
+    if saved_format == "torch":
+        for f in LAYOUT_FIELDS:
+            if f in model and model[f] != getattr(m, f):
+                out.append(f"{where} is in the legacy 'torch' format, saved at {f}={model[f]}; it cannot be loaded at "
+                           f"{getattr(m, f)}: resume with the saved layout, or convert it to torch_dist")
+    saved_ckpt = run_config.get("checkpoint") or {}
+    saved_dp = _data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config))
+    now_dp = world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1))
+    if (saved_dp and saved_dp != now_dp and cfg.checkpoint.load_optim
+            and not saved_ckpt.get("dist_ckpt_optim_fully_reshardable", False)
+            and (run_config.get("optimizer") or {}).get("use_distributed_optimizer")):
+        out.append(f"{where} holds distributed-optimizer state for DP={saved_dp}, not fully reshardable, and this run "
+                   f"has DP={now_dp}: keep the data-parallel size, or set checkpoint.load_optim=false")
+    return out

@@ -1,0 +1,144 @@
+"""Resilience defaults (real-data recipes on, benchmarks off) and the checkpoint checks."""
+
+import pytest
+import yaml
+
+from bridge_recipes.runner import checks, checkpoints, launch, registry
+
+SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+
+
+def build(name=SFT):
+    return registry.load(name)()
+
+
+@pytest.mark.parametrize("name", [n for n, e in registry.discover().items() if e.tree == "bridge_recipes"
+                                  and "smoke" not in n])
+def test_real_data_recipes_enable_resilience(name):
+    cfg = build(name)
+    c = cfg.checkpoint
+    assert c.ckpt_format == "torch_dist" and c.async_save and c.use_persistent_ckpt_worker
+    assert c.load == c.save and c.save and c.save_interval > 0  # automatic resume from the save folder
+    assert cfg.ft.enable_ft_package and cfg.ft.calc_ft_timeouts
+    assert cfg.nvrx_straggler.enabled and not cfg.nvrx_straggler.stop_if_detected
+    assert cfg.inprocess_restart is not None and cfg.inprocess_restart.enabled is False
+
+
+@pytest.mark.parametrize("name", [n for n, e in registry.discover().items() if e.tree == "perf_recipes"])
+def test_benchmarks_keep_resilience_off(name):
+    cfg = build(name)
+    assert cfg.ft is None and cfg.nvrx_straggler is None and cfg.inprocess_restart is None
+    assert not cfg.checkpoint.async_save
+
+
+def test_in_process_restart_can_be_switched_on_by_override():
+    from bridge_recipes.runner.overrides import apply_all
+
+    cfg = build()
+    apply_all(cfg, {}, ["inprocess_restart.enabled=true", "nvrx_straggler.stop_if_detected=true"])
+    assert cfg.inprocess_restart.enabled and cfg.nvrx_straggler.stop_if_detected
+
+
+def errors(cfg, world=8):
+    return [str(p) for p in checks.errors(checks.check(cfg, world))]
+
+
+def test_save_interval_zero(tmp_path):
+    cfg = build()
+    cfg.checkpoint.save_interval = 0
+    assert any("checkpoint.save_interval=0" in e for e in errors(cfg))
+
+
+def test_async_save_without_a_folder():
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = None
+    assert any("checkpoint.async_save needs checkpoint.save" in e for e in errors(cfg))
+
+
+def test_missing_resume_and_pretrained_paths(tmp_path):
+    cfg = build()
+    cfg.checkpoint.save = str(tmp_path / "new")
+    cfg.checkpoint.load = str(tmp_path / "elsewhere")
+    cfg.checkpoint.pretrained_checkpoint = str(tmp_path / "weights")
+    msgs = errors(cfg)
+    assert any("checkpoint.load=" in e and "does not exist" in e for e in msgs)
+    assert any("checkpoint.pretrained_checkpoint=" in e for e in msgs)
+
+
+def test_fresh_start_when_the_save_folder_is_empty(tmp_path):
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "run")
+    assert errors(cfg) == []
+
+
+def fake_checkpoint(folder, iteration=40, model=None, checkpoint=None, world_size=8, distributed=True):
+    it = folder / f"iter_{iteration:07d}"
+    it.mkdir(parents=True)
+    (folder / "latest_checkpointed_iteration.txt").write_text(str(iteration))
+    base = {"num_layers": 40, "hidden_size": 2048, "num_moe_experts": 256, "vocab_size": 248320,
+            "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1}
+    doc = {"model": {**base, **(model or {})}, "checkpoint": {"ckpt_format": "torch_dist", **(checkpoint or {})},
+           "optimizer": {"use_distributed_optimizer": distributed}}
+    if world_size:
+        doc["dist"] = {"world_size": world_size}
+    (it / "run_config.yaml").write_text(yaml.safe_dump(doc))
+    return folder
+
+
+def resumed(tmp_path, **kw):
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = str(fake_checkpoint(tmp_path / "run", **kw))
+    return cfg
+
+
+def test_resume_with_the_saved_layout_is_fine(tmp_path):
+    assert errors(resumed(tmp_path)) == []
+
+
+def test_resume_with_another_architecture_is_refused(tmp_path):
+    msgs = errors(resumed(tmp_path, model={"num_layers": 48}))
+    assert any("saved with model.num_layers=48" in e and "another architecture" in e for e in msgs)
+
+
+def test_legacy_torch_format_cannot_change_tp(tmp_path):
+    msgs = errors(resumed(tmp_path, model={"pipeline_model_parallel_size": 2}, checkpoint={"ckpt_format": "torch"}))
+    assert any("legacy 'torch' format" in e for e in msgs)
+
+
+def test_torch_dist_reshards_tp_pp_of_the_weights(tmp_path):
+    msgs = errors(resumed(tmp_path, model={"pipeline_model_parallel_size": 2}, world_size=16))
+    assert msgs == []  # saved DP 8 = 16 / PP2; resumed at DP 8 as well
+
+
+def test_distributed_optimizer_state_needs_the_same_dp(tmp_path):
+    msgs = errors(resumed(tmp_path, world_size=16))
+    assert any("distributed-optimizer state for DP=16" in e and "load_optim=false" in e for e in msgs)
+    cfg = resumed(tmp_path / "b", world_size=16)
+    cfg.checkpoint.load_optim = False
+    assert errors(cfg) == []
+
+
+def test_fault_tolerance_off_without_ft_launcher(monkeypatch, capsys):
+    cfg = build()
+    monkeypatch.delenv("FT_RANK_MONITOR_IPC_SOCKET", raising=False)
+    assert launch.fault_tolerance_off_without_ft_launcher(cfg) and not cfg.ft.enable_ft_package
+    assert "fault tolerance: off" in capsys.readouterr().out
+    cfg = build()
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "/tmp/rmon.sock")
+    assert not launch.fault_tolerance_off_without_ft_launcher(cfg) and cfg.ft.enable_ft_package
+
+
+def test_world_size_recorded_by_the_runner_is_used(tmp_path):
+    folder = fake_checkpoint(tmp_path / "run", world_size=None)
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = str(folder)
+    assert errors(cfg, 16) == []  # nothing tells the saved DP: no claim
+    checkpoints.record_layout(cfg, 8)
+    assert any("DP=8" in e for e in errors(cfg, 16))
+
+
+def test_latest_run_config_reads_the_tracker(tmp_path):
+    folder = fake_checkpoint(tmp_path / "r", iteration=7)
+    it, doc = checkpoints.latest_run_config(str(folder))
+    assert it == 7 and doc["model"]["num_layers"] == 40
+    assert checkpoints.latest_run_config(str(tmp_path)) is None
