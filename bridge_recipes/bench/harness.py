@@ -1,0 +1,75 @@
+"""The benchmark harness: run a recipe for N steps, measure a window, write a result file.
+
+Full mode runs the recipe at its own GPU count. Proxy mode (one GPU) keeps the recipe's
+execution policy with fewer layers and, where the recipe uses EP > 1, the per-GPU expert count
+it would have (experts / EP), so that two policies can be compared side by side on one GPU;
+proxy figures are only meaningful as a ratio between policies measured in the same session,
+never as absolute throughput, and the result files say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.bench.flops import model_flops_per_token, six_n_flops_per_token
+from bridge_recipes.bench.stats import DEFAULT_WINDOW, step_records_from_log, summarize
+from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
+
+BENCHMARK_OVERRIDES = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false",
+                       "logger.log_interval=1"]
+
+
+def proxy_experts(cfg: Any) -> int | None:
+    """Routed experts one GPU holds under the recipe's expert parallelism (None for dense)."""
+    m = cfg.model
+    if not m.num_moe_experts:
+        return None
+    return m.num_moe_experts // (m.expert_model_parallel_size or 1)
+
+
+def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str] = ()) -> list[str]:
+    """run_recipe.py arguments after ``--recipe NAME``."""
+    args = ["--max-steps", str(steps), *BENCHMARK_OVERRIDES]
+    if proxy_layers:
+        args = ["--scale-down", str(proxy_layers)] + (
+            ["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else []) + args
+    return [*args, *extra]
+
+
+def model_spec(cfg: Any) -> Qwen35Spec:
+    """The catalog spec matching a (possibly scaled) config: layers and experts as configured."""
+    spec = next(s for s in SPECS.values()
+                if s.hidden_size == cfg.model.hidden_size and s.is_vl == hasattr(cfg.model, "vision_config")
+                and s.num_attention_heads == cfg.model.num_attention_heads)
+    return dataclasses.replace(
+        spec, num_layers=cfg.model.num_layers,
+        num_experts=cfg.model.num_moe_experts or spec.num_experts,
+        moe_router_topk=cfg.model.moe_router_topk or spec.moe_router_topk,
+        mtp_num_layers=cfg.model.mtp_num_layers or 0,
+    )
+
+
+def measure(log_text: str, cfg: Any, world_size: int, gpu: str, window: tuple[int, int] = DEFAULT_WINDOW):
+    """Window statistics and the FLOPs model of one run's log."""
+    spec = model_spec(cfg)
+    seq = cfg.model.seq_length
+    flops = model_flops_per_token(spec, seq)
+    records = step_records_from_log(log_text, seq)
+    stats = summarize(records, window, world_size, flops.training_total, gpu.upper(),
+                      six_n_flops_per_token=six_n_flops_per_token(spec))
+    return stats, flops
+
+
+def write(path: Path, *, recipe: str, cfg: Any, log_text: str, world_size: int, gpu: str, window, command: str,
+          proxy: bool, notes: list[str] | None = None) -> dict:
+    from bridge_recipes.bench.result import write_result
+
+    stats, flops = measure(log_text, cfg, world_size, gpu, window)
+    notes = list(notes or [])
+    if proxy:
+        notes.insert(0, "proxy run: the recipe's policy on one GPU with fewer layers; compare only as a ratio "
+                        "with a policy measured in the same session")
+    return write_result(path, recipe=recipe, model=model_spec(cfg).name, cfg=cfg, stats=stats, gpu=gpu.upper(),
+                        flops=flops, command=command, notes=notes)

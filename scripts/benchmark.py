@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Benchmark a recipe (and, side by side, a second one) and write OpenRecipes-shaped result files.
+
+    # 8 GPUs, the recipe's own layout, window of steps 5..19 of a 20-step run
+    python scripts/benchmark.py --recipe qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config --out results/x.yaml
+    # one GPU, two policies compared in one session (proxy: fewer layers, per-GPU expert count)
+    python scripts/benchmark.py --proxy-layers 4 --recipe A --against B --out results/a_vs_b.yaml
+
+Each run is a separate ``torchrun scripts/run_recipe.py`` process; its full log is kept beside
+the result file. With --against, both policies run back to back and a ratio file is written.
+Exit status 0 on success, 2 on bad input, 1 when a run fails.
+"""
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bridge_recipes.runner import registry  # noqa: E402
+
+
+def build_config(name: str, args: list[str]):
+    from bridge_recipes.runner.cli import build, build_parser
+
+    ns = build_parser().parse_intermixed_args(["--recipe", name, *args])
+    return build(ns)[1]
+
+
+def one(name: str, opts, out: Path) -> dict:
+    from bridge_recipes.bench import harness
+    from bridge_recipes.bench.runs import launch
+
+    entry = registry.find(name)
+    base = build_config(name, opts.overrides)
+    nproc = 1 if opts.proxy_layers else entry.meta.gpus
+    args = harness.run_args(base, steps=opts.steps, proxy_layers=opts.proxy_layers, extra=opts.overrides)
+    cfg = build_config(name, args)
+    log_path = out.with_suffix(".log")
+    print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps; log {log_path}", flush=True)
+    run = launch(name, name, args, log_path, nproc=nproc)
+    if run.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
+    command = f"torchrun --nproc-per-node {nproc} scripts/run_recipe.py --recipe {name} {shlex.join(args)}"
+    doc = harness.write(out, recipe=name, cfg=cfg, log_text=run.log, world_size=nproc, gpu=opts.gpu,
+                        window=tuple(opts.window), command=command, proxy=bool(opts.proxy_layers))
+    r = doc["result"]
+    print(f"[benchmark] {name}: {r['tokens_per_s_per_gpu']} tokens/s/GPU, MFU {r['mfu']}, CV {r['step_time_cv_percent']}%")
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
+    ap.add_argument("--proxy-layers", type=int, help="one-GPU proxy with this many layers (multiple of 4)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
+    ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
+    ap.add_argument("--out", required=True, help="result file (.yaml); logs are written beside it")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    opts = ap.parse_intermixed_args()
+    if opts.window[1] > opts.steps:
+        ap.error(f"--window ends at step {opts.window[1]} but only {opts.steps} steps run")
+    try:
+        names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
+    except registry.UnknownRecipe as exc:
+        ap.error(str(exc))
+    out = Path(opts.out)
+    try:
+        docs = [one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"))
+                for i, n in enumerate(names)]
+    except RuntimeError as exc:
+        print(f"benchmark.py: {exc}", file=sys.stderr)
+        return 1
+    if len(docs) == 2:
+        a, b = (d["result"]["tokens_per_s_per_gpu"] for d in docs)
+        ratio = {"candidate": names[0], "reference": names[1], "tokens_per_s_ratio": round(a / b, 4),
+                 "proxy": bool(opts.proxy_layers)}
+        out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
+        print(f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
