@@ -194,13 +194,9 @@ def dataset_problems(cfg: Any) -> list[str]:
             rows = read_manifest(d.path)["row_tokens"]
         except PackedRowsError as exc:
             return [str(exc)]
-        if rows != m_seq(cfg):
-            return [f"rows in {d.path} are {rows} tokens but model.seq_length is {m_seq(cfg)}; set -sl {rows}"]
+        if rows != cfg.model.seq_length:
+            return [f"rows in {d.path} are {rows} tokens but model.seq_length is {cfg.model.seq_length}; set -sl {rows}"]
     return []
-
-
-def m_seq(cfg: Any) -> int:
-    return cfg.model.seq_length
 
 
 def errors(problems: list[Problem]) -> list[Problem]:

@@ -1,5 +1,7 @@
 """Layout checks: each failure is caught before launch and says what to change."""
 
+import re
+
 import pytest
 
 from bridge_recipes.runner import checks
@@ -29,7 +31,7 @@ def test_published_layouts_pass(moe, dense):
 
 def one_error(cfg, world, pattern):
     msgs = messages(cfg, world)
-    assert any(__import__("re").search(pattern, m) for m in msgs), msgs
+    assert any(re.search(pattern, m) for m in msgs), msgs
 
 
 def test_world_size_not_divisible(dense):

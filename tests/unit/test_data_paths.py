@@ -1,6 +1,7 @@
 """Data side of the recipes: packed SFT rows through Megatron-Bridge, --dataset selection."""
 
-import numpy as np
+from pathlib import Path
+
 import pytest
 
 from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedRowsError, PackedSFTRowsConfig
@@ -98,7 +99,7 @@ def test_committed_evidence_rows_are_reproducible(tmp_path):
     import subprocess
     import sys
 
-    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, "scripts/gpu/make_synthetic_rows.py", "--out", str(tmp_path)],
                        cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
