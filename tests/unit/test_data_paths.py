@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedRowsError, PackedSFTRowsConfig
-from bridge_recipes.runner import checks, datasets
+from bridge_recipes.runner import datasets
 from bridge_recipes.runner.cli import main
 
-ROWS = "docs/evidence/sft_rows_synthetic/rows"
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = str(ROOT / "docs/evidence/sft_rows_synthetic/rows")
 SFT = "qwen35_27b_sft_8gpu_h200_bf16_config"
 
 
@@ -30,7 +31,7 @@ def test_only_assistant_targets_are_trained(rows):
     """The synthetic rows: answers follow '<|im_start|>assistant\\n'; system/user text never is a target."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file("docs/evidence/sft_rows_synthetic/tokenizer.json")
+    tok = Tokenizer.from_file(str(ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"))
     s = rows[0]
     trained = [int(t) for t, m in zip(s["labels"], s["loss_mask"]) if m]
     text = tok.decode(trained, skip_special_tokens=False)
@@ -99,9 +100,9 @@ def test_committed_evidence_rows_are_reproducible(tmp_path):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[2]
+    root = ROOT
     p = subprocess.run([sys.executable, "scripts/gpu/make_synthetic_rows.py", "--out", str(tmp_path)],
                        cwd=root, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    committed = json.load(open(root / ROWS / "manifest.json"))
+    committed = json.load(open(f"{ROWS}/manifest.json"))
     assert json.loads(p.stdout.strip().splitlines()[-1])["rows_sha256"] == committed["rows_sha256"]
