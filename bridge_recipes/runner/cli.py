@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "policy; the changes are printed")
     p.add_argument("--scale-experts", type=int, metavar="N", help="with --scale-down: keep N routed experts")
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
+    p.add_argument("--plan", action="store_true",
+                   help="estimate per-GPU memory per pipeline stage and exit (2 when a stage does not fit)")
     p.add_argument("--show-env", action="store_true",
                    help="print the environment the training process starts with (after the re-exec) and exit")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
@@ -130,6 +132,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
         return fail(f"the layout of {entry.name} cannot run on {world} GPU(s); fix the errors above")
+
+    if args.plan:
+        from bridge_recipes.plan.memory import plan_report
+
+        text, fits = plan_report(cfg, world, entry.meta.gpu)
+        print(text)
+        return 0 if fits else USAGE_ERROR
 
     if args.dry_run:
         cfg.print_yaml()

@@ -49,3 +49,12 @@ def test_unknown_flag_exits_2():
     with pytest.raises(SystemExit) as exc:
         main(["--recipe", SMOKE, "--tensor-parallel", "2"])
     assert exc.value.code == 2
+
+
+def test_plan_prints_stages_and_exit_code_says_whether_it_fits(capsys):
+    R27 = "qwen35_27b_sft_8gpu_h200_bf16_config"
+    assert main(["--recipe", R27, "--plan", "--world-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "TP1 PP4 DP2 on h200" in out and "(fits)" in out
+    assert main(["--recipe", R27, "--plan", "--world-size", "8", "model.recompute_num_layers=10"]) == 2
+    assert "DOES NOT FIT: stage 0 over" in capsys.readouterr().out

@@ -1,0 +1,797 @@
+"""Per-GPU memory of a recipe, predicted before launch (issue 9).
+
+Units: GB = 1e9 bytes, the unit Megatron-Bridge logs (``mem-max-allocated-gigabytes`` is
+torch's byte count / 1.0e9, ``megatron/bridge/training/utils/train_utils.py``).
+
+For every pipeline stage the plan takes the rank that holds the most (balanced expert
+routing assumed) and adds, at its peak moment:
+
+- weights: BF16, 2 bytes per local parameter. The stage holds its decoder layers, the
+  embedding on the first stage, the final norm, output layer and MTP block on the last.
+  Attention / GDN / dense-MLP / shared-expert matrices and the vocabulary are divided by TP,
+  norms and the MoE router are replicated, routed experts are divided by EP and then ETP.
+- main gradients: Megatron's DDP grad buffer covers every local parameter: 4 bytes when
+  ``grad_reduce_in_fp32`` (the ``bf16_mixed`` preset sets it and overrides ``ddp``), else 2.
+- optimizer state (Adam): master copy + exp_avg + exp_avg_sq. The distributed optimizer
+  shards dense parameters over DP x CP and expert parameters over the expert-data-parallel
+  group world / (PP x EP x ETP). The master copy is 4 bytes (FP32), except when Transformer
+  Engine's FusedAdam owns it (precision-aware optimizer with ``main_params_dtype`` BF16, no
+  FP8 recipe, or CPU offload: ``OptimizerConfig.use_precision_aware_optimizer_no_fp8_or_ds_fp8``):
+  with FP32 ``main_params_dtype`` and ``store_param_remainders`` TE keeps only a 16-bit
+  remainder, the other 16 bits being the BF16 weight already counted above (2 bytes here,
+  4 together); with BF16 main params the master is a 2-byte copy. NOTE: ``bf16_mixed`` leaves
+  ``fp8_recipe="tensorwise"`` in the optimizer config even without FP8, so on the GPU the
+  recipes get Megatron's FP32 masters (12 bytes per parameter; the H200 logs confirm 18 bytes
+  per parameter in all: 2 weight + 4 grad + 12 optimizer). With CPU offload Megatron's
+  HybridDeviceOptimizer keeps FP32 copies and moments (12 bytes); the fraction f of them, with
+  FP32 gradient copies, lives on the host (reported, not counted on the GPU).
+- activations: bytes each decoder layer saves for its backward, summed tensor by tensor in
+  the ``*_activation_elems`` functions below (BF16 elements; FP32 tensors count twice), for a
+  micro batch of ``seq_length / CP`` tokens (``/ TP`` more in the residual stream under
+  sequence parallelism). Full recompute keeps only the input of each checkpointed chunk and
+  rebuilds one chunk during the backward; block recompute of N checkpoints the first N layers
+  of every stage (or virtual stage) and the rest keep everything (a rebuild then adds only what
+  exceeds the activations the backward has already released); no recompute keeps all. The
+  MTP block is checkpointed under uniform full recompute only (Megatron-Core skips MTP under
+  the block method). 1F1B keeps min(PP - stage, micro batches) micro batches in flight on a
+  stage; the interleaved schedule (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks.
+- logits (last stage): L = (seq / CP) x vocab / TP elements per loss, one loss per MTP layer
+  plus the LM loss. The LM loss is computed while the MTP losses keep what their backward
+  needs. Transformer Engine's fused cross entropy keeps a BF16 copy (2L bytes per loss) and
+  peaks at one more 2L while the logits and the copy coexist. Megatron's native fused kernel
+  (``fused_vocab_parallel_cross_entropy``) keeps the FP32 softmax (4L per loss) and peaks at
+  BF16 logits 2L + FP32 copy 4L + 4L, the last being the out-of-place result that
+  ``torch.compile`` (Megatron's ``jit_fuser``) makes of the in-place updates of its input.
+  The unfused path has no compiled helper: 2L + 4L. The inferred term is the compiled
+  temporary: it is how ``torch.compile`` functionalises input mutation, and the two native
+  runs measured on the H200 need it while the TE run does not (docs/memory_plan.md).
+- overhead: CUDA context, cuBLAS/TE workspaces and NCCL buffers live outside torch's
+  allocator (a constant), and the caching allocator reserves more than it allocates (a
+  fraction of the allocated peak). See ``FRAMEWORK_CONSTANT_GB`` and ``FRAMEWORK_FRACTION``.
+- backward working set: the largest group of layers a recompute rebuilds at once and two
+  [tokens x top-k, hidden] MoE dispatch buffers; it never coexists with the logits (the loss is
+  done before the backward reaches the decoder), so the larger of the two is counted.
+
+What is compared with Megatron's ``mem-max-allocated-gigabytes`` is ``allocated_gb`` (no
+overhead); what must fit the GPU is ``total_gb``. Measured checks: ``docs/memory_plan.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil
+from typing import Any
+
+GB = 1e9
+MIB = 2**20
+GIB = 2**30
+
+# Device memory in GB (1e9 bytes). H200: what the test host's device reports, 143,771 MiB
+# (docs/evidence/README.md) = 150.76 GB = 140.4 GiB: NVIDIA's "141 GB" is GiB-like, so for
+# the GPUs not measured here the nominal figure is read as GiB too (nominal, not measured).
+GPU_MEMORY_GB = {
+    "h200": 143_771 * MIB / GB,
+    "h100": 80 * GIB / GB,
+    "b200": 180 * GIB / GB,
+    "gb300": 288 * GIB / GB,
+}
+DEFAULT_GPU = "h200"
+
+# Outside torch's allocator: CUDA context (~0.6 GB on Hopper with lazy module loading),
+# cuBLAS / Transformer Engine workspaces (~0.2 GB) and NCCL communicator buffers of the
+# model's process groups (~1.2 GB). The H200 runs show the caching allocator reserving
+# 0.7%, 0.8% and 2.6% above the allocated peak for the 35B-A3B runs, and 13% for the 27B
+# run (its max-active exceeds its max-allocated by as much: freed blocks not yet reusable).
+# 5% is the one global fudge term; it decides fits, not the measured comparison.
+FRAMEWORK_CONSTANT_GB = 2.0
+FRAMEWORK_FRACTION = 0.05
+
+BF16 = 2
+FP32 = 4
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+GDN_CHUNK = 64  # FLA's chunk size: the WY matrix A is [tokens, value heads, 64]
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs: model dimensions, parallel layout, tokens per rank
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The Megatron-Core fields the plan reads (``cfg.model``)."""
+
+    hidden: int
+    heads: int
+    query_groups: int
+    head_dim: int
+    gdn_key_heads: int
+    gdn_value_heads: int
+    gdn_key_dim: int
+    gdn_value_dim: int
+    conv_kernel: int
+    ffn: int
+    experts: int
+    topk: int
+    moe_ffn: int
+    shared_ffn: int
+    shared_gate: bool
+    output_gate: bool
+    qk_norm: bool
+    gated_linear_unit: bool
+    fused_swiglu: bool
+    mtp_layers: int
+    vocab: int
+    vocab_multiple: int
+    tied_embeddings: bool
+    layer_pattern: tuple[int, ...]  # 1 = Gated DeltaNet, 0 = gated attention
+    moe_pattern: tuple[int, ...]  # 1 = MoE, 0 = dense MLP
+    capacity_factor: float | None
+    pad_to_capacity: bool
+
+    @property
+    def gdn_qk(self) -> int:
+        return self.gdn_key_heads * self.gdn_key_dim
+
+    @property
+    def gdn_v(self) -> int:
+        return self.gdn_value_heads * self.gdn_value_dim
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.query_groups * self.head_dim
+
+
+def _per_layer(value: Any, n: int, default: int) -> tuple[int, ...]:
+    """Megatron's per-layer frequency fields: a list, an int period (1 in every N), or None."""
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    if isinstance(value, int) and value > 0:
+        return tuple(1 if i % value == 0 else 0 for i in range(n))
+    return (default,) * n
+
+
+def _gdn_pattern(m: Any) -> tuple[int, ...]:
+    n = m.num_layers
+    if getattr(m, "experimental_attention_variant", None) != "gated_delta_net":
+        return (0,) * n
+    freq = getattr(m, "linear_attention_freq", None)
+    if isinstance(freq, int):  # every freq-th layer is full attention
+        return tuple(0 if (i + 1) % freq == 0 else 1 for i in range(n))
+    return _per_layer(freq, n, 1)
+
+
+def model_dims(m: Any) -> ModelDims:
+    experts = m.num_moe_experts or 0
+    return ModelDims(
+        hidden=m.hidden_size,
+        heads=m.num_attention_heads,
+        query_groups=m.num_query_groups or m.num_attention_heads,
+        head_dim=m.kv_channels or m.hidden_size // m.num_attention_heads,
+        gdn_key_heads=getattr(m, "linear_num_key_heads", 0) or 0,
+        gdn_value_heads=getattr(m, "linear_num_value_heads", 0) or 0,
+        gdn_key_dim=getattr(m, "linear_key_head_dim", 0) or 0,
+        gdn_value_dim=getattr(m, "linear_value_head_dim", 0) or 0,
+        conv_kernel=getattr(m, "linear_conv_kernel_dim", 0) or 0,
+        ffn=m.ffn_hidden_size or 0,
+        experts=experts,
+        topk=m.moe_router_topk or 0,
+        moe_ffn=m.moe_ffn_hidden_size or 0,
+        shared_ffn=m.moe_shared_expert_intermediate_size or 0,
+        shared_gate=bool(getattr(m, "moe_shared_expert_gate", False)),
+        output_gate=bool(getattr(m, "attention_output_gate", False)),
+        qk_norm=bool(m.qk_layernorm),
+        gated_linear_unit=bool(m.gated_linear_unit),
+        fused_swiglu=bool(m.bias_activation_fusion),
+        mtp_layers=m.mtp_num_layers or 0,
+        vocab=m.vocab_size,
+        vocab_multiple=getattr(m, "make_vocab_size_divisible_by", 1) or 1,
+        tied_embeddings=bool(m.share_embeddings_and_output_weights),
+        layer_pattern=_gdn_pattern(m),
+        moe_pattern=_per_layer(getattr(m, "moe_layer_freq", 1), m.num_layers, 1) if experts else (0,) * m.num_layers,
+        capacity_factor=getattr(m, "moe_expert_capacity_factor", None),
+        pad_to_capacity=bool(getattr(m, "moe_pad_expert_input_to_capacity", False)),
+    )
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    vpp: int | None
+    sp: bool
+    world: int
+
+    @property
+    def dense_dp(self) -> int:
+        """Group the distributed optimizer shards dense parameters over (DP x CP)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel group: world / (PP x EP x ETP)."""
+        return self.world // (self.pp * self.ep * self.etp)
+
+    def label(self) -> str:
+        parts = [f"TP{self.tp}" + (" SP" if self.sp else ""), f"PP{self.pp}"]
+        parts += [f"VPP{self.vpp}"] if self.vpp else []
+        parts += [f"CP{self.cp}"] if self.cp > 1 else []
+        parts += [f"EP{self.ep} ETP{self.etp}"] if self.ep > 1 else []
+        return " ".join(parts + [f"DP{self.dp}"])
+
+
+def parallel_layout(cfg: Any, world_size: int) -> Parallel:
+    from bridge_recipes.runner.checks import layout_of
+
+    lay = layout_of(cfg, world_size)
+    if lay.dp is None:
+        raise ValueError(f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp * lay.pp * lay.cp}")
+    return Parallel(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, etp=lay.etp or lay.tp, dp=lay.dp,
+                    vpp=lay.vpp, sp=bool(cfg.model.sequence_parallel), world=world_size)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens of one micro batch on one rank."""
+
+    seq: int  # in head/feature-parallel regions (attention, GDN, MLP inside TP): seq / CP x micro batch
+    resid: int  # in the residual stream: seq / CP, and / TP under sequence parallelism
+
+
+def micro_batch_tokens(cfg: Any, par: Parallel) -> Tokens:
+    seq = cfg.model.seq_length // par.cp * cfg.train.micro_batch_size
+    return Tokens(seq=seq, resid=seq // par.tp if par.sp else seq)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters per rank (shapes as in bridge_recipes/models/params.py)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Params:
+    dense: float = 0.0  # sharded by the optimizer over DP x CP
+    expert: float = 0.0  # sharded over the expert-data-parallel group
+
+    def __add__(self, other: "Params") -> "Params":
+        return Params(self.dense + other.dense, self.expert + other.expert)
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
+
+
+def attention_params(d: ModelDims, par: Parallel) -> Params:
+    qkv = d.hidden * (d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim)
+    proj = d.q_dim * d.hidden
+    norms = d.hidden + (2 * d.head_dim if d.qk_norm else 0)  # fused input norm, Q/K norms
+    return Params(dense=(qkv + proj) / par.tp + norms)
+
+
+def gdn_params(d: ModelDims, par: Parallel) -> Params:
+    in_proj = d.hidden * (2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads)  # q, k, v, z, beta, alpha
+    conv = (2 * d.gdn_qk + d.gdn_v) * d.conv_kernel
+    out_proj = d.gdn_v * d.hidden
+    per_head = 2 * d.gdn_value_heads  # A_log, dt_bias
+    norms = d.hidden + d.gdn_value_dim  # fused input norm, gated output norm
+    return Params(dense=(in_proj + conv + out_proj + per_head) / par.tp + norms)
+
+
+def dense_mlp_params(d: ModelDims, par: Parallel) -> Params:
+    fc1 = d.hidden * d.ffn * (2 if d.gated_linear_unit else 1)
+    return Params(dense=(fc1 + d.ffn * d.hidden) / par.tp + d.hidden)  # + fused pre-MLP norm
+
+
+def moe_params(d: ModelDims, par: Parallel) -> Params:
+    glu = 2 if d.gated_linear_unit else 1
+    expert = d.hidden * d.moe_ffn * (glu + 1)
+    shared = d.hidden * d.shared_ffn * (glu + 1)
+    replicated = d.hidden + d.hidden * d.experts + (d.hidden if d.shared_gate else 0)  # norm, router, gate
+    return Params(dense=shared / par.tp + replicated, expert=d.experts / par.ep * expert / par.etp)
+
+
+def layer_params(d: ModelDims, par: Parallel, index: int) -> Params:
+    mixer = gdn_params(d, par) if d.layer_pattern[index] else attention_params(d, par)
+    mlp = moe_params(d, par) if d.moe_pattern[index] else dense_mlp_params(d, par)
+    return mixer + mlp
+
+
+def padded_vocab(d: ModelDims, par: Parallel) -> int:
+    multiple = d.vocab_multiple * par.tp
+    return ceil(d.vocab / multiple) * multiple
+
+
+def embedding_params(d: ModelDims, par: Parallel) -> Params:
+    return Params(dense=padded_vocab(d, par) * d.hidden / par.tp)
+
+
+def output_params(d: ModelDims, par: Parallel) -> Params:
+    """Final norm and the (untied) output layer."""
+    head = 0 if d.tied_embeddings and par.pp == 1 else padded_vocab(d, par) * d.hidden / par.tp
+    return Params(dense=head + d.hidden)
+
+
+def mtp_params(d: ModelDims, par: Parallel) -> Params:
+    """One MTP layer: two input norms, the 2h -> h projection, an attention layer with the
+    model's MLP kind, a final norm (the embedding and output layer are shared)."""
+    mlp = moe_params(d, par) if d.experts else dense_mlp_params(d, par)
+    own = Params(dense=3 * d.hidden + 2 * d.hidden * d.hidden / par.tp)
+    return own + attention_params(d, par) + mlp
+
+
+# --------------------------------------------------------------------------------------------
+# Activations saved for the backward (BF16 elements per micro batch; FP32 tensors count 2)
+# --------------------------------------------------------------------------------------------
+
+
+def gdn_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+    """Gated DeltaNet mixer (megatron/core/ssm/gated_delta_net, FLA chunk kernel). Inside the
+    mixer features are split by TP; CP's all-to-all trades sequence for heads, so a rank holds
+    seq/CP tokens' worth of features / TP."""
+    local = tok.seq / par.tp
+    qk_heads = max(d.gdn_value_heads, d.gdn_key_heads)  # q, k repeated to the value heads
+    terms = (
+        2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads,  # in_proj output, kept by the conv's saved input view
+        2 * d.gdn_qk,  # L2-normalised q, k (l2norm output)
+        2 * qk_heads * d.gdn_key_dim,  # q, k as the chunk kernel saves them
+        2 * d.gdn_v,  # v and the output gate z, made contiguous
+        GDN_CHUNK * d.gdn_value_heads,  # chunk-local WY matrix A (BF16)
+        3 * d.gdn_value_heads,  # decay g (FP32 cumsum) and beta
+        2 * d.gdn_v,  # kernel output (gated norm input) and gated-norm output (out_proj input)
+    )
+    return d.hidden * tok.resid + sum(terms) * local  # + norm output saved by the fused norm+in_proj
+
+
+def attention_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+    """Gated attention with flash / cuDNN fused attention: no s x s matrix is saved."""
+    local = tok.seq / par.tp
+    gate = d.q_dim if d.output_gate else 0
+    terms = (
+        d.q_dim + gate + 2 * d.kv_dim,  # QKV(+gate) output, kept by its views (Q/K norm inputs, v, gate)
+        d.q_dim + d.kv_dim,  # q, k after QK norm and RoPE (attention inputs)
+        d.kv_dim,  # v made contiguous for the kernel
+        d.q_dim,  # attention output
+        2 * d.heads,  # softmax log-sum-exp, FP32
+        gate,  # gated output (linear_proj input)
+    )
+    return d.hidden * tok.resid + sum(terms) * local  # + norm output (fused norm+QKV)
+
+
+def glu_activation_elems(d: ModelDims, ffn: int) -> int:
+    """SwiGLU as Megatron runs it without bias_activation_fusion: fc1 output (2f), silu output
+    (f), the linear half plus the GLU offset (a new tensor, f), their product (f)."""
+    if not d.gated_linear_unit:
+        return 2 * ffn
+    return 3 * ffn if d.fused_swiglu else 5 * ffn
+
+
+def dense_mlp_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+    return d.hidden * tok.resid + glu_activation_elems(d, d.ffn) * tok.seq / par.tp  # + fused norm output
+
+
+def routed_tokens(d: ModelDims, tok: Tokens) -> float:
+    """Token copies a rank sends to its experts: top-k per token (capacity = tokens x top-k
+    without a capacity factor; padded to the capacity factor when padding is on)."""
+    pad = d.capacity_factor if d.capacity_factor and d.pad_to_capacity else 1.0
+    return tok.resid * d.topk * pad
+
+
+def moe_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+    """MoE block (alltoall dispatcher, TE grouped GEMM, shared expert with sigmoid gate).
+    Balanced routing: every expert-parallel rank receives as many token copies as it sends."""
+    routed = routed_tokens(d, tok)
+    act = glu_activation_elems(d, d.moe_ffn) + (1 if not d.fused_swiglu else 0) * d.moe_ffn  # x probs -> BF16 copy
+    terms = (
+        d.hidden * tok.resid,  # pre-MLP norm output (router and shared-expert input)
+        2 * d.hidden * tok.resid,  # router input cast to FP32
+        2 * 3 * d.experts * tok.resid,  # FP32 [tokens, experts]: scores, routing probs, aux-loss scores
+        d.hidden * routed * par.etp,  # dispatched tokens (fc1 input; ETP all-gathers them)
+        2 * routed,  # permuted routing probs, FP32
+        act * routed,  # expert fc1 output and SwiGLU intermediates (ETP splits features, not copies)
+    )
+    shared = 0.0
+    if d.shared_ffn:
+        shared = glu_activation_elems(d, d.shared_ffn) * tok.seq / par.tp + d.hidden * tok.resid  # + gated output
+    return sum(terms) + shared
+
+
+def layer_activation_bytes(d: ModelDims, par: Parallel, tok: Tokens, index: int) -> float:
+    """Everything one decoder layer keeps for its backward: its input, the residual after the
+    mixer, the mixer's and the MLP's saved tensors."""
+    residuals = 2 * d.hidden * tok.resid
+    mixer = (gdn_activation_elems if d.layer_pattern[index] else attention_activation_elems)(d, par, tok)
+    mlp = (moe_activation_elems if d.moe_pattern[index] else dense_mlp_activation_elems)(d, par, tok)
+    return BF16 * (residuals + mixer + mlp)
+
+
+def layer_input_bytes(d: ModelDims, tok: Tokens) -> float:
+    """What a checkpointed chunk keeps: its input hidden states."""
+    return BF16 * d.hidden * tok.resid
+
+
+def dispatch_buffer_bytes(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+    """Working copies of the dispatched tokens while one MoE layer runs (permute output,
+    all-to-all output / its gradient): two [tokens x top-k, hidden] buffers."""
+    return BF16 * 2 * d.hidden * routed_tokens(d, tok) * par.etp if d.experts else 0.0
+
+
+def mtp_activation_bytes(d: ModelDims, par: Parallel, tok: Tokens, recomputed: bool) -> float:
+    """MTP layer: embedding of the shifted tokens, the concatenated normed pair (eh_proj
+    input, 2h), an attention layer with the model's MLP, its final norm input."""
+    if recomputed:
+        return BF16 * 2 * d.hidden * tok.resid  # checkpoint inputs: hidden states and embedding
+    residuals = 2 * d.hidden * tok.resid
+    mlp = moe_activation_elems(d, par, tok) if d.experts else dense_mlp_activation_elems(d, par, tok)
+    layer = residuals + attention_activation_elems(d, par, tok) + mlp
+    return BF16 * (layer + 4 * d.hidden * tok.resid)
+
+
+def head_activation_bytes(d: ModelDims, tok: Tokens) -> float:
+    """Last stage: the final norm's input and the output layer's input (the LM hidden states
+    concatenated with one per MTP layer)."""
+    return BF16 * d.hidden * tok.resid * (2 + d.mtp_layers)
+
+
+# --------------------------------------------------------------------------------------------
+# Logits on the last stage
+# --------------------------------------------------------------------------------------------
+
+
+def logits_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+    """L: one loss's logits on one rank, [seq / CP, vocab / TP] (the output layer gathers the
+    sequence-parallel tokens)."""
+    return tok.seq * padded_vocab(d, par) / par.tp
+
+
+def cross_entropy_kind(m: Any) -> str:
+    if not m.cross_entropy_loss_fusion:
+        return "unfused"
+    return "te" if getattr(m, "cross_entropy_fusion_impl", "native") == "te" else "native"
+
+
+def logits_peak_bytes(d: ModelDims, par: Parallel, tok: Tokens, kind: str) -> float:
+    """Peak of the loss computation: the MTP losses' kept tensors plus the LM loss's working
+    set (see the module docstring for the per-kind terms)."""
+    L = logits_elems(d, par, tok)
+    earlier = d.mtp_layers  # MTP losses are computed first and keep their backward tensors
+    if kind == "te":
+        return L * (BF16 * earlier + BF16 + BF16)  # kept copies, BF16 logits + TE's saved copy
+    kept = FP32 * earlier  # FP32 softmax per earlier loss
+    working = BF16 + FP32 + (FP32 if kind == "native" else 0)  # logits, FP32 copy, compiled temporary
+    return L * (kept + working)
+
+
+# --------------------------------------------------------------------------------------------
+# Pipeline stages and recompute
+# --------------------------------------------------------------------------------------------
+
+
+def stage_chunks(cfg: Any, par: Parallel) -> list[list[list[int]]]:
+    """Global decoder-layer indices per stage, split into model chunks (one without VPP).
+    With VPP and no uneven first/last stage, chunk c of stage r is Megatron's interleaved
+    assignment; with uneven stages the stage's own layers are split in VPP parts."""
+    from bridge_recipes.runner.checks import stage_layers
+
+    counts = stage_layers(cfg)
+    if counts is None:
+        raise ValueError("the layers do not split over the pipeline stages (see the layout checks)")
+    vpp = par.vpp or 1
+    m = cfg.model
+    if vpp > 1 and m.num_layers_in_first_pipeline_stage is None and m.num_layers_in_last_pipeline_stage is None:
+        size = m.num_layers // (par.pp * vpp)
+        return [[list(range((c * par.pp + r) * size, (c * par.pp + r + 1) * size)) for c in range(vpp)]
+                for r in range(par.pp)]
+    starts = [sum(counts[:r]) for r in range(par.pp)]
+    stages = [list(range(s, s + n)) for s, n in zip(starts, counts)]
+    return [[layers[c * len(layers) // vpp:(c + 1) * len(layers) // vpp] for c in range(vpp)] for layers in stages]
+
+
+@dataclass(frozen=True)
+class ChunkActivations:
+    saved: float  # bytes kept per micro batch
+    rebuilt: float  # bytes a backward rebuild adds on top of ``saved`` at its worst
+
+
+def chunk_activations(d: ModelDims, par: Parallel, tok: Tokens, m: Any, layers: list[int]) -> ChunkActivations:
+    """Saved activations of one model chunk under its recompute policy. Uniform recompute of
+    n checkpoints groups of n layers and rebuilds a whole group at once. Block recompute of
+    n checkpoints the chunk's first n layers one by one; the backward reaches them after the
+    layers behind them have released their activations, so a rebuild only adds what it
+    exceeds those by."""
+    full = [layer_activation_bytes(d, par, tok, i) for i in layers]
+    method, n = m.recompute_method, m.recompute_num_layers or 0
+    if m.recompute_granularity != "full" or not layers:  # none, or selective (counted as none)
+        return ChunkActivations(saved=sum(full), rebuilt=0.0)
+    if method == "block":
+        k = min(n, len(layers))
+        rebuilt = max(max(full[:k], default=0.0) - sum(full[k:]), 0.0)
+        return ChunkActivations(saved=k * layer_input_bytes(d, tok) + sum(full[k:]), rebuilt=rebuilt)
+    size = max(n, 1)
+    groups = [full[i:i + size] for i in range(0, len(full), size)]
+    return ChunkActivations(saved=len(groups) * layer_input_bytes(d, tok), rebuilt=max(map(sum, groups)))
+
+
+def num_microbatches(cfg: Any, par: Parallel) -> int:
+    return max(1, cfg.train.global_batch_size // (cfg.train.micro_batch_size * par.dp))
+
+
+def micro_batches_in_flight(stage: int, par: Parallel, microbatches: int) -> float:
+    """Micro batches whose activations a stage holds at once (1F1B: the warm-up forwards plus
+    one; interleaved: Megatron's warm-up count of model chunks plus one, in micro batches)."""
+    if not par.vpp or par.vpp == 1:
+        return min(par.pp - stage, microbatches)
+    chunks = (par.pp - stage - 1) * 2 + (par.vpp - 1) * par.pp + 1
+    return min(chunks, microbatches * par.vpp) / par.vpp
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer state
+# --------------------------------------------------------------------------------------------
+
+
+def _dtype_bytes(dtype: Any, default: int = 4) -> int:
+    name = str(dtype).replace("torch.", "") if dtype is not None else ""
+    return DTYPE_BYTES.get(name, default)
+
+
+def mixed_precision_config(cfg: Any) -> Any:
+    """The recipe's mixed-precision preset as an object (None when it cannot be resolved)."""
+    mp = cfg.mixed_precision
+    if isinstance(mp, str):
+        try:
+            from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+            return get_mixed_precision_config(mp)
+        except (ImportError, KeyError, ValueError):
+            return None
+    return mp
+
+
+def effective_precision(cfg: Any) -> dict[str, Any]:
+    """Fields the mixed-precision preset overwrites on the optimizer and DDP configs at
+    setup (``MixedPrecisionConfig.setup``): it wins over what the recipe set there."""
+    out = {"fp8_recipe": getattr(cfg.optimizer, "fp8_recipe", None),
+           "grad_reduce_in_fp32": getattr(cfg.ddp, "grad_reduce_in_fp32", True),
+           "fp8": getattr(getattr(cfg, "model", None), "fp8", None)}
+    mp = mixed_precision_config(cfg)
+    for key in out:
+        if mp is not None and hasattr(mp, key):
+            out[key] = getattr(mp, key)
+    return out
+
+
+def te_owns_master(opt: Any, fp8_recipe: str | None) -> bool:
+    """Megatron's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``: TE's FusedAdam keeps the
+    master weights; otherwise Megatron keeps FP32 shards itself."""
+    main = _dtype_bytes(getattr(opt, "main_params_dtype", None))
+    return bool(opt.use_precision_aware_optimizer) and (
+        main != 4 or fp8_recipe in (None, "delayed") or bool(getattr(opt, "optimizer_cpu_offload", False)))
+
+
+def optimizer_bytes_per_param(cfg: Any) -> float:
+    """Master copy + exp_avg + exp_avg_sq, before sharding (see the module docstring)."""
+    opt = cfg.optimizer
+    if getattr(opt, "optimizer_cpu_offload", False) or not opt.use_precision_aware_optimizer:
+        return 3 * FP32  # FP32 master + moments (HybridDeviceOptimizer keeps FP32 copies on both sides)
+    moments = _dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype)
+    main = _dtype_bytes(getattr(opt, "main_params_dtype", None))
+    if not te_owns_master(opt, effective_precision(cfg)["fp8_recipe"]):
+        return FP32 + moments
+    if main == 4:
+        return (2 if getattr(opt, "store_param_remainders", True) else 4) + moments
+    return main + moments
+
+
+def optimizer_shard_params(p: Params, par: Parallel, distributed: bool) -> float:
+    if not distributed:
+        return p.total
+    return p.dense / par.dense_dp + p.expert / par.expert_dp
+
+
+def offload_fraction(cfg: Any) -> float:
+    opt = cfg.optimizer
+    if not getattr(opt, "optimizer_cpu_offload", False):
+        return 0.0
+    return float(getattr(opt, "optimizer_offload_fraction", 0.0) or 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage's busiest rank at its peak, in GB (1e9 bytes)."""
+
+    stage: int
+    layers: int
+    in_flight: float  # micro batches whose activations the stage holds
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    host_optimizer_gb: float  # offloaded optimizer state + its FP32 grad copies, on the CPU (not in the totals)
+    activations_gb: float  # saved activations of the in-flight micro batches
+    logits_gb: float  # loss working set (last stage), on top of the saved activations
+    backward_gb: float  # layers rebuilt at once and MoE dispatch buffers during the backward
+    overhead_gb: float
+
+    @property
+    def peak_extra_gb(self) -> float:
+        """Logits and backward working set do not coexist: the loss ends before the backward
+        reaches the decoder layers."""
+        return max(self.logits_gb, self.backward_gb)
+
+    @property
+    def allocated_gb(self) -> float:
+        """Comparable with Megatron's ``mem-max-allocated-gigabytes``."""
+        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.peak_extra_gb
+
+    @property
+    def total_gb(self) -> float:
+        return self.allocated_gb + self.overhead_gb
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    layout: str
+    gpu: str | None
+    gpu_memory_gb: float
+    stages: tuple[StageMemory, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def peak_stage(self) -> int:
+        return max(self.stages, key=lambda s: s.total_gb).stage
+
+    @property
+    def peak_gb(self) -> float:
+        return self.stages[self.peak_stage].total_gb
+
+    @property
+    def peak_allocated_gb(self) -> float:
+        return max(s.allocated_gb for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gb <= self.gpu_memory_gb
+
+    def stages_over(self) -> list[int]:
+        return [s.stage for s in self.stages if s.total_gb > self.gpu_memory_gb]
+
+
+def gpu_memory(gpu: str | None) -> float:
+    key = (gpu or DEFAULT_GPU).lower().removeprefix("nvidia-")
+    try:
+        return GPU_MEMORY_GB[key]
+    except KeyError:
+        raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GB)} (or pass gpu_memory_gb)") from None
+
+
+def framework_overhead_gb(allocated_gb: float) -> float:
+    return FRAMEWORK_CONSTANT_GB + FRAMEWORK_FRACTION * allocated_gb
+
+
+def stage_params(d: ModelDims, par: Parallel, layers: list[int], stage: int) -> Params:
+    p = Params()
+    for i in layers:
+        p = p + layer_params(d, par, i)
+    if stage == 0:
+        p = p + embedding_params(d, par)
+    if stage == par.pp - 1:
+        mtp = mtp_params(d, par)
+        p = p + output_params(d, par) + Params(mtp.dense * d.mtp_layers, mtp.expert * d.mtp_layers)
+    return p
+
+
+def mtp_recomputed(m: Any) -> bool:
+    """Megatron-Core checkpoints MTP layers under uniform full recompute only."""
+    return m.recompute_granularity == "full" and m.recompute_method == "uniform"
+
+
+def plan_stage(cfg: Any, d: ModelDims, par: Parallel, tok: Tokens, stage: int, chunks: list[list[int]]) -> StageMemory:
+    m, last = cfg.model, stage == par.pp - 1
+    layers = [i for c in chunks for i in c]
+    params = stage_params(d, par, layers, stage)
+    prec = effective_precision(cfg)
+    opt_params = optimizer_shard_params(params, par, bool(cfg.optimizer.use_distributed_optimizer))
+    opt_bytes = opt_params * optimizer_bytes_per_param(cfg)
+    host = offload_fraction(cfg)
+    host_grads = host * opt_params * FP32  # the host optimizer's FP32 gradient copies
+
+    acts = [chunk_activations(d, par, tok, m, c) for c in chunks]
+    saved = sum(a.saved for a in acts)
+    rebuilt = max((a.rebuilt for a in acts), default=0.0)
+    logits = 0.0
+    if last:
+        saved += head_activation_bytes(d, tok) + d.mtp_layers * mtp_activation_bytes(d, par, tok, mtp_recomputed(m))
+        if d.mtp_layers and mtp_recomputed(m):
+            rebuilt = max(rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False))
+        logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m))
+    in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
+
+    weights = BF16 * params.total
+    grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * params.total
+    stage_mem = StageMemory(
+        stage=stage, layers=len(layers), in_flight=in_flight,
+        weights_gb=weights / GB, grads_gb=grads / GB,
+        optimizer_gb=opt_bytes * (1 - host) / GB, host_optimizer_gb=(opt_bytes * host + host_grads) / GB,
+        activations_gb=in_flight * saved / GB, logits_gb=logits / GB,
+        backward_gb=(rebuilt + dispatch_buffer_bytes(d, par, tok)) / GB, overhead_gb=0.0,
+    )
+    return _with_overhead(stage_mem)
+
+
+def _with_overhead(s: StageMemory) -> StageMemory:
+    return replace(s, overhead_gb=framework_overhead_gb(s.allocated_gb))
+
+
+def plan_notes(cfg: Any, par: Parallel) -> tuple[str, ...]:
+    m, notes = cfg.model, []
+    if m.recompute_granularity == "selective":
+        notes.append("selective recompute is counted as no recompute (an upper bound)")
+    if effective_precision(cfg)["fp8"]:
+        notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
+    if hasattr(m, "vision_config"):
+        notes.append("vision tower not counted (language model only)")
+    if par.ep > 1:
+        notes.append("expert routing assumed balanced; a hot expert-parallel rank holds more")
+    if offload_fraction(cfg):
+        notes.append(f"optimizer offload {offload_fraction(cfg):g}: that share of the optimizer state is on the host")
+    return tuple(notes)
+
+
+def plan_memory(cfg: Any, world_size: int, gpu_memory_gb: float | None = None, gpu: str | None = None) -> MemoryPlan:
+    """Per-stage peak memory of ``cfg`` on ``world_size`` GPUs. ``gpu_memory_gb`` defaults to
+    the memory of ``gpu`` (``h200`` when not given), see :data:`GPU_MEMORY_GB`."""
+    par = parallel_layout(cfg, world_size)
+    d, tok = model_dims(cfg.model), micro_batch_tokens(cfg, par)
+    stages = tuple(plan_stage(cfg, d, par, tok, r, chunks) for r, chunks in enumerate(stage_chunks(cfg, par)))
+    if gpu_memory_gb is None:
+        gpu, gpu_memory_gb = gpu or DEFAULT_GPU, gpu_memory(gpu)
+    return MemoryPlan(layout=par.label(), gpu=gpu, gpu_memory_gb=gpu_memory_gb, stages=stages,
+                      notes=plan_notes(cfg, par))
+
+
+# --------------------------------------------------------------------------------------------
+# Text for the runner's --plan
+# --------------------------------------------------------------------------------------------
+
+_COLUMNS = ("stage", "layers", "mb", "weights", "grads", "optim", "activ", "logits", "bwd", "alloc", "+ovh", "total")
+
+
+def _row(s: StageMemory, capacity: float) -> str:
+    cells = (f"{s.stage}", f"{s.layers}", f"{s.in_flight:g}", *(f"{v:.1f}" for v in (
+        s.weights_gb, s.grads_gb, s.optimizer_gb, s.activations_gb, s.logits_gb, s.backward_gb,
+        s.allocated_gb, s.overhead_gb, s.total_gb)))
+    flag = "" if s.total_gb <= capacity else f"  OVER by {s.total_gb - capacity:.1f}"
+    return "  ".join(f"{c:>7}" for c in cells) + flag
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    """A short table: one row per pipeline stage, GB = 1e9 bytes."""
+    lines = [f"memory plan, GB = 1e9 bytes: {plan.layout} on {plan.gpu or 'a GPU'} ({plan.gpu_memory_gb:.1f} GB per GPU)",
+             "  ".join(f"{c:>7}" for c in _COLUMNS)]
+    lines += [_row(s, plan.gpu_memory_gb) for s in plan.stages]
+    host = max(s.host_optimizer_gb for s in plan.stages)
+    if host:
+        lines.append(f"optimizer state on the host: up to {host:.1f} GB per rank")
+    verdict = "fits" if plan.fits else f"DOES NOT FIT: stage {', '.join(map(str, plan.stages_over()))} over"
+    lines.append(f"peak: stage {plan.peak_stage}, {plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f} GB ({verdict}); "
+                 f"logits and bwd do not coexist, alloc counts the larger")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def plan_report(cfg: Any, world_size: int, gpu: str | None = None) -> tuple[str, bool]:
+    """The runner's ``--plan`` text and whether every stage fits."""
+    plan = plan_memory(cfg, world_size, gpu=gpu)
+    return format_plan(plan), plan.fits
