@@ -45,6 +45,14 @@ FAMILIES = {
         "args": ["--scale-down", "4", "--scale-experts", "32", "-gb", "4", "--max-steps", "8", *TRAIN],
         "resume": {"save_interval": 5, "kill_after": 7},
     },
+    "qwen35_vl_35b_a3b": {
+        # the 16-GB300 VL policy on one H200 (EP4 -> the 64 experts one GPU holds), mock image
+        # conversations through the offline processor (no download), 4,096-token samples
+        "recipe": "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
+        "args": ["--scale-down", "4", "--scale-experts", "64", "-gb", "4", "--max-steps", "10", *TRAIN],
+        "resume": None,
+        "vl": True,
+    },
     "qwen35_27b": {
         "recipe": "qwen35_27b_sft_8gpu_h200_bf16_config",
         "args": ["--scale-down", "4", "-gb", "4", "--max-steps", "10", *TRAIN,
@@ -68,8 +76,13 @@ def _report(family: str, data: dict) -> None:
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request):
     name = request.param
-    spec = FAMILIES[name]
+    spec = dict(FAMILIES[name])
     log = OUT / f"{name}.log"
+    if spec.get("vl"):
+        pytest.importorskip("qwen_vl_utils", reason="Megatron-Bridge's Qwen-VL collate needs qwen-vl-utils")
+        from bridge_recipes.data.offline_vl_processor import build, vision_token_overrides
+
+        spec["args"] = [*spec["args"], *vision_token_overrides(build(SCRATCH / "vl_processor"))]
     runs = {"reference": launch("reference", spec["recipe"], _no_save(spec["args"]), log)}
     runs["no_recompute"] = launch("no_recompute", spec["recipe"], _no_save(spec["args"] + NO_RECOMPUTE), log)
     if spec["resume"]:
