@@ -20,6 +20,8 @@ __all__ = [
 def _vl_benchmark(cfg) -> None:
     benchmark_settings(cfg)
     cfg.model.moe_router_force_load_balancing = True
+    # Megatron-Bridge's benchmark defaults (_benchmark_common): TE's fused cross entropy
+    cfg.model.cross_entropy_loss_fusion, cfg.model.cross_entropy_fusion_impl = True, "te"
 
 
 @recipe(task="pretrain", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
