@@ -45,6 +45,17 @@ def vl_layout(cfg, *, ep: int) -> None:
     m.moe_router_fusion = True
 
 
+def gb300_benchmark_layout(cfg, *, ep: int, micro_batch: int, global_batch: int) -> None:
+    """The layout of Megatron-Bridge 0.6.2's GB300 Qwen3.5-VL benchmarks: TP/PP/CP 1, EP ``ep``
+    ETP1, HybridEP, their environment; CUDA graphs off, as those benchmarks end up after their
+    VL post-processing (variable-length image inputs)."""
+    vl_layout(cfg, ep=ep)
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = micro_batch, global_batch
+    cfg.model.cuda_graph_impl, cfg.model.cuda_graph_scope = "none", []
+    cfg.env_vars = dict(GB300_ENV)
+    use_hybridep(cfg)
+
+
 def gdn_kernel_backend_declared() -> bool:
     """Whether this Megatron-Core declares ``gdn_kernel_backend`` (NVIDIA/Megatron-LM#7583)."""
     from dataclasses import fields

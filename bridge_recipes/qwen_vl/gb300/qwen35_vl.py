@@ -10,7 +10,13 @@ benchmark recipes in ``perf_recipes.qwen_vl.gb300.qwen35_vl`` share.
 from __future__ import annotations
 
 from bridge_recipes.common import vlm_pretrain_config
-from bridge_recipes.qwen_vl.policy import GB300_ENV, gdn_kernel_backend_declared, use_hybridep, vl_layout
+from bridge_recipes.qwen_vl.policy import (
+    GB300_ENV,
+    gb300_benchmark_layout,
+    gdn_kernel_backend_declared,
+    use_hybridep,
+    vl_layout,
+)
 from bridge_recipes.recipe import recipe
 
 __all__ = [
@@ -22,7 +28,7 @@ __all__ = [
 # Vision CUDA-graph capacity of the 16-GPU recipe, measured with Energon DataComp images at
 # max_pixels=200704 (784 patches of 16x16 per image) and micro batch 4 (seed 003).
 VISION_CUDA_GRAPH_PATCH_CAP = 3712
-MEASURED_MAX_PIXELS = 200704
+
 
 def _apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config(cfg) -> None:
     """Apply the 64-GB300 execution policy for Qwen3.5/Qwen3.6-VL 397B-A17B.
@@ -33,11 +39,7 @@ def _apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config(cfg) -> None:
     after its VL post-processing (variable-length image inputs). Only the parallel layout,
     dispatcher, graph and env settings are set; dataset/tokenizer/freeze policy stay real-data.
     """
-    vl_layout(cfg, ep=64)
-    cfg.train.micro_batch_size, cfg.train.global_batch_size = 1, 1024
-    cfg.model.cuda_graph_impl, cfg.model.cuda_graph_scope = "none", []
-    cfg.env_vars = dict(GB300_ENV)
-    use_hybridep(cfg)
+    gb300_benchmark_layout(cfg, ep=64, micro_batch=1, global_batch=1024)
 
 
 @recipe(task="pretrain", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
