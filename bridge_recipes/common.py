@@ -38,6 +38,11 @@ def _spec(model: Qwen35Spec | str) -> Qwen35Spec:
     return get_spec(model) if isinstance(model, str) else model
 
 
+def is_vlm(cfg) -> bool:
+    """Whether a built config is a vision-language one (its provider carries a vision tower)."""
+    return hasattr(cfg.model, "vision_config")
+
+
 def run_dir(name: str) -> str:
     """Where a run writes checkpoints and logs unless overridden (``checkpoint.save=...``)."""
     return os.path.join(os.getcwd(), "experiments", name)

@@ -9,26 +9,14 @@ benchmark measures the recipe users train with.
 
 from __future__ import annotations
 
-from bridge_recipes.common import mock_text_dataset, mock_vlm_dataset, null_tokenizer
 from bridge_recipes.resilience import disable_resilience
+from bridge_recipes.runner.datasets import use_mock
 
 BENCHMARK_STEPS = 20
 
 
-def use_mock_data(cfg) -> None:
-    """Random-token text data, or synthetic image conversations for VL models."""
-    seq = cfg.model.seq_length
-    if hasattr(cfg.model, "vision_config"):
-        processor = getattr(cfg.dataset, "hf_processor_path", None) or getattr(
-            getattr(cfg.dataset, "task_encoder", None), "hf_processor_path", None)
-        cfg.dataset = mock_vlm_dataset(seq, processor)
-    else:
-        cfg.dataset = mock_text_dataset(seq)
-    cfg.tokenizer = null_tokenizer(cfg.model.vocab_size)
-
-
 def benchmark_settings(cfg, steps: int = BENCHMARK_STEPS) -> None:
-    use_mock_data(cfg)
+    use_mock(cfg)  # random-token text, or synthetic image conversations for VL models
     cfg.train.train_iters = steps
     cfg.scheduler.lr_decay_iters = steps
     cfg.scheduler.lr_warmup_iters = max(1, steps // 10)

@@ -16,12 +16,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bridge_recipes.bench.convergence import compare  # noqa: E402
-from bridge_recipes.bench.runs import split_runs  # noqa: E402
+from bridge_recipes.bench.runs import loss_curve, split_runs  # noqa: E402
 from bridge_recipes.bench.stats import parse_megatron_log  # noqa: E402
 
 
 def losses(text: str) -> dict[int, float]:
-    return {it.step: it.lm_loss for it in parse_megatron_log(text) if it.lm_loss is not None}
+    return loss_curve(parse_megatron_log(text))
 
 
 def main() -> int:

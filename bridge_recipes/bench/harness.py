@@ -15,6 +15,7 @@ from typing import Any
 
 from bridge_recipes.bench.flops import model_flops_per_token, six_n_flops_per_token
 from bridge_recipes.bench.stats import DEFAULT_WINDOW, step_records_from_log, summarize
+from bridge_recipes.common import is_vlm
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
 BENCHMARK_OVERRIDES = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false",
@@ -41,7 +42,7 @@ def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str]
 def model_spec(cfg: Any) -> Qwen35Spec:
     """The catalog spec matching a (possibly scaled) config: layers and experts as configured."""
     spec = next(s for s in SPECS.values()
-                if s.hidden_size == cfg.model.hidden_size and s.is_vl == hasattr(cfg.model, "vision_config")
+                if s.hidden_size == cfg.model.hidden_size and s.is_vl == is_vlm(cfg)
                 and s.num_attention_heads == cfg.model.num_attention_heads)
     return dataclasses.replace(
         spec, num_layers=cfg.model.num_layers,

@@ -23,6 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 _ITERATION = re.compile(r"iteration\s+(\d+)/")
 
 
+def loss_curve(iterations: list[LogIteration]) -> dict[int, float]:
+    """step -> LM loss of the logged iterations that report one."""
+    return {it.step: it.lm_loss for it in iterations if it.lm_loss is not None}
+
+
 @dataclass
 class Run:
     name: str
@@ -34,7 +39,7 @@ class Run:
 
     @property
     def losses(self) -> dict[int, float]:
-        return {it.step: it.lm_loss for it in self.iterations if it.lm_loss is not None}
+        return loss_curve(self.iterations)
 
     @property
     def peak_allocated_gb(self) -> float | None:

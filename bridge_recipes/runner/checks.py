@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bridge_recipes.common import is_vlm
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -172,7 +174,7 @@ def vision_patches_per_micro_batch(cfg: Any) -> int | None:
 
 def vision_budget_problems(cfg: Any) -> list[str]:
     cap = getattr(cfg.model, "max_vision_cuda_graph_seq_length", None)
-    patches = vision_patches_per_micro_batch(cfg) if hasattr(cfg.model, "vision_config") else None
+    patches = vision_patches_per_micro_batch(cfg) if is_vlm(cfg) else None
     if cap is None or patches is None or patches <= cap:
         return []
     return [f"image budget of {patches} vision patches per micro batch (micro batch {cfg.train.micro_batch_size} x "

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-
-def _is_vl(cfg: Any) -> bool:
-    return hasattr(cfg.model, "vision_config")
+from bridge_recipes.common import is_vlm
 
 
 def _processor_of(cfg: Any) -> str | None:
@@ -22,14 +20,14 @@ def use_mock(cfg: Any) -> None:
     from bridge_recipes.common import mock_text_dataset, mock_vlm_dataset, null_tokenizer
 
     seq = cfg.model.seq_length
-    cfg.dataset = mock_vlm_dataset(seq, _processor_of(cfg)) if _is_vl(cfg) else mock_text_dataset(seq)
+    cfg.dataset = mock_vlm_dataset(seq, _processor_of(cfg)) if is_vlm(cfg) else mock_text_dataset(seq)
     cfg.tokenizer = null_tokenizer(cfg.model.vocab_size)
 
 
 def use_energon(cfg: Any) -> None:
     """An Energon (WebDataset) image-text dataset with Megatron-Bridge's Qwen-VL task encoder.
     ``dataset.path`` must then be given; Qwen3.5's vision tower uses 16-pixel patches."""
-    if not _is_vl(cfg):
+    if not is_vlm(cfg):
         raise ValueError("--dataset energon needs a VL recipe (qwen35_vl_*): text recipes read token data")
     from megatron.bridge.data.builders.energon import EnergonDatasetConfig, QwenVLEnergonTaskEncoderConfig
 
@@ -50,7 +48,7 @@ def use_energon(cfg: Any) -> None:
 
 def use_sft_rows(cfg: Any) -> None:
     """Packed SFT rows from scripts/build_sft_rows.py (``dataset.path=DIR``); text models."""
-    if _is_vl(cfg):
+    if is_vlm(cfg):
         raise ValueError("--dataset sft-rows is for text recipes; VL recipes take --dataset energon")
     from bridge_recipes.common import null_tokenizer
     from bridge_recipes.data.packed_rows import PackedSFTRowsConfig

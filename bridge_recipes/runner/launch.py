@@ -16,6 +16,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Callable
 
+from bridge_recipes.common import is_vlm
+
 LOG = "[run_recipe]"
 
 
@@ -91,10 +93,6 @@ def prepare_for_registry_install(cfg: Any) -> None:
     disable_grad_fusion_without_apex(cfg)
     fall_back_from_flash_without_flash_attn(cfg)
     skip_helper_compile_if_prebuilt()
-
-
-def is_vlm(cfg: Any) -> bool:
-    return hasattr(cfg.model, "vision_config")
 
 
 def forward_step_for(cfg: Any) -> Callable:
