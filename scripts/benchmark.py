@@ -18,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH  # noqa: E402
 from bridge_recipes.runner import registry  # noqa: E402
 
 
@@ -35,7 +36,8 @@ def one(name: str, opts, out: Path) -> dict:
     entry = registry.find(name)
     base = build_config(name, opts.overrides)
     nproc = 1 if opts.proxy_layers else entry.meta.gpus
-    args = harness.run_args(base, steps=opts.steps, proxy_layers=opts.proxy_layers, extra=opts.overrides)
+    args = harness.run_args(base, steps=opts.steps, proxy_layers=opts.proxy_layers, extra=opts.overrides,
+                            proxy_global_batch=opts.proxy_global_batch)
     cfg = build_config(name, args)
     log_path = out.with_suffix(".log")
     print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps; log {log_path}", flush=True)
@@ -55,6 +57,8 @@ def main() -> int:
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
     ap.add_argument("--proxy-layers", type=int, help="one-GPU proxy with this many layers (multiple of 4)")
+    ap.add_argument("--proxy-global-batch", type=int, default=PROXY_GLOBAL_BATCH,
+                    help=f"micro batches per step in proxy mode, the same for both policies (default {PROXY_GLOBAL_BATCH})")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")

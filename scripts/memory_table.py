@@ -70,6 +70,9 @@ MEASURED_RUNS = (
     MeasuredRun("qwen35_27b_sft_8gpu_h200_bf16_config",
                 "scale_down(num_layers=4, global_batch_size=4); seq 8192, block recompute 3 of 4",
                 "docs/evidence/h200_qwen35_27b_sft_rows.log", scale_down=dict(num_layers=4, global_batch_size=4)),
+    MeasuredRun("qwen35_27b_sft_8gpu_h200_bf16_config", "same, recompute off",
+                "docs/evidence/h200_qwen35_27b_policies.log", run="no_recompute",
+                scale_down=dict(num_layers=4, global_batch_size=4), adjust=_no_recompute),
 )
 
 

@@ -30,12 +30,20 @@ def proxy_experts(cfg: Any) -> int | None:
     return m.num_moe_experts // (m.expert_model_parallel_size or 1)
 
 
-def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str] = ()) -> list[str]:
+# Micro batches per proxy step. A recipe's own global batch on one GPU would be 128 micro batches
+# a step (minutes per step at 4 layers); both policies of a comparison get this same count, so
+# the ratio compares per-token work with the optimizer step amortized alike.
+PROXY_GLOBAL_BATCH = 8
+
+
+def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str] = (),
+             proxy_global_batch: int = PROXY_GLOBAL_BATCH) -> list[str]:
     """run_recipe.py arguments after ``--recipe NAME``."""
     args = ["--max-steps", str(steps), *BENCHMARK_OVERRIDES]
     if proxy_layers:
         args = ["--scale-down", str(proxy_layers)] + (
-            ["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else []) + args
+            ["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else []) + [
+            "-gb", str(proxy_global_batch)] + args
     return [*args, *extra]
 
 

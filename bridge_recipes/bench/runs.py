@@ -49,6 +49,33 @@ class Run:
         return max(peaks) if peaks else None
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc): torchrun starts its workers in their own
+    sessions, so killing torchrun's process group leaves the training process running."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything it started, training processes first."""
+    for p in [*reversed(descendants(pid)), pid]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def torchrun_command(recipe: str, args: list[str], nproc: int = 1, port: int = 29511) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
             str(ROOT / "scripts" / "run_recipe.py"), "--recipe", recipe, *args]
@@ -67,14 +94,15 @@ def launch(name: str, recipe: str, args: list[str], log_path: Path, *, kill_afte
                                 start_new_session=True)
         for line in proc.stdout:
             lines.append(line)
-            log.write(line)
+            log.write(f"[{time.time() - start:7.1f}s] {line}")  # seconds since launch: where start-up time goes
             m = _ITERATION.search(line)
             if kill_after_step is not None and m and int(m.group(1)) >= kill_after_step and killed is None:
                 killed = int(m.group(1))
-                log.write(f"===== killing run {name} (SIGKILL to its process group) after step {killed}\n")
-                os.killpg(proc.pid, signal.SIGKILL)
+                log.write(f"===== killing run {name} (SIGKILL to torchrun and every process under it) "
+                          f"after step {killed}\n")
+                kill_tree(proc.pid)
             if time.time() - start > timeout_s:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_tree(proc.pid)
                 log.write(f"===== run {name} timed out after {timeout_s} s\n")
                 break
         proc.wait()
@@ -91,3 +119,28 @@ def split_runs(log_text: str) -> dict[str, str]:
     heads = list(_RUN_HEADER.finditer(log_text))
     return {h.group(1): log_text[h.start():(heads[i + 1].start() if i + 1 < len(heads) else len(log_text))]
             for i, h in enumerate(heads)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bridge_recipes.bench.runs --name N --log F --recipe R [--kill-after S] -- ARGS``:
+    one run through :func:`launch`, its loss per step printed at the end."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--name", required=True)
+    p.add_argument("--log", required=True, type=Path)
+    p.add_argument("--recipe", required=True)
+    p.add_argument("--kill-after", type=int, default=None, help="SIGKILL the run once this step is logged")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="runner arguments, after --")
+    ns = p.parse_args(argv)
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    run = launch(ns.name, ns.recipe, args, ns.log, kill_after_step=ns.kill_after)
+    print(f"{ns.name}: exit {run.returncode} after {run.seconds:.0f} s, killed at {run.killed_at_step}, "
+          f"peak allocated {run.peak_allocated_gb} GB")
+    for step, loss in sorted(run.losses.items()):
+        print(f"  step {step:3d}  lm loss {loss:.6g}")
+    return 0 if run.returncode == 0 or run.killed_at_step else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -94,7 +94,9 @@ def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict
     model, m, out = run_config.get("model") or {}, cfg.model, []
     where = f"checkpoint iteration {iteration} in {cfg.checkpoint.load}"
     for f in ARCHITECTURE_FIELDS:
-        if f in model and model[f] != getattr(m, f, None):
+        # the saved run_config.yaml holds the finalized config; a field this run leaves unset
+        # (None) is derived from the others at finalize, so it is compared through them
+        if f in model and getattr(m, f, None) is not None and model[f] != getattr(m, f):
             out.append(f"{where} was saved with model.{f}={model[f]} but this run has {getattr(m, f, None)}; "
                        "a checkpoint cannot be resharded to another architecture")
     saved_format = (run_config.get("checkpoint") or {}).get("ckpt_format")

@@ -8,27 +8,29 @@ Each family trains its 8-GPU recipe scaled down to one GPU (``--scale-down 4``: 
 policy kept) for a few steps at the recipe's row length, with a larger learning rate so the loss
 moves in so few steps. Logs and a JSON summary per family go to $OUT.
 
-Tolerances, and why:
-- resume: the first step after the restart starts from bit-identical weights, optimizer state
-  and data position (torch_dist checkpoint; the mock/row datasets are indexed by sample), and
-  the forward pass is deterministic, so its loss must match the uninterrupted run to 1e-3
-  relative (bf16 storage of the loss reduction leaves ~4e-3 at most; we see far less). Later
-  steps may drift by non-deterministic backward kernels (atomics in TE/FLA): 2e-2 relative.
-- policies: full recompute vs none compute the same math; the curves are compared with the
-  Megatron-Bridge validate_convergence rules (bridge_recipes.bench.convergence).
+The checks and their tolerances are those of ``bridge_recipes.bench.evidence`` (one definition,
+also applied on CPU to the logs committed under docs/evidence/).
+
+The resume arm saves synchronously: an asynchronous save of the scaled 35B-A3B checkpoint
+(~22 GB) takes ~40 s on the host, longer than the rest of the run, so a kill at step 7 would
+find no finished checkpoint. What is tested is the restart, not the save mode.
+
+Device time: every training process spends ~40 s importing the stack and, with cold kernel
+caches, ~3 minutes in its first step (Triton autotuning of the FLA kernels, torch.compile,
+TileLang); with the caches of scripts/gpu/host_env.sh warm, a whole 10-step process takes
+~100 s. A family fits one 10-minute command once the caches are warm.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.convergence import compare
+from bridge_recipes.bench.evidence import check_policies, check_resume, check_training
 from bridge_recipes.bench.runs import ROOT, launch
 
 pytestmark = pytest.mark.gpu
@@ -42,7 +44,7 @@ ROWS = str(ROOT / "docs/evidence/sft_rows_synthetic/rows")
 FAMILIES = {
     "qwen35_35b_a3b": {
         "recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
-        "args": ["--scale-down", "4", "--scale-experts", "32", "-gb", "4", "--max-steps", "8", *TRAIN],
+        "args": ["--scale-down", "4", "--scale-experts", "32", "-gb", "4", "--max-steps", "10", *TRAIN],
         "resume": {"save_interval": 5, "kill_after": 7},
     },
     "qwen35_vl_35b_a3b": {
@@ -89,7 +91,7 @@ def family(request):
         ckpt = SCRATCH / name
         shutil.rmtree(ckpt, ignore_errors=True)
         args = [*spec["args"], "--save-dir", str(ckpt), "--load-dir", str(ckpt),
-                "--save-interval", str(spec["resume"]["save_interval"])]
+                "--save-interval", str(spec["resume"]["save_interval"]), "checkpoint.async_save=false"]
         runs["killed"] = launch("killed", spec["recipe"], args, log, kill_after_step=spec["resume"]["kill_after"])
         runs["resumed"] = launch("resumed", spec["recipe"], args, log)  # the same command again
         shutil.rmtree(ckpt, ignore_errors=True)
@@ -103,36 +105,29 @@ def test_trains_and_loss_falls(family):
     name, spec, runs = family
     ref = runs["reference"]
     assert ref.returncode == 0, ref.log[-3000:]
-    losses = ref.losses
-    steps = sorted(losses)
-    assert len(steps) >= 8 and all(math.isfinite(v) for v in losses.values())
-    first, last = losses[steps[0]], min(losses[s] for s in steps[-3:])
-    assert last < 0.9 * first, (first, last)
-    _report(name, {"loss_falls": {"first": first, "last3_min": last}})
+    check = check_training(ref.losses)
+    _report(name, {"training": check.as_dict()})
+    assert check.passed, check.reasons
 
 
 def test_policies_agree_on_the_loss_curve(family):
     name, spec, runs = family
     alt = runs["no_recompute"]
     assert alt.returncode == 0, alt.log[-3000:]
-    result = compare(runs["reference"].losses, alt.losses)
-    _report(name, {"policy_comparison": {"reference": "recipe policy", "candidate": "no recompute",
-                                         **result.as_dict()}})
-    assert result.passed, result.reasons
+    check = check_policies(runs["reference"].losses, alt.losses)
+    _report(name, {"policy_comparison": {"reference": "recipe policy", "candidate": "no recompute", **check.as_dict()}})
+    assert check.passed, check.reasons
 
 
 def test_resumes_after_a_hard_kill_with_the_same_losses(family):
     name, spec, runs = family
     if not spec["resume"]:
         pytest.skip(f"{name}: resume is exercised on the 35B-A3B family (checkpoint size on the test host)")
-    killed, resumed, ref = runs["killed"], runs["resumed"], runs["reference"]
+    killed, resumed = runs["killed"], runs["resumed"]
     assert killed.killed_at_step == spec["resume"]["kill_after"] and killed.returncode != 0
     assert resumed.returncode == 0, resumed.log[-3000:]
-    save = spec["resume"]["save_interval"]
-    assert "loading" in resumed.log.lower() and min(resumed.losses) == save + 1, sorted(resumed.losses)
-    first = save + 1
-    rel = {s: abs(resumed.losses[s] - ref.losses[s]) / abs(ref.losses[s]) for s in resumed.losses}
-    _report(name, {"resume": {"saved_at": save, "killed_after": killed.killed_at_step, "relative_diff": rel,
-                              "steps_lost": killed.killed_at_step - save}})
-    assert rel[first] <= 1e-3, rel
-    assert max(rel.values()) <= 2e-2, rel
+    assert "loading" in resumed.log.lower()
+    check = check_resume(runs["reference"].losses, killed.losses, resumed.losses,
+                         save_interval=spec["resume"]["save_interval"])
+    _report(name, {"resume": check.as_dict()})
+    assert check.passed, check.reasons

@@ -18,6 +18,7 @@ def test_proxy_keeps_the_per_gpu_expert_count():
     cfg = registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config")()
     args = harness.run_args(cfg, steps=20, proxy_layers=4)
     assert args[:4] == ["--scale-down", "4", "--scale-experts", "32"]  # 256 experts / EP8
+    assert args[args.index("-gb") + 1] == "8"  # the same micro batches per step for both policies
     assert "--max-steps" in args and "checkpoint.save=null" in args
     dense = registry.load("qwen35_27b_sft_8gpu_h200_bf16_mock_config")()
     assert "--scale-experts" not in harness.run_args(dense, steps=20, proxy_layers=4)

@@ -142,3 +142,13 @@ def test_latest_run_config_reads_the_tracker(tmp_path):
     it, doc = checkpoints.latest_run_config(str(folder))
     assert it == 7 and doc["model"]["num_layers"] == 40
     assert checkpoints.latest_run_config(str(tmp_path)) is None
+
+
+def test_fields_derived_at_finalize_are_compared_only_when_set(tmp_path):
+    """run_config.yaml holds the finalized config (ffn_hidden_size filled in); a recipe that leaves
+    it unset derives the same value, so only an explicit different value is refused."""
+    cfg = resumed(tmp_path, model={"ffn_hidden_size": 8192})
+    cfg.model.ffn_hidden_size = None
+    assert errors(cfg) == []
+    cfg.model.ffn_hidden_size = 4096
+    assert any("saved with model.ffn_hidden_size=8192" in e for e in errors(cfg))
