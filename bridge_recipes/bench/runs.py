@@ -111,6 +111,27 @@ def launch(name: str, recipe: str, args: list[str], log_path: Path, *, kill_afte
     return Run(name, proc.returncode, killed, text, time.time() - start, parse_megatron_log(text))
 
 
+def launch_kept(kept: Path, name: str, recipe: str, args: list[str], log_path: Path, **kw) -> Run:
+    """:func:`launch`, unless ``kept`` holds the same run (recipe and arguments) finished earlier,
+    e.g. by a previous command on the same host: then that run, its log appended to ``log_path``
+    under a header that says so. A run that finished (or was killed on purpose) is kept."""
+    import json
+
+    if kept.exists():
+        old = json.loads(kept.read_text())
+        if old["recipe"] == recipe and old["args"] == list(args):
+            with open(log_path, "a") as log:
+                log.write(f"\n===== run {name}: (kept from an earlier command) {recipe} {' '.join(args)}\n{old['log']}")
+            return Run(name, old["returncode"], old["killed_at_step"], old["log"], old["seconds"],
+                       parse_megatron_log(old["log"]))
+    run = launch(name, recipe, args, log_path, **kw)
+    if run.returncode == 0 or run.killed_at_step:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps({"recipe": recipe, "args": list(args), "returncode": run.returncode,
+                                    "killed_at_step": run.killed_at_step, "seconds": run.seconds, "log": run.log}))
+    return run
+
+
 _RUN_HEADER = re.compile(r"^===== run (\S+): (.*)$", re.M)
 
 
