@@ -77,3 +77,17 @@ def test_committed_27b_evidence_passes():
     assert check_training(reference).passed
     check = check_policies(reference, _curve("h200_qwen35_27b_policies.log", "no_recompute"))
     assert check.passed, check.reasons
+
+
+def test_committed_result_files_are_what_the_logs_give(tmp_path):
+    """results/h200_*_evidence.json are rebuilt from the committed logs, figure for figure."""
+    import json
+    import subprocess
+    import sys
+
+    root = EVIDENCE.parents[1]
+    out = subprocess.run([sys.executable, "scripts/gpu/evidence_results.py", "--out", str(tmp_path)], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in ("h200_qwen35_35b_a3b_evidence.json", "h200_qwen35_27b_evidence.json"):
+        assert json.loads((tmp_path / name).read_text()) == json.loads((root / "results" / name).read_text())
