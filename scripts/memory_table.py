@@ -13,7 +13,6 @@ facts (8-GPU layouts) are planned the same way. Nothing is fitted here: the scri
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,8 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bridge_recipes.bench.stats import parse_megatron_memory  # noqa: E402
+from bridge_recipes.bench.runs import split_runs  # noqa: E402
+from bridge_recipes.bench.stats import peak_allocated_gb  # noqa: E402
 from bridge_recipes.plan.memory import (  # noqa: E402
     FRAMEWORK_CONSTANT_GB,
     FRAMEWORK_FRACTION,
@@ -33,7 +33,6 @@ from bridge_recipes.plan.memory import (  # noqa: E402
 
 DOC = REPO / "docs" / "memory_plan.md"
 TOLERANCE = 0.15
-_RUN_HEADER = re.compile(r"^===== run (\S+):", re.M)
 
 
 def _no_recompute(cfg: Any) -> None:
@@ -92,17 +91,18 @@ def run_text(run: MeasuredRun) -> str:
     text = (REPO / run.log).read_text()
     if run.run is None:
         return text
-    heads = list(_RUN_HEADER.finditer(text))
-    for i, h in enumerate(heads):
-        if h.group(1) == run.run:
-            return text[h.start():heads[i + 1].start() if i + 1 < len(heads) else len(text)]
-    raise KeyError(f"no run {run.run!r} in {run.log}")
+    runs = split_runs(text)
+    if run.run not in runs:
+        raise KeyError(f"no run {run.run!r} in {run.log}")
+    return runs[run.run]
 
 
 def measured_peak_gb(run: MeasuredRun) -> float:
     """The largest mem-max-allocated-gigabytes over the run's memory lines and ranks."""
-    memory = parse_megatron_memory(run_text(run))
-    return max(v["mem-max-allocated-gigabytes"] for ranks in memory.values() for v in ranks.values())
+    peak = peak_allocated_gb(run_text(run))
+    if peak is None:
+        raise ValueError(f"no memory lines in {run.log} (run {run.run})")
+    return peak
 
 
 @dataclass(frozen=True)

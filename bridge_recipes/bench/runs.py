@@ -8,6 +8,7 @@ given step has been logged, to test resuming from the last checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge_recipes.bench.stats import LogIteration, parse_megatron_log, parse_megatron_memory
+from bridge_recipes.bench.stats import LogIteration, parse_megatron_log, peak_allocated_gb
 
 ROOT = Path(__file__).resolve().parents[2]
 _ITERATION = re.compile(r"iteration\s+(\d+)/")
@@ -43,10 +44,7 @@ class Run:
 
     @property
     def peak_allocated_gb(self) -> float | None:
-        peaks = [v.get("mem-max-allocated-gigabytes") for ranks in parse_megatron_memory(self.log).values()
-                 for v in ranks.values()]
-        peaks = [p for p in peaks if p is not None]
-        return max(peaks) if peaks else None
+        return peak_allocated_gb(self.log)
 
 
 def descendants(pid: int) -> list[int]:
@@ -115,8 +113,6 @@ def launch_kept(kept: Path, name: str, recipe: str, args: list[str], log_path: P
     """:func:`launch`, unless ``kept`` holds the same run (recipe and arguments) finished earlier,
     e.g. by a previous command on the same host: then that run, its log appended to ``log_path``
     under a header that says so. A run that finished (or was killed on purpose) is kept."""
-    import json
-
     if kept.exists():
         old = json.loads(kept.read_text())
         if old["recipe"] == recipe and old["args"] == list(args):

@@ -285,6 +285,13 @@ def parse_megatron_memory(text: str) -> dict[int, dict[int, dict[str, float]]]:
     return out
 
 
+def peak_allocated_gb(text: str) -> float | None:
+    """The largest ``mem-max-allocated-gigabytes`` over a log's memory lines and ranks (None: none logged)."""
+    peaks = [v["mem-max-allocated-gigabytes"] for ranks in parse_megatron_memory(text).values()
+             for v in ranks.values() if "mem-max-allocated-gigabytes" in v]
+    return max(peaks) if peaks else None
+
+
 def step_records_from_log(text: str, seq_length: int) -> list[StepRecord]:
     """Step records of a log: tokens = global batch size x ``seq_length`` (fixed-length rows),
     peak memory from the ``mem-max-allocated/reserved-gigabytes`` of the memory lines."""

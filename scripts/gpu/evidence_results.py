@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bridge_recipes.bench.evidence import check_policies, check_resume, check_training  # noqa: E402
-from bridge_recipes.bench.runs import Run, loss_curve, split_runs  # noqa: E402
-from bridge_recipes.bench.stats import parse_megatron_log  # noqa: E402
+from bridge_recipes.bench.runs import loss_curve, split_runs  # noqa: E402
+from bridge_recipes.bench.stats import parse_megatron_log, peak_allocated_gb  # noqa: E402
 
 EVIDENCE = ROOT / "docs" / "evidence"
 HOST = {"date": "2026-11-29", "hardware": "1 x NVIDIA H200 (143,771 MiB), driver 580.159.04",
@@ -36,11 +36,11 @@ def _runs(name: str) -> dict[str, str]:
 def _summary(text: str) -> dict:
     its = parse_megatron_log(text)
     window = [i.time_s for i in its if i.step >= 3]
-    run = Run("", 0, None, text, 0.0, its)
-    return {"command": (_COMMAND.search(text) or [None, None])[1], "losses": loss_curve(its),
+    command = _COMMAND.search(text)
+    return {"command": command and command.group(1), "losses": loss_curve(its),
             "first_step_s": its[0].time_s if its else None,
             "mean_step_s_from_step_3": round(statistics.mean(window), 4) if window else None,
-            "peak_allocated_gb": run.peak_allocated_gb}
+            "peak_allocated_gb": peak_allocated_gb(text)}
 
 
 def family_35b() -> dict:
