@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH  # noqa: E402
+from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, comparison  # noqa: E402
 from bridge_recipes.runner import registry  # noqa: E402
 
 
@@ -79,11 +79,11 @@ def main() -> int:
         print(f"benchmark.py: {exc}", file=sys.stderr)
         return 1
     if len(docs) == 2:
-        a, b = (d["result"]["tokens_per_s_per_gpu"] for d in docs)
-        ratio = {"candidate": names[0], "reference": names[1], "tokens_per_s_ratio": round(a / b, 4),
-                 "proxy": bool(opts.proxy_layers)}
+        ratio = comparison(*docs, proxy=bool(opts.proxy_layers))
         out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
-        print(f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}")
+        print(f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"
+              + (f"; forward-backward per token {ratio['forward_backward_per_token_ratio']}"
+                 if "forward_backward_per_token_ratio" in ratio else ""))
     return 0
 
 

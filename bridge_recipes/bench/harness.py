@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_recipes.bench.flops import model_flops_per_token, six_n_flops_per_token
-from bridge_recipes.bench.stats import DEFAULT_WINDOW, step_records_from_log, summarize
+from bridge_recipes.bench.stats import DEFAULT_WINDOW, phase_time_means, step_records_from_log, summarize
 from bridge_recipes.common import is_vlm
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
@@ -34,6 +34,10 @@ def proxy_experts(cfg: Any) -> int | None:
 # a step (minutes per step at 4 layers); both policies of a comparison get this same count, so
 # the ratio compares per-token work with the optimizer step amortized alike.
 PROXY_GLOBAL_BATCH = 8
+# Proxy runs log Megatron's forward-backward and optimizer timers each step: a proxy step has 8
+# micro batches where a full-scale rank has 16-64, so it overweights the optimizer step, and the
+# forward-backward time per token is the part of a ratio that carries over to full scale.
+PROXY_OVERRIDES = ["logger.timing_log_level=1"]
 
 
 def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str] = (),
@@ -43,7 +47,7 @@ def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str]
     if proxy_layers:
         args = ["--scale-down", str(proxy_layers)] + (
             ["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else []) + [
-            "-gb", str(proxy_global_batch)] + args
+            "-gb", str(proxy_global_batch)] + args + PROXY_OVERRIDES
     return [*args, *extra]
 
 
@@ -81,4 +85,23 @@ def write(path: Path, *, recipe: str, cfg: Any, log_text: str, world_size: int, 
         notes.insert(0, "proxy run: the recipe's policy on one GPU with fewer layers; compare only as a ratio "
                         "with a policy measured in the same session")
     return write_result(path, recipe=recipe, model=model_spec(cfg).name, cfg=cfg, stats=stats, gpu=gpu.upper(),
+                        phase_time_mean_s=phase_time_means(log_text, tuple(window)),
                         flops=flops, command=command, notes=notes)
+
+
+def comparison(candidate: dict, reference: dict, *, proxy: bool) -> dict:
+    """The ratio file of two result documents measured back to back: tokens/s/GPU of the
+    candidate over the reference and, where both logged their phase timers, the ratio of
+    forward-backward seconds per token (reference over candidate: > 1 means the candidate's
+    forward-backward is faster) and each run's optimizer seconds per step."""
+    out = {"candidate": candidate["recipe"], "reference": reference["recipe"],
+           "tokens_per_s_ratio": round(candidate["result"]["tokens_per_s_per_gpu"]
+                                       / reference["result"]["tokens_per_s_per_gpu"], 4),
+           "proxy": proxy}
+    phases = [d["result"].get("phase_time_mean_s") for d in (candidate, reference)]
+    if all(phases):
+        per_token = [p["forward-backward"] / (d["workload"]["global_batch"] * d["workload"]["row_tokens"])
+                     for p, d in zip(phases, (candidate, reference))]
+        out["forward_backward_per_token_ratio"] = round(per_token[1] / per_token[0], 4)
+        out["optimizer_s_per_step"] = {"candidate": phases[0]["optimizer"], "reference": phases[1]["optimizer"]}
+    return out

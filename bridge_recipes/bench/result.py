@@ -201,8 +201,10 @@ def result_block(
     flops: FlopsPerToken | None = None,
     steps_per_run: int | None = None,
     measured: dt.date | None = None,
+    phase_time_mean_s: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The ``result`` block from the window statistics (and the FLOPs breakdown, if given)."""
+    """The ``result`` block from the window statistics (and the FLOPs breakdown, and the mean
+    seconds per step of Megatron's phase timers, if given)."""
     model_flops = flops.training_total if flops is not None else stats.flops_per_token
     six_n = stats.six_n_flops_per_token
     per_token: dict[str, Any] = {
@@ -230,6 +232,8 @@ def result_block(
         "window": list(stats.window),
         "window_tokens": stats.window_tokens,
         "flops_per_token": per_token,
+        **({"phase_time_mean_s": {k: round(v, 4) for k, v in phase_time_mean_s.items()}}
+           if phase_time_mean_s else {}),
     }
 
 
@@ -248,6 +252,7 @@ def build_result(
     stack: dict[str, Any] | None = None,
     command: str | None = None,
     notes: str | list[str] | None = None,
+    phase_time_mean_s: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The whole result document. ``gpu`` defaults to the running GPU's name; ``stack`` entries
     override (or add to) :func:`stack_versions`; the GPU count is ``stats.world_size``."""
@@ -261,7 +266,8 @@ def build_result(
         "layout": layout_from_config(cfg, stats.world_size),
         "workload": workload_from_config(cfg, dataset=dataset, precision=precision),
         "stack": env,
-        "result": result_block(stats, flops=flops, steps_per_run=steps_per_run, measured=measured),
+        "result": result_block(stats, flops=flops, steps_per_run=steps_per_run, measured=measured,
+                               phase_time_mean_s=phase_time_mean_s),
         "command": command,
         "notes": notes,
     }

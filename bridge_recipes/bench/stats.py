@@ -285,6 +285,39 @@ def parse_megatron_memory(text: str) -> dict[int, dict[int, dict[str, float]]]:
     return out
 
 
+_TIMER = re.compile(r"^\s*(?:\[[^\]]*\])?\s+(?P<name>[\w./-]+) \.+: (?:\((?P<min>[\d.]+), (?P<max>[\d.]+)\)|(?P<only>[\d.]+))\s*$")
+
+
+def parse_megatron_timers(text: str) -> dict[int, dict[str, float]]:
+    """Megatron's timer lines (``logger.timing_log_level >= 1``), each the block printed after an
+    iteration line and given to that step: {step: {timer: ms}}, the max over ranks where
+    min and max are printed. Timer blocks before the first iteration (set-up) are left out."""
+    out: dict[int, dict[str, float]] = {}
+    step = None
+    for line in text.splitlines():
+        it = _ITERATION.search(line)
+        if it and "|" in it.group("rest"):
+            step = int(it.group("step"))
+            continue
+        m = _TIMER.match(line)
+        if m and step is not None:
+            out.setdefault(step, {})[m.group("name")] = float(m.group("max") or m.group("only"))
+    return out
+
+
+PHASE_TIMERS = ("forward-backward", "optimizer")  # the part that scales with micro batches, and the rest
+
+
+def phase_time_means(text: str, window: tuple[int, int]) -> dict[str, float] | None:
+    """Mean seconds per step of :data:`PHASE_TIMERS` over the window's steps; None when a log
+    has no timer lines for every step of the window (timers off)."""
+    timers = parse_megatron_timers(text)
+    steps = range(window[0], window[1] + 1)
+    if not all(all(name in timers.get(s, {}) for name in PHASE_TIMERS) for s in steps):
+        return None
+    return {name: sum(timers[s][name] for s in steps) / len(steps) / 1000 for name in PHASE_TIMERS}
+
+
 def peak_allocated_gb(text: str) -> float | None:
     """The largest ``mem-max-allocated-gigabytes`` over a log's memory lines and ranks (None: none logged)."""
     peaks = [v["mem-max-allocated-gigabytes"] for ranks in parse_megatron_memory(text).values()

@@ -70,12 +70,27 @@ def family_27b() -> dict:
             "step_time_ratio_reference_over_no_recompute": round(ratio, 4)}
 
 
+def family_vl() -> dict:
+    runs = _runs("h200_qwen35_vl_35b_a3b_policies.log")
+    r, a = _summary(runs["reference"]), _summary(runs["no_recompute"])
+    return {"recipe": "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
+            "scaled": "4 layers, 64 experts (EP4 -> 1 GPU), global batch 4, mock image conversations through the "
+                      "offline processor",
+            "runs": {"reference (recipe policy: selective recompute of moe_act and layernorm)": r, "no_recompute": a},
+            "checks": {"training": check_training(r["losses"]).as_dict(),
+                       "policies": check_policies(r["losses"], a["losses"]).as_dict()}}
+
+
+FAMILIES = {"h200_qwen35_35b_a3b_evidence.json": family_35b, "h200_qwen35_27b_evidence.json": family_27b,
+            "h200_qwen35_vl_35b_a3b_evidence.json": family_vl}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     args = ap.parse_args()
     ok = True
-    for name, build in (("h200_qwen35_35b_a3b_evidence.json", family_35b), ("h200_qwen35_27b_evidence.json", family_27b)):
+    for name, build in FAMILIES.items():
         doc = {**HOST, **build()}
         passed = all(c["passed"] for c in doc["checks"].values())
         doc["passed"] = passed

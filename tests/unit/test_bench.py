@@ -277,6 +277,36 @@ def test_smoke_log_window_statistics():
     assert st.peak_allocated_gb == pytest.approx(100.63) and st.peak_reserved_gb == pytest.approx(101.44)
 
 
+def _timer_block(times: dict[str, tuple[float, float]], prefix: str = "[   80.0s] ") -> str:
+    """Megatron's Timers.log text for one step, in megatron.core.timers' own format (min, max)."""
+    lines = [f"{prefix}INFO:megatron.core.timers:(min, max) time across ranks (ms):"]
+    lines += [prefix + "    {}: ({:.2f}, {:.2f})".format((name + " ").ljust(48, "."), lo, hi) for name, (lo, hi) in times.items()]
+    return "\n".join(lines)
+
+
+def _step_line(step: int, ms: float) -> str:
+    return LINE.replace("iteration        2/", f"iteration {step:8d}/").replace("9164.8", str(ms))
+
+
+def test_timer_blocks_belong_to_the_step_printed_before_them():
+    setup = _timer_block({"model-and-optimizer-setup": (251.13, 251.13)})
+    text = "\n".join([setup] + [f"{_step_line(s, 3000 + s)}\n" + _timer_block(
+        {"forward-backward": (2000.0 + s, 2500.0 + s), "optimizer": (400.0, 410.5), "all-grads-sync": (1.5, 1.5)})
+        for s in range(1, 5)])
+    timers = S.parse_megatron_timers(text)
+    assert sorted(timers) == [1, 2, 3, 4]  # the set-up block precedes every step: left out
+    assert timers[3] == {"forward-backward": 2503.0, "optimizer": 410.5, "all-grads-sync": 1.5}  # max over ranks
+    means = S.phase_time_means(text, (2, 4))
+    assert means == pytest.approx({"forward-backward": 2.503, "optimizer": 0.4105})
+    assert S.phase_time_means(text, (2, 5)) is None  # step 5 has no timers
+    assert S.parse_megatron_timers("    optimizer ....: 12.50\n") == {}  # max-only lines, but no step yet
+    assert S.parse_megatron_timers(_step_line(1, 10) + "\n    optimizer ..........: 12.50") == {1: {"optimizer": 12.5}}
+
+
+def test_logs_without_timers_have_no_phase_times():
+    assert S.phase_time_means(SMOKE_LOG.read_text(), (5, 19)) is None
+
+
 # --- result file ---------------------------------------------------------------------------------
 
 

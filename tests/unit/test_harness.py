@@ -20,6 +20,8 @@ def test_proxy_keeps_the_per_gpu_expert_count():
     assert args[:4] == ["--scale-down", "4", "--scale-experts", "32"]  # 256 experts / EP8
     assert args[args.index("-gb") + 1] == "8"  # the same micro batches per step for both policies
     assert "--max-steps" in args and "checkpoint.save=null" in args
+    assert "logger.timing_log_level=1" in args  # phase timers: forward-backward vs optimizer
+    assert "logger.timing_log_level=1" not in harness.run_args(cfg, steps=20, proxy_layers=None)
     dense = registry.load("qwen35_27b_sft_8gpu_h200_bf16_mock_config")()
     assert "--scale-experts" not in harness.run_args(dense, steps=20, proxy_layers=4)
 
@@ -46,3 +48,31 @@ def test_benchmark_script_rejects_bad_input():
     p = subprocess.run([sys.executable, "scripts/benchmark.py", "--recipe", "qwen35_27b_sft_8gpu_h200_bf16_mock_config",
                         "--steps", "10", "--out", "/tmp/x.yaml"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and "--window ends at step 19" in p.stderr
+
+
+def test_proxy_arguments_build_on_cpu():
+    """What benchmark.py passes the runner in proxy mode is accepted by it (scale-down, overrides)."""
+    from bridge_recipes.runner.cli import build, build_parser
+
+    name = "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config"
+    args = harness.run_args(registry.load(name)(), steps=20, proxy_layers=4)
+    cfg = build(build_parser().parse_intermixed_args(["--recipe", name, *args]))[1]
+    assert cfg.logger.timing_log_level == 1 and cfg.logger.log_interval == 1
+    assert cfg.model.num_layers == 4 and cfg.train.global_batch_size == harness.PROXY_GLOBAL_BATCH
+
+
+def _doc(recipe, tokens_per_s, rows, row_tokens, phases=None):
+    result = {"tokens_per_s_per_gpu": tokens_per_s, **({"phase_time_mean_s": phases} if phases else {})}
+    return {"recipe": recipe, "workload": {"global_batch": rows, "row_tokens": row_tokens}, "result": result}
+
+
+def test_comparison_of_two_results():
+    a = _doc("a", 3000.0, 8, 8192, {"forward-backward": 2.0, "optimizer": 0.1})
+    b = _doc("b", 1000.0, 8, 16384, {"forward-backward": 6.0, "optimizer": 3.0})
+    c = harness.comparison(a, b, proxy=True)
+    assert c["tokens_per_s_ratio"] == 3.0
+    # per token: a 2.0 s / 65,536, b 6.0 s / 131,072 -> b takes 1.5x a's time per token
+    assert c["forward_backward_per_token_ratio"] == 1.5
+    assert c["optimizer_s_per_step"] == {"candidate": 0.1, "reference": 3.0}
+    assert harness.comparison(_doc("a", 3000.0, 8, 8192), b, proxy=True) == {
+        "candidate": "a", "reference": "b", "tokens_per_s_ratio": 3.0, "proxy": True}

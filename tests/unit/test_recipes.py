@@ -3,6 +3,7 @@ published layout it claims, shares its execution-policy helper between the two t
 
 import importlib
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def test_evidence_files_exist(name):
     meta = registry.find(name).meta
     if meta.status == "functional":
         assert (ROOT / meta.evidence).is_file()
+        if meta.evidence.endswith(".json"):  # an evidence result: it is this recipe's, and it passed
+            doc = json.loads((ROOT / meta.evidence).read_text())
+            assert doc["recipe"] == name and doc["passed"] is True
     if meta.status == "measured":
         assert (ROOT / meta.measured["result"]).is_file()
 

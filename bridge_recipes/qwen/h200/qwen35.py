@@ -46,8 +46,9 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001})
+@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="functional",
+        reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
+        evidence="results/h200_qwen35_35b_a3b_evidence.json")
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
     """Qwen3.5/3.6-35B-A3B SFT on 8 x H200: EP8, 8,192 tokens per GPU, no offload (4,663.1 published)."""
     cfg = sft_config("qwen35_35b_a3b")
@@ -111,8 +112,9 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP4 DP2", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002})
+@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP4 DP2", status="functional",
+        reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
+        evidence="results/h200_qwen35_27b_evidence.json")
 def qwen35_27b_sft_8gpu_h200_bf16_config():
     """Qwen3.5/3.6-27B SFT on 8 x H200: PP4 16/17/17/14, block recompute 12 (2,499.5 published)."""
     cfg = sft_config("qwen35_27b")
