@@ -1,0 +1,70 @@
+"""scripts/gpu/detached.sh: a queue runs detached, step after step (a failure does not stop it),
+and `wait` packs what it wrote into $OUT."""
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts/gpu/detached.sh"
+
+
+def _sh(*args, env, timeout=60):
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd="/", env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_queue_runs_detached_and_wait_collects(tmp_path):
+    env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d"), "DETACHED_SETUP": "export GREETING=hi",
+           "OUT": str(tmp_path / "out")}
+    queue = tmp_path / "queue"
+    queue.write_text("# a comment\n"
+                     "echo $GREETING > $OUT/first.txt; pwd\n\n"
+                     "echo failing; exit 3\n"
+                     "sleep 1; printf part > $OUT/jit.tar.xz.00\n")
+    start = _sh("start", str(queue), env=env)
+    assert start.returncode == 0 and "3 step(s) started" in start.stdout, start.stderr
+    again = _sh("start", str(queue), env=env)  # the queue is still running (the last step sleeps)
+    assert again.returncode == 2 and "still running" in again.stderr
+    done = _sh("wait", "30", env=env)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("detached.sh: done"), done.stdout
+    status = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("20")]
+    assert [s.split(":")[0] for s in status] == ["start", "rc 0", "start", "rc 3", "start", "rc 0"]
+    with tarfile.open(tmp_path / "out/detached.tgz") as tar:
+        names = set(tar.getnames())
+        assert {"status.log", "out/first.txt", "out/step_01.out", "out/step_02.out"} <= names
+        assert "out/jit.tar.xz.00" not in names  # kernel-cache parts travel as separate files
+        assert tar.extractfile("out/first.txt").read() == b"hi\n"
+        assert tar.extractfile("out/step_01.out").read().decode().strip() == str(ROOT)  # steps run from the repo
+        assert tar.extractfile("out/step_02.out").read() == b"failing\n"
+    assert (tmp_path / "out/jit.tar.xz.00").read_text() == "part"
+
+
+def test_bad_use_exits_2(tmp_path):
+    env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d")}
+    assert _sh("start", str(tmp_path / "missing"), env=env).returncode == 2
+    assert _sh("wait", "1", env=env).returncode == 2  # nothing started
+    assert _sh("bogus", env=env).returncode == 2
+
+
+def test_committed_queues_name_existing_recipes_and_scripts():
+    """A typo in a queue would cost a lease's device time: every recipe and file a queue names exists."""
+    import re
+    import shlex
+
+    from bridge_recipes.runner import registry
+
+    queues = sorted((ROOT / "scripts/gpu/queues").glob("*.txt"))
+    assert queues
+    for queue in queues:
+        steps = [s for s in queue.read_text().splitlines() if s.strip() and not s.lstrip().startswith("#")]
+        assert steps, queue
+        for step in steps:
+            words = shlex.split(step)
+            for flag in ("--recipe", "--against"):
+                if flag in words:
+                    registry.find(words[words.index(flag) + 1])  # raises for an unknown name
+            for word in words:
+                if re.fullmatch(r"(scripts|tests)/[\w/.-]+\.(py|sh)", word):
+                    assert (ROOT / word).is_file(), f"{queue.name}: {word}"
