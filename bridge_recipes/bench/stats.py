@@ -246,6 +246,18 @@ def _fields(rest: str) -> dict[str, float]:
     return values
 
 
+def _training_iteration(line: str) -> tuple[re.Match, dict[str, float]] | None:
+    """(match, numeric fields) of a training-iteration line; None for any other line, including
+    iteration lines without a step time and batch size (e.g. an evaluation summary)."""
+    m = _ITERATION.search(line)
+    if not m:
+        return None
+    values = _fields(m.group("rest"))
+    if "elapsed time per iteration (ms)" not in values or "global batch size" not in values:
+        return None
+    return m, values
+
+
 def parse_megatron_log(text: str) -> list[LogIteration]:
     """Per-iteration records of a Megatron(-Bridge) training log, in the order printed.
 
@@ -254,12 +266,10 @@ def parse_megatron_log(text: str) -> list[LogIteration]:
     """
     out = []
     for line in text.splitlines():
-        m = _ITERATION.search(line)
-        if not m:
+        found = _training_iteration(line)
+        if not found:
             continue
-        values = _fields(m.group("rest"))
-        if "elapsed time per iteration (ms)" not in values or "global batch size" not in values:
-            continue  # not a training-iteration line (e.g. an evaluation summary)
+        m, values = found
         out.append(
             LogIteration(
                 step=int(m.group("step")),
@@ -295,9 +305,9 @@ def parse_megatron_timers(text: str) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     step = None
     for line in text.splitlines():
-        it = _ITERATION.search(line)
-        if it and "|" in it.group("rest"):
-            step = int(it.group("step"))
+        found = _training_iteration(line)
+        if found:
+            step = int(found[0].group("step"))
             continue
         m = _TIMER.match(line)
         if m and step is not None:
