@@ -46,26 +46,25 @@ SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/evidence"))
 NO_RECOMPUTE = ["model.recompute_granularity=null", "model.recompute_method=null", "model.recompute_num_layers=null"]
 TRAIN = ["--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1"]
 ROWS = str(ROOT / "docs/evidence/sft_rows_synthetic/rows")
+# every family's resume arm: save every 5 steps, kill after step 7 (where the disk holds the checkpoint)
+RESUME = {"save_interval": 5, "kill_after": 7}
 
 FAMILIES = {
     "qwen35_35b_a3b": {
         "recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
         "args": ["--scale-down", "4", "--scale-experts", "32", "-gb", "4", "--max-steps", "10", *TRAIN],
-        "resume": {"save_interval": 5, "kill_after": 7},
     },
     "qwen35_vl_35b_a3b": {
         # the 16-GB300 VL policy on one H200 (EP4 -> the 64 experts one GPU holds), mock image
         # conversations through the offline processor (no download), 4,096-token samples
         "recipe": "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
         "args": ["--scale-down", "4", "--scale-experts", "64", "-gb", "4", "--max-steps", "10", *TRAIN],
-        "resume": {"save_interval": 5, "kill_after": 7},
         "vl": True,
     },
     "qwen35_27b": {
         "recipe": "qwen35_27b_sft_8gpu_h200_bf16_config",
         "args": ["--scale-down", "4", "-gb", "4", "--max-steps", "10", *TRAIN,
                  "--dataset", "sft-rows", f"dataset.path={ROWS}"],
-        "resume": {"save_interval": 5, "kill_after": 7},  # where the disk holds its checkpoint
     },
 }
 
@@ -116,14 +115,14 @@ def family(request):
         spec["args"] = [*spec["args"], *vision_token_overrides(build(SCRATCH / "vl_processor"))]
     runs = {"reference": _run(name, "reference", spec["recipe"], _no_save(spec["args"]), log)}
     runs["no_recompute"] = _run(name, "no_recompute", spec["recipe"], _no_save(spec["args"] + NO_RECOMPUTE), log)
-    spec["no_resume_reason"] = _no_room_for_checkpoint(name, spec) if spec["resume"] else None
-    if spec["resume"] and not spec["no_resume_reason"]:
+    spec["no_resume_reason"] = _no_room_for_checkpoint(name, spec)
+    if not spec["no_resume_reason"]:
         ckpt = SCRATCH / name
         if not (SCRATCH / "runs" / f"{name}_killed.json").exists():
             shutil.rmtree(ckpt, ignore_errors=True)  # a fresh kill needs an empty save folder
         args = [*spec["args"], "--save-dir", str(ckpt), "--load-dir", str(ckpt),
-                "--save-interval", str(spec["resume"]["save_interval"]), "checkpoint.async_save=false"]
-        runs["killed"] = _run(name, "killed", spec["recipe"], args, log, kill_after_step=spec["resume"]["kill_after"])
+                "--save-interval", str(RESUME["save_interval"]), "checkpoint.async_save=false"]
+        runs["killed"] = _run(name, "killed", spec["recipe"], args, log, kill_after_step=RESUME["kill_after"])
         runs["resumed"] = _run(name, "resumed", spec["recipe"], args, log)  # the same command again
         if runs["resumed"].returncode == 0:
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -156,10 +155,10 @@ def test_resumes_after_a_hard_kill_with_the_same_losses(family):
     if spec["no_resume_reason"]:
         pytest.skip(spec["no_resume_reason"])
     killed, resumed = runs["killed"], runs["resumed"]
-    assert killed.killed_at_step == spec["resume"]["kill_after"] and killed.returncode != 0
+    assert killed.killed_at_step == RESUME["kill_after"] and killed.returncode != 0
     assert resumed.returncode == 0, resumed.log[-3000:]
     assert "loading" in resumed.log.lower()
     check = check_resume(runs["reference"].losses, killed.losses, resumed.losses,
-                         save_interval=spec["resume"]["save_interval"])
+                         save_interval=RESUME["save_interval"])
     _report(name, {"resume": check.as_dict()})
     assert check.passed, check.reasons
