@@ -43,14 +43,19 @@ def _summary(text: str) -> dict:
             "peak_allocated_gb": peak_allocated_gb(text)}
 
 
+def _training_and_policies(reference: dict, candidate: dict) -> dict:
+    """The checks every family passes: the recipe policy trains, and a second policy agrees with it."""
+    return {"training": check_training(reference["losses"]).as_dict(),
+            "policies": check_policies(reference["losses"], candidate["losses"]).as_dict()}
+
+
 def family_35b() -> dict:
     ref = _runs("h200_qwen35_35b_a3b_reference_pyspy.log")[""]
     alt = _runs("h200_qwen35_35b_a3b_no_recompute.log")["no_recompute"]
     resume = _runs("h200_qwen35_35b_a3b_kill_resume.log")
     r, a = _summary(ref), _summary(alt)
     k, s = _summary(resume["killed"]), _summary(resume["resumed"])
-    checks = {"training": check_training(r["losses"]).as_dict(),
-              "policies": check_policies(r["losses"], a["losses"]).as_dict(),
+    checks = {**_training_and_policies(r, a),
               "resume": check_resume(r["losses"], k["losses"], s["losses"], save_interval=5).as_dict()}
     return {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "scaled": "4 layers, 32 experts, global batch 4",
             "runs": {"reference (recipe policy, under py-spy)": r, "no_recompute": a, "killed": k, "resumed": s},
@@ -65,8 +70,7 @@ def family_27b() -> dict:
     return {"recipe": "qwen35_27b_sft_8gpu_h200_bf16_config",
             "scaled": "4 layers, PP1, block recompute 3 of 4 layers, global batch 4, committed SFT rows",
             "runs": {"reference": r, "no_recompute": a},
-            "checks": {"training": check_training(r["losses"]).as_dict(),
-                       "policies": check_policies(r["losses"], a["losses"]).as_dict()},
+            "checks": _training_and_policies(r, a),
             "step_time_ratio_reference_over_no_recompute": round(ratio, 4)}
 
 
@@ -77,8 +81,7 @@ def family_vl() -> dict:
             "scaled": "4 layers, 64 experts (EP4 -> 1 GPU), global batch 4, mock image conversations through the "
                       "offline processor",
             "runs": {"reference (recipe policy: selective recompute of moe_act and layernorm)": r, "no_recompute": a},
-            "checks": {"training": check_training(r["losses"]).as_dict(),
-                       "policies": check_policies(r["losses"], a["losses"]).as_dict()}}
+            "checks": _training_and_policies(r, a)}
 
 
 FAMILIES = {"h200_qwen35_35b_a3b_evidence.json": family_35b, "h200_qwen35_27b_evidence.json": family_27b,
