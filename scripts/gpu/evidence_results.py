@@ -75,13 +75,18 @@ def family_27b() -> dict:
 
 
 def family_vl() -> dict:
-    runs = _runs("h200_qwen35_vl_35b_a3b_policies.log")
-    r, a = _summary(runs["reference"]), _summary(runs["no_recompute"])
+    runs = {k: _summary(v) for k, v in _runs("h200_qwen35_vl_35b_a3b_suite.log").items()}
+    r, a, k, s = runs["reference"], runs["no_recompute"], runs["killed"], runs["resumed"]
+    checks = {**_training_and_policies(r, a),
+              "resume": check_resume(r["losses"], k["losses"], s["losses"], save_interval=5).as_dict()}
     return {"recipe": "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
             "scaled": "4 layers, 64 experts (EP4 -> 1 GPU), global batch 4, mock image conversations through the "
                       "offline processor",
-            "runs": {"reference (recipe policy: selective recompute of moe_act and layernorm)": r, "no_recompute": a},
-            "checks": _training_and_policies(r, a)}
+            "suite": "python3 -m pytest -q -m gpu tests/gpu/test_h200_evidence.py -k qwen35_vl_35b_a3b: "
+                     "3 passed in 820.56 s",
+            "runs": {"reference (recipe policy: selective recompute of moe_act and layernorm)": r, "no_recompute": a,
+                     "killed": k, "resumed (loads the step-5 checkpoint, saves none)": s},
+            "checks": checks}
 
 
 FAMILIES = {"h200_qwen35_35b_a3b_evidence.json": family_35b, "h200_qwen35_27b_evidence.json": family_27b,

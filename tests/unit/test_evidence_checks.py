@@ -80,11 +80,14 @@ def test_committed_27b_evidence_passes():
 
 
 def test_committed_vl_evidence_passes():
-    log = "h200_qwen35_vl_35b_a3b_policies.log"
+    log = "h200_qwen35_vl_35b_a3b_suite.log"
     reference = _curve(log, "reference")
     assert check_training(reference).passed
     check = check_policies(reference, _curve(log, "no_recompute"))
     assert check.passed, check.reasons
+    check = check_resume(reference, _curve(log, "killed"), _curve(log, "resumed"), save_interval=5)
+    assert check.passed, check.reasons
+    assert check.figures["first_step_after_restart"] == 6 and check.figures["steps_lost"] == 2
 
 
 def test_committed_result_files_are_what_the_logs_give(tmp_path):
