@@ -40,7 +40,9 @@ def one(name: str, opts, out: Path) -> dict:
                             proxy_global_batch=opts.proxy_global_batch)
     cfg = build_config(name, args)
     log_path = out.with_suffix(".log")
-    print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps; log {log_path}", flush=True)
+    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
+    expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
+    print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
     run = launch(name, name, args, log_path, nproc=nproc)
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")

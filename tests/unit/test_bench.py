@@ -414,3 +414,18 @@ def test_read_result_rejects_other_files(tmp_path):
     bad.write_text("schema_version: 1\nrecipe: x\n")
     with pytest.raises(ValueError, match="missing top-level keys"):
         R.read_result(bad)
+
+
+def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
+    """128 rows of 8,192 tokens on 8 GPUs at the seed 002 rates: 52.4 s tuned, 138.2 s reference."""
+    from bridge_recipes.bench.harness import published_step_seconds
+    from bridge_recipes.qwen.h200.qwen35 import (qwen35_27b_sft_8gpu_h200_bf16_config,
+                                                 qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config)
+
+    tuned = published_step_seconds(cfg_27b, qwen35_27b_sft_8gpu_h200_bf16_config.recipe_meta)
+    assert tuned == pytest.approx(128 * 8192 / (2499.5 * 8)) and round(tuned, 1) == 52.4
+    ref_meta = qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config.recipe_meta
+    assert published_step_seconds(cfg_27b, ref_meta) == pytest.approx(138.15, abs=0.01)
+    unpublished = replace(ref_meta, reference=None)
+    assert published_step_seconds(cfg_27b, unpublished) is None
+

@@ -58,7 +58,7 @@ def test_committed_queues_name_existing_recipes_and_scripts():
     queues = sorted((ROOT / "scripts/gpu/queues").glob("*.txt"))
     assert queues
     for queue in queues:
-        steps = [s for s in queue.read_text().splitlines() if s.strip() and not s.lstrip().startswith("#")]
+        steps = _queue_steps(queue)
         assert steps, queue
         for step in steps:
             words = shlex.split(step)
@@ -68,3 +68,35 @@ def test_committed_queues_name_existing_recipes_and_scripts():
             for word in words:
                 if re.fullmatch(r"(scripts|tests)/[\w/.-]+\.(py|sh)", word):
                     assert (ROOT / word).is_file(), f"{queue.name}: {word}"
+
+
+def _queue_steps(queue):
+    return [s for s in queue.read_text().splitlines() if s.strip() and not s.lstrip().startswith("#")]
+
+
+def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
+    """A full-scale benchmark's steps take at most 10 minutes at the recipe's published rate, so a
+    30-minute lease holds two with their start-ups; each measures a window of 2+ steps after step 2."""
+    import shlex
+
+    from bridge_recipes.bench.harness import published_step_seconds
+    from bridge_recipes.runner import registry
+
+    import importlib
+
+    checked = 0
+    for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
+        for step in _queue_steps(queue):
+            words = shlex.split(step)
+            if "scripts/benchmark.py" not in words or "--proxy-layers" in words:
+                continue
+            steps = int(words[words.index("--steps") + 1]) if "--steps" in words else 20
+            first, last = (map(int, words[words.index("--window") + 1:][:2]) if "--window" in words else (5, 19))
+            assert 3 <= first < last <= steps, f"{queue.name}: window {first}-{last} of {steps} steps: {step}"
+            entry = registry.find(words[words.index("--recipe") + 1])
+            cfg = getattr(importlib.import_module(entry.module), entry.name)()
+            step_s = published_step_seconds(cfg, entry.meta)
+            assert step_s and steps * step_s <= 600, f"{queue.name}: {steps} x {step_s} s: {step}"
+            checked += 1
+    assert checked >= 5  # the 8-GPU queue's five recipes
+
