@@ -7,7 +7,9 @@
     python scripts/benchmark.py --proxy-layers 4 --recipe A --against B --out results/a_vs_b.yaml
 
 Each run is a separate ``torchrun scripts/run_recipe.py`` process; its full log is kept beside
-the result file. With --against, both policies run back to back and a ratio file is written.
+the result file. With --against, both policies run back to back and a ratio file is written: the
+tokens/s ratio and, where the two runs train the same model on the same rows, whether their loss
+curves agree (validate_convergence rules).
 Exit status 0 on success, 2 on bad input, 1 when a run fails.
 """
 import argparse
@@ -18,18 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, comparison  # noqa: E402
+from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training  # noqa: E402
+from bridge_recipes.bench.runs import loss_curve  # noqa: E402
+from bridge_recipes.bench.stats import parse_megatron_log  # noqa: E402
 from bridge_recipes.runner import registry  # noqa: E402
 
 
-def build_config(name: str, args: list[str]):
-    from bridge_recipes.runner.cli import build, build_parser
-
-    ns = build_parser().parse_intermixed_args(["--recipe", name, *args])
-    return build(ns)[1]
-
-
-def one(name: str, opts, out: Path) -> dict:
+def one(name: str, opts, out: Path) -> tuple[dict, object, str]:
+    """Run and measure one recipe: its result document, its config and its log."""
     from bridge_recipes.bench import harness
     from bridge_recipes.bench.runs import launch
 
@@ -51,7 +49,7 @@ def one(name: str, opts, out: Path) -> dict:
                         window=tuple(opts.window), command=command, proxy=bool(opts.proxy_layers))
     r = doc["result"]
     print(f"[benchmark] {name}: {r['tokens_per_s_per_gpu']} tokens/s/GPU, MFU {r['mfu']}, CV {r['step_time_cv_percent']}%")
-    return doc
+    return doc, cfg, run.log
 
 
 def main() -> int:
@@ -81,11 +79,18 @@ def main() -> int:
         print(f"benchmark.py: {exc}", file=sys.stderr)
         return 1
     if len(docs) == 2:
-        ratio = comparison(*docs, proxy=bool(opts.proxy_layers))
+        (cand, cand_cfg, cand_log), (ref, ref_cfg, ref_log) = docs
+        losses = different_training(cand_cfg, ref_cfg) or (loss_curve(parse_megatron_log(cand_log)),
+                                                             loss_curve(parse_megatron_log(ref_log)))
+        ratio = comparison(cand, ref, proxy=bool(opts.proxy_layers), losses=losses)
         out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
         print(f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"
               + (f"; forward-backward per token {ratio['forward_backward_per_token_ratio']}"
                  if "forward_backward_per_token_ratio" in ratio else ""))
+        agree = ratio["loss_curves"]
+        print("[benchmark] loss curves: " + (agree["why"] if not agree["compared"] else
+              f"correlation {agree['correlation']:.6f}, final-loss difference {agree['final_loss_difference']:.2%}, "
+              f"{agree['pointwise_failures']} point-wise failures: {'agree' if agree['passed'] else 'DIFFER'}"))
     return 0
 
 

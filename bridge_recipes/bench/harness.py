@@ -62,6 +62,13 @@ def published_step_seconds(cfg: Any, meta: Any) -> float | None:
     return cfg.train.global_batch_size * cfg.model.seq_length / (rate * meta.gpus)
 
 
+def build_config(name: str, args: list[str]) -> Any:
+    """The config the runner builds for ``run_recipe.py --recipe NAME ARGS`` (no GPU needed)."""
+    from bridge_recipes.runner.cli import build, build_parser
+
+    return build(build_parser().parse_intermixed_args(["--recipe", name, *args]))[1]
+
+
 def model_spec(cfg: Any) -> Qwen35Spec:
     """The catalog spec matching a (possibly scaled) config: layers and experts as configured."""
     spec = next(s for s in SPECS.values()
@@ -100,15 +107,48 @@ def write(path: Path, *, recipe: str, cfg: Any, log_text: str, world_size: int, 
                         flops=flops, command=command, notes=notes)
 
 
-def comparison(candidate: dict, reference: dict, *, proxy: bool) -> dict:
+def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
+    """Why two runs' loss curves cannot be compared (they train different models or read
+    different rows), or None. A proxy keeps each layout's per-GPU expert count, so two MoE
+    layouts with different expert parallelism become different models."""
+    a, b = candidate_cfg, reference_cfg
+    fields = {"model": (model_spec(a), model_spec(b)),
+              "model.seq_length": (a.model.seq_length, b.model.seq_length),
+              "train.global_batch_size": (a.train.global_batch_size, b.train.global_batch_size),
+              "dataset": (type(a.dataset).__name__, type(b.dataset).__name__),
+              "dataset.random_seed": (getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),
+              "rng.seed": (a.rng.seed, b.rng.seed)}
+    differ = [k for k, (x, y) in fields.items() if x != y]
+    if not differ:
+        return None
+    if "model" in differ and a.model.num_moe_experts != b.model.num_moe_experts:
+        differ[differ.index("model")] = f"model (routed experts {a.model.num_moe_experts} vs {b.model.num_moe_experts})"
+    if "model.seq_length" in differ:
+        differ[differ.index("model.seq_length")] = f"model.seq_length ({a.model.seq_length} vs {b.model.seq_length})"
+    return "the runs differ in " + ", ".join(differ)
+
+
+def comparison(candidate: dict, reference: dict, *, proxy: bool,
+               losses: tuple[dict, dict] | str | None = None) -> dict:
     """The ratio file of two result documents measured back to back: tokens/s/GPU of the
     candidate over the reference and, where both logged their phase timers, the ratio of
     forward-backward seconds per token (reference over candidate: > 1 means the candidate's
-    forward-backward is faster) and each run's optimizer seconds per step."""
+    forward-backward is faster) and each run's optimizer seconds per step. ``losses``: the
+    (candidate, reference) loss curves where the two runs trained the same model on the same
+    rows, compared by validate_convergence's rules; or why they could not be compared."""
+    from bridge_recipes.bench.convergence import compare
+
     out = {"candidate": candidate["recipe"], "reference": reference["recipe"],
            "tokens_per_s_ratio": round(candidate["result"]["tokens_per_s_per_gpu"]
                                        / reference["result"]["tokens_per_s_per_gpu"], 4),
            "proxy": proxy}
+    if isinstance(losses, str):
+        out["loss_curves"] = {"compared": False, "why": losses}
+    elif losses:
+        try:
+            out["loss_curves"] = {"compared": True, **compare(losses[1], losses[0]).as_dict()}
+        except ValueError as exc:  # too few common steps, or a loss that is not finite
+            out["loss_curves"] = {"compared": False, "why": str(exc)}
     phases = [d["result"].get("phase_time_mean_s") for d in (candidate, reference)]
     if all(phases):
         per_token = [p["forward-backward"] / (d["workload"]["global_batch"] * d["workload"]["row_tokens"])

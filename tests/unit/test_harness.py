@@ -50,13 +50,14 @@ def test_benchmark_script_rejects_bad_input():
     assert p.returncode == 2 and "--window ends at step 19" in p.stderr
 
 
+def proxy_config(name):
+    """The config of a recipe's proxy run, as benchmark.py builds it."""
+    return harness.build_config(name, harness.run_args(registry.load(name)(), steps=20, proxy_layers=4))
+
+
 def test_proxy_arguments_build_on_cpu():
     """What benchmark.py passes the runner in proxy mode is accepted by it (scale-down, overrides)."""
-    from bridge_recipes.runner.cli import build, build_parser
-
-    name = "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config"
-    args = harness.run_args(registry.load(name)(), steps=20, proxy_layers=4)
-    cfg = build(build_parser().parse_intermixed_args(["--recipe", name, *args]))[1]
+    cfg = proxy_config("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
     assert cfg.logger.timing_log_level == 1 and cfg.logger.log_interval == 1
     assert cfg.model.num_layers == 4 and cfg.train.global_batch_size == harness.PROXY_GLOBAL_BATCH
 
@@ -76,3 +77,19 @@ def test_comparison_of_two_results():
     assert c["optimizer_s_per_step"] == {"candidate": 0.1, "reference": 3.0}
     assert harness.comparison(_doc("a", 3000.0, 8, 8192), b, proxy=True) == {
         "candidate": "a", "reference": "b", "tokens_per_s_ratio": 3.0, "proxy": True}
+
+
+def test_loss_curves_in_a_comparison():
+    a, b = _doc("a", 3000.0, 8, 8192), _doc("b", 1000.0, 8, 8192)
+    ref = {s: 12.0 - 0.5 * s for s in range(1, 11)}
+    close = {s: v * 1.001 for s, v in ref.items()}
+    agree = harness.comparison(a, b, proxy=True, losses=(close, ref))["loss_curves"]
+    assert agree["compared"] and agree["passed"] and agree["pointwise_failures"] == 0
+    assert abs(agree["final_loss_difference"] - 0.001) < 1e-9
+    far = {s: v * (1.2 if s > 5 else 1.0) for s, v in ref.items()}  # drifts away after step 5
+    differ = harness.comparison(a, b, proxy=True, losses=(far, ref))["loss_curves"]
+    assert differ["compared"] and not differ["passed"] and "final loss differs" in " ".join(differ["reasons"])
+    assert harness.comparison(a, b, proxy=True, losses="the runs differ in model")["loss_curves"] == {
+        "compared": False, "why": "the runs differ in model"}
+    short = harness.comparison(a, b, proxy=True, losses=({1: 3.0, 2: 2.0}, {1: 3.0, 2: 2.0}))["loss_curves"]
+    assert not short["compared"] and "at least 3 common steps" in short["why"]

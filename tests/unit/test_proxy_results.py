@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.harness import comparison
+from bridge_recipes.bench.harness import comparison, different_training
 from bridge_recipes.bench.result import read_result
-from bridge_recipes.bench.stats import step_records_from_log, summarize
+from bridge_recipes.bench.runs import loss_curve
+from bridge_recipes.bench.stats import parse_megatron_log, step_records_from_log, summarize
+from tests.unit.test_harness import proxy_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = {  # model: (tuned policy, reference layout)
@@ -41,11 +43,23 @@ def test_result_file_matches_its_log(model, arm):
     assert stats.peak_allocated_gb == pytest.approx(r["peak_allocated_gb"], abs=1e-3)
 
 
+def _losses(model: str, arm: str) -> dict[int, float]:
+    return loss_curve(parse_megatron_log((ROOT / "docs/evidence/proxy" / f"h200_proxy_{model}_{arm}.log").read_text()))
+
+
+def expected_ratio(model: str) -> dict:
+    """The ratio file benchmark.py writes for a pair, from the committed result files and logs."""
+    tuned, reference = (_result(model, arm) for arm in PAIRS[model])
+    differ = different_training(proxy_config(tuned["recipe"]), proxy_config(reference["recipe"]))
+    losses = differ or tuple(_losses(model, arm) for arm in PAIRS[model])
+    return comparison(tuned, reference, proxy=True, losses=losses)
+
+
 @pytest.mark.parametrize("model", PAIRS)
 def test_ratio_file_is_the_ratio_of_the_two_results(model):
     tuned, reference = (_result(model, arm) for arm in PAIRS[model])
     ratio = json.loads((ROOT / "results" / f"h200_proxy_{model}_ratio.json").read_text())
-    assert ratio == comparison(tuned, reference, proxy=True)
+    assert ratio == expected_ratio(model)
     # both arms of a comparison ran the same proxy shape: micro batches per step and window
     assert tuned["workload"]["global_batch"] == reference["workload"]["global_batch"]
     assert tuned["result"]["window"] == reference["result"]["window"]
@@ -56,3 +70,26 @@ def test_measured_ratios():
     ratios = {m: json.loads((ROOT / "results" / f"h200_proxy_{m}_ratio.json").read_text())["tokens_per_s_ratio"]
               for m in PAIRS}
     assert ratios == {"qwen35_35b_a3b": 1.2193, "qwen35_27b": 2.1824}
+
+
+def test_the_27b_layouts_agree_on_the_loss_curve():
+    """The tuned 27B policy and slime's reference layout, one model on the same rows: 16 steps
+    agree by validate_convergence's rules. (The 35B-A3B pair trains two different proxy models.)"""
+    ratios = {m: json.loads((ROOT / "results" / f"h200_proxy_{m}_ratio.json").read_text())["loss_curves"]
+              for m in PAIRS}
+    assert ratios["qwen35_27b"]["compared"] and ratios["qwen35_27b"]["passed"]
+    assert ratios["qwen35_27b"]["steps"][-1] == 16 and ratios["qwen35_27b"]["pointwise_failures"] == 0
+    assert not ratios["qwen35_35b_a3b"]["compared"] and "routed experts 32 vs 64" in ratios["qwen35_35b_a3b"]["why"]
+
+
+def test_which_proxy_pairs_train_the_same_model():
+    """The 27B tuned and reference layouts shrink to one model on the same rows; the 35B-A3B EP8
+    policy and slime's EP4 layout keep 32 and 64 experts a GPU and read 8,192- vs 16,384-token rows."""
+    dense = [proxy_config(n) for n in ("qwen35_27b_sft_8gpu_h200_bf16_config",
+                                     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")]
+    assert different_training(*dense) is None
+    moe = [proxy_config(n) for n in ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+                                   "qwen35_35b_a3b_sft_8gpu_h100_bf16_config")]
+    assert different_training(*moe) == (
+        "the runs differ in model (routed experts 32 vs 64), model.seq_length (8192 vs 16384)")
+
