@@ -75,14 +75,15 @@ def _queue_steps(queue):
 
 
 def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
-    """A full-scale benchmark's steps take at most 10 minutes at the recipe's published rate, so a
-    30-minute lease holds two with their start-ups; each measures a window of 2+ steps after step 2."""
+    """A full-scale benchmark's steps (both recipes' with --against, at the global batch its
+    overrides set) take at most 10 minutes at the published rates, so a 30-minute lease holds two
+    with their start-ups; each measures a window of 2+ steps after step 2; a pair trains one model
+    on the same rows, so that its loss curves are compared."""
+    import re
     import shlex
 
-    from bridge_recipes.bench.harness import published_step_seconds
+    from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
     from bridge_recipes.runner import registry
-
-    import importlib
 
     checked = 0
     for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
@@ -93,10 +94,17 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
             steps = int(words[words.index("--steps") + 1]) if "--steps" in words else 20
             first, last = (map(int, words[words.index("--window") + 1:][:2]) if "--window" in words else (5, 19))
             assert 3 <= first < last <= steps, f"{queue.name}: window {first}-{last} of {steps} steps: {step}"
-            entry = registry.find(words[words.index("--recipe") + 1])
-            cfg = getattr(importlib.import_module(entry.module), entry.name)()
-            step_s = published_step_seconds(cfg, entry.meta)
-            assert step_s and steps * step_s <= 600, f"{queue.name}: {steps} x {step_s} s: {step}"
+            overrides = [w for w in words if re.match(r"^[\w.]+=", w)]
+            seconds, cfgs = 0.0, []
+            for flag in ("--recipe", "--against"):
+                if flag in words:
+                    entry = registry.find(words[words.index(flag) + 1])
+                    cfgs.append(build_config(entry.name, overrides))
+                    step_s = published_step_seconds(cfgs[-1], entry.meta)
+                    assert step_s, f"{queue.name}: {entry.name} has no published rate to size its steps by"
+                    seconds += steps * step_s
+            assert seconds <= 600, f"{queue.name}: {seconds / 60:.1f} min of steps: {step}"
+            if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
+                assert different_training(*cfgs) is None, f"{queue.name}: {step}"
             checked += 1
-    assert checked >= 5  # the 8-GPU queue's five recipes
-
+    assert checked >= 7  # the 8-GPU queue's five benchmarks and two convergence pairs
