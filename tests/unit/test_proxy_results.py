@@ -93,3 +93,29 @@ def test_which_proxy_pairs_train_the_same_model():
     assert different_training(*moe) == (
         "the runs differ in model (routed experts 32 vs 64), model.seq_length (8192 vs 16384)")
 
+
+
+def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch):
+    """scripts/benchmark.py --against, its two runs replaced by the committed 27B ones, writes
+    the committed ratio file (the GPU runs themselves are what CPU cannot do)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model, arms = "qwen35_27b", PAIRS["qwen35_27b"]
+    runs = {_result(model, arm)["recipe"]: arm for arm in arms}
+
+    def committed_run(name, opts, out):
+        arm = runs[name]
+        log = (ROOT / "docs/evidence/proxy" / f"h200_proxy_{model}_{arm}.log").read_text()
+        return _result(model, arm), proxy_config(name), log
+
+    monkeypatch.setattr(bench, "one", committed_run)
+    tuned, reference = runs
+    monkeypatch.setattr(sys, "argv", ["benchmark.py", "--proxy-layers", "4", "--recipe", tuned, "--against", reference,
+                                      "--steps", "16", "--window", "4", "15", "--out", str(tmp_path / "27b.yaml")])
+    assert bench.main() == 0
+    written = json.loads((tmp_path / "27b_ratio.json").read_text())
+    assert written == json.loads((ROOT / "results" / f"h200_proxy_{model}_ratio.json").read_text())
