@@ -21,13 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training  # noqa: E402
-from bridge_recipes.bench.runs import loss_curve  # noqa: E402
-from bridge_recipes.bench.stats import parse_megatron_log  # noqa: E402
 from bridge_recipes.runner import registry  # noqa: E402
 
 
-def one(name: str, opts, out: Path) -> tuple[dict, object, str]:
-    """Run and measure one recipe: its result document, its config and its log."""
+def one(name: str, opts, out: Path) -> tuple[dict, object, dict[int, float]]:
+    """Run and measure one recipe: its result document, its config and its loss curve."""
     from bridge_recipes.bench import harness
     from bridge_recipes.bench.runs import launch
 
@@ -49,7 +47,7 @@ def one(name: str, opts, out: Path) -> tuple[dict, object, str]:
                         window=tuple(opts.window), command=command, proxy=bool(opts.proxy_layers))
     r = doc["result"]
     print(f"[benchmark] {name}: {r['tokens_per_s_per_gpu']} tokens/s/GPU, MFU {r['mfu']}, CV {r['step_time_cv_percent']}%")
-    return doc, cfg, run.log
+    return doc, cfg, run.losses
 
 
 def main() -> int:
@@ -79,9 +77,8 @@ def main() -> int:
         print(f"benchmark.py: {exc}", file=sys.stderr)
         return 1
     if len(docs) == 2:
-        (cand, cand_cfg, cand_log), (ref, ref_cfg, ref_log) = docs
-        losses = different_training(cand_cfg, ref_cfg) or (loss_curve(parse_megatron_log(cand_log)),
-                                                             loss_curve(parse_megatron_log(ref_log)))
+        (cand, cand_cfg, cand_losses), (ref, ref_cfg, ref_losses) = docs
+        losses = different_training(cand_cfg, ref_cfg) or (cand_losses, ref_losses)
         ratio = comparison(cand, ref, proxy=bool(opts.proxy_layers), losses=losses)
         out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
         print(f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"

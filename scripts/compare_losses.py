@@ -16,12 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bridge_recipes.bench.convergence import compare  # noqa: E402
-from bridge_recipes.bench.runs import loss_curve, split_runs  # noqa: E402
-from bridge_recipes.bench.stats import parse_megatron_log  # noqa: E402
-
-
-def losses(text: str) -> dict[int, float]:
-    return loss_curve(parse_megatron_log(text))
+from bridge_recipes.bench.runs import log_losses, split_runs  # noqa: E402
 
 
 def main() -> int:
@@ -37,7 +32,7 @@ def main() -> int:
         print(f"compare_losses.py: error: {exc}", file=sys.stderr)
         return 2
     if len(texts) == 2:
-        ref, cand = losses(texts[0]), losses(texts[1])
+        ref, cand = log_losses(texts[0]), log_losses(texts[1])
     else:
         runs = split_runs(texts[0])
         missing = [n for n in (args.reference, args.candidate) if n not in runs]
@@ -45,7 +40,7 @@ def main() -> int:
             print(f"compare_losses.py: error: name --reference and --candidate among the runs {sorted(runs)}",
                   file=sys.stderr)
             return 2
-        ref, cand = losses(runs[args.reference]), losses(runs[args.candidate])
+        ref, cand = log_losses(runs[args.reference]), log_losses(runs[args.candidate])
     try:
         result = compare(ref, cand)
     except ValueError as exc:

@@ -29,6 +29,11 @@ def loss_curve(iterations: list[LogIteration]) -> dict[int, float]:
     return {it.step: it.lm_loss for it in iterations if it.lm_loss is not None}
 
 
+def log_losses(text: str) -> dict[int, float]:
+    """step -> LM loss of a training log."""
+    return loss_curve(parse_megatron_log(text))
+
+
 @dataclass
 class Run:
     name: str

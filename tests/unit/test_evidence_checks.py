@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench.evidence import check_policies, check_resume, check_training
-from bridge_recipes.bench.runs import loss_curve, split_runs
-from bridge_recipes.bench.stats import parse_megatron_log
+from bridge_recipes.bench.runs import log_losses, split_runs
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 CURVE = {s: 12.0 * 0.7 ** (s - 1) for s in range(1, 11)}
@@ -48,7 +47,7 @@ def test_a_kill_before_the_checkpoint_proves_nothing():
 
 def _curve(name: str, run: str | None = None) -> dict[int, float]:
     text = (EVIDENCE / name).read_text()
-    return loss_curve(parse_megatron_log(split_runs(text)[run] if run else text))
+    return log_losses(split_runs(text)[run] if run else text)
 
 
 def test_committed_35b_a3b_evidence_passes():

@@ -12,8 +12,8 @@ import pytest
 
 from bridge_recipes.bench.harness import comparison, different_training
 from bridge_recipes.bench.result import read_result
-from bridge_recipes.bench.runs import loss_curve
-from bridge_recipes.bench.stats import parse_megatron_log, step_records_from_log, summarize
+from bridge_recipes.bench.runs import log_losses
+from bridge_recipes.bench.stats import step_records_from_log, summarize
 from tests.unit.test_harness import proxy_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_result_file_matches_its_log(model, arm):
 
 
 def _losses(model: str, arm: str) -> dict[int, float]:
-    return loss_curve(parse_megatron_log((ROOT / "docs/evidence/proxy" / f"h200_proxy_{model}_{arm}.log").read_text()))
+    return log_losses((ROOT / "docs/evidence/proxy" / f"h200_proxy_{model}_{arm}.log").read_text())
 
 
 def expected_ratio(model: str) -> dict:
@@ -109,8 +109,7 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
 
     def committed_run(name, opts, out):
         arm = runs[name]
-        log = (ROOT / "docs/evidence/proxy" / f"h200_proxy_{model}_{arm}.log").read_text()
-        return _result(model, arm), proxy_config(name), log
+        return _result(model, arm), proxy_config(name), _losses(model, arm)
 
     monkeypatch.setattr(bench, "one", committed_run)
     tuned, reference = runs
