@@ -112,20 +112,19 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     different rows), or None. A proxy keeps each layout's per-GPU expert count, so two MoE
     layouts with different expert parallelism become different models."""
     a, b = candidate_cfg, reference_cfg
-    fields = {"model": (model_spec(a), model_spec(b)),
-              "model.seq_length": (a.model.seq_length, b.model.seq_length),
-              "train.global_batch_size": (a.train.global_batch_size, b.train.global_batch_size),
-              "dataset": (type(a.dataset).__name__, type(b.dataset).__name__),
-              "dataset.random_seed": (getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),
-              "rng.seed": (a.rng.seed, b.rng.seed)}
-    differ = [k for k, (x, y) in fields.items() if x != y]
-    if not differ:
-        return None
-    if "model" in differ and a.model.num_moe_experts != b.model.num_moe_experts:
-        differ[differ.index("model")] = f"model (routed experts {a.model.num_moe_experts} vs {b.model.num_moe_experts})"
-    if "model.seq_length" in differ:
-        differ[differ.index("model.seq_length")] = f"model.seq_length ({a.model.seq_length} vs {b.model.seq_length})"
-    return "the runs differ in " + ", ".join(differ)
+    experts = (a.model.num_moe_experts, b.model.num_moe_experts)
+    seq = (a.model.seq_length, b.model.seq_length)
+    checks = [  # (what to name, candidate's value, reference's value)
+        ("model" + (" (routed experts {} vs {})".format(*experts) if experts[0] != experts[1] else ""),
+         model_spec(a), model_spec(b)),
+        ("model.seq_length ({} vs {})".format(*seq), *seq),
+        ("train.global_batch_size", a.train.global_batch_size, b.train.global_batch_size),
+        ("dataset", type(a.dataset).__name__, type(b.dataset).__name__),
+        ("dataset.random_seed", getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),
+        ("rng.seed", a.rng.seed, b.rng.seed),
+    ]
+    differ = [name for name, x, y in checks if x != y]
+    return "the runs differ in " + ", ".join(differ) if differ else None
 
 
 def comparison(candidate: dict, reference: dict, *, proxy: bool,
