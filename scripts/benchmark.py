@@ -50,7 +50,7 @@ def one(name: str, opts, out: Path) -> tuple[dict, object, dict[int, float]]:
     return doc, cfg, run.losses
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
@@ -62,6 +62,11 @@ def main() -> int:
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
     ap.add_argument("--out", required=True, help="result file (.yaml); logs are written beside it")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    return ap
+
+
+def main() -> int:
+    ap = build_parser()
     opts = ap.parse_intermixed_args()
     if opts.window[1] > opts.steps:
         ap.error(f"--window ends at step {opts.window[1]} but only {opts.steps} steps run")

@@ -79,30 +79,31 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
     overrides set) take at most 10 minutes at the published rates, so a 30-minute lease holds two
     with their start-ups; each measures a window of 2+ steps after step 2; a pair trains one model
     on the same rows, so that its loss curves are compared."""
-    import re
     import shlex
 
     from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
     from bridge_recipes.runner import registry
+    from tests.scripts import load_script
 
+    parser = load_script("scripts/benchmark.py").build_parser()
     checked = 0
     for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
         for step in _queue_steps(queue):
             words = shlex.split(step)
-            if "scripts/benchmark.py" not in words or "--proxy-layers" in words:
+            if "scripts/benchmark.py" not in words:
                 continue
-            steps = int(words[words.index("--steps") + 1]) if "--steps" in words else 20
-            first, last = (map(int, words[words.index("--window") + 1:][:2]) if "--window" in words else (5, 19))
+            opts = parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1:])
+            if opts.proxy_layers:
+                continue
+            steps, (first, last) = opts.steps, opts.window
             assert 3 <= first < last <= steps, f"{queue.name}: window {first}-{last} of {steps} steps: {step}"
-            overrides = [w for w in words if re.match(r"^[\w.]+=", w)]
             seconds, cfgs = 0.0, []
-            for flag in ("--recipe", "--against"):
-                if flag in words:
-                    entry = registry.find(words[words.index(flag) + 1])
-                    cfgs.append(build_config(entry.name, overrides))
-                    step_s = published_step_seconds(cfgs[-1], entry.meta)
-                    assert step_s, f"{queue.name}: {entry.name} has no published rate to size its steps by"
-                    seconds += steps * step_s
+            for name in filter(None, (opts.recipe, opts.against)):
+                entry = registry.find(name)
+                cfgs.append(build_config(entry.name, opts.overrides))
+                step_s = published_step_seconds(cfgs[-1], entry.meta)
+                assert step_s, f"{queue.name}: {entry.name} has no published rate to size its steps by"
+                seconds += steps * step_s
             assert seconds <= 600, f"{queue.name}: {seconds / 60:.1f} min of steps: {step}"
             if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
                 assert different_training(*cfgs) is None, f"{queue.name}: {step}"

@@ -3,8 +3,6 @@ of docs/memory_plan.md, the seeds' facts about 8 x H200 layouts, and its compone
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +12,7 @@ import torch
 from bridge_recipes.plan import memory as M
 from bridge_recipes.runner import registry
 from bridge_recipes.scaledown import scale_down
+from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 H200_GB = 143_771 * 2**20 / 1e9  # what the test host's H200 reports (docs/evidence/README.md)
@@ -22,15 +21,7 @@ SFT_27B = "qwen35_27b_sft_8gpu_h200_bf16_config"
 LONGCTX = "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config"
 
 
-def _load_table_script():
-    spec = importlib.util.spec_from_file_location("memory_table", REPO / "scripts" / "memory_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-TABLE = _load_table_script()
+TABLE = load_script("scripts/memory_table.py")
 
 
 def build(name: str, **shrink):

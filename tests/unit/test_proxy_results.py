@@ -14,6 +14,7 @@ from bridge_recipes.bench.harness import comparison, different_training
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.bench.runs import log_losses
 from bridge_recipes.bench.stats import step_records_from_log, summarize
+from tests.scripts import load_script
 from tests.unit.test_harness import proxy_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,12 +99,9 @@ def test_which_proxy_pairs_train_the_same_model():
 def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch):
     """scripts/benchmark.py --against, its two runs replaced by the committed 27B ones, writes
     the committed ratio file (the GPU runs themselves are what CPU cannot do)."""
-    import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location("benchmark_script", ROOT / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("scripts/benchmark.py")
     model, arms = "qwen35_27b", PAIRS["qwen35_27b"]
     runs = {_result(model, arm)["recipe"]: arm for arm in arms}
 

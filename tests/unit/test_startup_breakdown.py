@@ -1,12 +1,8 @@
 """scripts/gpu/startup_breakdown.py puts each profile sample in the first matching phase."""
 
-import importlib.util
-from pathlib import Path
+from tests.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "startup_breakdown.py"
-spec = importlib.util.spec_from_file_location("startup_breakdown", SCRIPT)
-sb = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sb)
+sb = load_script("scripts/gpu/startup_breakdown.py")
 
 
 def _frame(file, name="f"):
