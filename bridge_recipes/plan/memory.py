@@ -58,9 +58,11 @@ overhead); what must fit the GPU is ``total_gb``. Measured checks: ``docs/memory
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import ceil
 from typing import Any
+
+from bridge_recipes.bench.flops import FLA_CHUNK_SIZE
 
 GB = 1e9
 MIB = 2**20
@@ -89,7 +91,6 @@ FRAMEWORK_FRACTION = 0.05
 BF16 = 2
 FP32 = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
-GDN_CHUNK = 64  # FLA's chunk size: the WY matrix A is [tokens, value heads, 64]
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ def micro_batch_tokens(cfg: Any, par: Parallel) -> Tokens:
 
 
 # --------------------------------------------------------------------------------------------
-# Parameters per rank (shapes as in bridge_recipes/models/params.py)
+# Parameters per rank (one rank holding all sums to models/params.py; a test checks it)
 # --------------------------------------------------------------------------------------------
 
 
@@ -343,7 +344,7 @@ def gdn_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
         2 * d.gdn_qk,  # L2-normalised q, k (l2norm output)
         2 * qk_heads * d.gdn_key_dim,  # q, k as the chunk kernel saves them
         2 * d.gdn_v,  # v and the output gate z, made contiguous
-        GDN_CHUNK * d.gdn_value_heads,  # chunk-local WY matrix A (BF16)
+        FLA_CHUNK_SIZE * d.gdn_value_heads,  # chunk-local WY matrix A [tokens, value heads, chunk] (BF16)
         3 * d.gdn_value_heads,  # decay g (FP32 cumsum) and beta
         2 * d.gdn_v,  # kernel output (gated norm input) and gated-norm output (out_proj input)
     )
@@ -622,7 +623,6 @@ class StageMemory:
     activations_gb: float  # saved activations of the in-flight micro batches
     logits_gb: float  # loss working set (last stage), on top of the saved activations
     backward_gb: float  # layers rebuilt at once and MoE dispatch buffers during the backward
-    overhead_gb: float
 
     @property
     def peak_extra_gb(self) -> float:
@@ -634,6 +634,10 @@ class StageMemory:
     def allocated_gb(self) -> float:
         """Comparable with Megatron's ``mem-max-allocated-gigabytes``."""
         return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.peak_extra_gb
+
+    @property
+    def overhead_gb(self) -> float:
+        return framework_overhead_gb(self.allocated_gb)
 
     @property
     def total_gb(self) -> float:
@@ -720,18 +724,13 @@ def plan_stage(cfg: Any, d: ModelDims, par: Parallel, tok: Tokens, stage: int, c
 
     weights = BF16 * params.total
     grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * params.total
-    stage_mem = StageMemory(
+    return StageMemory(
         stage=stage, layers=len(layers), in_flight=in_flight,
         weights_gb=weights / GB, grads_gb=grads / GB,
         optimizer_gb=opt_bytes * (1 - host) / GB, host_optimizer_gb=(opt_bytes * host + host_grads) / GB,
         activations_gb=in_flight * saved / GB, logits_gb=logits / GB,
-        backward_gb=(rebuilt + dispatch_buffer_bytes(d, par, tok)) / GB, overhead_gb=0.0,
+        backward_gb=(rebuilt + dispatch_buffer_bytes(d, par, tok)) / GB,
     )
-    return _with_overhead(stage_mem)
-
-
-def _with_overhead(s: StageMemory) -> StageMemory:
-    return replace(s, overhead_gb=framework_overhead_gb(s.allocated_gb))
 
 
 def plan_notes(cfg: Any, par: Parallel) -> tuple[str, ...]:

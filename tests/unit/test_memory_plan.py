@@ -237,3 +237,17 @@ def test_plan_report_flags_the_stage_that_does_not_fit():
 def test_world_size_must_divide_the_layout():
     with pytest.raises(ValueError, match="not divisible"):
         M.plan_memory(build(SFT_27B), 6)
+
+
+@pytest.mark.parametrize("name", [SFT_27B, SFT_35B])
+def test_planner_and_catalog_count_the_same_parameters(name):
+    """The planner's per-rank formulas (split TP-sharded/replicated, dense/expert) and the
+    catalog's count (split matrices/vectors, total/active) cut one model differently; on one
+    rank holding everything they must sum to the same total."""
+    from bridge_recipes.bench.harness import model_spec
+    from bridge_recipes.models.params import count_parameters
+
+    cfg = registry.load(name)()
+    one_rank = M.Parallel(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, vpp=None, sp=False, world=1)
+    planned = M.stage_params(M.model_dims(cfg.model), one_rank, list(range(cfg.model.num_layers)), 0)
+    assert planned.total == count_parameters(model_spec(cfg)).total
