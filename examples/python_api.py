@@ -8,7 +8,7 @@ from bridge_recipes.runner import checks, launch
 cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
 cfg.train.train_iters = 200
 cfg.optimizer.lr = 2e-5
-cfg.checkpoint.save = "/checkpoints/qwen35_35b_a3b_sft"
+cfg.checkpoint.save = cfg.checkpoint.load = "/checkpoints/qwen35_35b_a3b_sft"  # resume from where it saves
 
 problems = checks.errors(checks.check(cfg, world_size=8))
 if problems:

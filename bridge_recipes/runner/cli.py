@@ -104,7 +104,11 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         from bridge_recipes.runner import datasets
 
         datasets.select(cfg, args.dataset)
+    ckpt = cfg.checkpoint
+    resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     apply_all(cfg, vars(args), args.overrides)
+    if resumes_from_save and ckpt.load == recipe_load:
+        ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
     return entry, cfg
 
 
