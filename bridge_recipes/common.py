@@ -161,12 +161,7 @@ def _container(spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: i
         dataset=dataset,
         logger=LoggerConfig(log_interval=1, tensorboard_dir=os.path.join(out, "tb"), log_throughput=True),
         tokenizer=null_tokenizer(spec.vocab_size),
-        checkpoint=CheckpointConfig(
-            save=os.path.join(out, "checkpoints"),
-            load=os.path.join(out, "checkpoints"),
-            ckpt_format="torch_dist",
-            fully_parallel_save=True,
-        ),
+        checkpoint=CheckpointConfig(save=os.path.join(out, "checkpoints")),  # the rest: enable_resilience
         rng=RNGConfig(seed=1234),
         dist=DistributedInitConfig(),
         mixed_precision="bf16_mixed",

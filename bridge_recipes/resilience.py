@@ -41,6 +41,7 @@ def enable_resilience(cfg, save_interval: int = SAVE_INTERVAL_STEPS) -> None:
 
 def disable_resilience(cfg) -> None:
     """Benchmarks: no checkpoints, no monitors (they would perturb the timing)."""
+    cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.checkpoint.async_save = False
     cfg.ft = None
     cfg.nvrx_straggler = None

@@ -22,7 +22,6 @@ def benchmark_settings(cfg, steps: int = BENCHMARK_STEPS) -> None:
     cfg.scheduler.lr_warmup_iters = max(1, steps // 10)
     cfg.validation.eval_iters = 0
     cfg.validation.eval_interval = steps + 1
-    cfg.checkpoint.save = cfg.checkpoint.load = None
     cfg.checkpoint.pretrained_checkpoint = None
     disable_resilience(cfg)
     cfg.logger.log_interval = 1

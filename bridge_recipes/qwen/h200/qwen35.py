@@ -158,7 +158,6 @@ def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config():
     _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg)
     scale_down(cfg, num_layers=4, global_batch_size=8, seq_length=4096, train_iters=20)
     cfg.optimizer.lr, cfg.optimizer.min_lr = 3e-4, 3e-5  # pretraining from random init
-    cfg.checkpoint.save = cfg.checkpoint.load = None
     disable_resilience(cfg)  # a 20-step smoke run: nothing to resume
     cfg.validation.eval_iters = 0
     return cfg
