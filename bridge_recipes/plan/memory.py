@@ -63,6 +63,7 @@ from math import ceil
 from typing import Any
 
 from bridge_recipes.bench.flops import FLA_CHUNK_SIZE
+from bridge_recipes.common import is_vlm
 
 GB = 1e9
 MIB = 2**20
@@ -739,7 +740,7 @@ def plan_notes(cfg: Any, par: Parallel) -> tuple[str, ...]:
         notes.append("selective recompute is counted as no recompute (an upper bound)")
     if effective_precision(cfg)["fp8"]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
-    if hasattr(m, "vision_config"):
+    if is_vlm(cfg):
         notes.append("vision tower not counted (language model only)")
     if par.ep > 1:
         notes.append("expert routing assumed balanced; a hot expert-parallel rank holds more")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes.common import is_vlm
 from bridge_recipes.models.qwen35 import SPECS
 from bridge_recipes.runner import checks, registry
 from bridge_recipes.runner.cli import megatron_validation
@@ -72,7 +73,7 @@ def test_evidence_files_exist(name):
 @pytest.mark.parametrize("name", [n for n in RECIPES if registry.find(n).tree == "perf_recipes"])
 def test_perf_recipes_use_mock_data_and_no_checkpoints(name):
     cfg = build(name)
-    if hasattr(cfg.model, "vision_config"):
+    if is_vlm(cfg):
         assert type(cfg.dataset).__name__ == "MockVLMSFTDatasetConfig"
         assert cfg.model.moe_router_force_load_balancing
     else:
