@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bridge_recipes.bench.evidence import check_policies, check_resume, check_training  # noqa: E402
+from bridge_recipes.bench.evidence import (RESUME_SAVE_INTERVAL, check_policies, check_resume,  # noqa: E402
+                                           check_training)
 from bridge_recipes.bench.runs import loss_curve, split_runs  # noqa: E402
 from bridge_recipes.bench.stats import parse_megatron_log, peak_allocated_gb  # noqa: E402
 
@@ -45,12 +46,12 @@ def _summary(text: str) -> dict:
 
 def _checks(reference: dict, candidate: dict, killed: dict | None = None, resumed: dict | None = None) -> dict:
     """A family's checks: the recipe policy trains, a second policy agrees with it and, where the
-    family ran its kill-and-resume arm (the GPU suite saves every 5 steps), the restart matches."""
+    family ran its kill-and-resume arm, the restart matches."""
     out = {"training": check_training(reference["losses"]).as_dict(),
            "policies": check_policies(reference["losses"], candidate["losses"]).as_dict()}
     if killed and resumed:
         out["resume"] = check_resume(reference["losses"], killed["losses"], resumed["losses"],
-                                     save_interval=5).as_dict()
+                                     save_interval=RESUME_SAVE_INTERVAL).as_dict()
     return out
 
 

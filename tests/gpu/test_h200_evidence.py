@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.evidence import check_policies, check_resume, check_training, checkpoint_gb
+from bridge_recipes.bench.evidence import (RESUME_KILL_AFTER, RESUME_SAVE_INTERVAL, check_policies, check_resume,
+                                           check_training, checkpoint_gb)
 from bridge_recipes.bench.runs import ROOT, Run, launch_kept
 
 pytestmark = pytest.mark.gpu
@@ -47,8 +48,6 @@ SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/evidence"))
 NO_RECOMPUTE = ["model.recompute_granularity=null", "model.recompute_method=null", "model.recompute_num_layers=null"]
 TRAIN = ["--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1"]
 ROWS = str(ROOT / "docs/evidence/sft_rows_synthetic/rows")
-# every family's resume arm: save every 5 steps, kill after step 7 (where the disk holds the checkpoint)
-RESUME = {"save_interval": 5, "kill_after": 7}
 
 FAMILIES = {
     "qwen35_35b_a3b": {
@@ -122,8 +121,8 @@ def family(request):
         if not (SCRATCH / "runs" / f"{name}_killed.json").exists():
             shutil.rmtree(ckpt, ignore_errors=True)  # a fresh kill needs an empty save folder
         args = [*spec["args"], "--save-dir", str(ckpt), "--load-dir", str(ckpt),
-                "--save-interval", str(RESUME["save_interval"]), "checkpoint.async_save=false"]
-        runs["killed"] = _run(name, "killed", spec["recipe"], args, log, kill_after_step=RESUME["kill_after"])
+                "--save-interval", str(RESUME_SAVE_INTERVAL), "checkpoint.async_save=false"]
+        runs["killed"] = _run(name, "killed", spec["recipe"], args, log, kill_after_step=RESUME_KILL_AFTER)
         # the same command again, less its saves: Megatron-Bridge saves at the last step, and a
         # second checkpoint beside the first does not fit the disk for the VL family (2 x 37.1 GB)
         runs["resumed"] = _run(name, "resumed", spec["recipe"], [*args, "checkpoint.save=null"], log)
@@ -158,10 +157,10 @@ def test_resumes_after_a_hard_kill_with_the_same_losses(family):
     if spec["no_resume_reason"]:
         pytest.skip(spec["no_resume_reason"])
     killed, resumed = runs["killed"], runs["resumed"]
-    assert killed.killed_at_step == RESUME["kill_after"] and killed.returncode != 0
+    assert killed.killed_at_step == RESUME_KILL_AFTER and killed.returncode != 0
     assert resumed.returncode == 0, resumed.log[-3000:]
     assert "loading" in resumed.log.lower()
     check = check_resume(runs["reference"].losses, killed.losses, resumed.losses,
-                         save_interval=RESUME["save_interval"])
+                         save_interval=RESUME_SAVE_INTERVAL)
     _report(name, {"resume": check.as_dict()})
     assert check.passed, check.reasons

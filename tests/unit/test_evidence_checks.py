@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.evidence import check_policies, check_resume, check_training
+from bridge_recipes.bench.evidence import RESUME_SAVE_INTERVAL, check_policies, check_resume, check_training
 from bridge_recipes.bench.runs import log_losses, split_runs
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
@@ -57,7 +57,7 @@ def test_committed_35b_a3b_evidence_passes():
     assert policies.passed, policies.reasons
     killed = _curve("h200_qwen35_35b_a3b_kill_resume.log", "killed")
     resumed = _curve("h200_qwen35_35b_a3b_kill_resume.log", "resumed")
-    check = check_resume(reference, killed, resumed, save_interval=5)
+    check = check_resume(reference, killed, resumed, save_interval=RESUME_SAVE_INTERVAL)
     assert check.passed, check.reasons
     assert max(killed) == 7 and check.figures["steps_lost"] == 2
 
@@ -67,7 +67,7 @@ def test_committed_first_resume_attempt_fails_the_check():
     restart was refused by a checkpoint check; both were fixed, and the check sees the failure."""
     log = "h200_qwen35_35b_a3b_kill_resume_first_attempt.log"
     check = check_resume(_curve("h200_qwen35_35b_a3b_reference_pyspy.log"), _curve(log, "killed"),
-                         _curve(log, "resumed"), save_interval=5)
+                         _curve(log, "resumed"), save_interval=RESUME_SAVE_INTERVAL)
     assert not check.passed
 
 
@@ -84,7 +84,7 @@ def test_committed_vl_evidence_passes():
     assert check_training(reference).passed
     check = check_policies(reference, _curve(log, "no_recompute"))
     assert check.passed, check.reasons
-    check = check_resume(reference, _curve(log, "killed"), _curve(log, "resumed"), save_interval=5)
+    check = check_resume(reference, _curve(log, "killed"), _curve(log, "resumed"), save_interval=RESUME_SAVE_INTERVAL)
     assert check.passed, check.reasons
     assert check.figures["first_step_after_restart"] == 6 and check.figures["steps_lost"] == 2
 
@@ -118,3 +118,13 @@ def test_checkpoint_size_estimate():
              for name, kw in (("qwen35_35b_a3b", {"num_experts": 32}), ("qwen35_27b", {}))}
     assert round(checkpoint_gb(proxy["qwen35_35b_a3b"]), 1) == 23.8
     assert checkpoint_gb(proxy["qwen35_27b"]) > 60  # why the 27B family has no resume arm on a 64 GB host
+
+
+def test_policies_that_cannot_be_compared_fail_with_the_reason():
+    """A run that diverged to NaN, or logged too few steps, fails the check (it does not raise)."""
+    diverged = {**CURVE, 8: float("nan")}
+    check = check_policies(CURVE, diverged)
+    assert not check.passed and "not finite at steps [8]" in check.reasons[0]
+    check = check_policies(CURVE, {1: CURVE[1], 2: CURVE[2]})
+    assert not check.passed and "at least 3 common steps" in check.reasons[0]
+
