@@ -113,3 +113,13 @@ def checkpoint_gb(total_params: int) -> float:
     to know before a resume test whether the host's disk holds it. The 4-layer 35B-A3B policy
     with 32 experts (1.70 B parameters) gives 23.8 GB (22.2 GiB)."""
     return total_params * CHECKPOINT_BYTES_PER_PARAM / 1e9
+
+
+def run_checkpoint_gb(recipe: str, args: list[str]) -> float:
+    """:func:`checkpoint_gb` of the model ``run_recipe.py --recipe RECIPE ARGS`` trains, its
+    scale-down and overrides applied by the runner itself (builds the config; no GPU needed)."""
+    from bridge_recipes.bench.harness import build_config, model_spec
+    from bridge_recipes.models.params import count_parameters
+
+    return checkpoint_gb(count_parameters(model_spec(build_config(recipe, args))).total)
+

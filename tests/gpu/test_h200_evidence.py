@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench.evidence import (RESUME_KILL_AFTER, RESUME_SAVE_INTERVAL, check_policies, check_resume,
-                                           check_training, checkpoint_gb)
+                                           check_training, run_checkpoint_gb)
 from bridge_recipes.bench.runs import ROOT, Run, launch_kept
 
 pytestmark = pytest.mark.gpu
@@ -82,16 +82,7 @@ def _report(family: str, data: dict) -> None:
 
 def _no_room_for_checkpoint(family: str, spec: dict) -> str | None:
     """Why the resume arm cannot run here (the checkpoint would not fit the scratch disk), or None."""
-    import dataclasses
-
-    from bridge_recipes.models.params import count_parameters
-    from bridge_recipes.models.qwen35 import SPECS
-
-    args = spec["args"]
-    scaled = {"num_layers": int(args[args.index("--scale-down") + 1])}
-    if "--scale-experts" in args:
-        scaled["num_experts"] = int(args[args.index("--scale-experts") + 1])
-    need = checkpoint_gb(count_parameters(dataclasses.replace(SPECS[family], **scaled)).total)
+    need = run_checkpoint_gb(spec["recipe"], spec["args"])
     SCRATCH.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(SCRATCH).free / 1e9
     if (SCRATCH / family).exists():  # a checkpoint of an earlier command of this lease counts as room

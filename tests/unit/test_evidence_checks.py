@@ -107,17 +107,14 @@ def test_committed_result_files_are_what_the_logs_give(tmp_path):
 
 
 def test_checkpoint_size_estimate():
-    import dataclasses
-
-    from bridge_recipes.bench.evidence import checkpoint_gb
-    from bridge_recipes.models.params import count_parameters
-    from bridge_recipes.models.qwen35 import SPECS
+    """The GPU suite's families, built as the runner builds them: what their resume arm needs on disk."""
+    from bridge_recipes.bench.evidence import checkpoint_gb, run_checkpoint_gb
+    from tests.gpu.test_h200_evidence import FAMILIES
 
     assert checkpoint_gb(1_000_000_000) == 14.0  # 2 (BF16 weight) + 4 (FP32 main) + 8 (Adam moments)
-    proxy = {name: count_parameters(dataclasses.replace(SPECS[name], num_layers=4, **kw)).total
-             for name, kw in (("qwen35_35b_a3b", {"num_experts": 32}), ("qwen35_27b", {}))}
-    assert round(checkpoint_gb(proxy["qwen35_35b_a3b"]), 1) == 23.8
-    assert checkpoint_gb(proxy["qwen35_27b"]) > 60  # why the 27B family has no resume arm on a 64 GB host
+    need = {name: run_checkpoint_gb(f["recipe"], f["args"]) for name, f in FAMILIES.items()}
+    assert round(need["qwen35_35b_a3b"], 1) == 23.8 and round(need["qwen35_vl_35b_a3b"], 1) == 37.1
+    assert need["qwen35_27b"] > 60  # why the 27B family has no resume arm on a 64 GB host
 
 
 def test_policies_that_cannot_be_compared_fail_with_the_reason():
