@@ -29,18 +29,14 @@ CORPUS = ["user\nDescribe this image.\n", "assistant\nthe image shows a red obje
 
 def build(folder: str | Path, patch_size: int = 16, merge_size: int = 2, temporal_patch_size: int = 2) -> Path:
     """Write the processor to ``folder`` (loadable with ``AutoProcessor.from_pretrained``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=512, special_tokens=SPECIAL_TOKENS,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                        show_progress=False))
+    from bridge_recipes.data.byte_bpe import train_byte_bpe
+
+    tok = train_byte_bpe(CORPUS, SPECIAL_TOKENS, vocab_size=512)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         additional_special_tokens=SPECIAL_TOKENS[1:])
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -14,8 +14,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+from bridge_recipes.data.byte_bpe import train_byte_bpe
 from bridge_recipes.data.sft_rows import build_sft_rows
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -35,16 +34,6 @@ def conversations(n: int, seed: int):
         yield {"messages": msgs}
 
 
-def train_tokenizer(texts) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # every byte encodable
-    tok.train_from_iterator(texts, trainer)
-    return tok
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -55,7 +44,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     convs = list(conversations(args.conversations, args.seed))
-    tok = train_tokenizer(f"{m['role']}\n{m['content']}\n" for c in convs for m in c["messages"])
+    tok = train_byte_bpe((f"{m['role']}\n{m['content']}\n" for c in convs for m in c["messages"]), SPECIAL, 1024)
     tok.save(str(out / "tokenizer.json"))
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "conversations.jsonl"

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
+from bridge_recipes.data.byte_bpe import train_byte_bpe
 from bridge_recipes.data.sft_rows import (
     MalformedConversation,
     RowPacker,
@@ -40,17 +41,7 @@ ROW = 64  # small rows so a few dozen conversations make several of them
 
 
 def train_tokenizer(specials: list[str]) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([" ".join(WORDS), "system\nuser\nassistant\n"] * 20, trainer)
-    return tok
+    return train_byte_bpe([" ".join(WORDS), "system\nuser\nassistant\n"] * 20, specials, vocab_size=300)
 
 
 @pytest.fixture(scope="session")
