@@ -13,8 +13,10 @@ if compgen -G ".jit/jit.tar.xz.*" >/dev/null && [ ! -f /tmp/jit/.restored ]; the
     && echo "kernel caches restored: $(du -sh /tmp/jit | cut -f1)"
 fi
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PATH=/tmp/site/bin:$PATH
+  # once a lease: every step of a detached queue sources this file again
+  [ -f /tmp/site/.wheels-installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.wheels-installed; }
+  export PATH=/tmp/site/bin:$PATH
 fi
 save_jit() {
   tar -cf - -C /tmp/jit triton inductor | xz -T0 -3 | split -b 15m -d - "${OUT:-.}/jit.tar.xz."
