@@ -148,27 +148,22 @@ class ModelDims:
         return self.query_groups * self.head_dim
 
 
-def _per_layer(value: Any, n: int, default: int) -> tuple[int, ...]:
-    """Megatron's per-layer frequency fields: a list, an int period (1 in every N), or None."""
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    if isinstance(value, int) and value > 0:
-        return tuple(1 if i % value == 0 else 0 for i in range(n))
-    return (default,) * n
+def _layer_patterns(m: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per-layer (Gated DeltaNet = 1, MoE = 1) patterns, read the way Megatron-Core builds the
+    layers from ``linear_attention_freq`` and ``moe_layer_freq``."""
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_linear_attention_pattern,
+        get_moe_layer_pattern,
+    )
 
-
-def _gdn_pattern(m: Any) -> tuple[int, ...]:
-    n = m.num_layers
-    if getattr(m, "experimental_attention_variant", None) != "gated_delta_net":
-        return (0,) * n
-    freq = getattr(m, "linear_attention_freq", None)
-    if isinstance(freq, int):  # every freq-th layer is full attention
-        return tuple(0 if (i + 1) % freq == 0 else 1 for i in range(n))
-    return _per_layer(freq, n, 1)
+    off = (0,) * m.num_layers
+    gdn = tuple(get_linear_attention_pattern(m)) if m.experimental_attention_variant == "gated_delta_net" else off
+    return gdn, tuple(get_moe_layer_pattern(m)) if m.num_moe_experts else off
 
 
 def model_dims(m: Any) -> ModelDims:
     experts = m.num_moe_experts or 0
+    layer_pattern, moe_pattern = _layer_patterns(m)
     return ModelDims(
         hidden=m.hidden_size,
         heads=m.num_attention_heads,
@@ -193,8 +188,8 @@ def model_dims(m: Any) -> ModelDims:
         vocab=m.vocab_size,
         vocab_multiple=getattr(m, "make_vocab_size_divisible_by", 1) or 1,
         tied_embeddings=bool(m.share_embeddings_and_output_weights),
-        layer_pattern=_gdn_pattern(m),
-        moe_pattern=_per_layer(getattr(m, "moe_layer_freq", 1), m.num_layers, 1) if experts else (0,) * m.num_layers,
+        layer_pattern=layer_pattern,
+        moe_pattern=moe_pattern,
         capacity_factor=getattr(m, "moe_expert_capacity_factor", None),
         pad_to_capacity=bool(getattr(m, "moe_pad_expert_input_to_capacity", False)),
     )
