@@ -231,7 +231,7 @@ def parallel_layout(cfg: Any, world_size: int) -> Parallel:
     lay = layout_of(cfg, world_size)
     if lay.dp is None:
         raise ValueError(f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp * lay.pp * lay.cp}")
-    return Parallel(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, etp=lay.etp or lay.tp, dp=lay.dp,
+    return Parallel(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, dp=lay.dp,
                     vpp=lay.vpp, sp=bool(cfg.model.sequence_parallel), world=world_size)
 
 

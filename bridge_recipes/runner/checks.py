@@ -27,6 +27,11 @@ class Layout:
     dp: int | None  # None when the world size is not divisible
     world: int
 
+    @property
+    def expert_tp(self) -> int:
+        """Megatron-Core: an unset expert tensor parallel size follows TP."""
+        return self.tp if self.etp is None else self.etp
+
     def label(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}"]
         if self.vpp:
@@ -121,7 +126,7 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             err("model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)")
         if not _div(experts, lay.ep):
             err(f"{experts} experts are not divisible by EP={lay.ep}; use -ep dividing {experts}")
-        etp = lay.etp or lay.tp
+        etp = lay.expert_tp
         if lay.dp is not None and not _div(lay.tp * lay.cp * lay.dp, lay.ep * etp):
             err(f"EP x ETP = {lay.ep} x {etp} must divide TP x CP x DP = {lay.tp} x {lay.cp} x {lay.dp} "
                 f"(the GPUs of one pipeline stage); lower -ep/-etp or raise the data-parallel size")
