@@ -4,7 +4,8 @@
     python scripts/memory_table.py              # writes docs/memory_plan.md
     python scripts/memory_table.py --check      # exit 1 when the committed file is stale
 
-Each measured run's config is rebuilt as it was run (recipe, scale-down, overrides), planned
+Each measured run's config is rebuilt as the runner built it (recipe and the runner arguments
+in its log's header: scale-down, overrides), planned
 with ``bridge_recipes.plan.memory.plan_memory`` on one GPU, and compared with the run's peak:
 the largest ``mem-max-allocated-gigabytes`` (GB = 1e9 bytes) in its committed log. The seed
 facts (8-GPU layouts) are planned the same way. Nothing is fitted here: the script only reads.
@@ -13,14 +14,17 @@ facts (8-GPU layouts) are planned the same way. Nothing is fitted here: the scri
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bridge_recipes.bench.harness import build_config  # noqa: E402
 from bridge_recipes.bench.runs import split_runs  # noqa: E402
 from bridge_recipes.bench.stats import peak_allocated_gb  # noqa: E402
 from bridge_recipes.plan.memory import (  # noqa: E402
@@ -35,13 +39,7 @@ DOC = REPO / "docs" / "memory_plan.md"
 TOLERANCE = 0.15
 
 
-def _no_recompute(cfg: Any) -> None:
-    cfg.model.recompute_granularity = cfg.model.recompute_method = cfg.model.recompute_num_layers = None
-
-
-def _te_cross_entropy(cfg: Any) -> None:
-    # The smoke run's log shows cross_entropy_fusion_impl 'te' (the recipe later moved to 'native').
-    cfg.model.cross_entropy_fusion_impl = "te"
+NO_RECOMPUTE = ("model.recompute_granularity=null", "model.recompute_method=null", "model.recompute_num_layers=null")
 
 
 @dataclass(frozen=True)
@@ -50,41 +48,34 @@ class MeasuredRun:
     scaling: str  # what was changed from the recipe, as run
     log: str
     run: str | None = None  # run name inside a multi-run log
-    scale_down: dict | None = None
-    adjust: Callable[[Any], None] | None = None
+    args: tuple[str, ...] = ()  # the runner arguments it ran with (its log's '===== run' header)
 
 
+SCALED_35B = ("--scale-down", "4", "--scale-experts", "32", "-gb", "4")
+SCALED_27B = ("--scale-down", "4", "-gb", "4")
 MEASURED_RUNS = (
     MeasuredRun("qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
                 "as built (4 layers, 256 experts, seq 4096, full uniform 1), TE cross entropy as in its log",
-                "docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log", adjust=_te_cross_entropy),
+                # the smoke run's log shows cross_entropy_fusion_impl 'te' (the recipe later moved to 'native')
+                "docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log", args=("model.cross_entropy_fusion_impl=te",)),
     MeasuredRun("qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
                 "scale_down(num_layers=4, num_experts=32, global_batch_size=4); seq 8192, full uniform 1",
-                "docs/evidence/h200_qwen35_35b_a3b_policies.log", run="reference",
-                scale_down=dict(num_layers=4, num_experts=32, global_batch_size=4)),
+                "docs/evidence/h200_qwen35_35b_a3b_policies.log", run="reference", args=SCALED_35B),
     MeasuredRun("qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
                 "same, recompute off",
-                "docs/evidence/h200_qwen35_35b_a3b_policies.log", run="no_recompute",
-                scale_down=dict(num_layers=4, num_experts=32, global_batch_size=4), adjust=_no_recompute),
+                "docs/evidence/h200_qwen35_35b_a3b_policies.log", run="no_recompute", args=SCALED_35B + NO_RECOMPUTE),
     MeasuredRun("qwen35_27b_sft_8gpu_h200_bf16_config",
                 "scale_down(num_layers=4, global_batch_size=4); seq 8192, block recompute 3 of 4",
-                "docs/evidence/h200_qwen35_27b_sft_rows.log", scale_down=dict(num_layers=4, global_batch_size=4)),
+                "docs/evidence/h200_qwen35_27b_sft_rows.log", args=SCALED_27B),
     MeasuredRun("qwen35_27b_sft_8gpu_h200_bf16_config", "same, recompute off",
-                "docs/evidence/h200_qwen35_27b_policies.log", run="no_recompute",
-                scale_down=dict(num_layers=4, global_batch_size=4), adjust=_no_recompute),
+                "docs/evidence/h200_qwen35_27b_policies.log", run="no_recompute", args=SCALED_27B + NO_RECOMPUTE),
 )
 
 
-def build(recipe: str, scale_down: dict | None = None, adjust: Callable[[Any], None] | None = None) -> Any:
-    from bridge_recipes.runner import registry
-    from bridge_recipes.scaledown import scale_down as shrink
-
-    cfg = registry.load(recipe)()
-    if scale_down:
-        shrink(cfg, **scale_down)
-    if adjust:
-        adjust(cfg)
-    return cfg
+def build(recipe: str, args: tuple[str, ...] = ()) -> Any:
+    """The config ``run_recipe.py --recipe RECIPE ARGS`` builds (its scale-down lines kept quiet)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return build_config(recipe, list(args))
 
 
 def run_text(run: MeasuredRun) -> str:
@@ -121,26 +112,17 @@ class Row:
 
 
 def rows() -> list[Row]:
-    return [Row(r, measured_peak_gb(r), plan_memory(build(r.recipe, r.scale_down, r.adjust), 1, gpu="h200"))
+    return [Row(r, measured_peak_gb(r), plan_memory(build(r.recipe, r.args), 1, gpu="h200"))
             for r in MEASURED_RUNS]
 
 
 # --- seed facts (8 x H200) -------------------------------------------------------------------
 
 
-def _pp2(recompute: tuple[str, int]) -> Callable[[Any], None]:
-    def adjust(cfg: Any) -> None:
-        m = cfg.model
-        m.pipeline_model_parallel_size = 2
-        m.num_layers_in_first_pipeline_stage = m.num_layers_in_last_pipeline_stage = None
-        m.recompute_method, m.recompute_num_layers = recompute
-    return adjust
-
-
-def _block(n: int) -> Callable[[Any], None]:
-    def adjust(cfg: Any) -> None:
-        cfg.model.recompute_num_layers = n
-    return adjust
+def pp2(method: str, layers: int) -> tuple[str, ...]:
+    """The 27B recipe at PP2 with an even split and the given recompute."""
+    return ("-pp", "2", "model.num_layers_in_first_pipeline_stage=null", "model.num_layers_in_last_pipeline_stage=null",
+            f"model.recompute_method={method}", f"model.recompute_num_layers={layers}")
 
 
 @dataclass(frozen=True)
@@ -148,21 +130,21 @@ class Fact:
     label: str
     recipe: str
     change: str
-    adjust: Callable[[Any], None] | None = None
+    args: tuple[str, ...] = ()  # runner arguments
 
 
 FACTS = (
-    Fact("1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, recompute of every layer (block 32)", _pp2(("block", 32))),
-    Fact("1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, block recompute 12 kept", _pp2(("block", 12))),
+    Fact("1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, recompute of every layer (block 32)", pp2("block", 32)),
+    Fact("1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, block recompute 12 kept", pp2("block", 12)),
     Fact("2", "qwen35_27b_sft_8gpu_h200_bf16_config", "as built: PP4 16/17/17/14, block 12"),
-    Fact("2", "qwen35_27b_sft_8gpu_h200_bf16_config", "block recompute 10", _block(10)),
+    Fact("2", "qwen35_27b_sft_8gpu_h200_bf16_config", "block recompute 10", ("model.recompute_num_layers=10",)),
     Fact("3", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "as built: EP8, 8,192 tokens, no offload"),
     Fact("4", "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config", "as built: TP2 SP CP2 EP8, seq 32,768, CPU offload"),
 )
 
 
 def fact_plans() -> list[tuple[Fact, MemoryPlan]]:
-    return [(f, plan_memory(build(f.recipe, adjust=f.adjust), 8, gpu="h200")) for f in FACTS]
+    return [(f, plan_memory(build(f.recipe, f.args), 8, gpu="h200")) for f in FACTS]
 
 
 # --- markdown --------------------------------------------------------------------------------

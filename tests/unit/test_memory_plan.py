@@ -60,7 +60,7 @@ def test_measured_peak_predicted_within_15_percent(rows, index):
 def test_local_parameters_equal_megatrons_count(index, logged):
     """'number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (0, 0, 0)' in each log."""
     run = TABLE.MEASURED_RUNS[index]
-    cfg = TABLE.build(run.recipe, run.scale_down, run.adjust)
+    cfg = TABLE.build(run.recipe, run.args)
     par = M.parallel_layout(cfg, 1)
     params = M.stage_params(M.model_dims(cfg.model), par, list(range(cfg.model.num_layers)), 0)
     assert params.total == logged
@@ -75,12 +75,7 @@ def test_committed_table_is_regenerated(rows, facts):
 
 
 def _27b_pp2(method: str, layers: int):
-    cfg = build(SFT_27B)
-    m = cfg.model
-    m.pipeline_model_parallel_size = 2
-    m.num_layers_in_first_pipeline_stage = m.num_layers_in_last_pipeline_stage = None
-    m.recompute_method, m.recompute_num_layers = method, layers
-    return cfg
+    return TABLE.build(SFT_27B, TABLE.pp2(method, layers))
 
 
 def test_27b_pp2_tp1_runs_out_of_memory_on_the_last_stage():
