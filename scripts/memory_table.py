@@ -147,6 +147,11 @@ def fact_plans() -> list[tuple[Fact, MemoryPlan]]:
     return [(f, plan_memory(build(f.recipe, f.args), 8, gpu="h200")) for f in FACTS]
 
 
+def fact_plan(fps: list[tuple[Fact, MemoryPlan]], change: str) -> MemoryPlan:
+    """The plan of the fact whose change is ``change``."""
+    return next(p for f, p in fps if f.change == change)
+
+
 # --- markdown --------------------------------------------------------------------------------
 
 
@@ -197,7 +202,7 @@ torch's byte count / 1.0e9). GPU memory in the same unit: {capacities}. The H200
 the test host's device reports, 143,771 MiB = 150.76 GB = 140.4 GiB (NVIDIA's "141 GB" is a
 GiB-like figure); the others are their nominal figures read the same way, not measured here.
 The choice matters at the margin: read as 141e9 bytes, the H200 would not hold the shipped 27B
-PP4 layout (fact 2, {fps[2][1].peak_gb:.1f} GB with overhead), which ran on it.
+PP4 layout (fact 2, {fact_plan(fps, 'as built: PP4 16/17/17/14, block 12').peak_gb:.1f} GB with overhead), which ran on it.
 
 ## Formulas (per rank of a stage)
 

@@ -74,44 +74,37 @@ def test_committed_table_is_regenerated(rows, facts):
 # --- seed facts (8 x H200) ---------------------------------------------------------------------
 
 
-def _27b_pp2(method: str, layers: int):
-    return TABLE.build(SFT_27B, TABLE.pp2(method, layers))
-
-
-def test_27b_pp2_tp1_runs_out_of_memory_on_the_last_stage():
+def test_27b_pp2_tp1_runs_out_of_memory_on_the_last_stage(facts):
     """Seed 002: 'PP 2 at TP 1 ran out of memory on the last stage, which holds the FP32 logits'."""
-    plan = M.plan_memory(_27b_pp2("block", 32), 8)
+    plan = TABLE.fact_plan(facts, "PP2 32/32, recompute of every layer (block 32)")
     assert not plan.fits
     assert plan.peak_stage == 1 and plan.stages_over() == [1]
     assert plan.stages[1].logits_gb > 20  # the FP32 logits are what tips it over
 
 
-def test_27b_pp2_keeping_block_12_is_out_of_memory_on_both_stages():
-    plan = M.plan_memory(_27b_pp2("block", 12), 8)
+def test_27b_pp2_keeping_block_12_is_out_of_memory_on_both_stages(facts):
+    plan = TABLE.fact_plan(facts, "PP2 32/32, block recompute 12 kept")
     assert plan.stages_over() == [0, 1]
 
 
-def test_27b_pp4_block_12_fits_and_block_10_runs_out_on_the_first_stage():
+def test_27b_pp4_block_12_fits_and_block_10_runs_out_on_the_first_stage(facts):
     """Seed 002: the first stage is at its limit with block 12; block 10 ran out there."""
-    cfg = build(SFT_27B)
-    assert M.plan_memory(cfg, 8).fits
-    cfg.model.recompute_num_layers = 10
-    plan = M.plan_memory(cfg, 8)
+    assert TABLE.fact_plan(facts, "as built: PP4 16/17/17/14, block 12").fits
+    plan = TABLE.fact_plan(facts, "block recompute 10")
     assert not plan.fits and plan.peak_stage == 0 and plan.stages_over() == [0]
 
 
-def test_35b_ep8_fits_without_offload():
-    cfg = build(SFT_35B)
-    assert not cfg.optimizer.optimizer_cpu_offload
-    plan = M.plan_memory(cfg, 8)
+def test_35b_ep8_fits_without_offload(facts):
+    assert not build(SFT_35B).optimizer.optimizer_cpu_offload
+    plan = TABLE.fact_plan(facts, "as built: EP8, 8,192 tokens, no offload")
     assert plan.fits and plan.stages[0].optimizer_gb > 40  # the optimizer state is on the GPU
 
 
-def test_seed_004_layout_as_built_plans_far_below_the_reported_124_gb():
+def test_seed_004_layout_as_built_plans_far_below_the_reported_124_gb(facts):
     """Seed 004's ~124 GB is its on-policy-distillation job (student and teacher in memory,
     colocated rollout engine), not this SFT recipe with the optimizer on the host: the plan is
     honestly outside a 15% band of it (see docs/memory_plan.md)."""
-    plan = M.plan_memory(build(LONGCTX), 8)
+    plan = TABLE.fact_plan(facts, "as built: TP2 SP CP2 EP8, seq 32,768, CPU offload")
     assert plan.fits and plan.stages[0].optimizer_gb == 0
     assert plan.peak_gb < 0.85 * 124
 
@@ -219,7 +212,7 @@ def test_recipes_resolve_the_mixed_precision_preset():
 
 
 def test_plan_report_flags_the_stage_that_does_not_fit():
-    text, fits = M.plan_report(_27b_pp2("block", 32), 8, "h200")
+    text, fits = M.plan_report(TABLE.build(SFT_27B, TABLE.pp2("block", 32)), 8, "h200")
     assert fits is False
     stage_lines = [line for line in text.splitlines() if line.strip().startswith(("0 ", "1 "))]
     assert "OVER" not in stage_lines[0] and "OVER" in stage_lines[1]
