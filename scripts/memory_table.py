@@ -176,7 +176,7 @@ def _breakdown_table(rs: list[Row]) -> str:
 
 
 def _facts_table(fps: list[tuple[Fact, MemoryPlan]]) -> str:
-    lines = ["| fact | recipe | change | per-stage total GB (allocated) | peak stage | fits 150.8 GB |",
+    lines = [f"| fact | recipe | change | per-stage total GB (allocated) | peak stage | fits {GPU_MEMORY_GB['h200']:.1f} GB |",
              "|---|---|---|---|---:|---|"]
     for f, p in fps:
         stages = ", ".join(f"{s.total_gb:.1f} ({s.allocated_gb:.1f})" for s in p.stages)
