@@ -128,7 +128,9 @@ def null_tokenizer(vocab_size: int):
     return TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=vocab_size, use_tokenizer_vocab_size=False)
 
 
-def _container(spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: int, iters: int, opt, dataset, vlm: bool):
+def _container(
+    spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: int, iters: int, opt, dataset, vlm: bool
+):
     from megatron.bridge.training.config import (
         CheckpointConfig,
         ConfigContainer,
@@ -179,8 +181,15 @@ def pretrain_config(model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_L
     spec = _spec(model)
     opt = adam_cosine(3e-4, 3e-5, 500)
     return _container(
-        spec, name=f"{spec.name}_pretrain", seq_length=seq_length, gbs=32, mbs=1, iters=300_000, opt=opt,
-        dataset=mock_text_dataset(seq_length), vlm=False,
+        spec,
+        name=f"{spec.name}_pretrain",
+        seq_length=seq_length,
+        gbs=32,
+        mbs=1,
+        iters=300_000,
+        opt=opt,
+        dataset=mock_text_dataset(seq_length),
+        vlm=False,
     )
 
 
@@ -195,8 +204,15 @@ def sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH):
     iters = 6400 // SFT_GLOBAL_BATCH
     opt = adam_cosine(1e-5, 1e-6, max(1, iters // 10), beta2=0.98, weight_decay=0.1)
     cfg = _container(
-        spec, name=f"{spec.name}_sft", seq_length=seq_length, gbs=SFT_GLOBAL_BATCH, mbs=1, iters=iters, opt=opt,
-        dataset=mock_text_dataset(seq_length), vlm=False,
+        spec,
+        name=f"{spec.name}_sft",
+        seq_length=seq_length,
+        gbs=SFT_GLOBAL_BATCH,
+        mbs=1,
+        iters=iters,
+        opt=opt,
+        dataset=mock_text_dataset(seq_length),
+        vlm=False,
     )
     cfg.model.calculate_per_token_loss = True
     cfg.ddp.average_in_collective = False  # per-token loss sums, then divides by the token count
@@ -224,14 +240,23 @@ def _vl_spec(model: Qwen35Spec | str) -> Qwen35Spec:
     return spec
 
 
-def vlm_pretrain_config(model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_LENGTH, checkpoint: str = "qwen3.5"):
+def vlm_pretrain_config(
+    model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_LENGTH, checkpoint: str = "qwen3.5"
+):
     """VL pretraining on Megatron-Bridge's mock image conversations (processor from ``checkpoint``)."""
     spec = _vl_spec(model)
     opt = adam_cosine(3e-4, 3e-5, 500)
     processor = spec.checkpoint(checkpoint).hf_id
     cfg = _container(
-        spec, name=f"{spec.name}_pretrain", seq_length=seq_length, gbs=32, mbs=1, iters=300_000, opt=opt,
-        dataset=mock_vlm_dataset(seq_length, processor), vlm=True,
+        spec,
+        name=f"{spec.name}_pretrain",
+        seq_length=seq_length,
+        gbs=32,
+        mbs=1,
+        iters=300_000,
+        opt=opt,
+        dataset=mock_vlm_dataset(seq_length, processor),
+        vlm=True,
     )
     cfg.model.freeze_language_model = False
     cfg.model.freeze_vision_model = False

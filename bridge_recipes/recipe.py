@@ -19,8 +19,9 @@ Fields:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 TASKS = ("pretrain", "sft", "peft")
 STATUSES = ("measured", "functional", "unmeasured")

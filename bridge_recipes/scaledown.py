@@ -52,11 +52,19 @@ def scale_down(
         changes.append(f"model.linear_attention_freq: rebuilt for {num_layers} layers")
 
     # One GPU: every parallel size to 1; stage splits and virtual stages no longer apply.
-    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-                  "expert_model_parallel_size", "expert_tensor_parallel_size"):
+    for field in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+    ):
         _set(m, field, 1, changes, "model.")
-    for field in ("virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage",
-                  "num_layers_in_last_pipeline_stage"):
+    for field in (
+        "virtual_pipeline_model_parallel_size",
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+    ):
         _set(m, field, None, changes, "model.")
     _set(m, "sequence_parallel", False, changes, "model.")
     if m.recompute_method == "block" and m.recompute_num_layers:

@@ -1,7 +1,8 @@
 """Use a recipe from Python: build it, change fields, hand it to Megatron-Bridge.
 
-    torchrun --nproc-per-node 8 examples/python_api.py
+torchrun --nproc-per-node 8 examples/python_api.py
 """
+
 from bridge_recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
 from bridge_recipes.runner import checks, launch
 

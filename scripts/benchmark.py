@@ -12,6 +12,7 @@ tokens/s ratio and, where the two runs train the same model on the same rows, wh
 curves agree (validate_convergence rules).
 Exit status 0 on success, 2 on bad input, 1 when a run fails.
 """
+
 import argparse
 import json
 import shlex
@@ -32,8 +33,13 @@ def one(name: str, opts, out: Path) -> tuple[dict, object, dict[int, float]]:
     entry = registry.find(name)
     base = build_config(name, opts.overrides)
     nproc = 1 if opts.proxy_layers else entry.meta.gpus
-    args = harness.run_args(base, steps=opts.steps, proxy_layers=opts.proxy_layers, extra=opts.overrides,
-                            proxy_global_batch=opts.proxy_global_batch)
+    args = harness.run_args(
+        base,
+        steps=opts.steps,
+        proxy_layers=opts.proxy_layers,
+        extra=opts.overrides,
+        proxy_global_batch=opts.proxy_global_batch,
+    )
     cfg = build_config(name, args)
     log_path = out.with_suffix(".log")
     step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
@@ -43,10 +49,22 @@ def one(name: str, opts, out: Path) -> tuple[dict, object, dict[int, float]]:
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
     command = f"torchrun --nproc-per-node {nproc} scripts/run_recipe.py --recipe {name} {shlex.join(args)}"
-    doc = harness.write(out, recipe=name, cfg=cfg, log_text=run.log, world_size=nproc, gpu=opts.gpu,
-                        window=tuple(opts.window), command=command, proxy=bool(opts.proxy_layers))
+    doc = harness.write(
+        out,
+        recipe=name,
+        cfg=cfg,
+        log_text=run.log,
+        world_size=nproc,
+        gpu=opts.gpu,
+        window=tuple(opts.window),
+        command=command,
+        proxy=bool(opts.proxy_layers),
+    )
     r = doc["result"]
-    print(f"[benchmark] {name}: {r['tokens_per_s_per_gpu']} tokens/s/GPU, MFU {r['mfu']}, CV {r['step_time_cv_percent']}%")
+    print(
+        f"[benchmark] {name}: {r['tokens_per_s_per_gpu']} tokens/s/GPU, MFU {r['mfu']}, "
+        f"CV {r['step_time_cv_percent']}%"
+    )
     return doc, cfg, run.losses
 
 
@@ -55,8 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--recipe", required=True)
     ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
     ap.add_argument("--proxy-layers", type=int, help="one-GPU proxy with this many layers (multiple of 4)")
-    ap.add_argument("--proxy-global-batch", type=int, default=PROXY_GLOBAL_BATCH,
-                    help=f"micro batches per step in proxy mode, the same for both policies (default {PROXY_GLOBAL_BATCH})")
+    ap.add_argument(
+        "--proxy-global-batch",
+        type=int,
+        default=PROXY_GLOBAL_BATCH,
+        help=f"micro batches per step in proxy mode, the same for both policies (default {PROXY_GLOBAL_BATCH})",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
@@ -76,8 +98,9 @@ def main() -> int:
         ap.error(str(exc))
     out = Path(opts.out)
     try:
-        docs = [one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"))
-                for i, n in enumerate(names)]
+        docs = [
+            one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml")) for i, n in enumerate(names)
+        ]
     except RuntimeError as exc:
         print(f"benchmark.py: {exc}", file=sys.stderr)
         return 1
@@ -86,13 +109,25 @@ def main() -> int:
         losses = different_training(cand_cfg, ref_cfg) or (cand_losses, ref_losses)
         ratio = comparison(cand, ref, proxy=bool(opts.proxy_layers), losses=losses)
         out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
-        print(f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"
-              + (f"; forward-backward per token {ratio['forward_backward_per_token_ratio']}"
-                 if "forward_backward_per_token_ratio" in ratio else ""))
+        print(
+            f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"
+            + (
+                f"; forward-backward per token {ratio['forward_backward_per_token_ratio']}"
+                if "forward_backward_per_token_ratio" in ratio
+                else ""
+            )
+        )
         agree = ratio["loss_curves"]
-        print("[benchmark] loss curves: " + (agree["why"] if not agree["compared"] else
-              f"correlation {agree['correlation']:.6f}, final-loss difference {agree['final_loss_difference']:.2%}, "
-              f"{agree['pointwise_failures']} point-wise failures: {'agree' if agree['passed'] else 'DIFFER'}"))
+        print(
+            "[benchmark] loss curves: "
+            + (
+                agree["why"]
+                if not agree["compared"]
+                else f"correlation {agree['correlation']:.6f}, "
+                f"final-loss difference {agree['final_loss_difference']:.2%}, "
+                f"{agree['pointwise_failures']} point-wise failures: {'agree' if agree['passed'] else 'DIFFER'}"
+            )
+        )
     return 0
 
 

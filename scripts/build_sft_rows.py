@@ -8,6 +8,7 @@ Defaults follow the OpenRecipes build qwen35-tulu3-fixed8192-v1 (seed 42, 8,192-
 Writes OUT/rows.parquet and OUT/manifest.json. Bad input exits with status 2. The logic lives
 in bridge_recipes.data.sft_rows (importable and tested).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     m, c = manifest, manifest["conversations"]
     print(
         f"{m['rows']} rows x {m['row_tokens']} tokens, supervised ratio {m['supervised_ratio']:.3f}, "
-        f"{c['used']} conversations used, {c['skipped_total']} skipped, {m['tail_tokens_dropped']} tail tokens dropped\n"
+        f"{c['used']} conversations used, {c['skipped_total']} skipped, "
+        f"{m['tail_tokens_dropped']} tail tokens dropped\n"
         f"rows_sha256    {m['rows_sha256']}\n"
         f"parquet_sha256 {m['parquet_sha256']}\n"
         f"wrote {os.path.join(args.out, sft_rows.ROWS_FILE)} and {os.path.join(args.out, sft_rows.MANIFEST_FILE)}"

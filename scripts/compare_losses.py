@@ -8,6 +8,7 @@ A single log holding several runs (written by bridge_recipes.bench.runs.launch) 
 '===== run NAME:' lines; two logs are read as one run each. Exit status 0 when the curves agree,
 1 when they do not, 2 on bad input.
 """
+
 import argparse
 import json
 import sys
@@ -37,8 +38,10 @@ def main() -> int:
         runs = split_runs(texts[0])
         missing = [n for n in (args.reference, args.candidate) if n not in runs]
         if missing or not args.reference:
-            print(f"compare_losses.py: error: name --reference and --candidate among the runs {sorted(runs)}",
-                  file=sys.stderr)
+            print(
+                f"compare_losses.py: error: name --reference and --candidate among the runs {sorted(runs)}",
+                file=sys.stderr,
+            )
             return 2
         ref, cand = log_losses(runs[args.reference]), log_losses(runs[args.candidate])
     try:
@@ -47,8 +50,22 @@ def main() -> int:
         print(f"compare_losses.py: error: {exc}", file=sys.stderr)
         return 2
     doc = {"reference_losses": ref, "candidate_losses": cand, **result.as_dict()}
-    print(json.dumps({k: doc[k] for k in ("correlation", "final_loss_difference", "pointwise_failures",
-                                          "points_checked", "passed", "reasons")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: doc[k]
+                for k in (
+                    "correlation",
+                    "final_loss_difference",
+                    "pointwise_failures",
+                    "points_checked",
+                    "passed",
+                    "reasons",
+                )
+            },
+            indent=1,
+        )
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     return 0 if result.passed else 1

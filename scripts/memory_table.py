@@ -54,21 +54,40 @@ class MeasuredRun:
 SCALED_35B = ("--scale-down", "4", "--scale-experts", "32", "-gb", "4")
 SCALED_27B = ("--scale-down", "4", "-gb", "4")
 MEASURED_RUNS = (
-    MeasuredRun("qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
-                "as built (4 layers, 256 experts, seq 4096, full uniform 1), TE cross entropy as in its log",
-                # the smoke run's log shows cross_entropy_fusion_impl 'te' (the recipe later moved to 'native')
-                "docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log", args=("model.cross_entropy_fusion_impl=te",)),
-    MeasuredRun("qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
-                "scale_down(num_layers=4, num_experts=32, global_batch_size=4); seq 8192, full uniform 1",
-                "docs/evidence/h200_qwen35_35b_a3b_policies.log", run="reference", args=SCALED_35B),
-    MeasuredRun("qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
-                "same, recompute off",
-                "docs/evidence/h200_qwen35_35b_a3b_policies.log", run="no_recompute", args=SCALED_35B + NO_RECOMPUTE),
-    MeasuredRun("qwen35_27b_sft_8gpu_h200_bf16_config",
-                "scale_down(num_layers=4, global_batch_size=4); seq 8192, block recompute 3 of 4",
-                "docs/evidence/h200_qwen35_27b_sft_rows.log", args=SCALED_27B),
-    MeasuredRun("qwen35_27b_sft_8gpu_h200_bf16_config", "same, recompute off",
-                "docs/evidence/h200_qwen35_27b_policies.log", run="no_recompute", args=SCALED_27B + NO_RECOMPUTE),
+    MeasuredRun(
+        "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
+        "as built (4 layers, 256 experts, seq 4096, full uniform 1), TE cross entropy as in its log",
+        # the smoke run's log shows cross_entropy_fusion_impl 'te' (the recipe later moved to 'native')
+        "docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log",
+        args=("model.cross_entropy_fusion_impl=te",),
+    ),
+    MeasuredRun(
+        "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+        "scale_down(num_layers=4, num_experts=32, global_batch_size=4); seq 8192, full uniform 1",
+        "docs/evidence/h200_qwen35_35b_a3b_policies.log",
+        run="reference",
+        args=SCALED_35B,
+    ),
+    MeasuredRun(
+        "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+        "same, recompute off",
+        "docs/evidence/h200_qwen35_35b_a3b_policies.log",
+        run="no_recompute",
+        args=SCALED_35B + NO_RECOMPUTE,
+    ),
+    MeasuredRun(
+        "qwen35_27b_sft_8gpu_h200_bf16_config",
+        "scale_down(num_layers=4, global_batch_size=4); seq 8192, block recompute 3 of 4",
+        "docs/evidence/h200_qwen35_27b_sft_rows.log",
+        args=SCALED_27B,
+    ),
+    MeasuredRun(
+        "qwen35_27b_sft_8gpu_h200_bf16_config",
+        "same, recompute off",
+        "docs/evidence/h200_qwen35_27b_policies.log",
+        run="no_recompute",
+        args=SCALED_27B + NO_RECOMPUTE,
+    ),
 )
 
 
@@ -112,8 +131,7 @@ class Row:
 
 
 def rows() -> list[Row]:
-    return [Row(r, measured_peak_gb(r), plan_memory(build(r.recipe, r.args), 1, gpu="h200"))
-            for r in MEASURED_RUNS]
+    return [Row(r, measured_peak_gb(r), plan_memory(build(r.recipe, r.args), 1, gpu="h200")) for r in MEASURED_RUNS]
 
 
 # --- seed facts (8 x H200) -------------------------------------------------------------------
@@ -121,8 +139,14 @@ def rows() -> list[Row]:
 
 def pp2(method: str, layers: int) -> tuple[str, ...]:
     """The 27B recipe at PP2 with an even split and the given recompute."""
-    return ("-pp", "2", "model.num_layers_in_first_pipeline_stage=null", "model.num_layers_in_last_pipeline_stage=null",
-            f"model.recompute_method={method}", f"model.recompute_num_layers={layers}")
+    return (
+        "-pp",
+        "2",
+        "model.num_layers_in_first_pipeline_stage=null",
+        "model.num_layers_in_last_pipeline_stage=null",
+        f"model.recompute_method={method}",
+        f"model.recompute_num_layers={layers}",
+    )
 
 
 @dataclass(frozen=True)
@@ -134,7 +158,9 @@ class Fact:
 
 
 FACTS = (
-    Fact("1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, recompute of every layer (block 32)", pp2("block", 32)),
+    Fact(
+        "1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, recompute of every layer (block 32)", pp2("block", 32)
+    ),
     Fact("1", "qwen35_27b_sft_8gpu_h200_bf16_config", "PP2 32/32, block recompute 12 kept", pp2("block", 12)),
     Fact("2", "qwen35_27b_sft_8gpu_h200_bf16_config", "as built: PP4 16/17/17/14, block 12"),
     Fact("2", "qwen35_27b_sft_8gpu_h200_bf16_config", "block recompute 10", ("model.recompute_num_layers=10",)),
@@ -159,29 +185,39 @@ def _measured_table(rs: list[Row]) -> str:
     lines = ["| recipe | scaling | measured GB | predicted GB | error | source log |", "|---|---|---:|---:|---:|---|"]
     for r in rs:
         src = f"`{r.run.log}`" + (f" (run `{r.run.run}`)" if r.run.run else "")
-        lines.append(f"| `{r.run.recipe}` | {r.run.scaling} | {r.measured_gb:.2f} | {r.predicted_gb:.2f} | "
-                     f"{100 * r.error:+.1f}% | {src} |")
+        lines.append(
+            f"| `{r.run.recipe}` | {r.run.scaling} | {r.measured_gb:.2f} | {r.predicted_gb:.2f} | "
+            f"{100 * r.error:+.1f}% | {src} |"
+        )
     return "\n".join(lines)
 
 
 def _breakdown_table(rs: list[Row]) -> str:
-    lines = ["| run | weights | grads | optimizer | saved activations | logits | backward | allocated |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| run | weights | grads | optimizer | saved activations | logits | backward | allocated |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rs:
         s = r.plan.stages[0]
         name = r.run.run or r.run.recipe.replace("_config", "")
-        lines.append(f"| {name} | {s.weights_gb:.2f} | {s.grads_gb:.2f} | {s.optimizer_gb:.2f} | {s.activations_gb:.2f} | "
-                     f"{s.logits_gb:.2f} | {s.backward_gb:.2f} | {s.allocated_gb:.2f} |")
+        lines.append(
+            f"| {name} | {s.weights_gb:.2f} | {s.grads_gb:.2f} | {s.optimizer_gb:.2f} | {s.activations_gb:.2f} | "
+            f"{s.logits_gb:.2f} | {s.backward_gb:.2f} | {s.allocated_gb:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def _facts_table(fps: list[tuple[Fact, MemoryPlan]]) -> str:
-    lines = [f"| fact | recipe | change | per-stage total GB (allocated) | peak stage | fits {GPU_MEMORY_GB['h200']:.1f} GB |",
-             "|---|---|---|---|---:|---|"]
+    lines = [
+        f"| fact | recipe | change | per-stage total GB (allocated) | peak stage | fits {GPU_MEMORY_GB['h200']:.1f} GB |",
+        "|---|---|---|---|---:|---|",
+    ]
     for f, p in fps:
         stages = ", ".join(f"{s.total_gb:.1f} ({s.allocated_gb:.1f})" for s in p.stages)
-        lines.append(f"| {f.label} | `{f.recipe}` | {f.change} | {stages} | {p.peak_stage} | "
-                     f"{'yes' if p.fits else 'no: stage ' + ', '.join(map(str, p.stages_over()))} |")
+        lines.append(
+            f"| {f.label} | `{f.recipe}` | {f.change} | {stages} | {p.peak_stage} | "
+            f"{'yes' if p.fits else 'no: stage ' + ', '.join(map(str, p.stages_over()))} |"
+        )
     return "\n".join(lines)
 
 
@@ -202,7 +238,7 @@ torch's byte count / 1.0e9). GPU memory in the same unit: {capacities}. The H200
 the test host's device reports, 143,771 MiB = 150.76 GB = 140.4 GiB (NVIDIA's "141 GB" is a
 GiB-like figure); the others are their nominal figures read the same way, not measured here.
 The choice matters at the margin: read as 141e9 bytes, the H200 would not hold the shipped 27B
-PP4 layout (fact 2, {fact_plan(fps, 'as built: PP4 16/17/17/14, block 12').peak_gb:.1f} GB with overhead), which ran on it.
+PP4 layout (fact 2, {fact_plan(fps, "as built: PP4 16/17/17/14, block 12").peak_gb:.1f} GB with overhead), which ran on it.
 
 ## Formulas (per rank of a stage)
 

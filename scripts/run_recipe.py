@@ -7,6 +7,7 @@
 
 The logic lives in bridge_recipes.runner (importable and tested); see --help.
 """
+
 import os
 import sys
 

@@ -12,8 +12,8 @@ three with the verdict.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
 MIN_CORRELATION = 0.95
 MAX_FINAL_DIFF = 0.03
@@ -71,7 +71,7 @@ def compare(
         bad = [s for s in common if not math.isfinite(curve[s])]
         if bad:
             raise ValueError(f"{name} loss is not finite at steps {bad}")
-    kept = common[int(len(common) * skip_first_fraction):]
+    kept = common[int(len(common) * skip_first_fraction) :]
     ref = [reference[s] for s in kept]
     cand = [candidate[s] for s in kept]
     corr = pearson(ref, cand)

@@ -22,8 +22,8 @@ Tolerances, and why:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Mapping
 
 from bridge_recipes.bench.convergence import compare
 
@@ -94,18 +94,28 @@ def check_resume(uninterrupted: Curve, killed: Curve, resumed: Curve, *, save_in
     if first != save_interval + 1:
         reasons.append(f"the restart began at step {first}, not {save_interval + 1} (after the last checkpoint)")
     if first in killed and _rel(resumed[first], killed[first]) > SAME_STEP_RTOL:
-        reasons.append(f"step {first} after the restart gives {resumed[first]:.7g}, the killed run gave "
-                       f"{killed[first]:.7g}: the restored state differs")
+        reasons.append(
+            f"step {first} after the restart gives {resumed[first]:.7g}, the killed run gave "
+            f"{killed[first]:.7g}: the restored state differs"
+        )
     if last != max(uninterrupted, default=0):
         reasons.append(f"the restarted run ended at step {last}, the uninterrupted run at {max(uninterrupted)}")
     rel = {s: _rel(resumed[s], uninterrupted[s]) for s in resumed if s in uninterrupted}
     worst = max(rel.values(), default=math.inf)
     if worst > RESUME_RTOL:
         reasons.append(f"resumed losses differ from the uninterrupted run by up to {worst:.2e} > {RESUME_RTOL}")
-    return Check(not reasons, reasons, {
-        "saved_at": save_interval, "killed_after": killed_after, "steps_lost": killed_after - save_interval,
-        "first_step_after_restart": first, "same_step_as_killed_run": killed.get(first),
-        "relative_diff_to_uninterrupted": rel})
+    return Check(
+        not reasons,
+        reasons,
+        {
+            "saved_at": save_interval,
+            "killed_after": killed_after,
+            "steps_lost": killed_after - save_interval,
+            "first_step_after_restart": first,
+            "same_step_as_killed_run": killed.get(first),
+            "relative_diff_to_uninterrupted": rel,
+        },
+    )
 
 
 def checkpoint_gb(total_params: int) -> float:
@@ -122,4 +132,3 @@ def run_checkpoint_gb(recipe: str, args: list[str]) -> float:
     from bridge_recipes.models.params import count_parameters
 
     return checkpoint_gb(count_parameters(model_spec(build_config(recipe, args))).total)
-

@@ -18,8 +18,12 @@ from bridge_recipes.bench.stats import DEFAULT_WINDOW, phase_time_means, step_re
 from bridge_recipes.common import is_vlm
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
-BENCHMARK_OVERRIDES = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false",
-                       "logger.log_interval=1"]
+BENCHMARK_OVERRIDES = [
+    "checkpoint.save=null",
+    "checkpoint.load=null",
+    "checkpoint.async_save=false",
+    "logger.log_interval=1",
+]
 
 
 def proxy_experts(cfg: Any) -> int | None:
@@ -40,14 +44,24 @@ PROXY_GLOBAL_BATCH = 8
 PROXY_OVERRIDES = ["logger.timing_log_level=1"]
 
 
-def run_args(cfg: Any, *, steps: int, proxy_layers: int | None, extra: list[str] = (),
-             proxy_global_batch: int = PROXY_GLOBAL_BATCH) -> list[str]:
+def run_args(
+    cfg: Any,
+    *,
+    steps: int,
+    proxy_layers: int | None,
+    extra: list[str] = (),
+    proxy_global_batch: int = PROXY_GLOBAL_BATCH,
+) -> list[str]:
     """run_recipe.py arguments after ``--recipe NAME``."""
     args = ["--max-steps", str(steps), *BENCHMARK_OVERRIDES]
     if proxy_layers:
-        args = ["--scale-down", str(proxy_layers)] + (
-            ["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else []) + [
-            "-gb", str(proxy_global_batch)] + args + PROXY_OVERRIDES
+        args = (
+            ["--scale-down", str(proxy_layers)]
+            + (["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else [])
+            + ["-gb", str(proxy_global_batch)]
+            + args
+            + PROXY_OVERRIDES
+        )
     return [*args, *extra]
 
 
@@ -71,11 +85,16 @@ def build_config(name: str, args: list[str]) -> Any:
 
 def model_spec(cfg: Any) -> Qwen35Spec:
     """The catalog spec matching a (possibly scaled) config: layers and experts as configured."""
-    spec = next(s for s in SPECS.values()
-                if s.hidden_size == cfg.model.hidden_size and s.is_vl == is_vlm(cfg)
-                and s.num_attention_heads == cfg.model.num_attention_heads)
+    spec = next(
+        s
+        for s in SPECS.values()
+        if s.hidden_size == cfg.model.hidden_size
+        and s.is_vl == is_vlm(cfg)
+        and s.num_attention_heads == cfg.model.num_attention_heads
+    )
     return dataclasses.replace(
-        spec, num_layers=cfg.model.num_layers,
+        spec,
+        num_layers=cfg.model.num_layers,
         num_experts=cfg.model.num_moe_experts or spec.num_experts,
         moe_router_topk=cfg.model.moe_router_topk or spec.moe_router_topk,
         mtp_num_layers=cfg.model.mtp_num_layers or 0,
@@ -88,23 +107,52 @@ def measure(log_text: str, cfg: Any, world_size: int, gpu: str, window: tuple[in
     seq = cfg.model.seq_length
     flops = model_flops_per_token(spec, seq)
     records = step_records_from_log(log_text, seq)
-    stats = summarize(records, window, world_size, flops.training_total, gpu.upper(),
-                      six_n_flops_per_token=six_n_flops_per_token(spec))
+    stats = summarize(
+        records,
+        window,
+        world_size,
+        flops.training_total,
+        gpu.upper(),
+        six_n_flops_per_token=six_n_flops_per_token(spec),
+    )
     return stats, flops
 
 
-def write(path: Path, *, recipe: str, cfg: Any, log_text: str, world_size: int, gpu: str, window, command: str,
-          proxy: bool, notes: list[str] | None = None) -> dict:
+def write(
+    path: Path,
+    *,
+    recipe: str,
+    cfg: Any,
+    log_text: str,
+    world_size: int,
+    gpu: str,
+    window,
+    command: str,
+    proxy: bool,
+    notes: list[str] | None = None,
+) -> dict:
     from bridge_recipes.bench.result import write_result
 
     stats, flops = measure(log_text, cfg, world_size, gpu, window)
     notes = list(notes or [])
     if proxy:
-        notes.insert(0, "proxy run: the recipe's policy on one GPU with fewer layers; compare only as a ratio "
-                        "with a policy measured in the same session")
-    return write_result(path, recipe=recipe, model=model_spec(cfg).name, cfg=cfg, stats=stats, gpu=gpu.upper(),
-                        phase_time_mean_s=phase_time_means(log_text, tuple(window)),
-                        flops=flops, command=command, notes=notes)
+        notes.insert(
+            0,
+            "proxy run: the recipe's policy on one GPU with fewer layers; compare only as a ratio "
+            "with a policy measured in the same session",
+        )
+    return write_result(
+        path,
+        recipe=recipe,
+        model=model_spec(cfg).name,
+        cfg=cfg,
+        stats=stats,
+        gpu=gpu.upper(),
+        phase_time_mean_s=phase_time_means(log_text, tuple(window)),
+        flops=flops,
+        command=command,
+        notes=notes,
+    )
 
 
 def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
@@ -115,8 +163,11 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     experts = (a.model.num_moe_experts, b.model.num_moe_experts)
     seq = (a.model.seq_length, b.model.seq_length)
     checks = [  # (what to name, candidate's value, reference's value)
-        ("model" + (" (routed experts {} vs {})".format(*experts) if experts[0] != experts[1] else ""),
-         model_spec(a), model_spec(b)),
+        (
+            "model" + (" (routed experts {} vs {})".format(*experts) if experts[0] != experts[1] else ""),
+            model_spec(a),
+            model_spec(b),
+        ),
         ("model.seq_length ({} vs {})".format(*seq), *seq),
         ("train.global_batch_size", a.train.global_batch_size, b.train.global_batch_size),
         ("dataset", type(a.dataset).__name__, type(b.dataset).__name__),
@@ -127,8 +178,9 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     return "the runs differ in " + ", ".join(differ) if differ else None
 
 
-def comparison(candidate: dict, reference: dict, *, proxy: bool,
-               losses: tuple[dict, dict] | str | None = None) -> dict:
+def comparison(
+    candidate: dict, reference: dict, *, proxy: bool, losses: tuple[dict, dict] | str | None = None
+) -> dict:
     """The ratio file of two result documents measured back to back: tokens/s/GPU of the
     candidate over the reference and, where both logged their phase timers, the ratio of
     forward-backward seconds per token (reference over candidate: > 1 means the candidate's
@@ -137,10 +189,14 @@ def comparison(candidate: dict, reference: dict, *, proxy: bool,
     rows, compared by validate_convergence's rules; or why they could not be compared."""
     from bridge_recipes.bench.convergence import compare
 
-    out = {"candidate": candidate["recipe"], "reference": reference["recipe"],
-           "tokens_per_s_ratio": round(candidate["result"]["tokens_per_s_per_gpu"]
-                                       / reference["result"]["tokens_per_s_per_gpu"], 4),
-           "proxy": proxy}
+    out = {
+        "candidate": candidate["recipe"],
+        "reference": reference["recipe"],
+        "tokens_per_s_ratio": round(
+            candidate["result"]["tokens_per_s_per_gpu"] / reference["result"]["tokens_per_s_per_gpu"], 4
+        ),
+        "proxy": proxy,
+    }
     if isinstance(losses, str):
         out["loss_curves"] = {"compared": False, "why": losses}
     elif losses:
@@ -150,8 +206,10 @@ def comparison(candidate: dict, reference: dict, *, proxy: bool,
             out["loss_curves"] = {"compared": False, "why": str(exc)}
     phases = [d["result"].get("phase_time_mean_s") for d in (candidate, reference)]
     if all(phases):
-        per_token = [p["forward-backward"] / (d["workload"]["global_batch"] * d["workload"]["row_tokens"])
-                     for p, d in zip(phases, (candidate, reference))]
+        per_token = [
+            p["forward-backward"] / (d["workload"]["global_batch"] * d["workload"]["row_tokens"])
+            for p, d in zip(phases, (candidate, reference))
+        ]
         out["forward_backward_per_token_ratio"] = round(per_token[1] / per_token[0], 4)
         out["optimizer_s_per_step"] = {"candidate": phases[0]["optimizer"], "reference": phases[1]["optimizer"]}
     return out

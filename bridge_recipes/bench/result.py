@@ -31,7 +31,16 @@ from bridge_recipes.runner.checks import Layout
 
 SCHEMA_VERSION = 1
 TOP_LEVEL_KEYS = (
-    "schema_version", "recipe", "model", "gpu", "layout", "workload", "stack", "result", "command", "notes",
+    "schema_version",
+    "recipe",
+    "model",
+    "gpu",
+    "layout",
+    "workload",
+    "stack",
+    "result",
+    "command",
+    "notes",
 )
 
 # stack key -> distribution names to try, first found wins
@@ -227,13 +236,12 @@ def result_block(
         "step_time_cv_percent": _round(stats.step_time_cv_percent, 2),
         "peak_allocated_gb": _round(stats.peak_allocated_gb, 3),
         "peak_reserved_gb": _round(stats.peak_reserved_gb, 3),
-        "measured": measured or dt.datetime.now(dt.timezone.utc).date(),
+        "measured": measured or dt.datetime.now(dt.UTC).date(),
         "steps_per_run": steps_per_run if steps_per_run is not None else stats.steps_recorded,
         "window": list(stats.window),
         "window_tokens": stats.window_tokens,
         "flops_per_token": per_token,
-        **({"phase_time_mean_s": {k: round(v, 4) for k, v in phase_time_mean_s.items()}}
-           if phase_time_mean_s else {}),
+        **({"phase_time_mean_s": {k: round(v, 4) for k, v in phase_time_mean_s.items()}} if phase_time_mean_s else {}),
     }
 
 
@@ -266,8 +274,9 @@ def build_result(
         "layout": layout_from_config(cfg, stats.world_size),
         "workload": workload_from_config(cfg, dataset=dataset, precision=precision),
         "stack": env,
-        "result": result_block(stats, flops=flops, steps_per_run=steps_per_run, measured=measured,
-                               phase_time_mean_s=phase_time_mean_s),
+        "result": result_block(
+            stats, flops=flops, steps_per_run=steps_per_run, measured=measured, phase_time_mean_s=phase_time_mean_s
+        ),
         "command": command,
         "notes": notes,
     }

@@ -80,12 +80,31 @@ def kill_tree(pid: int) -> None:
 
 
 def torchrun_command(recipe: str, args: list[str], nproc: int = 1, port: int = 29511) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
-            str(ROOT / "scripts" / "run_recipe.py"), "--recipe", recipe, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(port),
+        str(ROOT / "scripts" / "run_recipe.py"),
+        "--recipe",
+        recipe,
+        *args,
+    ]
 
 
-def launch(name: str, recipe: str, args: list[str], log_path: Path, *, kill_after_step: int | None = None,
-           nproc: int = 1, timeout_s: float = 1800) -> Run:
+def launch(
+    name: str,
+    recipe: str,
+    args: list[str],
+    log_path: Path,
+    *,
+    kill_after_step: int | None = None,
+    nproc: int = 1,
+    timeout_s: float = 1800,
+) -> Run:
     """Run to completion (or kill after ``kill_after_step`` is logged); append the output to ``log_path``."""
     cmd = torchrun_command(recipe, args, nproc)
     start = time.time()
@@ -93,16 +112,18 @@ def launch(name: str, recipe: str, args: list[str], log_path: Path, *, kill_afte
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         log.write(f"\n===== run {name}: {' '.join(cmd[2:])}\n")
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         for line in proc.stdout:
             lines.append(line)
             log.write(f"[{time.time() - start:7.1f}s] {line}")  # seconds since launch: where start-up time goes
             m = _ITERATION.search(line)
             if kill_after_step is not None and m and int(m.group(1)) >= kill_after_step and killed is None:
                 killed = int(m.group(1))
-                log.write(f"===== killing run {name} (SIGKILL to torchrun and every process under it) "
-                          f"after step {killed}\n")
+                log.write(
+                    f"===== killing run {name} (SIGKILL to torchrun and every process under it) after step {killed}\n"
+                )
                 kill_tree(proc.pid)
             if time.time() - start > timeout_s:
                 kill_tree(proc.pid)
@@ -122,14 +143,32 @@ def launch_kept(kept: Path, name: str, recipe: str, args: list[str], log_path: P
         old = json.loads(kept.read_text())
         if old["recipe"] == recipe and old["args"] == list(args):
             with open(log_path, "a") as log:
-                log.write(f"\n===== run {name}: (kept from an earlier command) {recipe} {' '.join(args)}\n{old['log']}")
-            return Run(name, old["returncode"], old["killed_at_step"], old["log"], old["seconds"],
-                       parse_megatron_log(old["log"]))
+                log.write(
+                    f"\n===== run {name}: (kept from an earlier command) {recipe} {' '.join(args)}\n{old['log']}"
+                )
+            return Run(
+                name,
+                old["returncode"],
+                old["killed_at_step"],
+                old["log"],
+                old["seconds"],
+                parse_megatron_log(old["log"]),
+            )
     run = launch(name, recipe, args, log_path, **kw)
     if run.returncode == 0 or run.killed_at_step:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(json.dumps({"recipe": recipe, "args": list(args), "returncode": run.returncode,
-                                    "killed_at_step": run.killed_at_step, "seconds": run.seconds, "log": run.log}))
+        kept.write_text(
+            json.dumps(
+                {
+                    "recipe": recipe,
+                    "args": list(args),
+                    "returncode": run.returncode,
+                    "killed_at_step": run.killed_at_step,
+                    "seconds": run.seconds,
+                    "log": run.log,
+                }
+            )
+        )
     return run
 
 
@@ -139,8 +178,10 @@ _RUN_HEADER = re.compile(r"^===== run (\S+): (.*)$", re.M)
 def split_runs(log_text: str) -> dict[str, str]:
     """The runs of a log written by :func:`launch` (several runs appended to one file)."""
     heads = list(_RUN_HEADER.finditer(log_text))
-    return {h.group(1): log_text[h.start():(heads[i + 1].start() if i + 1 < len(heads) else len(log_text))]
-            for i, h in enumerate(heads)}
+    return {
+        h.group(1): log_text[h.start() : (heads[i + 1].start() if i + 1 < len(heads) else len(log_text))]
+        for i, h in enumerate(heads)
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     run = launch(ns.name, ns.recipe, args, ns.log, kill_after_step=ns.kill_after)
-    print(f"{ns.name}: exit {run.returncode} after {run.seconds:.0f} s, killed at {run.killed_at_step}, "
-          f"peak allocated {run.peak_allocated_gb} GB")
+    print(
+        f"{ns.name}: exit {run.returncode} after {run.seconds:.0f} s, killed at {run.killed_at_step}, "
+        f"peak allocated {run.peak_allocated_gb} GB"
+    )
     for step, loss in sorted(run.losses.items()):
         print(f"  step {step:3d}  lm loss {loss:.6g}")
     return 0 if run.returncode == 0 or run.killed_at_step else 1

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 DEFAULT_WINDOW = (5, 19)  # OpenRecipes: steps 5..19 of a 20-step run, 1-based, inclusive
 BYTES_PER_GB = 1e9  # Megatron-Bridge's report_memory divides bytes by 1e9
@@ -295,7 +295,9 @@ def parse_megatron_memory(text: str) -> dict[int, dict[int, dict[str, float]]]:
     return out
 
 
-_TIMER = re.compile(r"^\s*(?:\[[^\]]*\])?\s+(?P<name>[\w./-]+) \.+: (?:\((?P<min>[\d.]+), (?P<max>[\d.]+)\)|(?P<only>[\d.]+))\s*$")
+_TIMER = re.compile(
+    r"^\s*(?:\[[^\]]*\])?\s+(?P<name>[\w./-]+) \.+: (?:\((?P<min>[\d.]+), (?P<max>[\d.]+)\)|(?P<only>[\d.]+))\s*$"
+)
 
 
 def parse_megatron_timers(text: str) -> dict[int, dict[str, float]]:
@@ -330,8 +332,12 @@ def phase_time_means(text: str, window: tuple[int, int]) -> dict[str, float] | N
 
 def peak_allocated_gb(text: str) -> float | None:
     """The largest ``mem-max-allocated-gigabytes`` over a log's memory lines and ranks (None: none logged)."""
-    peaks = [v["mem-max-allocated-gigabytes"] for ranks in parse_megatron_memory(text).values()
-             for v in ranks.values() if "mem-max-allocated-gigabytes" in v]
+    peaks = [
+        v["mem-max-allocated-gigabytes"]
+        for ranks in parse_megatron_memory(text).values()
+        for v in ranks.values()
+        if "mem-max-allocated-gigabytes" in v
+    ]
     return max(peaks) if peaks else None
 
 

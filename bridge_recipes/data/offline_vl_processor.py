@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>"]
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
@@ -23,8 +30,11 @@ CHAT_TEMPLATE = (
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-CORPUS = ["user\nDescribe this image.\n", "assistant\nthe image shows a red object on a blue background.\n",
-          "system\nYou are a helpful assistant.\n"] * 50
+CORPUS = [
+    "user\nDescribe this image.\n",
+    "assistant\nthe image shows a red object on a blue background.\n",
+    "system\nYou are a helpful assistant.\n",
+] * 50
 
 
 def build(folder: str | Path, patch_size: int = 16, merge_size: int = 2, temporal_patch_size: int = 2) -> Path:
@@ -37,13 +47,20 @@ def build(folder: str | Path, patch_size: int = 16, merge_size: int = 2, tempora
     from bridge_recipes.data.byte_bpe import train_byte_bpe
 
     tok = train_byte_bpe(CORPUS, SPECIAL_TOKENS, vocab_size=512)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        additional_special_tokens=SPECIAL_TOKENS[1:])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     pixels = dict(patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size)
-    processor = Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**pixels),
-                                 video_processor=Qwen3VLVideoProcessor(**pixels), tokenizer=tokenizer,
-                                 chat_template=CHAT_TEMPLATE)
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**pixels),
+        video_processor=Qwen3VLVideoProcessor(**pixels),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )
     folder = Path(folder)
     processor.save_pretrained(folder)
     return folder
@@ -54,8 +71,15 @@ def vision_token_overrides(folder: str | Path) -> list[str]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-    ids = {name: tok.token_to_id(t) for name, t in (
-        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"),
-        ("bos_token_id", "<|im_start|>"), ("eos_token_id", "<|im_end|>"))}
+    ids = {
+        name: tok.token_to_id(t)
+        for name, t in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+            ("bos_token_id", "<|im_start|>"),
+            ("eos_token_id", "<|im_end|>"),
+        )
+    }
     return [f"model.{k}={v}" for k, v in ids.items()] + [f"dataset.hf_processor_path={Path(folder)}"]

@@ -55,8 +55,12 @@ class PackedRowsDataset:
                 f"set -sl {manifest['row_tokens']} or rebuild the rows with --row-tokens {seq_length}"
             )
         table = pq.read_table(Path(folder) / ROWS_FILE, columns=["input_ids", "loss_mask"])
-        self.ids = np.asarray(table.column("input_ids").combine_chunks().flatten(), dtype=np.int64).reshape(-1, seq_length)
-        self.mask = np.asarray(table.column("loss_mask").combine_chunks().flatten(), dtype=np.float32).reshape(-1, seq_length)
+        self.ids = np.asarray(table.column("input_ids").combine_chunks().flatten(), dtype=np.int64).reshape(
+            -1, seq_length
+        )
+        self.mask = np.asarray(table.column("loss_mask").combine_chunks().flatten(), dtype=np.float32).reshape(
+            -1, seq_length
+        )
         if len(self.ids) == 0:
             raise PackedRowsError(f"{folder} holds no rows")
         self.num_samples = num_samples

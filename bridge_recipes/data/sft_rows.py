@@ -68,9 +68,10 @@ import os
 import re
 from array import array
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -100,8 +101,7 @@ PARQUET_CACHE_BYTES = 512 * 2**20  # decoded Parquet row groups kept between win
 MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the manifest)
 
 ROWS_SHA256_DEFINITION = (
-    "sha256 over, for each row in order, input_ids as little-endian int32 bytes followed by "
-    "loss_mask as uint8 bytes"
+    "sha256 over, for each row in order, input_ids as little-endian int32 bytes followed by loss_mask as uint8 bytes"
 )
 
 _FILE_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
@@ -290,7 +290,7 @@ class RowPacker:
 # ------------------------------------------------------------------------------ hashing
 
 
-def update_rows_hash(hasher: "hashlib._Hash", ids: np.ndarray, mask: np.ndarray) -> None:
+def update_rows_hash(hasher: hashlib._Hash, ids: np.ndarray, mask: np.ndarray) -> None:
     """Feed one row into a rows_sha256 hasher (see the module docstring for the definition)."""
     hasher.update(np.asarray(ids, dtype="<i4").tobytes())
     hasher.update(np.asarray(mask, dtype=np.uint8).tobytes())
@@ -459,7 +459,8 @@ def spool_hf_dataset(
         import datasets
     except ImportError as e:
         raise SftRowsError(
-            f"input {dataset_id!r} is not a local file, and reading a Hugging Face dataset needs the `datasets` library"
+            f"input {dataset_id!r} is not a local file, and reading a Hugging Face dataset needs "
+            "the `datasets` library"
         ) from e
     hint = (
         "reading a Hugging Face dataset by id needs network access to the Hub; "
@@ -591,7 +592,17 @@ def build_sft_rows(
         else:
             reader = ParquetSource(source, messages_key, parquet_cache_bytes)
         stats = _pack_and_write(
-            reader, tok, fmt, tmp_rows, row_tokens, seed, supervise_eos, max_rows, read_window, rows_per_batch, progress
+            reader,
+            tok,
+            fmt,
+            tmp_rows,
+            row_tokens,
+            seed,
+            supervise_eos,
+            max_rows,
+            read_window,
+            rows_per_batch,
+            progress,
         )
         if stats["rows"] == 0:
             raise SftRowsError(

@@ -231,8 +231,17 @@ def parallel_layout(cfg: Any, world_size: int) -> Parallel:
     lay = layout_of(cfg, world_size)
     if lay.dp is None:
         raise ValueError(f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp * lay.pp * lay.cp}")
-    return Parallel(tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, etp=lay.expert_tp, dp=lay.dp,
-                    vpp=lay.vpp, sp=bool(cfg.model.sequence_parallel), world=world_size)
+    return Parallel(
+        tp=lay.tp,
+        pp=lay.pp,
+        cp=lay.cp,
+        ep=lay.ep,
+        etp=lay.expert_tp,
+        dp=lay.dp,
+        vpp=lay.vpp,
+        sp=bool(cfg.model.sequence_parallel),
+        world=world_size,
+    )
 
 
 @dataclass(frozen=True)
@@ -258,7 +267,7 @@ class Params:
     dense: float = 0.0  # sharded by the optimizer over DP x CP
     expert: float = 0.0  # sharded over the expert-data-parallel group
 
-    def __add__(self, other: "Params") -> "Params":
+    def __add__(self, other: Params) -> Params:
         return Params(self.dense + other.dense, self.expert + other.expert)
 
     @property
@@ -484,11 +493,13 @@ def stage_chunks(cfg: Any, par: Parallel) -> list[list[list[int]]]:
     m = cfg.model
     if vpp > 1 and m.num_layers_in_first_pipeline_stage is None and m.num_layers_in_last_pipeline_stage is None:
         size = m.num_layers // (par.pp * vpp)
-        return [[list(range((c * par.pp + r) * size, (c * par.pp + r + 1) * size)) for c in range(vpp)]
-                for r in range(par.pp)]
+        return [
+            [list(range((c * par.pp + r) * size, (c * par.pp + r + 1) * size)) for c in range(vpp)]
+            for r in range(par.pp)
+        ]
     starts = [sum(counts[:r]) for r in range(par.pp)]
     stages = [list(range(s, s + n)) for s, n in zip(starts, counts)]
-    return [[layers[c * len(layers) // vpp:(c + 1) * len(layers) // vpp] for c in range(vpp)] for layers in stages]
+    return [[layers[c * len(layers) // vpp : (c + 1) * len(layers) // vpp] for c in range(vpp)] for layers in stages]
 
 
 @dataclass(frozen=True)
@@ -512,7 +523,7 @@ def chunk_activations(d: ModelDims, par: Parallel, tok: Tokens, m: Any, layers: 
         rebuilt = max(max(full[:k], default=0.0) - sum(full[k:]), 0.0)
         return ChunkActivations(saved=k * layer_input_bytes(d, tok) + sum(full[k:]), rebuilt=rebuilt)
     size = max(n, 1)
-    groups = [full[i:i + size] for i in range(0, len(full), size)]
+    groups = [full[i : i + size] for i in range(0, len(full), size)]
     return ChunkActivations(saved=len(groups) * layer_input_bytes(d, tok), rebuilt=max(map(sum, groups)))
 
 
@@ -555,9 +566,11 @@ def mixed_precision_config(cfg: Any) -> Any:
 def effective_precision(cfg: Any) -> dict[str, Any]:
     """Fields the mixed-precision preset overwrites on the optimizer and DDP configs at
     setup (``MixedPrecisionConfig.setup``): it wins over what the recipe set there."""
-    out = {"fp8_recipe": getattr(cfg.optimizer, "fp8_recipe", None),
-           "grad_reduce_in_fp32": getattr(cfg.ddp, "grad_reduce_in_fp32", True),
-           "fp8": getattr(getattr(cfg, "model", None), "fp8", None)}
+    out = {
+        "fp8_recipe": getattr(cfg.optimizer, "fp8_recipe", None),
+        "grad_reduce_in_fp32": getattr(cfg.ddp, "grad_reduce_in_fp32", True),
+        "fp8": getattr(getattr(cfg, "model", None), "fp8", None),
+    }
     mp = mixed_precision_config(cfg)
     for key in out:
         if mp is not None and hasattr(mp, key):
@@ -570,7 +583,8 @@ def te_owns_master(opt: Any, fp8_recipe: str | None) -> bool:
     master weights; otherwise Megatron keeps FP32 shards itself."""
     main = _dtype_bytes(getattr(opt, "main_params_dtype", None))
     return bool(opt.use_precision_aware_optimizer) and (
-        main != 4 or fp8_recipe in (None, "delayed") or bool(getattr(opt, "optimizer_cpu_offload", False)))
+        main != 4 or fp8_recipe in (None, "delayed") or bool(getattr(opt, "optimizer_cpu_offload", False))
+    )
 
 
 def optimizer_bytes_per_param(cfg: Any) -> float:
@@ -721,10 +735,15 @@ def plan_stage(cfg: Any, d: ModelDims, par: Parallel, tok: Tokens, stage: int, c
     weights = BF16 * params.total
     grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * params.total
     return StageMemory(
-        stage=stage, layers=len(layers), in_flight=in_flight,
-        weights_gb=weights / GB, grads_gb=grads / GB,
-        optimizer_gb=opt_bytes * (1 - host) / GB, host_optimizer_gb=(opt_bytes * host + host_grads) / GB,
-        activations_gb=in_flight * saved / GB, logits_gb=logits / GB,
+        stage=stage,
+        layers=len(layers),
+        in_flight=in_flight,
+        weights_gb=weights / GB,
+        grads_gb=grads / GB,
+        optimizer_gb=opt_bytes * (1 - host) / GB,
+        host_optimizer_gb=(opt_bytes * host + host_grads) / GB,
+        activations_gb=in_flight * saved / GB,
+        logits_gb=logits / GB,
         backward_gb=(rebuilt + dispatch_buffer_bytes(d, par, tok)) / GB,
     )
 
@@ -752,8 +771,9 @@ def plan_memory(cfg: Any, world_size: int, gpu_memory_gb: float | None = None, g
     stages = tuple(plan_stage(cfg, d, par, tok, r, chunks) for r, chunks in enumerate(stage_chunks(cfg, par)))
     if gpu_memory_gb is None:
         gpu, gpu_memory_gb = gpu or DEFAULT_GPU, gpu_memory(gpu)
-    return MemoryPlan(layout=par.label(), gpu=gpu, gpu_memory_gb=gpu_memory_gb, stages=stages,
-                      notes=plan_notes(cfg, par))
+    return MemoryPlan(
+        layout=par.label(), gpu=gpu, gpu_memory_gb=gpu_memory_gb, stages=stages, notes=plan_notes(cfg, par)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -764,24 +784,44 @@ _COLUMNS = ("stage", "layers", "mb", "weights", "grads", "optim", "activ", "logi
 
 
 def _row(s: StageMemory, capacity: float) -> str:
-    cells = (f"{s.stage}", f"{s.layers}", f"{s.in_flight:g}", *(f"{v:.1f}" for v in (
-        s.weights_gb, s.grads_gb, s.optimizer_gb, s.activations_gb, s.logits_gb, s.backward_gb,
-        s.allocated_gb, s.overhead_gb, s.total_gb)))
+    cells = (
+        f"{s.stage}",
+        f"{s.layers}",
+        f"{s.in_flight:g}",
+        *(
+            f"{v:.1f}"
+            for v in (
+                s.weights_gb,
+                s.grads_gb,
+                s.optimizer_gb,
+                s.activations_gb,
+                s.logits_gb,
+                s.backward_gb,
+                s.allocated_gb,
+                s.overhead_gb,
+                s.total_gb,
+            )
+        ),
+    )
     flag = "" if s.total_gb <= capacity else f"  OVER by {s.total_gb - capacity:.1f}"
     return "  ".join(f"{c:>7}" for c in cells) + flag
 
 
 def format_plan(plan: MemoryPlan) -> str:
     """A short table: one row per pipeline stage, GB = 1e9 bytes."""
-    lines = [f"memory plan, GB = 1e9 bytes: {plan.layout} on {plan.gpu or 'a GPU'} ({plan.gpu_memory_gb:.1f} GB per GPU)",
-             "  ".join(f"{c:>7}" for c in _COLUMNS)]
+    lines = [
+        f"memory plan, GB = 1e9 bytes: {plan.layout} on {plan.gpu or 'a GPU'} ({plan.gpu_memory_gb:.1f} GB per GPU)",
+        "  ".join(f"{c:>7}" for c in _COLUMNS),
+    ]
     lines += [_row(s, plan.gpu_memory_gb) for s in plan.stages]
     host = max(s.host_optimizer_gb for s in plan.stages)
     if host:
         lines.append(f"optimizer state on the host: up to {host:.1f} GB per rank")
     verdict = "fits" if plan.fits else f"DOES NOT FIT: stage {', '.join(map(str, plan.stages_over()))} over"
-    lines.append(f"peak: stage {plan.peak_stage}, {plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f} GB ({verdict}); "
-                 f"logits and bwd do not coexist, alloc counts the larger")
+    lines.append(
+        f"peak: stage {plan.peak_stage}, {plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f} GB ({verdict}); "
+        f"logits and bwd do not coexist, alloc counts the larger"
+    )
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 

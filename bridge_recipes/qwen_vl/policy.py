@@ -29,7 +29,9 @@ def hybridep_env(ep: int) -> dict:
 def use_hybridep(cfg) -> None:
     cfg.model.moe_token_dispatcher_type = "flex"
     cfg.model.moe_flex_dispatcher_backend = "hybridep"
-    cfg.model.moe_flex_dispatcher_num_sms = 32  # Megatron-Bridge benchmark default for HybridEP (moe_hybridep_num_sms is deprecated)
+    cfg.model.moe_flex_dispatcher_num_sms = (
+        32  # Megatron-Bridge benchmark default for HybridEP (moe_hybridep_num_sms is deprecated)
+    )
     cfg.env_vars.update(hybridep_env(cfg.model.expert_model_parallel_size))
 
 

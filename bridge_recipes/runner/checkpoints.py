@@ -17,8 +17,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                       "num_moe_experts", "moe_ffn_hidden_size", "vocab_size", "linear_num_value_heads")
+ARCHITECTURE_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "num_moe_experts",
+    "moe_ffn_hidden_size",
+    "vocab_size",
+    "linear_num_value_heads",
+)
 LAYOUT_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
 
 
@@ -69,17 +78,24 @@ def saved_world_size(folder: str, run_config: dict) -> int | None:
 def _data_parallel(model: dict, world: int | None) -> int | None:
     if not world:
         return None
-    mp = model.get("tensor_model_parallel_size", 1) * model.get("pipeline_model_parallel_size", 1) * (
-        model.get("context_parallel_size") or 1)
+    mp = (
+        model.get("tensor_model_parallel_size", 1)
+        * model.get("pipeline_model_parallel_size", 1)
+        * (model.get("context_parallel_size") or 1)
+    )
     return world // mp if mp else None
 
 
 def problems(cfg: Any, world_size: int) -> list[str]:
     c, out = cfg.checkpoint, []
     if c.save_interval is not None and c.save_interval <= 0:
-        out.append(f"checkpoint.save_interval={c.save_interval}: use a positive step count, or null to save only at the end")
+        out.append(
+            f"checkpoint.save_interval={c.save_interval}: use a positive step count, or null to save only at the end"
+        )
     if getattr(c, "async_save", False) and not c.save:
-        out.append("checkpoint.async_save needs checkpoint.save; give a save folder or set checkpoint.async_save=false")
+        out.append(
+            "checkpoint.async_save needs checkpoint.save; give a save folder or set checkpoint.async_save=false"
+        )
     if c.pretrained_checkpoint and not os.path.exists(c.pretrained_checkpoint):
         out.append(f"checkpoint.pretrained_checkpoint={c.pretrained_checkpoint} does not exist")
     if c.load and c.load != c.save and not os.path.exists(c.load):
@@ -97,20 +113,32 @@ def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict
         # the saved run_config.yaml holds the finalized config; a field this run leaves unset
         # (None) is derived from the others at finalize, so it is compared through them
         if f in model and getattr(m, f, None) is not None and model[f] != getattr(m, f):
-            out.append(f"{where} was saved with model.{f}={model[f]} but this run has {getattr(m, f, None)}; "
-                       "a checkpoint cannot be resharded to another architecture")
+            out.append(
+                f"{where} was saved with model.{f}={model[f]} but this run has {getattr(m, f, None)}; "
+                "a checkpoint cannot be resharded to another architecture"
+            )
     saved_format = (run_config.get("checkpoint") or {}).get("ckpt_format")
     if saved_format == "torch":
         for f in LAYOUT_FIELDS:
             if f in model and model[f] != getattr(m, f):
-                out.append(f"{where} is in the legacy 'torch' format, saved at {f}={model[f]}; it cannot be loaded at "
-                           f"{getattr(m, f)}: resume with the saved layout, or convert it to torch_dist")
+                out.append(
+                    f"{where} is in the legacy 'torch' format, saved at {f}={model[f]}; it cannot be loaded at "
+                    f"{getattr(m, f)}: resume with the saved layout, or convert it to torch_dist"
+                )
     saved_ckpt = run_config.get("checkpoint") or {}
     saved_dp = _data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config))
-    now_dp = world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1))
-    if (saved_dp and saved_dp != now_dp and cfg.checkpoint.load_optim
-            and not saved_ckpt.get("dist_ckpt_optim_fully_reshardable", False)
-            and (run_config.get("optimizer") or {}).get("use_distributed_optimizer")):
-        out.append(f"{where} holds distributed-optimizer state for DP={saved_dp}, not fully reshardable, and this run "
-                   f"has DP={now_dp}: keep the data-parallel size, or set checkpoint.load_optim=false")
+    now_dp = world_size // (
+        m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
+    )
+    if (
+        saved_dp
+        and saved_dp != now_dp
+        and cfg.checkpoint.load_optim
+        and not saved_ckpt.get("dist_ckpt_optim_fully_reshardable", False)
+        and (run_config.get("optimizer") or {}).get("use_distributed_optimizer")
+    ):
+        out.append(
+            f"{where} holds distributed-optimizer state for DP={saved_dp}, not fully reshardable, and this run "
+            f"has DP={now_dp}: keep the data-parallel size, or set checkpoint.load_optim=false"
+        )
     return out

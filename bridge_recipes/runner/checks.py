@@ -59,8 +59,13 @@ def layout_of(cfg: Any, world_size: int) -> Layout:
     tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size or 1
     mp = tp * pp * cp
     return Layout(
-        tp=tp, pp=pp, cp=cp, ep=m.expert_model_parallel_size or 1, etp=m.expert_tensor_parallel_size,
-        vpp=m.virtual_pipeline_model_parallel_size, dp=world_size // mp if world_size % mp == 0 else None,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=m.expert_model_parallel_size or 1,
+        etp=m.expert_tensor_parallel_size,
+        vpp=m.virtual_pipeline_model_parallel_size,
+        dp=world_size // mp if world_size % mp == 0 else None,
         world=world_size,
     )
 
@@ -97,15 +102,20 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     lay = layout_of(cfg, world_size)
     mp = lay.tp * lay.pp * lay.cp
     if lay.dp is None:
-        err(f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {mp}; "
-            f"launch a multiple of {mp} GPUs or change -tp/-pp/-cp")
+        err(
+            f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {mp}; "
+            f"launch a multiple of {mp} GPUs or change -tp/-pp/-cp"
+        )
 
     # Layers over pipeline stages (and virtual stages).
     stages = stage_layers(cfg)
     if stages is None:
-        err(f"{m.num_layers} layers do not split over PP={lay.pp} stages with first={m.num_layers_in_first_pipeline_stage}"
+        err(
+            f"{m.num_layers} layers do not split over PP={lay.pp} stages "
+            f"with first={m.num_layers_in_first_pipeline_stage}"
             f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
-            f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp")
+            f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp"
+        )
     if lay.vpp:
         if lay.pp == 1:
             err("virtual pipeline stages need PP > 1: unset -vp or raise -pp")
@@ -113,9 +123,12 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             err(f"layers per stage {stages} are not divisible by VPP={lay.vpp}; choose -vp dividing every stage")
 
     # Heads over tensor parallelism.
-    for what, n in (("attention heads", m.num_attention_heads), ("KV heads (num_query_groups)", m.num_query_groups),
-                    ("GDN key heads", getattr(m, "linear_num_key_heads", None)),
-                    ("GDN value heads", getattr(m, "linear_num_value_heads", None))):
+    for what, n in (
+        ("attention heads", m.num_attention_heads),
+        ("KV heads (num_query_groups)", m.num_query_groups),
+        ("GDN key heads", getattr(m, "linear_num_key_heads", None)),
+        ("GDN value heads", getattr(m, "linear_num_value_heads", None)),
+    ):
         if n and not _div(n, lay.tp):
             err(f"{what} = {n} is not divisible by TP={lay.tp}; use -tp dividing {n}")
 
@@ -123,13 +136,18 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     experts = m.num_moe_experts
     if experts:
         if lay.etp is None:
-            err("model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)")
+            err(
+                "model.expert_tensor_parallel_size is unset and would silently inherit TP; "
+                "set -etp explicitly (usually 1)"
+            )
         if not _div(experts, lay.ep):
             err(f"{experts} experts are not divisible by EP={lay.ep}; use -ep dividing {experts}")
         etp = lay.expert_tp
         if lay.dp is not None and not _div(lay.tp * lay.cp * lay.dp, lay.ep * etp):
-            err(f"EP x ETP = {lay.ep} x {etp} must divide TP x CP x DP = {lay.tp} x {lay.cp} x {lay.dp} "
-                f"(the GPUs of one pipeline stage); lower -ep/-etp or raise the data-parallel size")
+            err(
+                f"EP x ETP = {lay.ep} x {etp} must divide TP x CP x DP = {lay.tp} x {lay.cp} x {lay.dp} "
+                f"(the GPUs of one pipeline stage); lower -ep/-etp or raise the data-parallel size"
+            )
     elif lay.ep > 1:
         err(f"EP={lay.ep} on a dense model: set -ep 1")
 
@@ -144,7 +162,10 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         if lay.tp == 1:
             warn("sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
         elif not _div(seq // lay.cp, lay.tp):
-            err(f"sequence length per CP rank {seq // lay.cp} is not divisible by TP={lay.tp} under sequence parallelism")
+            err(
+                f"sequence length per CP rank {seq // lay.cp} is not divisible by TP={lay.tp} "
+                "under sequence parallelism"
+            )
     elif lay.tp > 1 and experts:
         err("TP > 1 with MoE needs sequence parallelism (Megatron-Core requires it); set model.sequence_parallel=true")
 
@@ -155,14 +176,18 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     problems += [Problem("error", msg) for msg in checkpoints.problems(cfg, world_size)]
 
     if getattr(m, "calculate_per_token_loss", False) and getattr(cfg.ddp, "average_in_collective", False):
-        err("per-token loss sums gradients across ranks and cannot average in the collective; "
-            "set ddp.average_in_collective=false")
+        err(
+            "per-token loss sums gradients across ranks and cannot average in the collective; "
+            "set ddp.average_in_collective=false"
+        )
 
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
     if lay.dp is not None and not _div(gbs, mbs * lay.dp):
-        err(f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
-            f"use -gb as a multiple of {mbs * lay.dp} or change -mb")
+        err(
+            f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
+            f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
+        )
     return problems
 
 
@@ -182,9 +207,11 @@ def vision_budget_problems(cfg: Any) -> list[str]:
     patches = vision_patches_per_micro_batch(cfg) if is_vlm(cfg) else None
     if cap is None or patches is None or patches <= cap:
         return []
-    return [f"image budget of {patches} vision patches per micro batch (micro batch {cfg.train.micro_batch_size} x "
-            f"dataset.task_encoder.max_pixels={cfg.dataset.task_encoder.max_pixels}) exceeds the vision CUDA-graph cap "
-            f"of {cap} this recipe was measured with; lower dataset.task_encoder.max_pixels or the micro batch"]
+    return [
+        f"image budget of {patches} vision patches per micro batch (micro batch {cfg.train.micro_batch_size} x "
+        f"dataset.task_encoder.max_pixels={cfg.dataset.task_encoder.max_pixels}) exceeds the vision CUDA-graph cap "
+        f"of {cap} this recipe was measured with; lower dataset.task_encoder.max_pixels or the micro batch"
+    ]
 
 
 def dataset_problems(cfg: Any) -> list[str]:
@@ -194,7 +221,10 @@ def dataset_problems(cfg: Any) -> list[str]:
         return ["--dataset energon needs the dataset folder: add dataset.path=/path/to/energon/dataset"]
     if kind == "PackedSFTRowsConfig":
         if not d.path:
-            return ["--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows (scripts/build_sft_rows.py --out)"]
+            return [
+                "--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows "
+                "(scripts/build_sft_rows.py --out)"
+            ]
         from bridge_recipes.data.packed_rows import PackedRowsError, read_manifest
 
         try:
@@ -202,7 +232,9 @@ def dataset_problems(cfg: Any) -> list[str]:
         except PackedRowsError as exc:
             return [str(exc)]
         if rows != cfg.model.seq_length:
-            return [f"rows in {d.path} are {rows} tokens but model.seq_length is {cfg.model.seq_length}; set -sl {rows}"]
+            return [
+                f"rows in {d.path} are {rows} tokens but model.seq_length is {cfg.model.seq_length}; set -sl {rows}"
+            ]
     return []
 
 
@@ -216,25 +248,40 @@ def summary(cfg: Any, world_size: int) -> str:
     lay = layout_of(cfg, world_size)
     stages = stage_layers(cfg)
     mbs_per_step = t.global_batch_size // (t.micro_batch_size * lay.dp) if lay.dp else "?"
-    recompute = (f"{m.recompute_granularity} {m.recompute_method or ''} {m.recompute_num_layers or ''}".strip()
-                 if m.recompute_granularity else "none")
+    recompute = (
+        f"{m.recompute_granularity} {m.recompute_method or ''} {m.recompute_num_layers or ''}".strip()
+        if m.recompute_granularity
+        else "none"
+    )
     opt = cfg.optimizer
-    offload = f"CPU offload {getattr(opt, 'optimizer_offload_fraction', 0):g}" if getattr(opt, "optimizer_cpu_offload", False) else "on GPU"
+    offload = (
+        f"CPU offload {getattr(opt, 'optimizer_offload_fraction', 0):g}"
+        if getattr(opt, "optimizer_cpu_offload", False)
+        else "on GPU"
+    )
     lines = [
         f"world size        {world_size}  ->  {lay.label()}",
-        f"layers per stage  {stages if stages is not None else 'invalid'}"
-        + (f" (VPP {lay.vpp})" if lay.vpp else ""),
+        f"layers per stage  {stages if stages is not None else 'invalid'}" + (f" (VPP {lay.vpp})" if lay.vpp else ""),
         f"sequence          {m.seq_length} tokens"
-        + (f", SP" if m.sequence_parallel else "") + (f", CP{lay.cp}" if lay.cp > 1 else ""),
-        f"batch             global {t.global_batch_size} = micro {t.micro_batch_size} x DP {lay.dp} x {mbs_per_step} micro-batches",
+        + (", SP" if m.sequence_parallel else "")
+        + (f", CP{lay.cp}" if lay.cp > 1 else ""),
+        f"batch             global {t.global_batch_size} = micro {t.micro_batch_size} x DP {lay.dp} "
+        f"x {mbs_per_step} micro-batches",
         f"recompute         {recompute}",
     ]
     if m.num_moe_experts:
-        lines.append(f"MoE               {m.num_moe_experts} experts top-{m.moe_router_topk}, "
-                     f"{m.num_moe_experts // lay.ep} per GPU, dispatcher {m.moe_token_dispatcher_type}"
-                     + (f"/{m.moe_flex_dispatcher_backend}" if m.moe_token_dispatcher_type == "flex" else ""))
-    lines.append(f"optimizer         {opt.optimizer}, distributed={opt.use_distributed_optimizer}, "
-                 f"precision-aware={getattr(opt, 'use_precision_aware_optimizer', False)}, {offload}")
-    lines.append(f"precision         {cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else type(cfg.mixed_precision).__name__}")
+        lines.append(
+            f"MoE               {m.num_moe_experts} experts top-{m.moe_router_topk}, "
+            f"{m.num_moe_experts // lay.ep} per GPU, dispatcher {m.moe_token_dispatcher_type}"
+            + (f"/{m.moe_flex_dispatcher_backend}" if m.moe_token_dispatcher_type == "flex" else "")
+        )
+    lines.append(
+        f"optimizer         {opt.optimizer}, distributed={opt.use_distributed_optimizer}, "
+        f"precision-aware={getattr(opt, 'use_precision_aware_optimizer', False)}, {offload}"
+    )
+    lines.append(
+        f"precision         "
+        f"{cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else type(cfg.mixed_precision).__name__}"
+    )
     lines.append(f"train             {t.train_iters} steps, lr {opt.lr:g} -> {opt.min_lr:g}")
     return "\n".join(lines)

@@ -27,22 +27,43 @@ def build_parser() -> argparse.ArgumentParser:
         "grammar (a.b=1, +env_vars.X=1, ~peft, lists, null) and win over the convenience flags.",
     )
     p.add_argument("--list", action="store_true", help="print the recipe table and exit")
-    p.add_argument("--filter", nargs="+", default=[], metavar="TERM",
-                   help="with --list: keep rows matching every term (e.g. h200 sft)")
+    p.add_argument(
+        "--filter",
+        nargs="+",
+        default=[],
+        metavar="TERM",
+        help="with --list: keep rows matching every term (e.g. h200 sft)",
+    )
     p.add_argument("--recipe", help="exported recipe function name")
-    p.add_argument("--dry-run", action="store_true",
-                   help="build, override and check; print the resolved YAML and the layout; no GPU needed")
-    p.add_argument("--dataset", metavar="KIND",
-                   help="replace the recipe's data: mock | sft-rows (text) | energon (VL); then set dataset.path=...")
-    p.add_argument("--scale-down", type=int, metavar="LAYERS",
-                   help="shrink the recipe to one GPU with LAYERS layers (a multiple of 4), keeping its execution "
-                   "policy; the changes are printed")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build, override and check; print the resolved YAML and the layout; no GPU needed",
+    )
+    p.add_argument(
+        "--dataset",
+        metavar="KIND",
+        help="replace the recipe's data: mock | sft-rows (text) | energon (VL); then set dataset.path=...",
+    )
+    p.add_argument(
+        "--scale-down",
+        type=int,
+        metavar="LAYERS",
+        help="shrink the recipe to one GPU with LAYERS layers (a multiple of 4), keeping its execution "
+        "policy; the changes are printed",
+    )
     p.add_argument("--scale-experts", type=int, metavar="N", help="with --scale-down: keep N routed experts")
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
-    p.add_argument("--plan", action="store_true",
-                   help="estimate per-GPU memory per pipeline stage and exit (2 when a stage does not fit)")
-    p.add_argument("--show-env", action="store_true",
-                   help="print the environment the training process starts with (after the re-exec) and exit")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="estimate per-GPU memory per pipeline stage and exit (2 when a stage does not fit)",
+    )
+    p.add_argument(
+        "--show-env",
+        action="store_true",
+        help="print the environment the training process starts with (after the re-exec) and exit",
+    )
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
     for dest, keys in FLAG_KEYS.items():
         opt = f"-{dest}" if dest in SHORT_FLAGS else f"--{dest.replace('_', '-')}"
@@ -97,8 +118,12 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.scale_down:
         from bridge_recipes.scaledown import scale_down
 
-        for change in scale_down(cfg, num_layers=args.scale_down, num_experts=args.scale_experts,
-                                 global_batch_size=cfg.train.global_batch_size):
+        for change in scale_down(
+            cfg,
+            num_layers=args.scale_down,
+            num_experts=args.scale_experts,
+            global_batch_size=cfg.train.global_batch_size,
+        ):
             print(f"[run_recipe] scale-down: {change}")
     if args.dataset:
         from bridge_recipes.runner import datasets
@@ -158,11 +183,16 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if args.show_env:
         state = start_state or {}
         names = sorted(cfg.env_vars)
-        print(json.dumps({
-            "reexecuted_from_pid": os.environ.get(environment.MARKER),
-            "transformer_engine_imported_at_start": state.get("transformer_engine_imported"),
-            "recipe_env_at_start": {k: (state.get("environ") or {}).get(k) for k in names},
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "reexecuted_from_pid": os.environ.get(environment.MARKER),
+                    "transformer_engine_imported_at_start": state.get("transformer_engine_imported"),
+                    "recipe_env_at_start": {k: (state.get("environ") or {}).get(k) for k in names},
+                },
+                indent=1,
+            )
+        )
         return 0
 
     from bridge_recipes.runner import launch

@@ -6,14 +6,17 @@ address the selected dataset (``--dataset energon dataset.path=/data/wds``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from bridge_recipes.common import is_vlm
 
 
 def _processor_of(cfg: Any) -> str | None:
     d = cfg.dataset
-    return getattr(d, "hf_processor_path", None) or getattr(getattr(d, "task_encoder", None), "hf_processor_path", None)
+    return getattr(d, "hf_processor_path", None) or getattr(
+        getattr(d, "task_encoder", None), "hf_processor_path", None
+    )
 
 
 def use_mock(cfg: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 MARKER = "QWEN35_RECIPES_REEXEC"
 
@@ -36,7 +36,9 @@ def reexec_with(env_vars: Mapping[str, object], argv: list[str] | None = None) -
     argv = list(sys.argv if argv is None else argv)
     # the second interpreter imports the stack again (~35 s on the H200 test host); exporting
     # the recipe's variables before launch skips it
-    print(f"[run_recipe] re-executing with {len(todo)} recipe environment variable(s): {', '.join(sorted(todo))} "
-          f"(export them before launch to skip this: {' '.join(f'{k}={v}' for k, v in sorted(todo.items()))})",
-          flush=True)
+    print(
+        f"[run_recipe] re-executing with {len(todo)} recipe environment variable(s): {', '.join(sorted(todo))} "
+        f"(export them before launch to skip this: {' '.join(f'{k}={v}' for k, v in sorted(todo.items()))})",
+        flush=True,
+    )
     os.execvpe(sys.executable, [sys.executable, *argv], env)

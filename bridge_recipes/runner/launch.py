@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bridge_recipes.common import is_vlm
 
@@ -71,7 +72,9 @@ def fall_back_from_flash_without_flash_attn(cfg: Any) -> bool:
     if getattr(cfg.model, "attention_backend", None) != AttnBackend.flash or flash_attn_available():
         return False
     cfg.model.attention_backend = AttnBackend.auto
-    _log("attention_backend: flash -> auto (flash-attn is not installed; Transformer Engine picks its fused attention)")
+    _log(
+        "attention_backend: flash -> auto (flash-attn is not installed; Transformer Engine picks its fused attention)"
+    )
     return True
 
 
@@ -83,7 +86,9 @@ def fault_tolerance_off_without_ft_launcher(cfg: Any) -> bool:
     if not (cfg.ft and cfg.ft.enable_ft_package) or launched_by_ft_launcher():
         return False
     cfg.ft.enable_ft_package = False
-    _log("fault tolerance: off (not launched by ft_launcher; launch with ft_launcher to enable heartbeats and timeouts)")
+    _log(
+        "fault tolerance: off (not launched by ft_launcher; launch with ft_launcher to enable heartbeats and timeouts)"
+    )
     return True
 
 

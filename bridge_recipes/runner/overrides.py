@@ -105,9 +105,7 @@ def _walk(cfg: Any, parts: list[str], token: str) -> Any:
         obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
         path += part + "."
         if obj is None:
-            raise OverrideError(
-                f"{token!r}: {path[:-1]!r} is null in this recipe, so it has no sub-keys to set"
-            )
+            raise OverrideError(f"{token!r}: {path[:-1]!r} is null in this recipe, so it has no sub-keys to set")
     return obj
 
 
@@ -118,7 +116,7 @@ def _annotation(obj: Any, name: str) -> Any:
         return None
 
 
-def _allowed_types(annotation: Any) -> "tuple[type, ...] | None":
+def _allowed_types(annotation: Any) -> tuple[type, ...] | None:
     """Concrete classes an annotation admits, or None where it cannot be told (Any, callables)."""
     if annotation is None or annotation is Any:
         return None
@@ -193,7 +191,9 @@ def apply(cfg: Any, override: Override) -> None:
     if isinstance(parent, dict):
         if override.kind == "delete":
             if not exists:
-                raise OverrideError(f"{override.token!r}: no key {override.key!r} to delete.{_nearest(parent, leaf, prefix)}")
+                raise OverrideError(
+                    f"{override.token!r}: no key {override.key!r} to delete.{_nearest(parent, leaf, prefix)}"
+                )
             del parent[leaf]
         elif override.kind == "add" and exists:
             raise OverrideError(f"{override.token!r}: {override.key!r} exists already; set it without '+' or use '++'")
@@ -209,7 +209,9 @@ def apply(cfg: Any, override: Override) -> None:
         raise OverrideError(f"{override.token!r}: {prefix[:-1]!r} is a {type(parent).__name__}, not a config section")
     if not exists:
         how = " ('+' adds keys to dictionaries such as env_vars, not fields)" if override.kind != "set" else ""
-        raise OverrideError(f"unknown key {override.key!r} in {override.token!r}{how}.{_nearest(parent, leaf, prefix)}")
+        raise OverrideError(
+            f"unknown key {override.key!r} in {override.token!r}{how}.{_nearest(parent, leaf, prefix)}"
+        )
     if override.kind == "add":
         raise OverrideError(f"{override.token!r}: {override.key!r} exists already; set it without '+'")
     current = getattr(parent, leaf)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 from bridge_recipes.recipe import RecipeMeta
 
@@ -93,8 +93,15 @@ def scan_file(tree: str, root: Path, path: Path) -> list[RecipeEntry]:
             continue
         doc = (ast.get_docstring(node) or "").strip().splitlines()
         out.append(
-            RecipeEntry(node.name, _module_name(tree, root, path), tree, RecipeMeta(**kwargs),
-                        doc[0] if doc else "", path, node.lineno)
+            RecipeEntry(
+                node.name,
+                _module_name(tree, root, path),
+                tree,
+                RecipeMeta(**kwargs),
+                doc[0] if doc else "",
+                path,
+                node.lineno,
+            )
         )
     return out
 
@@ -112,9 +119,7 @@ def discover() -> dict[str, RecipeEntry]:
             for entry in scan_file(tree, root, path):
                 if entry.name in found:
                     other = found[entry.name]
-                    raise ValueError(
-                        f"recipe name {entry.name!r} is defined twice: {other.module} and {entry.module}"
-                    )
+                    raise ValueError(f"recipe name {entry.name!r} is defined twice: {other.module} and {entry.module}")
                 found[entry.name] = entry
     return found
 
@@ -149,8 +154,18 @@ def table(entries: list[RecipeEntry]) -> str:
     """The --list table: one row a recipe."""
     header = ("recipe", "tree", "task", "GPUs", "GPU", "prec", "layout", "status", "measured", "published")
     rows = [
-        (e.name, "perf" if e.tree == "perf_recipes" else "bridge", e.meta.task, str(e.meta.gpus), e.meta.gpu,
-         e.meta.precision, e.meta.layout, e.meta.status, _figure(e.meta.measured), _figure(e.meta.reference))
+        (
+            e.name,
+            "perf" if e.tree == "perf_recipes" else "bridge",
+            e.meta.task,
+            str(e.meta.gpus),
+            e.meta.gpu,
+            e.meta.precision,
+            e.meta.layout,
+            e.meta.status,
+            _figure(e.meta.measured),
+            _figure(e.meta.reference),
+        )
         for e in entries
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

@@ -8,6 +8,7 @@ exactly as real rows are.
 
     python scripts/gpu/make_synthetic_rows.py --out docs/evidence/sft_rows_synthetic --row-tokens 8192
 """
+
 import argparse
 import json
 import random
@@ -49,8 +50,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "conversations.jsonl"
         src.write_text("".join(json.dumps(c) + "\n" for c in convs))
-        manifest = build_sft_rows(src, out / "tokenizer.json", out / "rows", row_tokens=args.row_tokens,
-                                  seed=args.seed, overwrite=True, progress=False)
+        manifest = build_sft_rows(
+            src,
+            out / "tokenizer.json",
+            out / "rows",
+            row_tokens=args.row_tokens,
+            seed=args.seed,
+            overwrite=True,
+            progress=False,
+        )
     print(json.dumps({k: manifest[k] for k in ("rows", "row_tokens", "supervised_ratio", "rows_sha256")}))
 
 

@@ -8,6 +8,7 @@ first matching phase: TileLang kernel compilation, torch.compile (Dynamo tracing
 compile and autotuning), Triton kernel compile and autotuning outside Inductor (the FLA Gated
 DeltaNet kernels), Python imports, checkpoint I/O, everything else. Prints seconds per phase.
 """
+
 import argparse
 import json
 import sys
@@ -16,9 +17,15 @@ from pathlib import Path
 
 PHASES = (  # (phase, substrings of a frame's file or name; first phase with a match wins)
     ("tilelang compile", ("/tilelang/",)),
-    ("torch.compile (dynamo, inductor)", ("torch/_dynamo/convert_frame.py", "torch/_inductor/compile_fx.py",
-                                          "torch/_inductor/runtime/triton_heuristics.py",
-                                          "torch/_inductor/async_compile.py")),
+    (
+        "torch.compile (dynamo, inductor)",
+        (
+            "torch/_dynamo/convert_frame.py",
+            "torch/_inductor/compile_fx.py",
+            "torch/_inductor/runtime/triton_heuristics.py",
+            "torch/_inductor/async_compile.py",
+        ),
+    ),
     ("triton compile + autotune (FLA kernels)", ("triton/runtime/autotuner.py", "triton/compiler/")),
     ("python imports", ("<frozen importlib._bootstrap>",)),
     ("checkpoint i/o", ("dist_checkpointing",)),
@@ -47,8 +54,13 @@ def main() -> int:
     ap.add_argument("profile", type=Path)
     ap.add_argument("--rate", type=float, default=20.0, help="py-spy's sampling rate (--rate), samples/s")
     ap.add_argument("--out", type=Path)
-    ap.add_argument("--about", action="append", default=[], metavar="KEY=VALUE",
-                    help="context written into --out beside the figures (command, date, hardware); repeatable")
+    ap.add_argument(
+        "--about",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="context written into --out beside the figures (command, date, hardware); repeatable",
+    )
     args = ap.parse_args()
     try:
         doc = json.loads(args.profile.read_text())

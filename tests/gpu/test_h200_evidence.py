@@ -37,8 +37,14 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.evidence import (RESUME_KILL_AFTER, RESUME_SAVE_INTERVAL, check_policies, check_resume,
-                                           check_training, run_checkpoint_gb)
+from bridge_recipes.bench.evidence import (
+    RESUME_KILL_AFTER,
+    RESUME_SAVE_INTERVAL,
+    check_policies,
+    check_resume,
+    check_training,
+    run_checkpoint_gb,
+)
 from bridge_recipes.bench.runs import ROOT, Run, launch_kept
 
 pytestmark = pytest.mark.gpu
@@ -63,8 +69,18 @@ FAMILIES = {
     },
     "qwen35_27b": {
         "recipe": "qwen35_27b_sft_8gpu_h200_bf16_config",
-        "args": ["--scale-down", "4", "-gb", "4", "--max-steps", "10", *TRAIN,
-                 "--dataset", "sft-rows", f"dataset.path={ROWS}"],
+        "args": [
+            "--scale-down",
+            "4",
+            "-gb",
+            "4",
+            "--max-steps",
+            "10",
+            *TRAIN,
+            "--dataset",
+            "sft-rows",
+            f"dataset.path={ROWS}",
+        ],
     },
 }
 
@@ -111,17 +127,39 @@ def family(request):
         ckpt = SCRATCH / name
         if not (SCRATCH / "runs" / f"{name}_killed.json").exists():
             shutil.rmtree(ckpt, ignore_errors=True)  # a fresh kill needs an empty save folder
-        args = [*spec["args"], "--save-dir", str(ckpt), "--load-dir", str(ckpt),
-                "--save-interval", str(RESUME_SAVE_INTERVAL), "checkpoint.async_save=false"]
+        args = [
+            *spec["args"],
+            "--save-dir",
+            str(ckpt),
+            "--load-dir",
+            str(ckpt),
+            "--save-interval",
+            str(RESUME_SAVE_INTERVAL),
+            "checkpoint.async_save=false",
+        ]
         runs["killed"] = _run(name, "killed", spec["recipe"], args, log, kill_after_step=RESUME_KILL_AFTER)
         # the same command again, less its saves: Megatron-Bridge saves at the last step, and a
         # second checkpoint beside the first does not fit the disk for the VL family (2 x 37.1 GB)
         runs["resumed"] = _run(name, "resumed", spec["recipe"], [*args, "checkpoint.save=null"], log)
         if runs["resumed"].returncode == 0:
             shutil.rmtree(ckpt, ignore_errors=True)
-    _report(name, {"recipe": spec["recipe"], "args": spec["args"], "runs": {
-        k: {"returncode": r.returncode, "killed_at_step": r.killed_at_step, "seconds": round(r.seconds),
-            "losses": r.losses, "peak_allocated_gb": r.peak_allocated_gb} for k, r in runs.items()}})
+    _report(
+        name,
+        {
+            "recipe": spec["recipe"],
+            "args": spec["args"],
+            "runs": {
+                k: {
+                    "returncode": r.returncode,
+                    "killed_at_step": r.killed_at_step,
+                    "seconds": round(r.seconds),
+                    "losses": r.losses,
+                    "peak_allocated_gb": r.peak_allocated_gb,
+                }
+                for k, r in runs.items()
+            },
+        },
+    )
     return name, spec, runs
 
 
@@ -139,7 +177,9 @@ def test_policies_agree_on_the_loss_curve(family):
     alt = runs["no_recompute"]
     assert alt.returncode == 0, alt.log[-3000:]
     check = check_policies(runs["reference"].losses, alt.losses)
-    _report(name, {"policy_comparison": {"reference": "recipe policy", "candidate": "no recompute", **check.as_dict()}})
+    _report(
+        name, {"policy_comparison": {"reference": "recipe policy", "candidate": "no recompute", **check.as_dict()}}
+    )
     assert check.passed, check.reasons
 
 
@@ -151,7 +191,6 @@ def test_resumes_after_a_hard_kill_with_the_same_losses(family):
     assert killed.killed_at_step == RESUME_KILL_AFTER and killed.returncode != 0
     assert resumed.returncode == 0, resumed.log[-3000:]
     assert "loading" in resumed.log.lower()
-    check = check_resume(runs["reference"].losses, killed.losses, resumed.losses,
-                         save_interval=RESUME_SAVE_INTERVAL)
+    check = check_resume(runs["reference"].losses, killed.losses, resumed.losses, save_interval=RESUME_SAVE_INTERVAL)
     _report(name, {"resume": check.as_dict()})
     assert check.passed, check.reasons

@@ -19,13 +19,32 @@ SMOKE_LOG = Path(__file__).resolve().parents[2] / "docs/evidence/smoke_qwen35_35
 
 # 4 layers: GDN, GDN, GDN, attention (every 4th); small enough to count by hand.
 TINY = Qwen35Spec(
-    name="tiny", num_layers=4, hidden_size=8, num_attention_heads=2, num_query_groups=1, head_dim=4,
-    linear_num_key_heads=2, linear_key_head_dim=3, linear_num_value_heads=4, linear_value_head_dim=5,
-    linear_conv_kernel_dim=4, full_attention_interval=4, ffn_hidden_size=16, vocab_size=32, mtp_num_layers=1,
+    name="tiny",
+    num_layers=4,
+    hidden_size=8,
+    num_attention_heads=2,
+    num_query_groups=1,
+    head_dim=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=3,
+    linear_num_value_heads=4,
+    linear_value_head_dim=5,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
+    ffn_hidden_size=16,
+    vocab_size=32,
+    mtp_num_layers=1,
     checkpoints={},
 )
-TINY_MOE = replace(TINY, name="tiny_moe", ffn_hidden_size=None, num_experts=4, moe_router_topk=2,
-                   moe_ffn_hidden_size=3, moe_shared_expert_ffn_hidden_size=5)
+TINY_MOE = replace(
+    TINY,
+    name="tiny_moe",
+    ffn_hidden_size=None,
+    num_experts=4,
+    moe_router_topk=2,
+    moe_ffn_hidden_size=3,
+    moe_shared_expert_ffn_hidden_size=5,
+)
 
 
 # --- FLOPs per token --------------------------------------------------------------------------
@@ -86,11 +105,16 @@ def test_recurrence_at_fla_chunk_size():
     per_head = 6 * 64 * 3 + 4 * 64 * 5 + 6 * 3 * 5 + 64 * 64 / 3
     assert F.gdn_recurrence_flops(TINY) == pytest.approx(4 * per_head, rel=1e-12)
     q35 = get_spec("qwen35_35b_a3b")  # 32 value heads, dk = dv = 128
-    assert F.gdn_recurrence_flops(q35) == pytest.approx(32 * (6 * 64 * 128 * 2 - 2 * 64 * 128 + 6 * 128**2 + 64**2 / 3))
+    assert F.gdn_recurrence_flops(q35) == pytest.approx(
+        32 * (6 * 64 * 128 * 2 - 2 * 64 * 128 + 6 * 128**2 + 64**2 / 3)
+    )
 
 
-@pytest.mark.parametrize("spec", [TINY, TINY_MOE, *map(get_spec, ["qwen35_27b", "qwen35_35b_a3b", "qwen35_397b_a17b"])],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "spec",
+    [TINY, TINY_MOE, *map(get_spec, ["qwen35_27b", "qwen35_35b_a3b", "qwen35_397b_a17b"])],
+    ids=lambda s: s.name,
+)
 @pytest.mark.parametrize("seq", [1, 4096, 8192])
 def test_weight_terms_are_exactly_six_n(spec, seq):
     f = F.model_flops_per_token(spec, seq, mtp_num_layers=0)
@@ -161,8 +185,9 @@ def _steps(times, tokens=8 * 4096, first=1, **kw):
 
 def test_constant_step_time():
     records = _steps([170.0] + [2.0] * 19)  # a slow first step outside the window changes nothing
-    st = S.summarize(records, (5, 19), world_size=8, flops_per_token=1e9, peak_flops=989.4e12,
-                     six_n_flops_per_token=5e8)
+    st = S.summarize(
+        records, (5, 19), world_size=8, flops_per_token=1e9, peak_flops=989.4e12, six_n_flops_per_token=5e8
+    )
     assert st.window == (5, 19) and st.steps_recorded == 20
     assert st.window_tokens == 15 * 32768
     assert st.window_time_s == pytest.approx(30.0)
@@ -189,8 +214,12 @@ def test_openrecipes_35b_figures_reproduce():
     15,728,640; at 4,663.11 tokens/s/GPU, 6N MFU with the H200's 989.4 TFLOP/s is 0.0833."""
     step_tokens = 128 * 8192
     step_time = step_tokens / (8 * 4663.11)
-    st = S.summarize(_steps([step_time] * 20, tokens=step_tokens), world_size=8, peak_flops="H200",
-                     six_n_flops_per_token=F.six_n_flops_per_token("qwen35_35b_a3b"))
+    st = S.summarize(
+        _steps([step_time] * 20, tokens=step_tokens),
+        world_size=8,
+        peak_flops="H200",
+        six_n_flops_per_token=F.six_n_flops_per_token("qwen35_35b_a3b"),
+    )
     assert st.window_tokens == 15_728_640
     assert st.tokens_per_s_per_gpu == pytest.approx(4663.11)
     assert round(st.mfu_6n, 4) == 0.0833
@@ -203,11 +232,14 @@ def test_peak_memory_is_the_max_over_ranks_and_steps():
     assert st.peak_allocated_gb == 20.0 and st.peak_reserved_gb == 21.0
 
 
-@pytest.mark.parametrize("window, message", [
-    ((5, 19), r"missing steps 11-19; have steps 1..10"),
-    ((0, 3), "1-based"),
-    ((6, 5), "first <= last"),
-])
+@pytest.mark.parametrize(
+    "window, message",
+    [
+        ((5, 19), r"missing steps 11-19; have steps 1..10"),
+        ((0, 3), "1-based"),
+        ((6, 5), "first <= last"),
+    ],
+)
 def test_window_outside_the_records_is_an_error(window, message):
     with pytest.raises(ValueError, match=message):
         S.summarize(_steps([1.0] * 10), window)
@@ -238,11 +270,13 @@ def test_gpu_peak_table():
 
 # --- Megatron log --------------------------------------------------------------------------------
 
-LINE = (" [2026-11-29 09:37:51] iteration        2/      20 | consumed samples:           16 | elapsed time per "
-        "iteration (ms): 9164.8 | throughput per GPU (TFLOP/s/GPU): 29.2 | learning rate: 3.000000E-04 | global "
-        "batch size:     8 | lm loss: 1.282916E+01 | load_balancing_loss: 0.000000E+00 | global_load_balancing_loss: "
-        "1.005392E+00 | mtp_1 loss: 1.286125E+01 | loss scale: 1.0 | grad norm: 9.275 | number of skipped "
-        "iterations:   0 | number of nan iterations:   0 |")
+LINE = (
+    " [2026-11-29 09:37:51] iteration        2/      20 | consumed samples:           16 | elapsed time per "
+    "iteration (ms): 9164.8 | throughput per GPU (TFLOP/s/GPU): 29.2 | learning rate: 3.000000E-04 | global "
+    "batch size:     8 | lm loss: 1.282916E+01 | load_balancing_loss: 0.000000E+00 | global_load_balancing_loss: "
+    "1.005392E+00 | mtp_1 loss: 1.286125E+01 | loss scale: 1.0 | grad norm: 9.275 | number of skipped "
+    "iterations:   0 | number of nan iterations:   0 |"
+)
 
 
 def test_parse_one_iteration_line():
@@ -270,8 +304,23 @@ def test_smoke_log_window_statistics():
     assert len(records) == 20 and {r.tokens for r in records} == {8 * 4096}
     st = S.summarize(records, world_size=1)
     # elapsed ms of steps 5..19 as printed in the log
-    window_ms = [5594.9, 5541.3, 5933.8, 5379.7, 5124.9, 5619.9, 6273.6, 5789.6, 5854.8, 5776.8, 5413.0, 5087.3,
-                 4954.9, 5340.8, 5601.6]
+    window_ms = [
+        5594.9,
+        5541.3,
+        5933.8,
+        5379.7,
+        5124.9,
+        5619.9,
+        6273.6,
+        5789.6,
+        5854.8,
+        5776.8,
+        5413.0,
+        5087.3,
+        4954.9,
+        5340.8,
+        5601.6,
+    ]
     assert st.window_time_s == pytest.approx(sum(window_ms) / 1000)
     assert st.tokens_per_s_per_gpu == pytest.approx(15 * 32768 / (sum(window_ms) / 1000))
     assert st.peak_allocated_gb == pytest.approx(100.63) and st.peak_reserved_gb == pytest.approx(101.44)
@@ -280,7 +329,10 @@ def test_smoke_log_window_statistics():
 def _timer_block(times: dict[str, tuple[float, float]], prefix: str = "[   80.0s] ") -> str:
     """Megatron's Timers.log text for one step, in megatron.core.timers' own format (min, max)."""
     lines = [f"{prefix}INFO:megatron.core.timers:(min, max) time across ranks (ms):"]
-    lines += [prefix + "    {}: ({:.2f}, {:.2f})".format((name + " ").ljust(48, "."), lo, hi) for name, (lo, hi) in times.items()]
+    lines += [
+        prefix + "    {}: ({:.2f}, {:.2f})".format((name + " ").ljust(48, "."), lo, hi)
+        for name, (lo, hi) in times.items()
+    ]
     return "\n".join(lines)
 
 
@@ -290,9 +342,20 @@ def _step_line(step: int, ms: float) -> str:
 
 def test_timer_blocks_belong_to_the_step_printed_before_them():
     setup = _timer_block({"model-and-optimizer-setup": (251.13, 251.13)})
-    text = "\n".join([setup] + [f"{_step_line(s, 3000 + s)}\n" + _timer_block(
-        {"forward-backward": (2000.0 + s, 2500.0 + s), "optimizer": (400.0, 410.5), "all-grads-sync": (1.5, 1.5)})
-        for s in range(1, 5)])
+    text = "\n".join(
+        [setup]
+        + [
+            f"{_step_line(s, 3000 + s)}\n"
+            + _timer_block(
+                {
+                    "forward-backward": (2000.0 + s, 2500.0 + s),
+                    "optimizer": (400.0, 410.5),
+                    "all-grads-sync": (1.5, 1.5),
+                }
+            )
+            for s in range(1, 5)
+        ]
+    )
     timers = S.parse_megatron_timers(text)
     assert sorted(timers) == [1, 2, 3, 4]  # the set-up block precedes every step: left out
     assert timers[3] == {"forward-backward": 2503.0, "optimizer": 410.5, "all-grads-sync": 1.5}  # max over ranks
@@ -311,17 +374,32 @@ def test_logs_without_timers_have_no_phase_times():
 
 
 def _stand_in(**model):
-    m = dict(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
-             context_parallel_size=1, expert_model_parallel_size=8, expert_tensor_parallel_size=1,
-             sequence_parallel=False, num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
-             recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1,
-             moe_token_dispatcher_type="alltoall", num_moe_experts=256, seq_length=8192, bf16=True, fp8=None)
+    m = dict(
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        virtual_pipeline_model_parallel_size=None,
+        context_parallel_size=1,
+        expert_model_parallel_size=8,
+        expert_tensor_parallel_size=1,
+        sequence_parallel=False,
+        num_layers_in_first_pipeline_stage=None,
+        num_layers_in_last_pipeline_stage=None,
+        recompute_granularity="full",
+        recompute_method="uniform",
+        recompute_num_layers=1,
+        moe_token_dispatcher_type="alltoall",
+        num_moe_experts=256,
+        seq_length=8192,
+        bf16=True,
+        fp8=None,
+    )
     m.update(model)
     return SimpleNamespace(
         model=SimpleNamespace(**m),
         train=SimpleNamespace(global_batch_size=128, micro_batch_size=2),
-        optimizer=SimpleNamespace(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0,
-                                  overlap_cpu_optimizer_d2h_h2d=True),
+        optimizer=SimpleNamespace(
+            optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, overlap_cpu_optimizer_d2h_h2d=True
+        ),
         dataset=SimpleNamespace(mock=True),
     )
 
@@ -329,14 +407,31 @@ def _stand_in(**model):
 def test_layout_of_a_stand_in_config():
     lay = R.layout_from_config(_stand_in(), world_size=8)
     assert lay == {
-        "label": "TP1 PP1 EP8 ETP1 DP8", "tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 8, "etp": 1, "dp": 8,
-        "sequence_parallel": False, "layer_split": None, "max_tokens_per_gpu": 16384, "rows_per_microbatch": 2,
+        "label": "TP1 PP1 EP8 ETP1 DP8",
+        "tp": 1,
+        "pp": 1,
+        "vpp": 1,
+        "cp": 1,
+        "ep": 8,
+        "etp": 1,
+        "dp": 8,
+        "sequence_parallel": False,
+        "layer_split": None,
+        "max_tokens_per_gpu": 16384,
+        "rows_per_microbatch": 2,
         "recompute": {"granularity": "full", "method": "uniform", "num_layers": 1},
-        "offload": {"optimizer_fraction": 1.0, "overlap_d2h_h2d": True}, "dispatcher": "alltoall",
+        "offload": {"optimizer_fraction": 1.0, "overlap_d2h_h2d": True},
+        "dispatcher": "alltoall",
     }
-    long_ctx = R.layout_from_config(_stand_in(tensor_model_parallel_size=2, context_parallel_size=2,
-                                              sequence_parallel=True, seq_length=32768), world_size=8)
-    assert (long_ctx["dp"], long_ctx["label"], long_ctx["max_tokens_per_gpu"]) == (2, "TP2 PP1 CP2 EP8 ETP1 DP2", 32768)
+    long_ctx = R.layout_from_config(
+        _stand_in(tensor_model_parallel_size=2, context_parallel_size=2, sequence_parallel=True, seq_length=32768),
+        world_size=8,
+    )
+    assert (long_ctx["dp"], long_ctx["label"], long_ctx["max_tokens_per_gpu"]) == (
+        2,
+        "TP2 PP1 CP2 EP8 ETP1 DP2",
+        32768,
+    )
     dense = R.layout_from_config(_stand_in(num_moe_experts=None, expert_model_parallel_size=1), world_size=8)
     assert dense["dispatcher"] is None and dense["label"] == "TP1 PP1 DP8"
     with pytest.raises(ValueError, match="multiple"):
@@ -377,13 +472,27 @@ def test_stack_versions_tolerate_missing_packages(monkeypatch):
 def test_result_file_round_trip(tmp_path):
     spec = get_spec("qwen35_35b_a3b")
     flops = F.model_flops_per_token(spec, 8192)
-    st = S.summarize(_steps([170.0] + [2.0] * 19, tokens=128 * 8192), world_size=8,
-                     flops_per_token=flops.training_total, peak_flops="H200",
-                     six_n_flops_per_token=F.six_n_flops_per_token(spec))
+    st = S.summarize(
+        _steps([170.0] + [2.0] * 19, tokens=128 * 8192),
+        world_size=8,
+        flops_per_token=flops.training_total,
+        peak_flops="H200",
+        six_n_flops_per_token=F.six_n_flops_per_token(spec),
+    )
     path = tmp_path / "results" / "run.yaml"
-    doc = R.write_result(path, recipe="qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config", model="Qwen3.6-35B-A3B",
-                         cfg=_stand_in(), stats=st, gpu="NVIDIA H200", flops=flops, measured=dt.date(2026, 11, 29),
-                         stack={"gpu_name": "NVIDIA H200"}, command="torchrun ...", notes="synthetic")
+    doc = R.write_result(
+        path,
+        recipe="qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config",
+        model="Qwen3.6-35B-A3B",
+        cfg=_stand_in(),
+        stats=st,
+        gpu="NVIDIA H200",
+        flops=flops,
+        measured=dt.date(2026, 11, 29),
+        stack={"gpu_name": "NVIDIA H200"},
+        command="torchrun ...",
+        notes="synthetic",
+    )
     back = R.read_result(path)
     assert back == doc
     assert list(back) == list(R.TOP_LEVEL_KEYS)
@@ -398,8 +507,12 @@ def test_result_file_round_trip(tmp_path):
     assert sum(res["flops_per_token"]["breakdown"].values()) == pytest.approx(flops.training_total, abs=20)
     assert res["mfu"] == round(65536 * flops.training_total / 989.4e12, 4)
     assert res["mfu_6n"] == round(65536 * 6 * 2_946_252_800 / 989.4e12, 4)
-    assert back["workload"] == {"row_tokens": 8192, "global_batch": 128, "precision": "bf16",
-                                "dataset": {"name": "mock", "source": None}}
+    assert back["workload"] == {
+        "row_tokens": 8192,
+        "global_batch": 128,
+        "precision": "bf16",
+        "dataset": {"name": "mock", "source": None},
+    }
     assert back["stack"]["megatron_core"] == importlib.metadata.version("megatron-core")
 
 
@@ -419,8 +532,10 @@ def test_read_result_rejects_other_files(tmp_path):
 def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
     """128 rows of 8,192 tokens on 8 GPUs at the seed 002 rates: 52.4 s tuned, 138.2 s reference."""
     from bridge_recipes.bench.harness import published_step_seconds
-    from bridge_recipes.qwen.h200.qwen35 import (qwen35_27b_sft_8gpu_h200_bf16_config,
-                                                 qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config)
+    from bridge_recipes.qwen.h200.qwen35 import (
+        qwen35_27b_sft_8gpu_h200_bf16_config,
+        qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config,
+    )
 
     tuned = published_step_seconds(cfg_27b, qwen35_27b_sft_8gpu_h200_bf16_config.recipe_meta)
     assert tuned == pytest.approx(128 * 8192 / (2499.5 * 8)) and round(tuned, 1) == 52.4
@@ -428,4 +543,3 @@ def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
     assert published_step_seconds(cfg_27b, ref_meta) == pytest.approx(138.15, abs=0.01)
     unpublished = replace(ref_meta, reference=None)
     assert published_step_seconds(cfg_27b, unpublished) is None
-

@@ -17,8 +17,15 @@ TABLE = {
 def test_text_spec_matches_reference_table(name):
     s = get_spec(name)
     got = (
-        s.num_layers, s.hidden_size, s.ffn_hidden_size, s.num_attention_heads, s.num_query_groups,
-        s.linear_num_value_heads, s.num_experts, s.moe_router_topk, s.moe_ffn_hidden_size,
+        s.num_layers,
+        s.hidden_size,
+        s.ffn_hidden_size,
+        s.num_attention_heads,
+        s.num_query_groups,
+        s.linear_num_value_heads,
+        s.num_experts,
+        s.moe_router_topk,
+        s.moe_ffn_hidden_size,
         s.moe_shared_expert_ffn_hidden_size,
     )
     assert got == TABLE[name]
@@ -42,7 +49,13 @@ def test_vl_variants_share_the_language_model_and_add_the_vision_tower():
         assert (vl.num_layers, vl.hidden_size, vl.num_experts) == (text.num_layers, text.hidden_size, text.num_experts)
         v = vl.vision
         assert (v.depth, v.hidden_size, v.intermediate_size, v.num_heads, v.patch_size, v.spatial_merge_size) == (
-            27, 1152, 4304, 16, 16, 2)
+            27,
+            1152,
+            4304,
+            16,
+            16,
+            2,
+        )
         assert v.mrope_section == (11, 11, 10)
     assert len(SPECS) == 8
 

@@ -62,22 +62,42 @@ def test_provider_builds_the_train_split():
 
 
 def test_dataset_sft_rows_through_the_runner(capsys):
-    assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--dataset", "sft-rows", f"dataset.path={ROWS}"]) == 0
+    assert (
+        main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--dataset", "sft-rows", f"dataset.path={ROWS}"]) == 0
+    )
     assert "checks: ok" in capsys.readouterr().out
 
 
 def test_dataset_sft_rows_needs_a_path_and_matching_length(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--dataset", "sft-rows"]) == 2
     assert "needs the rows folder" in capsys.readouterr().err
-    assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--dataset", "sft-rows", f"dataset.path={ROWS}",
-                 "-sl", "4096"]) == 2
+    assert (
+        main(
+            [
+                "--recipe",
+                SFT,
+                "--dry-run",
+                "--world-size",
+                "8",
+                "--dataset",
+                "sft-rows",
+                f"dataset.path={ROWS}",
+                "-sl",
+                "4096",
+            ]
+        )
+        == 2
+    )
     assert "set -sl 8192" in capsys.readouterr().err
 
 
 def test_dataset_kinds_refuse_the_wrong_model_kind(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--dataset", "energon"]) == 2
     assert "needs a VL recipe" in capsys.readouterr().err
-    assert main(["--recipe", "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config", "--dry-run", "--dataset", "sft-rows"]) == 2
+    assert (
+        main(["--recipe", "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config", "--dry-run", "--dataset", "sft-rows"])
+        == 2
+    )
     assert main(["--recipe", SFT, "--dry-run", "--dataset", "csv"]) == 2
     assert "unknown --dataset 'csv'" in capsys.readouterr().err
 
@@ -101,8 +121,12 @@ def test_committed_evidence_rows_are_reproducible(tmp_path):
     import sys
 
     root = ROOT
-    p = subprocess.run([sys.executable, "scripts/gpu/make_synthetic_rows.py", "--out", str(tmp_path)],
-                       cwd=root, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "scripts/gpu/make_synthetic_rows.py", "--out", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     committed = json.load(open(f"{ROWS}/manifest.json"))
     assert json.loads(p.stdout.strip().splitlines()[-1])["rows_sha256"] == committed["rows_sha256"]

@@ -11,18 +11,25 @@ SCRIPT = ROOT / "scripts/gpu/detached.sh"
 
 
 def _sh(*args, env, timeout=60):
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd="/", env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd="/", env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_queue_runs_detached_and_wait_collects(tmp_path):
-    env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d"), "DETACHED_SETUP": "export GREETING=hi",
-           "OUT": str(tmp_path / "out")}
+    env = {
+        **os.environ,
+        "DETACHED_DIR": str(tmp_path / "d"),
+        "DETACHED_SETUP": "export GREETING=hi",
+        "OUT": str(tmp_path / "out"),
+    }
     queue = tmp_path / "queue"
-    queue.write_text("# a comment\n"
-                     "echo $GREETING > $OUT/first.txt; pwd\n\n"
-                     "echo failing; exit 3\n"
-                     "sleep 1; printf part > $OUT/jit.tar.xz.00\n")
+    queue.write_text(
+        "# a comment\n"
+        "echo $GREETING > $OUT/first.txt; pwd\n\n"
+        "echo failing; exit 3\n"
+        "sleep 1; printf part > $OUT/jit.tar.xz.00\n"
+    )
     start = _sh("start", str(queue), env=env)
     assert start.returncode == 0 and "3 step(s) started" in start.stdout, start.stderr
     again = _sh("start", str(queue), env=env)  # the queue is still running (the last step sleeps)
@@ -92,7 +99,7 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
             words = shlex.split(step)
             if "scripts/benchmark.py" not in words:
                 continue
-            opts = parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1:])
+            opts = parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
             if opts.proxy_layers:
                 continue
             steps, (first, last) = opts.steps, opts.window

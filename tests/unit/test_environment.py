@@ -37,12 +37,18 @@ def test_child_sees_recipe_env_at_start_and_te_was_not_imported_before():
     env = {k: v for k, v in os.environ.items() if k not in ("NVTE_DEBUG", environment.MARKER)}
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = "7"  # a user value: must survive
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "scripts/run_recipe.py", "--recipe", "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
-           "--show-env", "+env_vars.NVTE_DEBUG=0"]
+    cmd = [
+        sys.executable,
+        "scripts/run_recipe.py",
+        "--recipe",
+        "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
+        "--show-env",
+        "+env_vars.NVTE_DEBUG=0",
+    ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("[run_recipe] re-executing with") == 1
-    report = json.loads(out.stdout[out.stdout.index("{"):])
+    report = json.loads(out.stdout[out.stdout.index("{") :])
     assert report["reexecuted_from_pid"] is not None
     assert report["transformer_engine_imported_at_start"] is False
     seen = report["recipe_env_at_start"]

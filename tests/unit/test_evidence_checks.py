@@ -28,12 +28,15 @@ def test_resume_from_the_checkpoint_passes():
     assert check.figures["steps_lost"] == 2
 
 
-@pytest.mark.parametrize("resumed, reason", [
-    ({s: CURVE[s] for s in range(1, 11)}, "began at step 1"),  # a fresh start, not a resume
-    ({**{s: CURVE[s] for s in range(6, 11)}, 6: CURVE[6] * 1.001}, "restored state differs"),
-    ({s: CURVE[s] for s in range(6, 9)}, "ended at step 8"),
-    ({s: CURVE[s] * 1.05 for s in range(6, 11)}, "differ from the uninterrupted run"),
-])
+@pytest.mark.parametrize(
+    "resumed, reason",
+    [
+        ({s: CURVE[s] for s in range(1, 11)}, "began at step 1"),  # a fresh start, not a resume
+        ({**{s: CURVE[s] for s in range(6, 11)}, 6: CURVE[6] * 1.001}, "restored state differs"),
+        ({s: CURVE[s] for s in range(6, 9)}, "ended at step 8"),
+        ({s: CURVE[s] * 1.05 for s in range(6, 11)}, "differ from the uninterrupted run"),
+    ],
+)
 def test_resume_failures_are_named(resumed, reason):
     killed = {s: CURVE[s] for s in range(1, 8)}
     check = check_resume(CURVE, killed, resumed, save_interval=5)
@@ -66,8 +69,12 @@ def test_committed_first_resume_attempt_fails_the_check():
     """That attempt's kill missed the worker (torchrun starts it in its own session) and the
     restart was refused by a checkpoint check; both were fixed, and the check sees the failure."""
     log = "h200_qwen35_35b_a3b_kill_resume_first_attempt.log"
-    check = check_resume(_curve("h200_qwen35_35b_a3b_reference_pyspy.log"), _curve(log, "killed"),
-                         _curve(log, "resumed"), save_interval=RESUME_SAVE_INTERVAL)
+    check = check_resume(
+        _curve("h200_qwen35_35b_a3b_reference_pyspy.log"),
+        _curve(log, "killed"),
+        _curve(log, "resumed"),
+        save_interval=RESUME_SAVE_INTERVAL,
+    )
     assert not check.passed
 
 
@@ -96,12 +103,20 @@ def test_committed_result_files_are_what_the_logs_give(tmp_path):
     import sys
 
     root = EVIDENCE.parents[1]
-    out = subprocess.run([sys.executable, "scripts/gpu/evidence_results.py", "--out", str(tmp_path)], cwd=root,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "scripts/gpu/evidence_results.py", "--out", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     names = sorted(p.name for p in tmp_path.glob("h200_*_evidence.json"))
-    assert names == ["h200_qwen35_27b_evidence.json", "h200_qwen35_35b_a3b_evidence.json",
-                     "h200_qwen35_vl_35b_a3b_evidence.json"]
+    assert names == [
+        "h200_qwen35_27b_evidence.json",
+        "h200_qwen35_35b_a3b_evidence.json",
+        "h200_qwen35_vl_35b_a3b_evidence.json",
+    ]
     for name in names:
         assert json.loads((tmp_path / name).read_text()) == json.loads((root / "results" / name).read_text())
 
@@ -124,4 +139,3 @@ def test_policies_that_cannot_be_compared_fail_with_the_reason():
     assert not check.passed and "not finite at steps [8]" in check.reasons[0]
     check = check_policies(CURVE, {1: CURVE[1], 2: CURVE[2]})
     assert not check.passed and "at least 3 common steps" in check.reasons[0]
-

@@ -16,8 +16,14 @@ def test_shell_examples_parse(script):
 
 def test_slurm_example_runs_torchrun_under_srun_per_node():
     text = (EXAMPLES / "slurm_multinode.sbatch").read_text()
-    for piece in ("srun", "torchrun", "--nnodes=$SLURM_JOB_NUM_NODES", "--node-rank=\\$SLURM_NODEID",
-                  "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "scripts/run_recipe.py --recipe $RECIPE"):
+    for piece in (
+        "srun",
+        "torchrun",
+        "--nnodes=$SLURM_JOB_NUM_NODES",
+        "--node-rank=\\$SLURM_NODEID",
+        "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT",
+        "scripts/run_recipe.py --recipe $RECIPE",
+    ):
         assert piece in text, piece
 
 

@@ -32,8 +32,17 @@ def test_result_file_from_the_committed_h200_log(tmp_path):
     scale_down(cfg, num_layers=4, num_experts=32, global_batch_size=4)
     spec = harness.model_spec(cfg)
     assert (spec.num_layers, spec.num_experts, spec.hidden_size) == (4, 32, 2048)
-    doc = harness.write(tmp_path / "r.yaml", recipe="qwen35_35b_a3b_sft_8gpu_h200_bf16_config", cfg=cfg, log_text=log,
-                        world_size=1, gpu="h200", window=(3, 8), command="test", proxy=True)
+    harness.write(
+        tmp_path / "r.yaml",
+        recipe="qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+        cfg=cfg,
+        log_text=log,
+        world_size=1,
+        gpu="h200",
+        window=(3, 8),
+        command="test",
+        proxy=True,
+    )
     back = read_result(tmp_path / "r.yaml")
     r = back["result"]
     assert back["notes"][0].startswith("proxy run") and r["window"] == [3, 8]
@@ -42,11 +51,28 @@ def test_result_file_from_the_committed_h200_log(tmp_path):
 
 
 def test_benchmark_script_rejects_bad_input():
-    p = subprocess.run([sys.executable, "scripts/benchmark.py", "--recipe", "nope_config", "--out", "/tmp/x.yaml"],
-                       cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "scripts/benchmark.py", "--recipe", "nope_config", "--out", "/tmp/x.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2 and "no recipe named" in p.stderr
-    p = subprocess.run([sys.executable, "scripts/benchmark.py", "--recipe", "qwen35_27b_sft_8gpu_h200_bf16_mock_config",
-                        "--steps", "10", "--out", "/tmp/x.yaml"], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "scripts/benchmark.py",
+            "--recipe",
+            "qwen35_27b_sft_8gpu_h200_bf16_mock_config",
+            "--steps",
+            "10",
+            "--out",
+            "/tmp/x.yaml",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2 and "--window ends at step 19" in p.stderr
 
 
@@ -76,7 +102,11 @@ def test_comparison_of_two_results():
     assert c["forward_backward_per_token_ratio"] == 1.5
     assert c["optimizer_s_per_step"] == {"candidate": 0.1, "reference": 3.0}
     assert harness.comparison(_doc("a", 3000.0, 8, 8192), b, proxy=True) == {
-        "candidate": "a", "reference": "b", "tokens_per_s_ratio": 3.0, "proxy": True}
+        "candidate": "a",
+        "reference": "b",
+        "tokens_per_s_ratio": 3.0,
+        "proxy": True,
+    }
 
 
 def test_loss_curves_in_a_comparison():
@@ -90,6 +120,8 @@ def test_loss_curves_in_a_comparison():
     differ = harness.comparison(a, b, proxy=True, losses=(far, ref))["loss_curves"]
     assert differ["compared"] and not differ["passed"] and "final loss differs" in " ".join(differ["reasons"])
     assert harness.comparison(a, b, proxy=True, losses="the runs differ in model")["loss_curves"] == {
-        "compared": False, "why": "the runs differ in model"}
+        "compared": False,
+        "why": "the runs differ in model",
+    }
     short = harness.comparison(a, b, proxy=True, losses=({1: 3.0, 2: 2.0}, {1: 3.0, 2: 2.0}))["loss_curves"]
     assert not short["compared"] and "at least 3 common steps" in short["why"]

@@ -28,8 +28,15 @@ def test_helper_compile_is_skipped_for_the_wheel(capsys, monkeypatch):
 def test_helper_compile_is_kept_where_a_makefile_exists(tmp_path, monkeypatch):
     (tmp_path / "Makefile").write_text("all:\n")
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: SimpleNamespace(
-        submodule_search_locations=[str(tmp_path)]) if name == "megatron.core.datasets" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (
+            SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+            if name == "megatron.core.datasets"
+            else real(name, *a)
+        ),
+    )
     assert not launch.dataset_helpers_prebuilt()
 
 

@@ -53,7 +53,8 @@ def test_measured_peaks_are_the_logged_ones():
 def test_measured_peak_predicted_within_15_percent(rows, index):
     r = rows[index]
     assert abs(r.error) <= TABLE.TOLERANCE, (
-        f"{r.run.recipe} [{r.run.scaling}]: predicted {r.predicted_gb:.2f} GB, measured {r.measured_gb:.2f} GB")
+        f"{r.run.recipe} [{r.run.scaling}]: predicted {r.predicted_gb:.2f} GB, measured {r.measured_gb:.2f} GB"
+    )
 
 
 @pytest.mark.parametrize("index, logged", [(0, 5_226_110_528), (1, 1_700_601_408), (3, 4_489_576_096)])
@@ -67,8 +68,9 @@ def test_local_parameters_equal_megatrons_count(index, logged):
 
 
 def test_committed_table_is_regenerated(rows, facts):
-    assert (REPO / "docs" / "memory_plan.md").read_text() == TABLE.render(rows, facts), \
+    assert (REPO / "docs" / "memory_plan.md").read_text() == TABLE.render(rows, facts), (
         "docs/memory_plan.md is stale: run scripts/memory_table.py"
+    )
 
 
 # --- seed facts (8 x H200) ---------------------------------------------------------------------
@@ -135,13 +137,19 @@ def test_recompute_policy_orders_saved_activations():
         cfg.model.recompute_method, cfg.model.recompute_num_layers = method, layers
         return M.plan_memory(cfg, 8).stages[0].activations_gb
 
-    full, block12, block10, none = activations("uniform", 1), activations("block", 12), activations("block", 10), activations(None, None)
+    full, block12, block10, none = (
+        activations("uniform", 1),
+        activations("block", 12),
+        activations("block", 10),
+        activations(None, None),
+    )
     assert full < block12 < block10 < none
 
 
 def test_cross_entropy_kinds_keep_different_logits():
     """Native fused: FP32 softmax kept per loss plus a 10L working set (14L with MTP); TE: BF16
     copies (6L); unfused: 10L."""
+
     def logits(kind):
         cfg = build(SFT_35B, num_layers=4, num_experts=32, global_batch_size=4)
         cfg.model.cross_entropy_loss_fusion = kind != "unfused"
@@ -185,12 +193,20 @@ def test_cpu_offload_fraction_moves_optimizer_state_to_the_host():
 
 
 def _optimizer_cfg(**opt):
-    base = dict(use_precision_aware_optimizer=True, main_params_dtype=torch.float32, exp_avg_dtype=torch.float32,
-                exp_avg_sq_dtype=torch.float32, store_param_remainders=True, optimizer_cpu_offload=False,
-                optimizer_offload_fraction=0.0, fp8_recipe=None)
+    base = dict(
+        use_precision_aware_optimizer=True,
+        main_params_dtype=torch.float32,
+        exp_avg_dtype=torch.float32,
+        exp_avg_sq_dtype=torch.float32,
+        store_param_remainders=True,
+        optimizer_cpu_offload=False,
+        optimizer_offload_fraction=0.0,
+        fp8_recipe=None,
+    )
     base.update(opt)
-    return SimpleNamespace(optimizer=SimpleNamespace(**base), ddp=SimpleNamespace(grad_reduce_in_fp32=True),
-                           mixed_precision=None)
+    return SimpleNamespace(
+        optimizer=SimpleNamespace(**base), ddp=SimpleNamespace(grad_reduce_in_fp32=True), mixed_precision=None
+    )
 
 
 def test_optimizer_bytes_per_parameter():
@@ -200,7 +216,9 @@ def test_optimizer_bytes_per_parameter():
     # TE owns the master: a 16-bit remainder beside the BF16 weight, or a BF16 copy
     assert M.optimizer_bytes_per_param(_optimizer_cfg()) == 10
     assert M.optimizer_bytes_per_param(_optimizer_cfg(main_params_dtype=torch.bfloat16, fp8_recipe="tensorwise")) == 10
-    assert M.optimizer_bytes_per_param(_optimizer_cfg(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16)) == 6
+    assert (
+        M.optimizer_bytes_per_param(_optimizer_cfg(exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16)) == 6
+    )
 
 
 def test_recipes_resolve_the_mixed_precision_preset():
@@ -208,7 +226,9 @@ def test_recipes_resolve_the_mixed_precision_preset():
     assert prec["fp8_recipe"] == "tensorwise" and prec["grad_reduce_in_fp32"] is True
     plan = M.plan_memory(build(SFT_35B, num_layers=4, num_experts=32, global_batch_size=4), 1).stages[0]
     params = 1_700_601_408
-    assert (plan.weights_gb, plan.grads_gb, plan.optimizer_gb) == pytest.approx((2 * params / 1e9, 4 * params / 1e9, 12 * params / 1e9))
+    assert (plan.weights_gb, plan.grads_gb, plan.optimizer_gb) == pytest.approx(
+        (2 * params / 1e9, 4 * params / 1e9, 12 * params / 1e9)
+    )
 
 
 def test_plan_report_flags_the_stage_that_does_not_fit():

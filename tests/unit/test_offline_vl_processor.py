@@ -12,13 +12,17 @@ def folder(tmp_path_factory):
 
 def test_mock_vlm_batch_has_qwen35_patches_and_matching_image_tokens(folder):
     from megatron.bridge.data.builders.mock_vlm_sft import (
-        MockVLMSFTDatasetConfig, build_mock_vlm_sft_split, make_mock_vlm_examples)
+        MockVLMSFTDatasetConfig,
+        build_mock_vlm_sft_split,
+        make_mock_vlm_examples,
+    )
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(str(folder))
     assert type(processor).__name__ == "Qwen3VLProcessor"  # selects Megatron-Bridge's Qwen-VL collate
-    cfg = MockVLMSFTDatasetConfig(seq_length=1024, hf_processor_path=str(folder), pad_to_max_length=True,
-                                  num_base_examples=2)
+    cfg = MockVLMSFTDatasetConfig(
+        seq_length=1024, hf_processor_path=str(folder), pad_to_max_length=True, num_base_examples=2
+    )
     ds = build_mock_vlm_sft_split(cfg, make_mock_vlm_examples(cfg), 2, processor)
     batch = ds.collate_fn([ds[0], ds[1]])
     vi = batch["visual_inputs"]
@@ -31,8 +35,8 @@ def test_mock_vlm_batch_has_qwen35_patches_and_matching_image_tokens(folder):
 
 
 def test_overrides_point_the_model_at_the_processor_tokens(folder):
-    from bridge_recipes.runner.overrides import apply_all
     from bridge_recipes.common import vlm_pretrain_config
+    from bridge_recipes.runner.overrides import apply_all
 
     cfg = vlm_pretrain_config("qwen35_vl_35b_a3b")
     apply_all(cfg, {}, vision_token_overrides(folder))

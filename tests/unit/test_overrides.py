@@ -19,12 +19,36 @@ def no_flags():
 
 def test_flags_map_to_their_fields(build):
     cfg = build()
-    apply_all(cfg, dict(tp=2, pp=2, cp=2, vp=2, ep=4, etp=1, gb=256, mb=2, sl=4096, max_steps=7, lr=2e-5,
-                        min_lr=2e-6, warmup_iters=3, save_dir="/s", load_dir="/l", pretrained_checkpoint="/p",
-                        save_interval=9), [])
+    apply_all(
+        cfg,
+        dict(
+            tp=2,
+            pp=2,
+            cp=2,
+            vp=2,
+            ep=4,
+            etp=1,
+            gb=256,
+            mb=2,
+            sl=4096,
+            max_steps=7,
+            lr=2e-5,
+            min_lr=2e-6,
+            warmup_iters=3,
+            save_dir="/s",
+            load_dir="/l",
+            pretrained_checkpoint="/p",
+            save_interval=9,
+        ),
+        [],
+    )
     m = cfg.model
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size) == (2, 2, 2)
-    assert (m.virtual_pipeline_model_parallel_size, m.expert_model_parallel_size, m.expert_tensor_parallel_size) == (2, 4, 1)
+    assert (m.virtual_pipeline_model_parallel_size, m.expert_model_parallel_size, m.expert_tensor_parallel_size) == (
+        2,
+        4,
+        1,
+    )
     assert (cfg.train.global_batch_size, cfg.train.micro_batch_size, cfg.train.train_iters) == (256, 2, 7)
     assert m.seq_length == cfg.dataset.seq_length == 4096
     assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.scheduler.lr_warmup_iters) == (2e-5, 2e-6, 3)
@@ -40,19 +64,23 @@ def test_trailing_overrides_win_over_flags(build):
 
 def test_hydra_grammar(build):
     cfg = build()
-    apply_all(cfg, {}, [
-        "model.recompute_num_layers=2",                # nested key, int
-        "optimizer.lr=3e-5",                           # float
-        "model.sequence_parallel=true",                # bool
-        "model.cuda_graph_scope=[attn,moe_router]",    # list
-        "checkpoint.pretrained_checkpoint='/ckpt/a b'",  # quoted string
-        "checkpoint.save=null",                        # null
-        "+env_vars.NCCL_DEBUG=WARN",                   # add a dict key
-        "~env_vars.TORCHINDUCTOR_COMPILE_THREADS",     # delete a dict key
-        "++env_vars.CUDA_DEVICE_MAX_CONNECTIONS=8",    # force-set
-        "model.params_dtype=float32",                  # torch dtype by name
-        "optimizer.weight_decay=0",                    # int into a float field
-    ])
+    apply_all(
+        cfg,
+        {},
+        [
+            "model.recompute_num_layers=2",  # nested key, int
+            "optimizer.lr=3e-5",  # float
+            "model.sequence_parallel=true",  # bool
+            "model.cuda_graph_scope=[attn,moe_router]",  # list
+            "checkpoint.pretrained_checkpoint='/ckpt/a b'",  # quoted string
+            "checkpoint.save=null",  # null
+            "+env_vars.NCCL_DEBUG=WARN",  # add a dict key
+            "~env_vars.TORCHINDUCTOR_COMPILE_THREADS",  # delete a dict key
+            "++env_vars.CUDA_DEVICE_MAX_CONNECTIONS=8",  # force-set
+            "model.params_dtype=float32",  # torch dtype by name
+            "optimizer.weight_decay=0",  # int into a float field
+        ],
+    )
     assert cfg.model.recompute_num_layers == 2 and cfg.optimizer.lr == 3e-5
     assert cfg.model.sequence_parallel is True
     assert list(cfg.model.cuda_graph_scope) == ["attn", "moe_router"]
@@ -69,21 +97,27 @@ def test_delete_sets_an_optional_section_to_null(build):
     assert cfg.comm_overlap is None
 
 
-@pytest.mark.parametrize("token, message", [
-    ("train.global_batch_sise=4", "unknown key 'train.global_batch_sise'.*Nearest valid keys: train.global_batch_size"),
-    ("trian.global_batch_size=4", "unknown key 'trian'.*train"),
-    ("train.global_batch_size=abc", "train.global_batch_size expects int or null, got str 'abc'"),
-    ("model.sequence_parallel=3", "model.sequence_parallel expects bool"),
-    ("train.global_batch_size", "malformed override 'train.global_batch_size'"),
-    ("train.global_batch_size=[1,", "malformed override"),
-    ("+model.brand_new=1", r"unknown key 'model.brand_new'.*'\+' adds keys to dictionaries"),
-    ("+env_vars.CUDA_DEVICE_MAX_CONNECTIONS=2", "exists already"),
-    ("env_vars.NOT_THERE=1", r"add a new entry with '\+env_vars.NOT_THERE=...'"),
-    ("~env_vars.NOT_THERE", "no key 'env_vars.NOT_THERE' to delete"),
-    ("model.params_dtype=float33", "torch dtype name"),
-    ("train=3", "is a section"),
-    ("model.hidden_size=null", "model.hidden_size cannot be null"),
-])
+@pytest.mark.parametrize(
+    "token, message",
+    [
+        (
+            "train.global_batch_sise=4",
+            "unknown key 'train.global_batch_sise'.*Nearest valid keys: train.global_batch_size",
+        ),
+        ("trian.global_batch_size=4", "unknown key 'trian'.*train"),
+        ("train.global_batch_size=abc", "train.global_batch_size expects int or null, got str 'abc'"),
+        ("model.sequence_parallel=3", "model.sequence_parallel expects bool"),
+        ("train.global_batch_size", "malformed override 'train.global_batch_size'"),
+        ("train.global_batch_size=[1,", "malformed override"),
+        ("+model.brand_new=1", r"unknown key 'model.brand_new'.*'\+' adds keys to dictionaries"),
+        ("+env_vars.CUDA_DEVICE_MAX_CONNECTIONS=2", "exists already"),
+        ("env_vars.NOT_THERE=1", r"add a new entry with '\+env_vars.NOT_THERE=...'"),
+        ("~env_vars.NOT_THERE", "no key 'env_vars.NOT_THERE' to delete"),
+        ("model.params_dtype=float33", "torch dtype name"),
+        ("train=3", "is a section"),
+        ("model.hidden_size=null", "model.hidden_size cannot be null"),
+    ],
+)
 def test_bad_overrides_name_the_token(build, token, message):
     cfg = build()
     with pytest.raises(OverrideError, match=message):

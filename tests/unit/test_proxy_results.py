@@ -68,16 +68,19 @@ def test_ratio_file_is_the_ratio_of_the_two_results(model):
 
 def test_measured_ratios():
     """Pinned: H200 2026-11-29 (docs/tuning_notes.md has the predictions they are judged against)."""
-    ratios = {m: json.loads((ROOT / "results" / f"h200_proxy_{m}_ratio.json").read_text())["tokens_per_s_ratio"]
-              for m in PAIRS}
+    ratios = {
+        m: json.loads((ROOT / "results" / f"h200_proxy_{m}_ratio.json").read_text())["tokens_per_s_ratio"]
+        for m in PAIRS
+    }
     assert ratios == {"qwen35_35b_a3b": 1.2193, "qwen35_27b": 2.1824}
 
 
 def test_the_27b_layouts_agree_on_the_loss_curve():
     """The tuned 27B policy and slime's reference layout, one model on the same rows: 16 steps
     agree by validate_convergence's rules. (The 35B-A3B pair trains two different proxy models.)"""
-    ratios = {m: json.loads((ROOT / "results" / f"h200_proxy_{m}_ratio.json").read_text())["loss_curves"]
-              for m in PAIRS}
+    ratios = {
+        m: json.loads((ROOT / "results" / f"h200_proxy_{m}_ratio.json").read_text())["loss_curves"] for m in PAIRS
+    }
     assert ratios["qwen35_27b"]["compared"] and ratios["qwen35_27b"]["passed"]
     assert ratios["qwen35_27b"]["steps"][-1] == 16 and ratios["qwen35_27b"]["pointwise_failures"] == 0
     assert not ratios["qwen35_35b_a3b"]["compared"] and "routed experts 32 vs 64" in ratios["qwen35_35b_a3b"]["why"]
@@ -86,14 +89,18 @@ def test_the_27b_layouts_agree_on_the_loss_curve():
 def test_which_proxy_pairs_train_the_same_model():
     """The 27B tuned and reference layouts shrink to one model on the same rows; the 35B-A3B EP8
     policy and slime's EP4 layout keep 32 and 64 experts a GPU and read 8,192- vs 16,384-token rows."""
-    dense = [proxy_config(n) for n in ("qwen35_27b_sft_8gpu_h200_bf16_config",
-                                     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")]
+    dense = [
+        proxy_config(n)
+        for n in ("qwen35_27b_sft_8gpu_h200_bf16_config", "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
+    ]
     assert different_training(*dense) is None
-    moe = [proxy_config(n) for n in ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
-                                   "qwen35_35b_a3b_sft_8gpu_h100_bf16_config")]
+    moe = [
+        proxy_config(n)
+        for n in ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
+    ]
     assert different_training(*moe) == (
-        "the runs differ in model (routed experts 32 vs 64), model.seq_length (8192 vs 16384)")
-
+        "the runs differ in model (routed experts 32 vs 64), model.seq_length (8192 vs 16384)"
+    )
 
 
 def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch):
@@ -111,8 +118,26 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
 
     monkeypatch.setattr(bench, "one", committed_run)
     tuned, reference = runs
-    monkeypatch.setattr(sys, "argv", ["benchmark.py", "--proxy-layers", "4", "--recipe", tuned, "--against", reference,
-                                      "--steps", "16", "--window", "4", "15", "--out", str(tmp_path / "27b.yaml")])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "benchmark.py",
+            "--proxy-layers",
+            "4",
+            "--recipe",
+            tuned,
+            "--against",
+            reference,
+            "--steps",
+            "16",
+            "--window",
+            "4",
+            "15",
+            "--out",
+            str(tmp_path / "27b.yaml"),
+        ],
+    )
     assert bench.main() == 0
     written = json.loads((tmp_path / "27b_ratio.json").read_text())
     assert written == json.loads((ROOT / "results" / f"h200_proxy_{model}_ratio.json").read_text())

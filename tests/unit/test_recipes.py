@@ -45,8 +45,10 @@ def test_layout_label_matches_the_config(name):
     assert claimed and {k: actual[k] for k in claimed} == claimed
 
 
-NAME = re.compile(r"^(?P<model>qwen35_(?:vl_)?\w+?)_(?P<task>pretrain|sft|peft)_(?P<n>\d+)gpu_(?P<gpu>[a-z0-9]+)_"
-                  r"(?P<prec>bf16|fp8cs|fp8mx)(?:_(?P<variant>\w+?))?_config$")
+NAME = re.compile(
+    r"^(?P<model>qwen35_(?:vl_)?\w+?)_(?P<task>pretrain|sft|peft)_(?P<n>\d+)gpu_(?P<gpu>[a-z0-9]+)_"
+    r"(?P<prec>bf16|fp8cs|fp8mx)(?:_(?P<variant>\w+?))?_config$"
+)
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if n not in SEED_NAMES])
@@ -156,8 +158,13 @@ def test_h200_sft_workload_is_the_openrecipes_one():
 def test_35b_a3b_h200_layouts_seed_001():
     base = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")
     m = base.model
-    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size,
-            m.expert_tensor_parallel_size, m.context_parallel_size) == (1, 1, 8, 1, 1)
+    assert (
+        m.tensor_model_parallel_size,
+        m.pipeline_model_parallel_size,
+        m.expert_model_parallel_size,
+        m.expert_tensor_parallel_size,
+        m.context_parallel_size,
+    ) == (1, 1, 8, 1, 1)
     assert (base.train.micro_batch_size, m.seq_length) == (1, 8192)
     assert _recompute(base) == ("full", "uniform", 1) and m.moe_token_dispatcher_type == "alltoall"
     assert not base.optimizer.optimizer_cpu_offload
@@ -168,9 +175,14 @@ def test_35b_a3b_h200_layouts_seed_001():
     pp2 = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config")
     assert (pp2.model.pipeline_model_parallel_size, pp2.model.expert_model_parallel_size) == (2, 4)
     assert pp2.optimizer.optimizer_cpu_offload and pp2.train.micro_batch_size == 2
-    refs = {n: registry.find(n).meta.reference["tokens_per_s_per_gpu"] for n in (
-        "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config",
-        "qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config")}
+    refs = {
+        n: registry.find(n).meta.reference["tokens_per_s_per_gpu"]
+        for n in (
+            "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+            "qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config",
+            "qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config",
+        )
+    }
     assert list(refs.values()) == [4663.1, 3466.8, 3076.8]
 
 
@@ -186,15 +198,23 @@ def test_27b_h200_layouts_seed_002():
     assert checks.stage_layers(ref) == [34, 30] and _recompute(ref)[0] == "full"
     assert ref.optimizer.optimizer_cpu_offload
     assert registry.find("qwen35_27b_sft_8gpu_h200_bf16_config").meta.reference["tokens_per_s_per_gpu"] == 2499.5
-    assert registry.find("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config").meta.reference[
-        "tokens_per_s_per_gpu"] == 948.7
+    assert (
+        registry.find("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config").meta.reference["tokens_per_s_per_gpu"]
+        == 948.7
+    )
 
 
 def test_h100_layout_seed_000():
     cfg = build("qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
     m = cfg.model
-    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-            m.expert_model_parallel_size, m.expert_tensor_parallel_size, m.sequence_parallel) == (2, 2, 2, 4, 1, True)
+    assert (
+        m.tensor_model_parallel_size,
+        m.pipeline_model_parallel_size,
+        m.context_parallel_size,
+        m.expert_model_parallel_size,
+        m.expert_tensor_parallel_size,
+        m.sequence_parallel,
+    ) == (2, 2, 2, 4, 1, True)
     assert _recompute(cfg) == ("full", "uniform", 1)
     assert cfg.optimizer.optimizer_cpu_offload and cfg.optimizer.overlap_cpu_optimizer_d2h_h2d
     assert cfg.optimizer.use_precision_aware_optimizer and m.attention_backend.name == "flash"
@@ -206,8 +226,13 @@ def test_long_context_layout_seed_004():
     entry = registry.find("qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config")
     cfg = build(entry.name)
     m = cfg.model
-    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size,
-            m.expert_model_parallel_size, m.expert_tensor_parallel_size) == (2, 1, 2, 8, 1)
+    assert (
+        m.tensor_model_parallel_size,
+        m.pipeline_model_parallel_size,
+        m.context_parallel_size,
+        m.expert_model_parallel_size,
+        m.expert_tensor_parallel_size,
+    ) == (2, 1, 2, 8, 1)
     assert checks.layout_of(cfg, 8).dp == 2 and cfg.optimizer.optimizer_cpu_offload
     assert entry.meta.status == "unmeasured"
     doc = registry.load(entry.name).__doc__
@@ -245,8 +270,12 @@ def test_gb300_library_recipe_keeps_the_16gpu_policy_and_adds_mxfp8():
     lib = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config")
     for cfg in (base, lib):
         m = cfg.model
-        assert (m.expert_model_parallel_size, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
-                m.context_parallel_size) == (4, 1, 1, 1)
+        assert (
+            m.expert_model_parallel_size,
+            m.tensor_model_parallel_size,
+            m.pipeline_model_parallel_size,
+            m.context_parallel_size,
+        ) == (4, 1, 1, 1)
         assert (cfg.train.micro_batch_size, cfg.train.global_batch_size) == (4, 2048)
         assert m.cuda_graph_impl == "transformer_engine" and m.recompute_granularity == "selective"
         assert m.moe_router_force_load_balancing is False

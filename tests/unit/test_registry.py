@@ -31,13 +31,13 @@ def test_list_table_has_the_columns_and_figures(capsys):
     out = capsys.readouterr().out
     header = out.splitlines()[0].split()
     assert header == ["recipe", "tree", "task", "GPUs", "GPU", "prec", "layout", "status", "measured", "published"]
-    row = next(l for l in out.splitlines() if l.startswith("qwen35_35b_a3b_sft_8gpu_h200_bf16_config "))
+    row = next(line for line in out.splitlines() if line.startswith("qwen35_35b_a3b_sft_8gpu_h200_bf16_config "))
     assert "TP1 PP1 EP8 DP8" in row and "4,663.1" in row
 
 
 def test_filter_keeps_rows_matching_every_term(capsys):
     assert main(["--list", "--filter", "h200", "27b"]) == 0
-    rows = [l for l in capsys.readouterr().out.splitlines() if "_config" in l]
+    rows = [line for line in capsys.readouterr().out.splitlines() if "_config" in line]
     assert rows and all("27b" in r and "h200" in r for r in rows)
 
 
@@ -83,6 +83,8 @@ def test_duplicate_recipe_names_are_rejected(tmp_path, monkeypatch):
 
 def test_non_literal_metadata_is_reported_with_its_location(tmp_path):
     path = tmp_path / "r.py"
-    path.write_text("@recipe(task=make_task(), gpus=1, gpu='h200', precision='bf16', layout='x')\ndef x_config(): pass\n")
+    path.write_text(
+        "@recipe(task=make_task(), gpus=1, gpu='h200', precision='bf16', layout='x')\ndef x_config(): pass\n"
+    )
     with pytest.raises(ValueError, match=r"r.py:2: @recipe arguments of x_config must be literals"):
         registry.scan_file("bridge_recipes", tmp_path, path)

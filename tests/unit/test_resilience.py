@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from bridge_recipes.runner import checks, checkpoints, launch, registry
+from bridge_recipes.runner import checkpoints, checks, launch, registry
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 
@@ -12,8 +12,9 @@ def build(name=SFT):
     return registry.load(name)()
 
 
-@pytest.mark.parametrize("name", [n for n, e in registry.discover().items() if e.tree == "bridge_recipes"
-                                  and "smoke" not in n])
+@pytest.mark.parametrize(
+    "name", [n for n, e in registry.discover().items() if e.tree == "bridge_recipes" and "smoke" not in n]
+)
 def test_real_data_recipes_enable_resilience(name):
     cfg = build(name)
     c = cfg.checkpoint
@@ -75,10 +76,20 @@ def fake_checkpoint(folder, iteration=40, model=None, checkpoint=None, world_siz
     it = folder / f"iter_{iteration:07d}"
     it.mkdir(parents=True)
     (folder / "latest_checkpointed_iteration.txt").write_text(str(iteration))
-    base = {"num_layers": 40, "hidden_size": 2048, "num_moe_experts": 256, "vocab_size": 248320,
-            "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "context_parallel_size": 1}
-    doc = {"model": {**base, **(model or {})}, "checkpoint": {"ckpt_format": "torch_dist", **(checkpoint or {})},
-           "optimizer": {"use_distributed_optimizer": distributed}}
+    base = {
+        "num_layers": 40,
+        "hidden_size": 2048,
+        "num_moe_experts": 256,
+        "vocab_size": 248320,
+        "tensor_model_parallel_size": 1,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+    }
+    doc = {
+        "model": {**base, **(model or {})},
+        "checkpoint": {"ckpt_format": "torch_dist", **(checkpoint or {})},
+        "optimizer": {"use_distributed_optimizer": distributed},
+    }
     if world_size:
         doc["dist"] = {"world_size": world_size}
     (it / "run_config.yaml").write_text(yaml.safe_dump(doc))

@@ -8,9 +8,11 @@ import time
 from bridge_recipes.bench.runs import descendants, kill_tree
 
 # a "launcher" that starts its "worker" in a new session, as torchrun does, then waits on it
-LAUNCHER = ("import subprocess, sys, time; "
-            "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
-            "print(w.pid, flush=True); w.wait()")
+LAUNCHER = (
+    "import subprocess, sys, time; "
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+    "print(w.pid, flush=True); w.wait()"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -36,8 +38,10 @@ def test_kill_tree_kills_a_worker_in_its_own_session():
 def test_a_finished_run_is_kept_and_reused(tmp_path, monkeypatch):
     from bridge_recipes.bench import runs
 
-    log_text = ("[2026-11-29 10:00:00] iteration        1/       2 | elapsed time per iteration (ms): 900.0 | "
-                "global batch size:     4 | lm loss: 1.200000E+01 |\n")
+    log_text = (
+        "[2026-11-29 10:00:00] iteration        1/       2 | elapsed time per iteration (ms): 900.0 | "
+        "global batch size:     4 | lm loss: 1.200000E+01 |\n"
+    )
     calls = []
 
     def fake_launch(name, recipe, args, log_path, **kw):

@@ -133,7 +133,9 @@ def test_mask_covers_assistant_content_and_its_im_end_only(tok):
     im_end = tok.token_to_id("<|im_end|>")
     assert [int(mask[i]) for i in np.flatnonzero(ids == im_end)] == [0, 0, 1, 0, 1]  # system, user, asst, user, asst
     assert not mask[ids == tok.token_to_id("<|im_start|>")].any()
-    n_content = sum(len(tok.encode(m["content"], add_special_tokens=False).ids) for m in CONV if m["role"] == "assistant")
+    n_content = sum(
+        len(tok.encode(m["content"], add_special_tokens=False).ids) for m in CONV if m["role"] == "assistant"
+    )
     assert int(mask.sum()) == n_content + 2
 
 
@@ -153,7 +155,11 @@ def test_hf_fast_tokenizer_renders_the_same(tok):
         ([{"role": "user", "content": "hi"}, "oops"], "message_not_an_object", "message 1 is str"),
         ([{"role": "user"}], "missing_role_or_content", "message 0 has no 'content'"),
         ([{"content": "hi"}], "missing_role_or_content", "message 0 has no 'role'"),
-        ([{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}], "unknown_role", "message 1 has unknown role 'bot'"),
+        (
+            [{"role": "user", "content": "hi"}, {"role": "bot", "content": "x"}],
+            "unknown_role",
+            "message 1 has unknown role 'bot'",
+        ),
         ([{"role": "assistant", "content": 5}], "content_not_a_string", "message 0 content is int"),
         ([{"role": "user", "content": "hi"}], "no_assistant_turn", "no assistant turn"),
     ],
@@ -387,7 +393,16 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_builds_and_refuses_a_used_output_folder(tokenizer_file, tmp_path):
     src = write_jsonl(tmp_path / "convs.jsonl", [{"messages": c} for c in make_conversations()])
     out = tmp_path / "out"
-    args = ["--input", str(src), "--tokenizer", str(tokenizer_file.parent), "--out", str(out), "--row-tokens", str(ROW)]
+    args = [
+        "--input",
+        str(src),
+        "--tokenizer",
+        str(tokenizer_file.parent),
+        "--out",
+        str(out),
+        "--row-tokens",
+        str(ROW),
+    ]
     ok = run_cli(*args)
     assert ok.returncode == 0, ok.stderr
     assert "rows_sha256" in ok.stdout and json.loads((out / "manifest.json").read_text())["rows"] > 0

@@ -36,8 +36,15 @@ def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="b200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="b200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200},
+)
 def qwen35_35b_a3b_sft_8gpu_b200_bf16_config():
     """Qwen3.5/3.6-35B-A3B SFT on 8 x B200: our proposed layout (unmeasured; 6,573.4 published
     for an unpublished layout)."""

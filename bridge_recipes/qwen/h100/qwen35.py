@@ -32,8 +32,15 @@ def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="h100", precision="bf16", layout="TP2 PP2 CP2 EP4 ETP1 DP1", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": None, "source": SEED_000})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h100",
+    precision="bf16",
+    layout="TP2 PP2 CP2 EP4 ETP1 DP1",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": None, "source": SEED_000},
+)
 def qwen35_35b_a3b_sft_8gpu_h100_bf16_config():
     """Qwen3.5/3.6-35B-A3B SFT on one 8 x H100 node with slime's layout (seed 000)."""
     cfg = sft_config("qwen35_35b_a3b")

@@ -46,9 +46,16 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="functional",
-        reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
-        evidence="results/h200_qwen35_35b_a3b_evidence.json")
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="functional",
+    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
+    evidence="results/h200_qwen35_35b_a3b_evidence.json",
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
     """Qwen3.5/3.6-35B-A3B SFT on 8 x H200: EP8, 8,192 tokens per GPU, no offload (4,663.1 published)."""
     cfg = sft_config("qwen35_35b_a3b")
@@ -56,8 +63,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001},
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
     """The EP8 layout at 16,384 tokens per GPU (two rows per micro batch) with the optimizer on
     the CPU, copies overlapped (seed 001, #2: 3,466.8 published)."""
@@ -67,8 +81,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP2 EP4 DP4", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP2 EP4 DP4",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001},
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
     """The 16,384-token offloaded variant with two pipeline stages and EP4 (seed 001, #3:
     3,076.8 published). 40 layers split 20/20."""
@@ -77,8 +98,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 CP2 EP8 ETP1 DP2", status="unmeasured",
-        notes="seed 004: peak ~124 GB of 143 reported by its authors, not by us")
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP2 PP1 CP2 EP8 ETP1 DP2",
+    status="unmeasured",
+    notes="seed 004: peak ~124 GB of 143 reported by its authors, not by us",
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
     """Long-context layout of the on-policy-distillation example (seed 004) on one 8 x H200 node:
     TP2 (sequence parallel) PP1 CP2 EP8 ETP1, optimizer on the CPU, 32,768-token sequences.
@@ -112,9 +140,16 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP4 DP2", status="functional",
-        reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
-        evidence="results/h200_qwen35_27b_evidence.json")
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP4 DP2",
+    status="functional",
+    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
+    evidence="results/h200_qwen35_27b_evidence.json",
+)
 def qwen35_27b_sft_8gpu_h200_bf16_config():
     """Qwen3.5/3.6-27B SFT on 8 x H200: PP4 16/17/17/14, block recompute 12 (2,499.5 published)."""
     cfg = sft_config("qwen35_27b")
@@ -133,8 +168,15 @@ def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
     cfg.train.micro_batch_size = 1
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP4 PP2 DP1", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP4 PP2 DP1",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002},
+)
 def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config():
     """slime's 27B layout on 8 x H200, the baseline of the tuned recipe (948.7 published)."""
     cfg = sft_config("qwen35_27b")
@@ -145,8 +187,15 @@ def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config():
 # --- one-GPU smoke run ---------------------------------------------------------------------
 
 
-@recipe(task="pretrain", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 DP1", status="functional",
-        evidence="docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log")
+@recipe(
+    task="pretrain",
+    gpus=1,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 DP1",
+    status="functional",
+    evidence="docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log",
+)
 def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config():
     """The 35B-A3B H200 execution policy scaled down to one GPU: 4 layers (3 GDN + 1 gated
     attention) of the 35B-A3B shape with all 256 experts, MTP, mock data, random init, 20 steps.

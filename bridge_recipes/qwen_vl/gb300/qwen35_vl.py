@@ -81,8 +81,15 @@ def _apply_qwen35_vl_35b_a3b_16gpu_gb300_execution_config(cfg) -> None:
     cfg.env_vars = {**GB300_ENV, "CUDA_DEVICE_MAX_CONNECTIONS": 1}
 
 
-@recipe(task="pretrain", gpus=16, gpu="gb300", precision="bf16", layout="TP1 PP1 EP4 DP16", status="functional",
-        evidence="results/h200_qwen35_vl_35b_a3b_evidence.json")
+@recipe(
+    task="pretrain",
+    gpus=16,
+    gpu="gb300",
+    precision="bf16",
+    layout="TP1 PP1 EP4 DP16",
+    status="functional",
+    evidence="results/h200_qwen35_vl_35b_a3b_evidence.json",
+)
 def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config():
     """Return the full-pretraining config for Qwen3.5/Qwen3.6-VL 35B-A3B on 16 GB300 GPUs.
 
@@ -95,8 +102,15 @@ def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config():
     return cfg
 
 
-@recipe(task="pretrain", gpus=8, gpu="gb300", precision="fp8mx", layout="TP1 PP1 EP4 DP8", status="unmeasured",
-        notes="seed 003: +11.3% TFLOP/s per GPU vs 16 GPUs at the same global batch, measured upstream, not here")
+@recipe(
+    task="pretrain",
+    gpus=8,
+    gpu="gb300",
+    precision="fp8mx",
+    layout="TP1 PP1 EP4 DP8",
+    status="unmeasured",
+    notes="seed 003: +11.3% TFLOP/s per GPU vs 16 GPUs at the same global batch, measured upstream, not here",
+)
 def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config():
     """Return the MXFP8 full-pretraining config for Qwen3.5/Qwen3.6-VL 35B-A3B on 8 GB300 GPUs.
 

@@ -11,8 +11,15 @@ __all__ = ["qwen35_35b_a3b_sft_8gpu_b200_bf16_mock_config"]
 SEED_001_B200 = "OpenRecipes Qwen3.6-35B-A3B on 8 x B200 (seed 001); layout not published"
 
 
-@recipe(task="sft", gpus=8, gpu="b200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="b200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200},
+)
 def qwen35_35b_a3b_sft_8gpu_b200_bf16_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_b200_bf16_config (our proposed B200 layout)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_b200_bf16_config()

@@ -20,8 +20,15 @@ SEED_001 = "OpenRecipes Qwen3.6-35B-A3B H200 leaderboard, ATTUNE, measured 2026-
 SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (seed 002)"
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_config (EP8, no offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
@@ -29,8 +36,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001},
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config (16,384 tokens/GPU, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
@@ -38,8 +52,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP2 EP4 DP4", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP2 EP4 DP4",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001},
+)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config (PP2 EP4, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config()
@@ -55,8 +76,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP4 DP2", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP4 DP2",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
+)
 def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_config (PP4 16/17/17/14, block recompute 12)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_config()
@@ -64,8 +92,15 @@ def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP4 PP2 DP1", status="unmeasured",
-        reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002})
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP4 PP2 DP1",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002},
+)
 def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config():
     """Benchmark of the slime reference layout of the 27B (TP4 SP PP2 34/30, CPU Adam)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config()

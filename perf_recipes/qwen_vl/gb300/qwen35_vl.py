@@ -52,8 +52,9 @@ def _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg) -> None:
 def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config():
     """Qwen3.5-VL 35B-A3B benchmark on 8 x GB300, MXFP8, EP8, global batch 512 (not the
     ``_library`` real-data recipe, which keeps the 16-GPU layout)."""
-    from bridge_recipes.common import vlm_pretrain_config
     from megatron.bridge.training.mixed_precision import bf16_with_mxfp8_mixed
+
+    from bridge_recipes.common import vlm_pretrain_config
 
     cfg = vlm_pretrain_config("qwen35_vl_35b_a3b")
     _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg)
