@@ -1,31 +1,87 @@
-"""The launch examples are valid and use the runner."""
+"""The launch examples hand the runner exactly the arguments they were given.
 
-import py_compile
+Each shell example runs here with stand-ins for the cluster tools (srun, scontrol) and for the
+venv's interpreter and ft_launcher, which record the argument vector they receive; the test
+then checks the runner would be started with the recipe and every override as one token each,
+a quoted override with a space included.
+"""
+
+import json
+import os
+import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+ARGS = ["--save-dir", "/ckpt/run 1", "logger.wandb_exp_name=my run", "train.train_iters=500", "optimizer.lr=2e-5"]
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".sh", ".sbatch")))
-def test_shell_examples_parse(script):
-    subprocess.run(["bash", "-n", str(EXAMPLES / script)], check=True)
+def _stub(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
 
 
-def test_slurm_example_runs_torchrun_under_srun_per_node():
-    text = (EXAMPLES / "slurm_multinode.sbatch").read_text()
-    for piece in (
-        "srun",
-        "torchrun",
-        "--nnodes=$SLURM_JOB_NUM_NODES",
-        "--node-rank=\\$SLURM_NODEID",
-        "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT",
-        "scripts/run_recipe.py --recipe $RECIPE",
-    ):
-        assert piece in text, piece
+@pytest.fixture
+def stubs(tmp_path):
+    """A bin folder with srun (runs its command once, as node 0), scontrol, and a recorder that
+    stands in for python and ft_launcher: it appends its argv as one JSON line to calls.jsonl."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.jsonl"
+    record = bin_dir / "record.py"
+    record.write_text(f"import json, sys\nopen({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    _stub(bin_dir / "record", f'exec {sys.executable} {record} "$@"\n')
+    _stub(bin_dir / "srun", 'while [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 exec "$@"\n')
+    _stub(bin_dir / "scontrol", "echo node0\necho node1\n")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTHON": str(bin_dir / "record"),
+        "FT_LAUNCHER": str(bin_dir / "record"),
+        "SLURM_JOB_NODELIST": "node[0-1]",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_ID": "42",
+        "NNODES": "2",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "node0",
+    }
+    return env, calls
 
 
-def test_python_example_compiles(tmp_path):
-    py_compile.compile(str(EXAMPLES / "python_api.py"), cfile=str(tmp_path / "x.pyc"), doraise=True)
+def _runner_args(argv: list[str]) -> list[str]:
+    i = argv.index("scripts/run_recipe.py")
+    return argv[i + 1 :]
+
+
+@pytest.mark.parametrize("script", ["slurm_multinode.sbatch", "torchrun_multinode.sh", "ft_launcher.sh"])
+def test_launcher_passes_each_argument_through_as_one_token(script, stubs):
+    env, calls = stubs
+    p = subprocess.run(
+        ["bash", str(EXAMPLES / script), RECIPE, *ARGS], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    (argv,) = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert _runner_args(argv) == ["--recipe", RECIPE, *ARGS]
+
+
+def test_slurm_torchrun_arguments(stubs):
+    env, calls = stubs
+    subprocess.run(["bash", str(EXAMPLES / "slurm_multinode.sbatch"), RECIPE], cwd=ROOT, env=env, check=True)
+    (argv,) = [json.loads(line) for line in calls.read_text().splitlines()]
+    launcher = argv[: argv.index("scripts/run_recipe.py")]
+    assert launcher[:2] == ["-m", "torch.distributed.run"]
+    assert {"--nnodes=2", "--node-rank=0", "--nproc-per-node=8", "--rdzv-endpoint=node0:29500"} <= set(launcher)
+
+
+def test_cli_overrides_example_dry_runs():
+    env = {**os.environ, "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(EXAMPLES / "cli_overrides.sh")], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "checks: ok" in p.stdout
+    assert "global_batch_size: 512" in p.stdout  # the trailing override won over -gb 256
