@@ -43,8 +43,18 @@ def scale_down(
     from bridge_recipes.runner.checks import stage_layers
 
     old_stage = max(stage_layers(cfg) or [m.num_layers])
-    if num_layers % period:
-        raise ValueError(f"num_layers must be a multiple of the GDN/attention period {period} (got {num_layers})")
+    if not isinstance(num_layers, int) or not period <= num_layers <= m.num_layers or num_layers % period:
+        raise ValueError(
+            f"--scale-down {num_layers}: layers must be a multiple of the GDN/attention period {period} "
+            f"between {period} and the recipe's {m.num_layers}"
+        )
+    if num_experts is not None:
+        if not m.num_moe_experts:
+            raise ValueError(f"--scale-experts {num_experts}: the model is dense (no routed experts); drop the flag")
+        if not 1 <= num_experts <= m.num_moe_experts:
+            raise ValueError(
+                f"--scale-experts {num_experts}: keep between 1 and the recipe's {m.num_moe_experts} routed experts"
+            )
     _set(m, "num_layers", num_layers, changes, "model.")
     pattern = hybrid_pattern(num_layers, period)
     if isinstance(m.linear_attention_freq, list) and m.linear_attention_freq != pattern:
@@ -72,7 +82,7 @@ def scale_down(
         kept = min(num_layers, max(1, round(m.recompute_num_layers * num_layers / old_stage)))
         _set(m, "recompute_num_layers", kept, changes, "model.")
 
-    if num_experts is not None and m.num_moe_experts:
+    if num_experts is not None:
         _set(m, "num_moe_experts", num_experts, changes, "model.")
         _set(m, "moe_router_topk", min(m.moe_router_topk, num_experts), changes, "model.")
     # Flex dispatchers (DeepEP / HybridEP) need expert parallelism across GPUs.

@@ -91,6 +91,12 @@ def _div(a: int, b: int) -> bool:
 
 
 def check(cfg: Any, world_size: int) -> list[Problem]:
+    from bridge_recipes.values import value_problems
+
+    # The layout arithmetic below divides by the parallel sizes: out-of-range values stop here.
+    bad_values = value_problems(cfg, world_size)
+    if bad_values:
+        return [Problem("error", msg) for msg in bad_values]
     m, problems = cfg.model, []
 
     def err(msg: str) -> None:

@@ -79,7 +79,14 @@ def fail(msg: str) -> int:
 
 
 def world_size_of(args: argparse.Namespace) -> int:
-    return args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    """--world-size, else $WORLD_SIZE (as torchrun sets it), else 1; ValueError naming a bad one."""
+    if args.world_size is not None:
+        return args.world_size
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE={raw!r} is not an integer; unset it or pass --world-size N") from None
 
 
 def megatron_validation(cfg: Any, world_size: int) -> str | None:
@@ -114,6 +121,8 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
 
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     entry = registry.find(args.recipe)
+    if args.scale_experts is not None and not args.scale_down:
+        raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
     cfg = registry.load(args.recipe)()
     if args.scale_down:
         from bridge_recipes.scaledown import scale_down
@@ -155,12 +164,15 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     from bridge_recipes.runner import checks, environment
 
-    world = world_size_of(args)
+    try:
+        world = world_size_of(args)
+    except ValueError as exc:
+        return fail(str(exc))
     problems = checks.check(cfg, world)
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
-        return fail(f"the layout of {entry.name} cannot run on {world} GPU(s); fix the errors above")
+        return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above")
 
     if args.plan:
         from bridge_recipes.plan.memory import plan_report

@@ -1,0 +1,106 @@
+"""Out-of-range values are refused before launch with a message naming the field and the fix."""
+
+import copy
+
+import pytest
+
+from bridge_recipes.runner import registry
+from bridge_recipes.runner.cli import main
+from bridge_recipes.runner.overrides import apply_all
+from bridge_recipes.values import value_problems
+
+MOE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+DENSE = "qwen35_27b_sft_8gpu_h200_bf16_config"
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {name: registry.load(name)() for name in (MOE, DENSE)}
+
+
+def _problems(built, name, flags=None, overrides=(), world=8):
+    cfg = copy.deepcopy(built[name])
+    apply_all(cfg, flags or {}, list(overrides))
+    return value_problems(cfg, world)
+
+
+BAD = [  # (flags, overrides, text the message must hold)
+    ({"tp": 0}, [], "model.tensor_model_parallel_size=0"),
+    ({"pp": 0}, [], "model.pipeline_model_parallel_size=0"),
+    ({"cp": 0}, [], "model.context_parallel_size=0"),
+    ({"ep": 0}, [], "model.expert_model_parallel_size=0"),
+    ({"etp": 0}, [], "model.expert_tensor_parallel_size=0"),
+    ({"sl": 0}, [], "model.seq_length=0"),
+    ({"sl": -1}, [], "dataset.seq_length=-1"),
+    ({"gb": 0}, [], "train.global_batch_size=0"),
+    ({"gb": -8}, [], "train.global_batch_size=-8"),
+    ({"mb": 0}, [], "train.micro_batch_size=0"),
+    ({"max_steps": 0}, [], "train.train_iters=0"),
+    ({}, ["train.train_iters=" + "9" * 30], "train.train_iters=" + "9" * 30),
+    ({"lr": -1.0}, [], "optimizer.lr=-1.0"),
+    ({"lr": float("inf")}, [], "optimizer.lr=inf"),
+    ({}, ["optimizer.lr=nan"], "optimizer.lr=nan"),
+    ({}, ["optimizer.lr=1e400"], "optimizer.lr=inf"),
+    ({"lr": 1e-5, "min_lr": 1e-4}, [], "optimizer.min_lr=0.0001 is above optimizer.lr=1e-05"),
+    ({"min_lr": -1.0}, [], "optimizer.min_lr=-1.0"),
+    ({"warmup_iters": 50}, [], "scheduler.lr_warmup_iters=50 is not shorter than the 50"),
+    ({"warmup_iters": -3}, [], "scheduler.lr_warmup_iters=-3"),
+    ({}, ["model.moe_router_topk=0"], "model.moe_router_topk=0"),
+    ({}, ["model.moe_router_topk=257"], "model.moe_router_topk=257 must be between 1 and the 256 experts"),
+    ({}, ["model.hidden_size=-5"], "model.hidden_size=-5"),
+    ({}, ["model.num_layers=0"], "model.num_layers=0"),
+    ({}, ["~train.global_batch_size"], "train.global_batch_size=None"),
+    ({}, ["rng.seed=-1"], "rng.seed=-1"),
+    ({"save_interval": 0}, [], "checkpoint.save_interval=0"),
+    ({}, ["model.recompute_granularity=selective"], "model.recompute_method=null"),
+]
+
+
+@pytest.mark.parametrize("flags,overrides,text", BAD, ids=[b[2][:40] for b in BAD])
+def test_bad_value_is_named(built, flags, overrides, text):
+    problems = _problems(built, MOE, flags, overrides)
+    assert any(text in p for p in problems), problems
+
+
+def test_every_recipe_passes_as_built():
+    for name in registry.discover():
+        entry = registry.find(name)
+        assert value_problems(registry.load(name)(), entry.meta.gpus) == [], name
+
+
+def test_dense_model_ignores_top_k(built):
+    assert _problems(built, DENSE, {}, ["model.moe_router_topk=0"]) == []
+
+
+@pytest.mark.parametrize("world", [0, -2])
+def test_world_size_must_be_positive(built, world):
+    assert any("world size" in p for p in _problems(built, MOE, world=world))
+
+
+@pytest.mark.parametrize(
+    "argv,text",
+    [
+        (["-tp", "0"], "model.tensor_model_parallel_size=0"),
+        (["--lr", "nan"], "optimizer.lr=nan"),
+        (["--scale-experts", "8"], "--scale-experts needs --scale-down"),
+        (["--scale-down", "-4"], "--scale-down -4"),
+        (["--scale-down", "400"], "--scale-down 400"),
+        (["--scale-down", "6"], "--scale-down 6"),
+        (["--scale-down", "4", "--scale-experts", "0"], "--scale-experts 0"),
+    ],
+)
+def test_runner_refuses_before_launch(capsys, argv, text):
+    assert main(["--recipe", MOE, "--dry-run", "--world-size", "8", *argv]) == 2
+    err = capsys.readouterr().err
+    assert text in err and "Traceback" not in err
+
+
+def test_scale_experts_on_dense_model(capsys):
+    assert main(["--recipe", DENSE, "--dry-run", "--scale-down", "4", "--scale-experts", "8"]) == 2
+    assert "the model is dense" in capsys.readouterr().err
+
+
+def test_bad_world_size_variable(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    assert main(["--recipe", MOE, "--dry-run"]) == 2
+    assert "WORLD_SIZE='abc' is not an integer" in capsys.readouterr().err
