@@ -49,7 +49,41 @@ def latest_run_config(folder: str) -> tuple[int, dict] | None:
         pass
 
     _Lenient.add_multi_constructor("", lambda loader, suffix, node: None)  # python tags: not needed here
-    return iteration, yaml.load(run_config.read_text(), Loader=_Lenient) or {}
+    try:
+        loaded = yaml.load(run_config.read_text(), Loader=_Lenient) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        raise CheckpointMetadataError(f"{run_config} cannot be read as YAML ({type(exc).__name__})") from None
+    if not isinstance(loaded, dict) or any(
+        not isinstance(loaded.get(k) or {}, dict) for k in ("model", "checkpoint", "optimizer", "dist")
+    ):
+        raise CheckpointMetadataError(f"{run_config} is not a Megatron-Bridge run config (sections must be maps)")
+    return iteration, loaded
+
+
+class CheckpointMetadataError(ValueError):
+    """A checkpoint folder whose metadata cannot be read; the message names the file."""
+
+
+def folder_problem(key: str, folder: str) -> str | None:
+    """Why ``folder`` cannot be created or written as ``key``, or None when it can."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        return f"{key}={folder} is a file, not a folder; choose a folder path"
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{key}={folder}: {probe} is a file, so the folder cannot be created; choose another path"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{key}={folder}: {probe} is not writable; choose a folder you can write to"
+    return None
+
+
+def is_megatron_checkpoint(folder: str) -> bool:
+    """Megatron-Bridge's own test: a tracker file, or an iteration folder with its markers."""
+    from megatron.bridge.training.utils.checkpoint_utils import checkpoint_exists
+
+    return checkpoint_exists(folder)
 
 
 LAYOUT_FILE = "run_layout.json"  # written by the runner into the save folder at launch
@@ -71,7 +105,12 @@ def saved_world_size(folder: str, run_config: dict) -> int | None:
 
     path = Path(folder) / LAYOUT_FILE
     if path.is_file():
-        return json.loads(path.read_text()).get("world_size")
+        try:
+            recorded = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError):
+            recorded = None
+        if isinstance(recorded, dict) and isinstance(recorded.get("world_size"), int):
+            return recorded["world_size"]
     return (run_config.get("dist") or {}).get("world_size")
 
 
@@ -96,11 +135,21 @@ def problems(cfg: Any, world_size: int) -> list[str]:
         out.append(
             "checkpoint.async_save needs checkpoint.save; give a save folder or set checkpoint.async_save=false"
         )
+    if c.save:
+        out += [msg for msg in [folder_problem("checkpoint.save", c.save)] if msg]
     if c.pretrained_checkpoint and not os.path.exists(c.pretrained_checkpoint):
         out.append(f"checkpoint.pretrained_checkpoint={c.pretrained_checkpoint} does not exist")
+    elif c.pretrained_checkpoint and not is_megatron_checkpoint(c.pretrained_checkpoint):
+        out.append(
+            f"checkpoint.pretrained_checkpoint={c.pretrained_checkpoint} is not a Megatron checkpoint (no "
+            "latest_checkpointed_iteration.txt, no iteration folder markers); point it at a converted checkpoint"
+        )
     if c.load and c.load != c.save and not os.path.exists(c.load):
         out.append(f"checkpoint.load={c.load} does not exist (to resume automatically, leave load equal to save)")
-    saved = latest_run_config(c.load) if c.load and os.path.isdir(c.load) else None
+    try:
+        saved = latest_run_config(c.load) if c.load and os.path.isdir(c.load) else None
+    except CheckpointMetadataError as exc:
+        return [*out, f"checkpoint.load={c.load}: {exc}; repair or remove that checkpoint, or load from another"]
     if saved:
         out += reshard_problems(cfg, world_size, *saved)
     return out

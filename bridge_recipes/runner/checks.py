@@ -10,6 +10,7 @@ cannot split, and a global batch that micro batches and data parallelism do not 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +226,8 @@ def dataset_problems(cfg: Any) -> list[str]:
     kind = type(d).__name__
     if kind == "EnergonDatasetConfig" and not getattr(d, "path", None):
         return ["--dataset energon needs the dataset folder: add dataset.path=/path/to/energon/dataset"]
+    if kind == "EnergonDatasetConfig" and not os.path.isdir(d.path):
+        return [f"dataset.path={d.path} is not a folder; point it at a prepared Energon dataset"]
     if kind == "PackedSFTRowsConfig":
         if not d.path:
             return [

@@ -104,3 +104,60 @@ def test_bad_world_size_variable(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "abc")
     assert main(["--recipe", MOE, "--dry-run"]) == 2
     assert "WORLD_SIZE='abc' is not an integer" in capsys.readouterr().err
+
+
+def _dry_run(capsys, *argv):
+    code = main(["--recipe", MOE, "--dry-run", "--world-size", "8", *argv])
+    return code, capsys.readouterr().err
+
+
+def test_save_folder_that_is_a_file(tmp_path, capsys):
+    target = tmp_path / "ckpt"
+    target.write_text("mine")
+    code, err = _dry_run(capsys, "--save-dir", str(target))
+    assert code == 2 and f"checkpoint.save={target} is a file" in err
+    assert target.read_text() == "mine"
+
+
+def test_save_folder_under_a_file(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    code, err = _dry_run(capsys, "--save-dir", str(tmp_path / "f" / "run"))
+    assert code == 2 and "cannot be created" in err
+
+
+def test_pretrained_folder_that_is_not_a_checkpoint(tmp_path, capsys):
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "model.safetensors").write_bytes(b"\0" * 8)
+    code, err = _dry_run(capsys, "--pretrained-checkpoint", str(tmp_path / "weights"))
+    assert code == 2 and "is not a Megatron checkpoint" in err
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["model: [unclosed\n", "model:\n  - 1\n  - 2\n", "- a list\n", "\xff\xfe binary"],
+    ids=["yaml", "list", "top", "bin"],
+)
+def test_corrupt_checkpoint_metadata(tmp_path, capsys, text):
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "iter_0000005").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("5")
+    (ckpt / "iter_0000005" / "run_config.yaml").write_bytes(text.encode("latin-1"))
+    (ckpt / "run_layout.json").write_text("{not json")
+    code, err = _dry_run(capsys, "--load-dir", str(ckpt), "--save-dir", str(ckpt))
+    assert code == 2 and "run_config.yaml" in err and "Traceback" not in err
+
+
+def test_energon_path_must_exist(tmp_path, capsys):
+    code = main(
+        [
+            "--recipe",
+            "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
+            "--dry-run",
+            "--world-size",
+            "16",
+            "--dataset",
+            "energon",
+            f"dataset.path={tmp_path / 'missing'}",
+        ]
+    )
+    assert code == 2 and "is not a folder" in capsys.readouterr().err
