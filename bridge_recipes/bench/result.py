@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from bridge_recipes.bench.flops import FlopsPerToken
-from bridge_recipes.bench.stats import GPUS, WindowStats, gpu_type_from_name
+from bridge_recipes.bench.stats import WindowStats
+from bridge_recipes.gpus import GPUS, gpu_type_from_name
 from bridge_recipes.layout import layout_of
 
 SCHEMA_VERSION = 1
@@ -181,7 +182,7 @@ def stack_versions() -> dict[str, Any]:
 
 def gpu_block(gpu: str | None, count: int) -> dict[str, Any]:
     """``{type, count, memory_gb}``: the type from a table key or device name (``"NVIDIA H200"``
-    -> ``H200``), the datasheet memory where the type is in :data:`~bridge_recipes.bench.stats.GPUS`."""
+    -> ``H200``), the datasheet memory where the type is in :data:`~bridge_recipes.gpus.GPUS`."""
     try:
         gpu_type = gpu_type_from_name(gpu) if gpu else None
     except KeyError:

@@ -1,4 +1,4 @@
-"""Window statistics over per-step records, GPU peak FLOP/s, and Megatron's training log.
+"""Window statistics over per-step records, and Megatron's training log.
 
 OpenRecipes measures a 20-step run over the window of steps 5..19 inclusive (``window: [5,
 19]``): tokens/s/GPU is the window's tokens over the window's time over the GPUs, MFU is that
@@ -24,55 +24,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bridge_recipes.gpus import peak_bf16_flops
+
 DEFAULT_WINDOW = (5, 19)  # OpenRecipes: steps 5..19 of a 20-step run, 1-based, inclusive
 BYTES_PER_GB = 1e9  # Megatron-Bridge's report_memory divides bytes by 1e9
-
-
-# --- GPUs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    name: str
-    peak_bf16_flops: float  # dense BF16 tensor-core FLOP/s per GPU, no sparsity
-    memory_gb: int  # datasheet HBM per GPU
-
-
-# NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 "with sparsity",
-# twice these numbers.
-GPUS: dict[str, GpuSpec] = {
-    # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
-    "H100": GpuSpec("H100", 989.4e12, 80),
-    # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
-    "H200": GpuSpec("H200", 989.4e12, 141),
-    # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
-    "B200": GpuSpec("B200", 2250e12, 180),
-    # GB200 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs; 13.4 TB over 72 GPUs.
-    "GB200": GpuSpec("GB200", 2500e12, 186),
-    # GB300 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs (as GB200); 288 GB HBM3e per GPU.
-    "GB300": GpuSpec("GB300", 2500e12, 288),
-}
-
-# Names torch.cuda.get_device_name() prints that are not the SXM part of the table: refused
-# rather than given the SXM peak (H100 PCIe and NVL have lower clocks and peaks).
-_OTHER_FORM_FACTORS = ("PCIE", "NVL")
-
-
-def gpu_type_from_name(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"H200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``; a key of
-    :data:`GPUS` passes through. Unknown GPUs and other H100 form factors are an error."""
-    upper = name.upper()
-    match = re.search(r"\b(GB300|GB200|B200|H200|H100)\b", upper)
-    if not match:
-        raise KeyError(f"no peak FLOP/s known for GPU {name!r}; known: {', '.join(GPUS)}")
-    if match.group(1) == "H100" and any(f in upper for f in _OTHER_FORM_FACTORS):
-        raise KeyError(f"{name!r} is not the H100 SXM of the table (989.4 TFLOP/s); pass peak_flops explicitly")
-    return match.group(1)
-
-
-def peak_bf16_flops(gpu: str) -> float:
-    """Dense BF16 peak FLOP/s per GPU for a type (``"H200"``) or a device name."""
-    return GPUS[gpu_type_from_name(gpu)].peak_bf16_flops
 
 
 # --- step records and window statistics -------------------------------------------------------

@@ -64,22 +64,14 @@ from typing import Any
 
 from bridge_recipes.bench.flops import FLA_CHUNK_SIZE
 from bridge_recipes.common import is_vlm
+from bridge_recipes.gpus import GB, GPUS
 from bridge_recipes.layout import Layout, layout_of, stage_layers
 
-GB = 1e9
-MIB = 2**20
-GIB = 2**30
-
-# Device memory in GB (1e9 bytes). H200: what the test host's device reports, 143,771 MiB
-# (docs/evidence/README.md) = 150.76 GB = 140.4 GiB: NVIDIA's "141 GB" is GiB-like, so for
-# the GPUs not measured here the nominal figure is read as GiB too (nominal, not measured).
-GPU_MEMORY_GB = {
-    "h200": 143_771 * MIB / GB,
-    "h100": 80 * GIB / GB,
-    "b200": 180 * GIB / GB,
-    "gb300": 288 * GIB / GB,
-}
+# Device memory in GB (1e9 bytes) of the GPU types the recipes are written for, from the one
+# GPU table (bridge_recipes.gpus: the H200's is the test host's measured figure); the H200
+# first, the planner's default.
 DEFAULT_GPU = "h200"
+GPU_MEMORY_GB = {key: GPUS[key.upper()].usable_memory_gb for key in (DEFAULT_GPU, "h100", "b200", "gb300")}
 
 # Outside torch's allocator: CUDA context (~0.6 GB on Hopper with lazy module loading),
 # cuBLAS / Transformer Engine workspaces (~0.2 GB) and NCCL communicator buffers of the

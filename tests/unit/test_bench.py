@@ -12,6 +12,7 @@ import pytest
 from bridge_recipes.bench import flops as F
 from bridge_recipes.bench import result as R
 from bridge_recipes.bench import stats as S
+from bridge_recipes.gpus import GPUS, peak_bf16_flops
 from bridge_recipes.models.params import count_parameters
 from bridge_recipes.models.qwen35 import Qwen35Spec, get_spec
 
@@ -259,13 +260,28 @@ def test_bad_records_are_errors():
 
 
 def test_gpu_peak_table():
-    assert S.peak_bf16_flops("NVIDIA H200") == S.peak_bf16_flops("H100") == 989.4e12
-    assert S.peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
-    assert S.peak_bf16_flops("NVIDIA B200") == 2250e12
-    assert S.peak_bf16_flops("NVIDIA GB200") == S.peak_bf16_flops("GB300") == 2500e12
+    assert peak_bf16_flops("NVIDIA H200") == peak_bf16_flops("H100") == 989.4e12
+    assert peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert peak_bf16_flops("NVIDIA B200") == 2250e12
+    assert peak_bf16_flops("NVIDIA GB200") == peak_bf16_flops("GB300") == 2500e12
     for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"):
         with pytest.raises(KeyError):
-            S.peak_bf16_flops(name)
+            peak_bf16_flops(name)
+
+
+def test_one_gpu_table_for_statistics_result_files_and_the_planner():
+    """The datasheet memory goes into result files; the planner fits plans in the device's own
+    figure (the test host's H200: 143,771 MiB), from the same row."""
+    from bridge_recipes.plan import memory as M
+
+    h200 = GPUS["H200"]
+    assert R.gpu_block("NVIDIA H200", 8)["memory_gb"] == h200.memory_gb == 141
+    assert h200.memory_bytes == 143_771 * 2**20
+    assert M.gpu_memory("h200") == h200.usable_memory_gb
+    assert {k: M.gpu_memory(k) for k in M.GPU_MEMORY_GB} == {
+        k: GPUS[k.upper()].usable_memory_gb for k in ("h200", "h100", "b200", "gb300")
+    }
+    assert S.summarize(_steps([1.0] * 3), (1, 3), 1, 1e12, "NVIDIA H200").peak_flops == h200.peak_bf16_flops
 
 
 # --- Megatron log --------------------------------------------------------------------------------
