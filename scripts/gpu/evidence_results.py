@@ -21,8 +21,8 @@ from bridge_recipes.bench.evidence import (
     check_resume,
     check_training,
 )
+from bridge_recipes.bench.megatron_log import parse_megatron_log, peak_allocated_gb
 from bridge_recipes.bench.runs import ROOT, loss_curve, split_runs
-from bridge_recipes.bench.stats import parse_megatron_log, peak_allocated_gb
 
 EVIDENCE = ROOT / "docs" / "evidence"
 HOST = {

@@ -12,9 +12,10 @@ import pytest
 
 from bridge_recipes.bench import benchmark as bench
 from bridge_recipes.bench.harness import comparison, different_training, proxy_config
+from bridge_recipes.bench.megatron_log import step_records_from_log
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.bench.runs import log_losses
-from bridge_recipes.bench.stats import step_records_from_log, summarize
+from bridge_recipes.bench.stats import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = {  # model: (tuned policy, reference layout)
