@@ -62,9 +62,7 @@ def layout_of(cfg: Any, world_size: int) -> Layout:
     """The layout of ``cfg`` (a ConfigContainer, or any object with its ``model`` fields) on
     ``world_size`` GPUs; unset sizes count as 1 (expert TP stays unset: see ``expert_tp``)."""
     m = cfg.model
-    tp = getattr(m, "tensor_model_parallel_size", 1) or 1
-    pp = getattr(m, "pipeline_model_parallel_size", 1) or 1
-    cp = getattr(m, "context_parallel_size", 1) or 1
+    tp, pp, cp = _model_parallel_sizes(m)
     mp = tp * pp * cp
     return Layout(
         tp=tp,
@@ -79,18 +77,22 @@ def layout_of(cfg: Any, world_size: int) -> Layout:
     )
 
 
+def _model_parallel_sizes(model: Any) -> tuple[int, int, int]:
+    """(TP, PP, CP) of a model config or a saved run's ``model`` mapping; unset counts as 1."""
+    get = model.get if isinstance(model, dict) else lambda key: getattr(model, key, None)
+    return tuple(
+        get(key) or 1
+        for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+    )
+
+
 def data_parallel(model: Any, world_size: int | None) -> int | None:
-    """Data-parallel size of a model's parallel sizes (fields or a saved ``model`` mapping) on
-    ``world_size`` GPUs, or None without a world size."""
+    """Data-parallel size of a model's parallel sizes (a model config or a saved run's ``model``
+    mapping) on ``world_size`` GPUs, or None without a world size."""
     if not world_size:
         return None
-    get = model.get if isinstance(model, dict) else lambda k, d=None: getattr(model, k, d)
-    mp = (
-        (get("tensor_model_parallel_size", 1) or 1)
-        * (get("pipeline_model_parallel_size", 1) or 1)
-        * (get("context_parallel_size") or 1)
-    )
-    return world_size // mp
+    tp, pp, cp = _model_parallel_sizes(model)
+    return world_size // (tp * pp * cp)
 
 
 def stage_layers(cfg: Any) -> list[int] | None:
