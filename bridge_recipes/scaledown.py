@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge_recipes.layout import stage_layers
+
 
 def _set(obj: Any, field: str, value: Any, changes: list[str], prefix: str) -> None:
     old = getattr(obj, field)
@@ -40,8 +42,6 @@ def scale_down(
     """Shrink ``cfg`` in place for one GPU; returns the list of changes made."""
     m, changes = cfg.model, []
     period = 4
-    from bridge_recipes.runner.checks import stage_layers
-
     old_stage = max(stage_layers(cfg) or [m.num_layers])
     if not isinstance(num_layers, int) or not period <= num_layers <= m.num_layers or num_layers % period:
         raise ValueError(

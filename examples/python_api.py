@@ -1,15 +1,22 @@
-"""Use a recipe from Python: build it, change fields, hand it to Megatron-Bridge.
+"""Use a recipe from Python: build it by name, change fields, hand it to Megatron-Bridge.
 
 torchrun --nproc-per-node 8 examples/python_api.py
 """
 
-from bridge_recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
+import bridge_recipes
 from bridge_recipes.runner import checks, launch
 
-cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
-cfg.train.train_iters = 200
-cfg.optimizer.lr = 2e-5
-cfg.checkpoint.save = cfg.checkpoint.load = "/checkpoints/qwen35_35b_a3b_sft"  # resume from where it saves
+checkpoints = "/checkpoints/qwen35_35b_a3b_sft"
+cfg = bridge_recipes.build(
+    "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+    flags={
+        "max_steps": 200,
+        "lr": 2e-5,
+        "save_dir": checkpoints,
+        "load_dir": checkpoints,
+    },  # resume from where it saves
+)
+cfg.logger.log_interval = 10  # any field can be set on the built config
 
 problems = checks.errors(checks.check(cfg, world_size=8))
 if problems:

@@ -9,8 +9,8 @@ benchmark measures the recipe users train with.
 
 from __future__ import annotations
 
+from bridge_recipes.datasets import use_mock
 from bridge_recipes.resilience import disable_resilience
-from bridge_recipes.runner.datasets import use_mock
 
 BENCHMARK_STEPS = 20
 

@@ -16,11 +16,9 @@ import logging
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from tqdm.contrib.logging import logging_redirect_tqdm  # noqa: E402
-
-from bridge_recipes.data import sft_rows  # noqa: E402
+from bridge_recipes.data import sft_rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -14,10 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bridge_recipes.bench.convergence import compare  # noqa: E402
-from bridge_recipes.bench.runs import log_losses, split_runs  # noqa: E402
+from bridge_recipes.bench.convergence import compare
+from bridge_recipes.bench.runs import log_losses, split_runs
 
 
 def main() -> int:

@@ -15,9 +15,7 @@ import sys
 # puts recipe environment variables in place before Transformer Engine is imported).
 START_STATE = {"transformer_engine_imported": "transformer_engine" in sys.modules, "environ": dict(os.environ)}
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bridge_recipes.runner.cli import main  # noqa: E402
+from bridge_recipes.runner.cli import main  # noqa: E402 (imported after START_STATE is recorded)
 
 if __name__ == "__main__":
     sys.exit(main(start_state=START_STATE))

@@ -20,6 +20,12 @@ def _is_local(address) -> bool:
     return isinstance(address, (str, bytes)) and str(address).startswith(_LOCAL) or address in ("", None)
 
 
+@pytest.fixture
+def network_blocked() -> type[NetworkBlocked]:
+    """The error a test gets for opening a network connection."""
+    return NetworkBlocked
+
+
 @pytest.fixture(autouse=True)
 def no_network(monkeypatch, request):
     """Any connection to a non-loopback address fails the test that opened it."""

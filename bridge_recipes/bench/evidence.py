@@ -24,8 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from bridge_recipes.bench.convergence import compare
+from bridge_recipes.bench.runs import ROOT
 
 MIN_STEPS = 10
 FALL_FRACTION = 0.9
@@ -125,10 +127,40 @@ def checkpoint_gb(total_params: int) -> float:
     return total_params * CHECKPOINT_BYTES_PER_PARAM / 1e9
 
 
-def run_checkpoint_gb(recipe: str, args: list[str]) -> float:
-    """:func:`checkpoint_gb` of the model ``run_recipe.py --recipe RECIPE ARGS`` trains, its
-    scale-down and overrides applied by the runner itself (builds the config; no GPU needed)."""
+def run_checkpoint_gb(recipe: str, **request: Any) -> float:
+    """:func:`checkpoint_gb` of the model :func:`bridge_recipes.build` makes of ``recipe`` with
+    the keywords ``request`` (scale-down, flags, overrides; builds the config, no GPU needed)."""
     from bridge_recipes.bench.harness import build_config, model_spec
     from bridge_recipes.models.params import count_parameters
 
-    return checkpoint_gb(count_parameters(model_spec(build_config(recipe, args))).total)
+    return checkpoint_gb(count_parameters(model_spec(build_config(recipe, **request))).total)
+
+
+# The GPU suite's families (tests/gpu/test_h200_evidence.py): each 8-GPU recipe scaled down to
+# one GPU, 4 layers (policy kept) and the experts one GPU of its layout holds, 10 steps at a
+# learning rate raised so that the loss moves in so few steps. ``request``: the
+# bridge_recipes.build keywords.
+EVIDENCE_TRAIN_FLAGS = {"gb": 4, "max_steps": 10, "lr": 3e-4, "min_lr": 3e-5, "warmup_iters": 1}
+EVIDENCE_ROWS = "docs/evidence/sft_rows_synthetic/rows"
+GPU_FAMILIES: dict[str, dict[str, Any]] = {
+    "qwen35_35b_a3b": {
+        "recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+        "request": {"scale_down": 4, "scale_experts": 32, "flags": EVIDENCE_TRAIN_FLAGS},
+    },
+    "qwen35_vl_35b_a3b": {
+        # the 16-GB300 VL policy on one H200 (EP4 -> the 64 experts one GPU holds), mock image
+        # conversations through the offline processor (no download), 4,096-token samples
+        "recipe": "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
+        "request": {"scale_down": 4, "scale_experts": 64, "flags": EVIDENCE_TRAIN_FLAGS},
+        "vl": True,
+    },
+    "qwen35_27b": {
+        "recipe": "qwen35_27b_sft_8gpu_h200_bf16_config",
+        "request": {
+            "scale_down": 4,
+            "flags": EVIDENCE_TRAIN_FLAGS,
+            "dataset": "sft-rows",
+            "overrides": [f"dataset.path={ROOT / EVIDENCE_ROWS}"],
+        },
+    },
+}

@@ -10,11 +10,16 @@ never as absolute throughput, and the result files say so.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import bridge_recipes
+from bridge_recipes import registry
 from bridge_recipes.bench.flops import model_flops_per_token, six_n_flops_per_token
-from bridge_recipes.bench.stats import DEFAULT_WINDOW, phase_time_means, step_records_from_log, summarize
+from bridge_recipes.bench.megatron_log import phase_time_means, step_records_from_log
+from bridge_recipes.bench.stats import DEFAULT_WINDOW, summarize
+from bridge_recipes.builder import runner_args
 from bridge_recipes.common import is_vlm
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
@@ -44,25 +49,31 @@ PROXY_GLOBAL_BATCH = 8
 PROXY_OVERRIDES = ["logger.timing_log_level=1"]
 
 
-def run_args(
+def run_request(
     cfg: Any,
     *,
     steps: int,
     proxy_layers: int | None,
-    extra: list[str] = (),
+    extra: Sequence[str] = (),
     proxy_global_batch: int = PROXY_GLOBAL_BATCH,
-) -> list[str]:
-    """run_recipe.py arguments after ``--recipe NAME``."""
-    args = ["--max-steps", str(steps), *BENCHMARK_OVERRIDES]
+) -> dict[str, Any]:
+    """The :func:`bridge_recipes.build` keywords of a benchmark run of the recipe ``cfg`` was
+    built from: ``steps`` steps, no checkpoints, a log line every step; in proxy mode its
+    scale-down (layers, per-GPU experts), the proxy global batch and the phase timers.
+    ``extra``: the user's KEY=VALUE overrides, last (they win)."""
+    request: dict[str, Any] = {"flags": {"max_steps": steps}, "overrides": [*BENCHMARK_OVERRIDES]}
     if proxy_layers:
-        args = (
-            ["--scale-down", str(proxy_layers)]
-            + (["--scale-experts", str(proxy_experts(cfg))] if proxy_experts(cfg) else [])
-            + ["-gb", str(proxy_global_batch)]
-            + args
-            + PROXY_OVERRIDES
-        )
-    return [*args, *extra]
+        request["scale_down"] = proxy_layers
+        request["scale_experts"] = proxy_experts(cfg)
+        request["flags"] = {"gb": proxy_global_batch, **request["flags"]}
+        request["overrides"] += PROXY_OVERRIDES
+    request["overrides"] += list(extra)
+    return request
+
+
+def run_args(cfg: Any, **kwargs: Any) -> list[str]:
+    """run_recipe.py arguments after ``--recipe NAME`` of :func:`run_request`."""
+    return runner_args(**run_request(cfg, **kwargs))
 
 
 def published_step_seconds(cfg: Any, meta: Any) -> float | None:
@@ -76,11 +87,15 @@ def published_step_seconds(cfg: Any, meta: Any) -> float | None:
     return cfg.train.global_batch_size * cfg.model.seq_length / (rate * meta.gpus)
 
 
-def build_config(name: str, args: list[str]) -> Any:
-    """The config the runner builds for ``run_recipe.py --recipe NAME ARGS`` (no GPU needed)."""
-    from bridge_recipes.runner.cli import build, build_parser
+def build_config(name: str, **request: Any) -> Any:
+    """The config ``run_recipe.py`` builds for recipe ``name`` and the :func:`bridge_recipes.build`
+    keywords ``request`` (no GPU needed); scale-down changes are printed as the runner prints them."""
+    return bridge_recipes.build(name, **request, report=lambda change: print(f"[run_recipe] scale-down: {change}"))
 
-    return build(build_parser().parse_intermixed_args(["--recipe", name, *args]))[1]
+
+def proxy_config(name: str, steps: int = 20, proxy_layers: int = 4) -> Any:
+    """The config of a one-GPU proxy run of recipe ``name``."""
+    return build_config(name, **run_request(registry.load(name)(), steps=steps, proxy_layers=proxy_layers))
 
 
 def model_spec(cfg: Any) -> Qwen35Spec:

@@ -26,8 +26,9 @@ from typing import Any
 import yaml
 
 from bridge_recipes.bench.flops import FlopsPerToken
-from bridge_recipes.bench.stats import GPUS, WindowStats, gpu_type_from_name
-from bridge_recipes.runner.checks import Layout
+from bridge_recipes.bench.stats import WindowStats
+from bridge_recipes.gpus import GPUS, gpu_type_from_name
+from bridge_recipes.layout import layout_of
 
 SCHEMA_VERSION = 1
 TOP_LEVEL_KEYS = (
@@ -60,33 +61,26 @@ def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The ``layout`` block of a ConfigContainer (or any object with its ``model``, ``train``
     and ``optimizer`` attributes) launched on ``world_size`` GPUs."""
     m, opt = cfg.model, getattr(cfg, "optimizer", None)
-    tp = getattr(m, "tensor_model_parallel_size", 1) or 1
-    pp = getattr(m, "pipeline_model_parallel_size", 1) or 1
-    cp = getattr(m, "context_parallel_size", 1) or 1
-    ep = getattr(m, "expert_model_parallel_size", 1) or 1
-    etp = getattr(m, "expert_tensor_parallel_size", None)
-    etp = tp if etp is None else etp  # Megatron-Core: unset ETP follows TP
-    vpp = getattr(m, "virtual_pipeline_model_parallel_size", None)
-    if world_size < 1 or world_size % (tp * pp * cp):
-        raise ValueError(f"world size {world_size} is not a multiple of TP x PP x CP = {tp} x {pp} x {cp}")
-    dp = world_size // (tp * pp * cp)
+    lay = layout_of(cfg, world_size)
+    if world_size < 1 or lay.dp is None:
+        raise ValueError(f"world size {world_size} is not a multiple of TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp}")
     experts = getattr(m, "num_moe_experts", None)
     first = getattr(m, "num_layers_in_first_pipeline_stage", None)
     last = getattr(m, "num_layers_in_last_pipeline_stage", None)
     rows = cfg.train.micro_batch_size
     return {
-        "label": Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=vpp, dp=dp, world=world_size).label(),
-        "tp": tp,
-        "pp": pp,
-        "vpp": vpp or 1,
-        "cp": cp,
-        "ep": ep,
-        "etp": etp,
-        "dp": dp,
-        "sequence_parallel": bool(getattr(m, "sequence_parallel", False)),
+        "label": lay.label(),
+        "tp": lay.tp,
+        "pp": lay.pp,
+        "vpp": lay.vpp or 1,
+        "cp": lay.cp,
+        "ep": lay.ep,
+        "etp": lay.expert_tp,
+        "dp": lay.dp,
+        "sequence_parallel": lay.sp,
         "layer_split": None if first is None and last is None else {"first": first, "last": last},
         # tokens one GPU holds per micro batch: the rows, split over context parallelism
-        "max_tokens_per_gpu": rows * m.seq_length // cp,
+        "max_tokens_per_gpu": rows * m.seq_length // lay.cp,
         "rows_per_microbatch": rows,
         "recompute": _recompute(m),
         "offload": _offload(opt),
@@ -188,7 +182,7 @@ def stack_versions() -> dict[str, Any]:
 
 def gpu_block(gpu: str | None, count: int) -> dict[str, Any]:
     """``{type, count, memory_gb}``: the type from a table key or device name (``"NVIDIA H200"``
-    -> ``H200``), the datasheet memory where the type is in :data:`~bridge_recipes.bench.stats.GPUS`."""
+    -> ``H200``), the datasheet memory where the type is in :data:`~bridge_recipes.gpus.GPUS`."""
     try:
         gpu_type = gpu_type_from_name(gpu) if gpu else None
     except KeyError:

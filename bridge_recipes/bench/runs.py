@@ -18,10 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge_recipes.bench.stats import LogIteration, parse_megatron_log, peak_allocated_gb
+from bridge_recipes.bench.megatron_log import (
+    LogIteration,
+    parse_megatron_log,
+    peak_allocated_gb,
+    training_iteration_step,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-_ITERATION = re.compile(r"iteration\s+(\d+)/")
 
 
 def loss_curve(iterations: list[LogIteration]) -> dict[int, float]:
@@ -118,9 +122,9 @@ def launch(
         for line in proc.stdout:
             lines.append(line)
             log.write(f"[{time.time() - start:7.1f}s] {line}")  # seconds since launch: where start-up time goes
-            m = _ITERATION.search(line)
-            if kill_after_step is not None and m and int(m.group(1)) >= kill_after_step and killed is None:
-                killed = int(m.group(1))
+            step = training_iteration_step(line)
+            if kill_after_step is not None and step is not None and step >= kill_after_step and killed is None:
+                killed = step
                 log.write(
                     f"===== killing run {name} (SIGKILL to torchrun and every process under it) after step {killed}\n"
                 )

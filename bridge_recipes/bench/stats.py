@@ -1,4 +1,4 @@
-"""Window statistics over per-step records, GPU peak FLOP/s, and Megatron's training log.
+"""Window statistics over per-step records.
 
 OpenRecipes measures a 20-step run over the window of steps 5..19 inclusive (``window: [5,
 19]``): tokens/s/GPU is the window's tokens over the window's time over the GPUs, MFU is that
@@ -12,67 +12,20 @@ same from a list of :class:`StepRecord`, with:
   allocation peak outside the window limits the layout just the same), in GB of 1e9 bytes as
   Megatron logs it.
 
-:func:`parse_megatron_log` reads the per-iteration lines Megatron-Bridge prints with
-``log_interval = 1``; :func:`step_records_from_log` turns them (and the ``memory (GB)`` lines)
-into step records.
+Step records come from a run's log through
+:func:`bridge_recipes.bench.megatron_log.step_records_from_log`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from bridge_recipes.gpus import peak_bf16_flops
+
 DEFAULT_WINDOW = (5, 19)  # OpenRecipes: steps 5..19 of a 20-step run, 1-based, inclusive
 BYTES_PER_GB = 1e9  # Megatron-Bridge's report_memory divides bytes by 1e9
-
-
-# --- GPUs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    name: str
-    peak_bf16_flops: float  # dense BF16 tensor-core FLOP/s per GPU, no sparsity
-    memory_gb: int  # datasheet HBM per GPU
-
-
-# NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 "with sparsity",
-# twice these numbers.
-GPUS: dict[str, GpuSpec] = {
-    # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
-    "H100": GpuSpec("H100", 989.4e12, 80),
-    # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
-    "H200": GpuSpec("H200", 989.4e12, 141),
-    # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
-    "B200": GpuSpec("B200", 2250e12, 180),
-    # GB200 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs; 13.4 TB over 72 GPUs.
-    "GB200": GpuSpec("GB200", 2500e12, 186),
-    # GB300 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs (as GB200); 288 GB HBM3e per GPU.
-    "GB300": GpuSpec("GB300", 2500e12, 288),
-}
-
-# Names torch.cuda.get_device_name() prints that are not the SXM part of the table: refused
-# rather than given the SXM peak (H100 PCIe and NVL have lower clocks and peaks).
-_OTHER_FORM_FACTORS = ("PCIE", "NVL")
-
-
-def gpu_type_from_name(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"H200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``; a key of
-    :data:`GPUS` passes through. Unknown GPUs and other H100 form factors are an error."""
-    upper = name.upper()
-    match = re.search(r"\b(GB300|GB200|B200|H200|H100)\b", upper)
-    if not match:
-        raise KeyError(f"no peak FLOP/s known for GPU {name!r}; known: {', '.join(GPUS)}")
-    if match.group(1) == "H100" and any(f in upper for f in _OTHER_FORM_FACTORS):
-        raise KeyError(f"{name!r} is not the H100 SXM of the table (989.4 TFLOP/s); pass peak_flops explicitly")
-    return match.group(1)
-
-
-def peak_bf16_flops(gpu: str) -> float:
-    """Dense BF16 peak FLOP/s per GPU for a type (``"H200"``) or a device name."""
-    return GPUS[gpu_type_from_name(gpu)].peak_bf16_flops
 
 
 # --- step records and window statistics -------------------------------------------------------
@@ -209,154 +162,3 @@ def _ranges(steps: list[int]) -> str:
             start = cur
         prev = cur
     return ", ".join(spans)
-
-
-# --- Megatron's training log ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LogIteration:
-    """One ``iteration N/ M | name: value | ...`` line; ``values`` holds every numeric field
-    under its name as printed (``"lm loss"``, ``"elapsed time per iteration (ms)"``, ...)."""
-
-    step: int
-    train_iters: int
-    time_s: float
-    global_batch_size: int
-    lm_loss: float | None
-    grad_norm: float | None
-    values: dict[str, float]
-    timestamp: str | None = None
-
-
-_ITERATION = re.compile(r"(?:\[(?P<ts>[^\]]+)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$")
-_MEMORY = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(GB\)\s*\|(?P<rest>.*)$")
-
-
-def _fields(rest: str) -> dict[str, float]:
-    values = {}
-    for part in rest.split("|"):
-        name, sep, value = part.partition(":")
-        if not sep:
-            continue
-        try:
-            values[name.strip()] = float(value.strip())
-        except ValueError:  # a non-numeric field: not a measurement
-            continue
-    return values
-
-
-def _training_iteration(line: str) -> tuple[re.Match, dict[str, float]] | None:
-    """(match, numeric fields) of a training-iteration line; None for any other line, including
-    iteration lines without a step time and batch size (e.g. an evaluation summary)."""
-    m = _ITERATION.search(line)
-    if not m:
-        return None
-    values = _fields(m.group("rest"))
-    if "elapsed time per iteration (ms)" not in values or "global batch size" not in values:
-        return None
-    return m, values
-
-
-def parse_megatron_log(text: str) -> list[LogIteration]:
-    """Per-iteration records of a Megatron(-Bridge) training log, in the order printed.
-
-    ``time_s`` is "elapsed time per iteration (ms)" / 1000: one step's time only when the log
-    interval is 1 (otherwise Megatron prints the mean over the interval, every interval).
-    """
-    out = []
-    for line in text.splitlines():
-        found = _training_iteration(line)
-        if not found:
-            continue
-        m, values = found
-        out.append(
-            LogIteration(
-                step=int(m.group("step")),
-                train_iters=int(m.group("total")),
-                time_s=values["elapsed time per iteration (ms)"] / 1000,
-                global_batch_size=int(values["global batch size"]),
-                lm_loss=values.get("lm loss"),
-                grad_norm=values.get("grad norm"),
-                values=values,
-                timestamp=m.group("ts"),
-            )
-        )
-    return out
-
-
-def parse_megatron_memory(text: str) -> dict[int, dict[int, dict[str, float]]]:
-    """``[Rank r] (after N iterations) memory (GB) | ...`` lines: {step: {rank: {name: GB}}}."""
-    out: dict[int, dict[int, dict[str, float]]] = {}
-    for line in text.splitlines():
-        m = _MEMORY.search(line)
-        if m:
-            out.setdefault(int(m.group("step")), {})[int(m.group("rank"))] = _fields(m.group("rest"))
-    return out
-
-
-_TIMER = re.compile(
-    r"^\s*(?:\[[^\]]*\])?\s+(?P<name>[\w./-]+) \.+: (?:\((?P<min>[\d.]+), (?P<max>[\d.]+)\)|(?P<only>[\d.]+))\s*$"
-)
-
-
-def parse_megatron_timers(text: str) -> dict[int, dict[str, float]]:
-    """Megatron's timer lines (``logger.timing_log_level >= 1``), each the block printed after an
-    iteration line and given to that step: {step: {timer: ms}}, the max over ranks where
-    min and max are printed. Timer blocks before the first iteration (set-up) are left out."""
-    out: dict[int, dict[str, float]] = {}
-    step = None
-    for line in text.splitlines():
-        found = _training_iteration(line)
-        if found:
-            step = int(found[0].group("step"))
-            continue
-        m = _TIMER.match(line)
-        if m and step is not None:
-            out.setdefault(step, {})[m.group("name")] = float(m.group("max") or m.group("only"))
-    return out
-
-
-PHASE_TIMERS = ("forward-backward", "optimizer")  # the part that scales with micro batches, and the rest
-
-
-def phase_time_means(text: str, window: tuple[int, int]) -> dict[str, float] | None:
-    """Mean seconds per step of :data:`PHASE_TIMERS` over the window's steps; None when a log
-    has no timer lines for every step of the window (timers off)."""
-    timers = parse_megatron_timers(text)
-    steps = range(window[0], window[1] + 1)
-    if not all(all(name in timers.get(s, {}) for name in PHASE_TIMERS) for s in steps):
-        return None
-    return {name: sum(timers[s][name] for s in steps) / len(steps) / 1000 for name in PHASE_TIMERS}
-
-
-def peak_allocated_gb(text: str) -> float | None:
-    """The largest ``mem-max-allocated-gigabytes`` over a log's memory lines and ranks (None: none logged)."""
-    peaks = [
-        v["mem-max-allocated-gigabytes"]
-        for ranks in parse_megatron_memory(text).values()
-        for v in ranks.values()
-        if "mem-max-allocated-gigabytes" in v
-    ]
-    return max(peaks) if peaks else None
-
-
-def step_records_from_log(text: str, seq_length: int) -> list[StepRecord]:
-    """Step records of a log: tokens = global batch size x ``seq_length`` (fixed-length rows),
-    peak memory from the ``mem-max-allocated/reserved-gigabytes`` of the memory lines."""
-    memory = parse_megatron_memory(text)
-
-    def peaks(step: int, key: str) -> tuple[int, ...]:
-        ranks = memory.get(step, {})
-        return tuple(round(v[key] * BYTES_PER_GB) for _, v in sorted(ranks.items()) if key in v)
-
-    return [
-        StepRecord(
-            step=it.step,
-            time_s=it.time_s,
-            tokens=it.global_batch_size * seq_length,
-            peak_allocated_bytes=peaks(it.step, "mem-max-allocated-gigabytes"),
-            peak_reserved_bytes=peaks(it.step, "mem-max-reserved-gigabytes"),
-        )
-        for it in parse_megatron_log(text)
-    ]

@@ -64,21 +64,14 @@ from typing import Any
 
 from bridge_recipes.bench.flops import FLA_CHUNK_SIZE
 from bridge_recipes.common import is_vlm
+from bridge_recipes.gpus import GB, GPUS
+from bridge_recipes.layout import Layout, layout_of, stage_layers
 
-GB = 1e9
-MIB = 2**20
-GIB = 2**30
-
-# Device memory in GB (1e9 bytes). H200: what the test host's device reports, 143,771 MiB
-# (docs/evidence/README.md) = 150.76 GB = 140.4 GiB: NVIDIA's "141 GB" is GiB-like, so for
-# the GPUs not measured here the nominal figure is read as GiB too (nominal, not measured).
-GPU_MEMORY_GB = {
-    "h200": 143_771 * MIB / GB,
-    "h100": 80 * GIB / GB,
-    "b200": 180 * GIB / GB,
-    "gb300": 288 * GIB / GB,
-}
+# Device memory in GB (1e9 bytes) of the GPU types the recipes are written for, from the one
+# GPU table (bridge_recipes.gpus: the H200's is the test host's measured figure); the H200
+# first, the planner's default.
 DEFAULT_GPU = "h200"
+GPU_MEMORY_GB = {key: GPUS[key.upper()].usable_memory_gb for key in (DEFAULT_GPU, "h100", "b200", "gb300")}
 
 # Outside torch's allocator: CUDA context (~0.6 GB on Hopper with lazy module loading),
 # cuBLAS / Transformer Engine workspaces (~0.2 GB) and NCCL communicator buffers of the
@@ -195,53 +188,12 @@ def model_dims(m: Any) -> ModelDims:
     )
 
 
-@dataclass(frozen=True)
-class Parallel:
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    etp: int
-    dp: int
-    vpp: int | None
-    sp: bool
-    world: int
-
-    @property
-    def dense_dp(self) -> int:
-        """Group the distributed optimizer shards dense parameters over (DP x CP)."""
-        return self.dp * self.cp
-
-    @property
-    def expert_dp(self) -> int:
-        """Expert-data-parallel group: world / (PP x EP x ETP)."""
-        return self.world // (self.pp * self.ep * self.etp)
-
-    def label(self) -> str:
-        parts = [f"TP{self.tp}" + (" SP" if self.sp else ""), f"PP{self.pp}"]
-        parts += [f"VPP{self.vpp}"] if self.vpp else []
-        parts += [f"CP{self.cp}"] if self.cp > 1 else []
-        parts += [f"EP{self.ep} ETP{self.etp}"] if self.ep > 1 else []
-        return " ".join(parts + [f"DP{self.dp}"])
-
-
-def parallel_layout(cfg: Any, world_size: int) -> Parallel:
-    from bridge_recipes.runner.checks import layout_of
-
+def parallel_layout(cfg: Any, world_size: int) -> Layout:
+    """The layout the plan is made for; the world size must be divisible by TP x PP x CP."""
     lay = layout_of(cfg, world_size)
     if lay.dp is None:
-        raise ValueError(f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp * lay.pp * lay.cp}")
-    return Parallel(
-        tp=lay.tp,
-        pp=lay.pp,
-        cp=lay.cp,
-        ep=lay.ep,
-        etp=lay.expert_tp,
-        dp=lay.dp,
-        vpp=lay.vpp,
-        sp=bool(cfg.model.sequence_parallel),
-        world=world_size,
-    )
+        raise ValueError(f"world size {world_size} is not divisible by TP x PP x CP = {lay.model_parallel}")
+    return lay
 
 
 @dataclass(frozen=True)
@@ -252,7 +204,7 @@ class Tokens:
     resid: int  # in the residual stream: seq / CP, and / TP under sequence parallelism
 
 
-def micro_batch_tokens(cfg: Any, par: Parallel) -> Tokens:
+def micro_batch_tokens(cfg: Any, par: Layout) -> Tokens:
     seq = cfg.model.seq_length // par.cp * cfg.train.micro_batch_size
     return Tokens(seq=seq, resid=seq // par.tp if par.sp else seq)
 
@@ -275,14 +227,14 @@ class Params:
         return self.dense + self.expert
 
 
-def attention_params(d: ModelDims, par: Parallel) -> Params:
+def attention_params(d: ModelDims, par: Layout) -> Params:
     qkv = d.hidden * (d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim)
     proj = d.q_dim * d.hidden
     norms = d.hidden + (2 * d.head_dim if d.qk_norm else 0)  # fused input norm, Q/K norms
     return Params(dense=(qkv + proj) / par.tp + norms)
 
 
-def gdn_params(d: ModelDims, par: Parallel) -> Params:
+def gdn_params(d: ModelDims, par: Layout) -> Params:
     in_proj = d.hidden * (2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads)  # q, k, v, z, beta, alpha
     conv = (2 * d.gdn_qk + d.gdn_v) * d.conv_kernel
     out_proj = d.gdn_v * d.hidden
@@ -291,41 +243,41 @@ def gdn_params(d: ModelDims, par: Parallel) -> Params:
     return Params(dense=(in_proj + conv + out_proj + per_head) / par.tp + norms)
 
 
-def dense_mlp_params(d: ModelDims, par: Parallel) -> Params:
+def dense_mlp_params(d: ModelDims, par: Layout) -> Params:
     fc1 = d.hidden * d.ffn * (2 if d.gated_linear_unit else 1)
     return Params(dense=(fc1 + d.ffn * d.hidden) / par.tp + d.hidden)  # + fused pre-MLP norm
 
 
-def moe_params(d: ModelDims, par: Parallel) -> Params:
+def moe_params(d: ModelDims, par: Layout) -> Params:
     glu = 2 if d.gated_linear_unit else 1
     expert = d.hidden * d.moe_ffn * (glu + 1)
     shared = d.hidden * d.shared_ffn * (glu + 1)
     replicated = d.hidden + d.hidden * d.experts + (d.hidden if d.shared_gate else 0)  # norm, router, gate
-    return Params(dense=shared / par.tp + replicated, expert=d.experts / par.ep * expert / par.etp)
+    return Params(dense=shared / par.tp + replicated, expert=d.experts / par.ep * expert / par.expert_tp)
 
 
-def layer_params(d: ModelDims, par: Parallel, index: int) -> Params:
+def layer_params(d: ModelDims, par: Layout, index: int) -> Params:
     mixer = gdn_params(d, par) if d.layer_pattern[index] else attention_params(d, par)
     mlp = moe_params(d, par) if d.moe_pattern[index] else dense_mlp_params(d, par)
     return mixer + mlp
 
 
-def padded_vocab(d: ModelDims, par: Parallel) -> int:
+def padded_vocab(d: ModelDims, par: Layout) -> int:
     multiple = d.vocab_multiple * par.tp
     return ceil(d.vocab / multiple) * multiple
 
 
-def embedding_params(d: ModelDims, par: Parallel) -> Params:
+def embedding_params(d: ModelDims, par: Layout) -> Params:
     return Params(dense=padded_vocab(d, par) * d.hidden / par.tp)
 
 
-def output_params(d: ModelDims, par: Parallel) -> Params:
+def output_params(d: ModelDims, par: Layout) -> Params:
     """Final norm and the (untied) output layer."""
     head = 0 if d.tied_embeddings and par.pp == 1 else padded_vocab(d, par) * d.hidden / par.tp
     return Params(dense=head + d.hidden)
 
 
-def mtp_params(d: ModelDims, par: Parallel) -> Params:
+def mtp_params(d: ModelDims, par: Layout) -> Params:
     """One MTP layer: two input norms, the 2h -> h projection, an attention layer with the
     model's MLP kind, a final norm (the embedding and output layer are shared)."""
     mlp = moe_params(d, par) if d.experts else dense_mlp_params(d, par)
@@ -338,7 +290,7 @@ def mtp_params(d: ModelDims, par: Parallel) -> Params:
 # --------------------------------------------------------------------------------------------
 
 
-def gdn_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+def gdn_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """Gated DeltaNet mixer (megatron/core/ssm/gated_delta_net, FLA chunk kernel). Inside the
     mixer features are split by TP; CP's all-to-all trades sequence for heads, so a rank holds
     seq/CP tokens' worth of features / TP."""
@@ -356,7 +308,7 @@ def gdn_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
     return d.hidden * tok.resid + sum(terms) * local  # + norm output saved by the fused norm+in_proj
 
 
-def attention_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+def attention_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """Gated attention with flash / cuDNN fused attention: no s x s matrix is saved."""
     local = tok.seq / par.tp
     gate = d.q_dim if d.output_gate else 0
@@ -379,7 +331,7 @@ def glu_activation_elems(d: ModelDims, ffn: int) -> int:
     return 3 * ffn if d.fused_swiglu else 5 * ffn
 
 
-def dense_mlp_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+def dense_mlp_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return d.hidden * tok.resid + glu_activation_elems(d, d.ffn) * tok.seq / par.tp  # + fused norm output
 
 
@@ -390,7 +342,7 @@ def routed_tokens(d: ModelDims, tok: Tokens) -> float:
     return tok.resid * d.topk * pad
 
 
-def moe_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+def moe_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """MoE block (alltoall dispatcher, TE grouped GEMM, shared expert with sigmoid gate).
     Balanced routing: every expert-parallel rank receives as many token copies as it sends."""
     routed = routed_tokens(d, tok)
@@ -399,7 +351,7 @@ def moe_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
         d.hidden * tok.resid,  # pre-MLP norm output (router and shared-expert input)
         2 * d.hidden * tok.resid,  # router input cast to FP32
         2 * 3 * d.experts * tok.resid,  # FP32 [tokens, experts]: scores, routing probs, aux-loss scores
-        d.hidden * routed * par.etp,  # dispatched tokens (fc1 input; ETP all-gathers them)
+        d.hidden * routed * par.expert_tp,  # dispatched tokens (fc1 input; ETP all-gathers them)
         2 * routed,  # permuted routing probs, FP32
         act * routed,  # expert fc1 output and SwiGLU intermediates (ETP splits features, not copies)
     )
@@ -409,7 +361,7 @@ def moe_activation_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
     return sum(terms) + shared
 
 
-def layer_activation_bytes(d: ModelDims, par: Parallel, tok: Tokens, index: int) -> float:
+def layer_activation_bytes(d: ModelDims, par: Layout, tok: Tokens, index: int) -> float:
     """Everything one decoder layer keeps for its backward: its input, the residual after the
     mixer, the mixer's and the MLP's saved tensors."""
     residuals = 2 * d.hidden * tok.resid
@@ -423,13 +375,13 @@ def layer_input_bytes(d: ModelDims, tok: Tokens) -> float:
     return BF16 * d.hidden * tok.resid
 
 
-def dispatch_buffer_bytes(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+def dispatch_buffer_bytes(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """Working copies of the dispatched tokens while one MoE layer runs (permute output,
     all-to-all output / its gradient): two [tokens x top-k, hidden] buffers."""
-    return BF16 * 2 * d.hidden * routed_tokens(d, tok) * par.etp if d.experts else 0.0
+    return BF16 * 2 * d.hidden * routed_tokens(d, tok) * par.expert_tp if d.experts else 0.0
 
 
-def mtp_activation_bytes(d: ModelDims, par: Parallel, tok: Tokens, recomputed: bool) -> float:
+def mtp_activation_bytes(d: ModelDims, par: Layout, tok: Tokens, recomputed: bool) -> float:
     """MTP layer: embedding of the shifted tokens, the concatenated normed pair (eh_proj
     input, 2h), an attention layer with the model's MLP, its final norm input."""
     if recomputed:
@@ -451,7 +403,7 @@ def head_activation_bytes(d: ModelDims, tok: Tokens) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def logits_elems(d: ModelDims, par: Parallel, tok: Tokens) -> float:
+def logits_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """L: one loss's logits on one rank, [seq / CP, vocab / TP] (the output layer gathers the
     sequence-parallel tokens)."""
     return tok.seq * padded_vocab(d, par) / par.tp
@@ -463,7 +415,7 @@ def cross_entropy_kind(m: Any) -> str:
     return "te" if getattr(m, "cross_entropy_fusion_impl", "native") == "te" else "native"
 
 
-def logits_peak_bytes(d: ModelDims, par: Parallel, tok: Tokens, kind: str) -> float:
+def logits_peak_bytes(d: ModelDims, par: Layout, tok: Tokens, kind: str) -> float:
     """Peak of the loss computation: the MTP losses' kept tensors plus the LM loss's working
     set (see the module docstring for the per-kind terms)."""
     L = logits_elems(d, par, tok)
@@ -480,11 +432,10 @@ def logits_peak_bytes(d: ModelDims, par: Parallel, tok: Tokens, kind: str) -> fl
 # --------------------------------------------------------------------------------------------
 
 
-def stage_chunks(cfg: Any, par: Parallel) -> list[list[list[int]]]:
+def stage_chunks(cfg: Any, par: Layout) -> list[list[list[int]]]:
     """Global decoder-layer indices per stage, split into model chunks (one without VPP).
     With VPP and no uneven first/last stage, chunk c of stage r is Megatron's interleaved
     assignment; with uneven stages the stage's own layers are split in VPP parts."""
-    from bridge_recipes.runner.checks import stage_layers
 
     counts = stage_layers(cfg)
     if counts is None:
@@ -508,7 +459,7 @@ class ChunkActivations:
     rebuilt: float  # bytes a backward rebuild adds on top of ``saved`` at its worst
 
 
-def chunk_activations(d: ModelDims, par: Parallel, tok: Tokens, m: Any, layers: list[int]) -> ChunkActivations:
+def chunk_activations(d: ModelDims, par: Layout, tok: Tokens, m: Any, layers: list[int]) -> ChunkActivations:
     """Saved activations of one model chunk under its recompute policy. Uniform recompute of
     n checkpoints groups of n layers and rebuilds a whole group at once. Block recompute of
     n checkpoints the chunk's first n layers one by one; the backward reaches them after the
@@ -527,11 +478,11 @@ def chunk_activations(d: ModelDims, par: Parallel, tok: Tokens, m: Any, layers: 
     return ChunkActivations(saved=len(groups) * layer_input_bytes(d, tok), rebuilt=max(map(sum, groups)))
 
 
-def num_microbatches(cfg: Any, par: Parallel) -> int:
+def num_microbatches(cfg: Any, par: Layout) -> int:
     return max(1, cfg.train.global_batch_size // (cfg.train.micro_batch_size * par.dp))
 
 
-def micro_batches_in_flight(stage: int, par: Parallel, microbatches: int) -> float:
+def micro_batches_in_flight(stage: int, par: Layout, microbatches: int) -> float:
     """Micro batches whose activations a stage holds at once (1F1B: the warm-up forwards plus
     one; interleaved: Megatron's warm-up count of model chunks plus one, in micro batches)."""
     if not par.vpp or par.vpp == 1:
@@ -601,7 +552,7 @@ def optimizer_bytes_per_param(cfg: Any) -> float:
     return main + moments
 
 
-def optimizer_shard_params(p: Params, par: Parallel, distributed: bool) -> float:
+def optimizer_shard_params(p: Params, par: Layout, distributed: bool) -> float:
     if not distributed:
         return p.total
     return p.dense / par.dense_dp + p.expert / par.expert_dp
@@ -694,7 +645,7 @@ def framework_overhead_gb(allocated_gb: float) -> float:
     return FRAMEWORK_CONSTANT_GB + FRAMEWORK_FRACTION * allocated_gb
 
 
-def stage_params(d: ModelDims, par: Parallel, layers: list[int], stage: int) -> Params:
+def stage_params(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Params:
     p = Params()
     for i in layers:
         p = p + layer_params(d, par, i)
@@ -711,7 +662,7 @@ def mtp_recomputed(m: Any) -> bool:
     return m.recompute_granularity == "full" and m.recompute_method == "uniform"
 
 
-def plan_stage(cfg: Any, d: ModelDims, par: Parallel, tok: Tokens, stage: int, chunks: list[list[int]]) -> StageMemory:
+def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chunks: list[list[int]]) -> StageMemory:
     m, last = cfg.model, stage == par.pp - 1
     layers = [i for c in chunks for i in c]
     params = stage_params(d, par, layers, stage)
@@ -748,7 +699,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Parallel, tok: Tokens, stage: int, c
     )
 
 
-def plan_notes(cfg: Any, par: Parallel) -> tuple[str, ...]:
+def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
     m, notes = cfg.model, []
     if m.recompute_granularity == "selective":
         notes.append("selective recompute is counted as no recompute (an upper bound)")
@@ -772,7 +723,7 @@ def plan_memory(cfg: Any, world_size: int, gpu_memory_gb: float | None = None, g
     if gpu_memory_gb is None:
         gpu, gpu_memory_gb = gpu or DEFAULT_GPU, gpu_memory(gpu)
     return MemoryPlan(
-        layout=par.label(), gpu=gpu, gpu_memory_gb=gpu_memory_gb, stages=stages, notes=plan_notes(cfg, par)
+        layout=par.label(show_sp=True), gpu=gpu, gpu_memory_gb=gpu_memory_gb, stages=stages, notes=plan_notes(cfg, par)
     )
 
 

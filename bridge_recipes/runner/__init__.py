@@ -1,5 +1,6 @@
-"""The recipe runner's logic (scripts/run_recipe.py is a thin entry point over it).
+"""The command line of scripts/run_recipe.py: argparse, messages, layout checks, re-exec, launch.
 
-Importing this package imports neither torch nor Megatron: discovery and listing stay fast;
-the heavy imports happen only when a recipe is built or run.
+The library underneath (bridge_recipes.build, registry, overrides, datasets, layout) never
+imports this package. Importing it imports neither torch nor Megatron: discovery and listing
+stay fast; the heavy imports happen only when a recipe is built or run.
 """

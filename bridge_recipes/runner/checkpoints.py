@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.layout import data_parallel
+
 ARCHITECTURE_FIELDS = (
     "num_layers",
     "hidden_size",
@@ -114,17 +116,6 @@ def saved_world_size(folder: str, run_config: dict) -> int | None:
     return (run_config.get("dist") or {}).get("world_size")
 
 
-def _data_parallel(model: dict, world: int | None) -> int | None:
-    if not world:
-        return None
-    mp = (
-        model.get("tensor_model_parallel_size", 1)
-        * model.get("pipeline_model_parallel_size", 1)
-        * (model.get("context_parallel_size") or 1)
-    )
-    return world // mp if mp else None
-
-
 def problems(cfg: Any, world_size: int) -> list[str]:
     c, out = cfg.checkpoint, []
     if c.save_interval is not None and c.save_interval <= 0:
@@ -175,10 +166,8 @@ def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict
                     f"{getattr(m, f)}: resume with the saved layout, or convert it to torch_dist"
                 )
     saved_ckpt = run_config.get("checkpoint") or {}
-    saved_dp = _data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config))
-    now_dp = world_size // (
-        m.tensor_model_parallel_size * m.pipeline_model_parallel_size * (m.context_parallel_size or 1)
-    )
+    saved_dp = data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config))
+    now_dp = data_parallel(m, world_size)
     if (
         saved_dp
         and saved_dp != now_dp

@@ -15,35 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_recipes.common import is_vlm
-
-
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    etp: int | None
-    vpp: int | None
-    dp: int | None  # None when the world size is not divisible
-    world: int
-
-    @property
-    def expert_tp(self) -> int:
-        """Megatron-Core: an unset expert tensor parallel size follows TP."""
-        return self.tp if self.etp is None else self.etp
-
-    def label(self) -> str:
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        if self.vpp:
-            parts.append(f"VPP{self.vpp}")
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-            parts.append(f"ETP{self.etp}")
-        parts.append(f"DP{self.dp if self.dp is not None else '?'}")
-        return " ".join(parts)
+from bridge_recipes.layout import layout_of, stage_layers
 
 
 @dataclass(frozen=True)
@@ -53,38 +25,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.message}"
-
-
-def layout_of(cfg: Any, world_size: int) -> Layout:
-    m = cfg.model
-    tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size or 1
-    mp = tp * pp * cp
-    return Layout(
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        ep=m.expert_model_parallel_size or 1,
-        etp=m.expert_tensor_parallel_size,
-        vpp=m.virtual_pipeline_model_parallel_size,
-        dp=world_size // mp if world_size % mp == 0 else None,
-        world=world_size,
-    )
-
-
-def stage_layers(cfg: Any) -> list[int] | None:
-    """Decoder layers per pipeline stage, or None when they cannot be split."""
-    m = cfg.model
-    pp, n = m.pipeline_model_parallel_size, m.num_layers
-    first = getattr(m, "num_layers_in_first_pipeline_stage", None)
-    last = getattr(m, "num_layers_in_last_pipeline_stage", None)
-    if pp == 1:
-        return [n]
-    middle_stages = pp - (first is not None) - (last is not None)
-    rest = n - (first or 0) - (last or 0)
-    if rest < 0 or (middle_stages == 0 and rest != 0) or (middle_stages and rest % middle_stages):
-        return None
-    mid = [rest // middle_stages] * middle_stages if middle_stages else []
-    return ([first] if first is not None else []) + mid + ([last] if last is not None else [])
 
 
 def _div(a: int, b: int) -> bool:
@@ -107,7 +47,7 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         problems.append(Problem("warning", msg))
 
     lay = layout_of(cfg, world_size)
-    mp = lay.tp * lay.pp * lay.cp
+    mp = lay.model_parallel
     if lay.dp is None:
         err(
             f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {mp}; "

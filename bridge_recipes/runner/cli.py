@@ -13,11 +13,11 @@ import os
 import sys
 from typing import Any
 
-from bridge_recipes.runner import registry
-from bridge_recipes.runner.overrides import FLAG_KEYS, OverrideError, apply_all
+import bridge_recipes
+from bridge_recipes import registry
+from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option
 
 USAGE_ERROR = 2
-SHORT_FLAGS = {"tp", "pp", "cp", "vp", "ep", "etp", "gb", "mb", "sl"}  # the rest are --long-names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,10 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the environment the training process starts with (after the re-exec) and exit",
     )
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
-    for dest, keys in FLAG_KEYS.items():
-        opt = f"-{dest}" if dest in SHORT_FLAGS else f"--{dest.replace('_', '-')}"
-        kind = str if dest in ("save_dir", "load_dir", "pretrained_checkpoint") else float if "lr" in dest else int
-        g.add_argument(opt, dest=dest, type=kind, help=" and ".join(keys))
+    for dest, flag in FLAG_KEYS.items():
+        g.add_argument(flag_option(dest), dest=dest, type=flag.type, help=" and ".join(flag.keys))
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return p
 
@@ -119,30 +117,22 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
                 os.environ[k] = v
 
 
+def build_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords of :func:`bridge_recipes.build` that the parsed command line asks for."""
+    return {
+        "scale_down": args.scale_down,
+        "scale_experts": args.scale_experts,
+        "dataset": args.dataset,
+        "flags": {dest: getattr(args, dest) for dest in FLAG_KEYS},
+        "overrides": args.overrides,
+    }
+
+
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     entry = registry.find(args.recipe)
-    if args.scale_experts is not None and not args.scale_down:
-        raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
-    cfg = registry.load(args.recipe)()
-    if args.scale_down:
-        from bridge_recipes.scaledown import scale_down
-
-        for change in scale_down(
-            cfg,
-            num_layers=args.scale_down,
-            num_experts=args.scale_experts,
-            global_batch_size=cfg.train.global_batch_size,
-        ):
-            print(f"[run_recipe] scale-down: {change}")
-    if args.dataset:
-        from bridge_recipes.runner import datasets
-
-        datasets.select(cfg, args.dataset)
-    ckpt = cfg.checkpoint
-    resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
-    apply_all(cfg, vars(args), args.overrides)
-    if resumes_from_save and ckpt.load == recipe_load:
-        ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
+    cfg = bridge_recipes.build(
+        args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] scale-down: {change}")
+    )
     return entry, cfg
 
 

@@ -15,17 +15,14 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bridge_recipes.bench.evidence import (  # noqa: E402
+from bridge_recipes.bench.evidence import (
     RESUME_SAVE_INTERVAL,
     check_policies,
     check_resume,
     check_training,
 )
-from bridge_recipes.bench.runs import loss_curve, split_runs  # noqa: E402
-from bridge_recipes.bench.stats import parse_megatron_log, peak_allocated_gb  # noqa: E402
+from bridge_recipes.bench.megatron_log import parse_megatron_log, peak_allocated_gb
+from bridge_recipes.bench.runs import ROOT, loss_curve, split_runs
 
 EVIDENCE = ROOT / "docs" / "evidence"
 HOST = {

@@ -37,7 +37,9 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes import runner_args
 from bridge_recipes.bench.evidence import (
+    GPU_FAMILIES,
     RESUME_KILL_AFTER,
     RESUME_SAVE_INTERVAL,
     check_policies,
@@ -52,37 +54,8 @@ pytestmark = pytest.mark.gpu
 OUT = Path(os.environ.get("OUT") or ROOT / "gpu-out")
 SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/evidence"))
 NO_RECOMPUTE = ["model.recompute_granularity=null", "model.recompute_method=null", "model.recompute_num_layers=null"]
-TRAIN = ["--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1"]
-ROWS = str(ROOT / "docs/evidence/sft_rows_synthetic/rows")
-
-FAMILIES = {
-    "qwen35_35b_a3b": {
-        "recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
-        "args": ["--scale-down", "4", "--scale-experts", "32", "-gb", "4", "--max-steps", "10", *TRAIN],
-    },
-    "qwen35_vl_35b_a3b": {
-        # the 16-GB300 VL policy on one H200 (EP4 -> the 64 experts one GPU holds), mock image
-        # conversations through the offline processor (no download), 4,096-token samples
-        "recipe": "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
-        "args": ["--scale-down", "4", "--scale-experts", "64", "-gb", "4", "--max-steps", "10", *TRAIN],
-        "vl": True,
-    },
-    "qwen35_27b": {
-        "recipe": "qwen35_27b_sft_8gpu_h200_bf16_config",
-        "args": [
-            "--scale-down",
-            "4",
-            "-gb",
-            "4",
-            "--max-steps",
-            "10",
-            *TRAIN,
-            "--dataset",
-            "sft-rows",
-            f"dataset.path={ROWS}",
-        ],
-    },
-}
+# each family's run_recipe.py arguments, from its bridge_recipes.build keywords
+FAMILIES = {name: {**family, "args": runner_args(**family["request"])} for name, family in GPU_FAMILIES.items()}
 
 
 def _no_save(args):
@@ -98,7 +71,7 @@ def _report(family: str, data: dict) -> None:
 
 def _no_room_for_checkpoint(family: str, spec: dict) -> str | None:
     """Why the resume arm cannot run here (the checkpoint would not fit the scratch disk), or None."""
-    need = run_checkpoint_gb(spec["recipe"], spec["args"])
+    need = run_checkpoint_gb(spec["recipe"], **spec["request"])
     SCRATCH.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(SCRATCH).free / 1e9
     if (SCRATCH / family).exists():  # a checkpoint of an earlier command of this lease counts as room
@@ -119,7 +92,9 @@ def family(request):
         pytest.importorskip("qwen_vl_utils", reason="Megatron-Bridge's Qwen-VL collate needs qwen-vl-utils")
         from bridge_recipes.data.offline_vl_processor import build, vision_token_overrides
 
-        spec["args"] = [*spec["args"], *vision_token_overrides(build(SCRATCH / "vl_processor"))]
+        tokens = vision_token_overrides(build(SCRATCH / "vl_processor"))
+        spec["args"] = [*spec["args"], *tokens]
+        spec["request"] = {**spec["request"], "overrides": [*spec["request"].get("overrides", ()), *tokens]}
     runs = {"reference": _run(name, "reference", spec["recipe"], _no_save(spec["args"]), log)}
     runs["no_recompute"] = _run(name, "no_recompute", spec["recipe"], _no_save(spec["args"] + NO_RECOMPUTE), log)
     spec["no_resume_reason"] = _no_room_for_checkpoint(name, spec)

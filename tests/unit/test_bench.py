@@ -10,8 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from bridge_recipes.bench import flops as F
+from bridge_recipes.bench import megatron_log as L
 from bridge_recipes.bench import result as R
 from bridge_recipes.bench import stats as S
+from bridge_recipes.gpus import GPUS, peak_bf16_flops
 from bridge_recipes.models.params import count_parameters
 from bridge_recipes.models.qwen35 import Qwen35Spec, get_spec
 
@@ -171,7 +173,7 @@ def test_counter_agrees_with_megatron_logged_throughput_on_the_smoke_run():
     (module docstring): within 1%. Forgetting, e.g., the MTP LM head would be 25% off."""
     spec = replace(get_spec("qwen35_35b_a3b"), num_layers=4)
     ours = F.model_flops_per_token(spec, 4096).training_total
-    for it in S.parse_megatron_log(SMOKE_LOG.read_text())[4:19]:
+    for it in L.parse_megatron_log(SMOKE_LOG.read_text())[4:19]:
         theirs = it.values["throughput per GPU (TFLOP/s/GPU)"] * 1e12 * it.time_s / (it.global_batch_size * 4096)
         assert ours == pytest.approx(theirs, rel=0.01), it.step
 
@@ -259,13 +261,28 @@ def test_bad_records_are_errors():
 
 
 def test_gpu_peak_table():
-    assert S.peak_bf16_flops("NVIDIA H200") == S.peak_bf16_flops("H100") == 989.4e12
-    assert S.peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
-    assert S.peak_bf16_flops("NVIDIA B200") == 2250e12
-    assert S.peak_bf16_flops("NVIDIA GB200") == S.peak_bf16_flops("GB300") == 2500e12
+    assert peak_bf16_flops("NVIDIA H200") == peak_bf16_flops("H100") == 989.4e12
+    assert peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert peak_bf16_flops("NVIDIA B200") == 2250e12
+    assert peak_bf16_flops("NVIDIA GB200") == peak_bf16_flops("GB300") == 2500e12
     for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"):
         with pytest.raises(KeyError):
-            S.peak_bf16_flops(name)
+            peak_bf16_flops(name)
+
+
+def test_one_gpu_table_for_statistics_result_files_and_the_planner():
+    """The datasheet memory goes into result files; the planner fits plans in the device's own
+    figure (the test host's H200: 143,771 MiB), from the same row."""
+    from bridge_recipes.plan import memory as M
+
+    h200 = GPUS["H200"]
+    assert R.gpu_block("NVIDIA H200", 8)["memory_gb"] == h200.memory_gb == 141
+    assert h200.memory_bytes == 143_771 * 2**20
+    assert M.gpu_memory("h200") == h200.usable_memory_gb
+    assert {k: M.gpu_memory(k) for k in M.GPU_MEMORY_GB} == {
+        k: GPUS[k.upper()].usable_memory_gb for k in ("h200", "h100", "b200", "gb300")
+    }
+    assert S.summarize(_steps([1.0] * 3), (1, 3), 1, 1e12, "NVIDIA H200").peak_flops == h200.peak_bf16_flops
 
 
 # --- Megatron log --------------------------------------------------------------------------------
@@ -280,7 +297,7 @@ LINE = (
 
 
 def test_parse_one_iteration_line():
-    (it,) = S.parse_megatron_log("noise\n" + LINE + "\nStep Time : 5.60s GPU utilization: 47.9MODEL_TFLOP/s/GPU\n")
+    (it,) = L.parse_megatron_log("noise\n" + LINE + "\nStep Time : 5.60s GPU utilization: 47.9MODEL_TFLOP/s/GPU\n")
     assert (it.step, it.train_iters, it.global_batch_size) == (2, 20, 8)
     assert it.time_s == pytest.approx(9.1648)
     assert it.lm_loss == 12.82916 and it.grad_norm == 9.275
@@ -292,7 +309,7 @@ def test_parse_one_iteration_line():
 
 
 def test_parse_the_smoke_log():
-    its = S.parse_megatron_log(SMOKE_LOG.read_text())
+    its = L.parse_megatron_log(SMOKE_LOG.read_text())
     assert [it.step for it in its] == list(range(1, 21))
     assert its[0].lm_loss == pytest.approx(12.82151) and its[-1].lm_loss == pytest.approx(0.02368073)
     assert its[0].time_s == pytest.approx(170.4139) and its[0].grad_norm == 11.301
@@ -300,7 +317,7 @@ def test_parse_the_smoke_log():
 
 
 def test_smoke_log_window_statistics():
-    records = S.step_records_from_log(SMOKE_LOG.read_text(), seq_length=4096)
+    records = L.step_records_from_log(SMOKE_LOG.read_text(), seq_length=4096)
     assert len(records) == 20 and {r.tokens for r in records} == {8 * 4096}
     st = S.summarize(records, world_size=1)
     # elapsed ms of steps 5..19 as printed in the log
@@ -336,6 +353,17 @@ def _timer_block(times: dict[str, tuple[float, float]], prefix: str = "[   80.0s
     return "\n".join(lines)
 
 
+def test_one_definition_of_a_training_iteration_line():
+    """The log parser and the run launcher (which kills a run once a step is logged) read
+    training-iteration lines through one definition: evaluation summaries do not count."""
+    from bridge_recipes.bench import runs
+
+    assert L.training_iteration_step(LINE) == 2
+    assert L.training_iteration_step(" iteration        2/      20 | lm loss: 1.5 |") is None  # no step time
+    assert L.training_iteration_step("validation loss at iteration 2 | lm loss value: 1.5") is None
+    assert runs.training_iteration_step is L.training_iteration_step
+
+
 def _step_line(step: int, ms: float) -> str:
     return LINE.replace("iteration        2/", f"iteration {step:8d}/").replace("9164.8", str(ms))
 
@@ -356,18 +384,18 @@ def test_timer_blocks_belong_to_the_step_printed_before_them():
             for s in range(1, 5)
         ]
     )
-    timers = S.parse_megatron_timers(text)
+    timers = L.parse_megatron_timers(text)
     assert sorted(timers) == [1, 2, 3, 4]  # the set-up block precedes every step: left out
     assert timers[3] == {"forward-backward": 2503.0, "optimizer": 410.5, "all-grads-sync": 1.5}  # max over ranks
-    means = S.phase_time_means(text, (2, 4))
+    means = L.phase_time_means(text, (2, 4))
     assert means == pytest.approx({"forward-backward": 2.503, "optimizer": 0.4105})
-    assert S.phase_time_means(text, (2, 5)) is None  # step 5 has no timers
-    assert S.parse_megatron_timers("    optimizer ....: 12.50\n") == {}  # max-only lines, but no step yet
-    assert S.parse_megatron_timers(_step_line(1, 10) + "\n    optimizer ..........: 12.50") == {1: {"optimizer": 12.5}}
+    assert L.phase_time_means(text, (2, 5)) is None  # step 5 has no timers
+    assert L.parse_megatron_timers("    optimizer ....: 12.50\n") == {}  # max-only lines, but no step yet
+    assert L.parse_megatron_timers(_step_line(1, 10) + "\n    optimizer ..........: 12.50") == {1: {"optimizer": 12.5}}
 
 
 def test_logs_without_timers_have_no_phase_times():
-    assert S.phase_time_means(SMOKE_LOG.read_text(), (5, 19)) is None
+    assert L.phase_time_means(SMOKE_LOG.read_text(), (5, 19)) is None
 
 
 # --- result file ---------------------------------------------------------------------------------

@@ -63,17 +63,16 @@ def test_plan_prints_stages_and_exit_code_says_whether_it_fits(capsys):
 def test_load_follows_save_unless_given(tmp_path):
     """A real-data recipe resumes from its save folder (load == save): moving only the save
     folder, by flag or KEY=VALUE, moves where it resumes from; an explicit load still wins."""
-    from bridge_recipes.runner.cli import build, build_parser
+    import bridge_recipes
 
-    def built(*argv):
-        args = build_parser().parse_intermixed_args(["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", *argv])
-        return build(args)[1].checkpoint
+    def built(**request):
+        return bridge_recipes.build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", **request).checkpoint
 
     new, other = str(tmp_path / "run1"), str(tmp_path / "elsewhere")
-    for argv in (["--save-dir", new], [f"checkpoint.save={new}"]):
-        c = built(*argv)
-        assert (c.save, c.load) == (new, new), argv
-    c = built("--save-dir", new, "--load-dir", other)
+    for request in ({"flags": {"save_dir": new}}, {"overrides": [f"checkpoint.save={new}"]}):
+        c = built(**request)
+        assert (c.save, c.load) == (new, new), request
+    c = built(flags={"save_dir": new, "load_dir": other})
     assert (c.save, c.load) == (new, other)
-    c = built(f"checkpoint.save={new}", "checkpoint.load=null")
+    c = built(overrides=[f"checkpoint.save={new}", "checkpoint.load=null"])
     assert (c.save, c.load) == (new, None)

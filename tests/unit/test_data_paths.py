@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes import datasets
 from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedRowsError, PackedSFTRowsConfig
-from bridge_recipes.runner import datasets
 from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -60,7 +60,7 @@ def test_committed_queues_name_existing_recipes_and_scripts():
     import re
     import shlex
 
-    from bridge_recipes.runner import registry
+    from bridge_recipes import registry
 
     queues = sorted((ROOT / "scripts/gpu/queues").glob("*.txt"))
     assert queues
@@ -88,11 +88,11 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
     on the same rows, so that its loss curves are compared."""
     import shlex
 
+    from bridge_recipes import registry
+    from bridge_recipes.bench.benchmark import build_parser
     from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
-    from bridge_recipes.runner import registry
-    from tests.scripts import load_script
 
-    parser = load_script("scripts/benchmark.py").build_parser()
+    parser = build_parser()
     checked = 0
     for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
         for step in _queue_steps(queue):
@@ -107,7 +107,7 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
             seconds, cfgs = 0.0, []
             for name in filter(None, (opts.recipe, opts.against)):
                 entry = registry.find(name)
-                cfgs.append(build_config(entry.name, opts.overrides))
+                cfgs.append(build_config(entry.name, overrides=opts.overrides))
                 step_s = published_step_seconds(cfgs[-1], entry.meta)
                 assert step_s, f"{queue.name}: {entry.name} has no published rate to size its steps by"
                 seconds += steps * step_s

@@ -123,11 +123,10 @@ def test_committed_result_files_are_what_the_logs_give(tmp_path):
 
 def test_checkpoint_size_estimate():
     """The GPU suite's families, built as the runner builds them: what their resume arm needs on disk."""
-    from bridge_recipes.bench.evidence import checkpoint_gb, run_checkpoint_gb
-    from tests.gpu.test_h200_evidence import FAMILIES
+    from bridge_recipes.bench.evidence import GPU_FAMILIES, checkpoint_gb, run_checkpoint_gb
 
     assert checkpoint_gb(1_000_000_000) == 14.0  # 2 (BF16 weight) + 4 (FP32 main) + 8 (Adam moments)
-    need = {name: run_checkpoint_gb(f["recipe"], f["args"]) for name, f in FAMILIES.items()}
+    need = {name: run_checkpoint_gb(f["recipe"], **f["request"]) for name, f in GPU_FAMILIES.items()}
     assert round(need["qwen35_35b_a3b"], 1) == 23.8 and round(need["qwen35_vl_35b_a3b"], 1) == 37.1
     assert need["qwen35_27b"] > 60  # why the 27B family has no resume arm on a 64 GB host
 

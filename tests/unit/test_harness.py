@@ -5,10 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bridge_recipes import registry
 from bridge_recipes.bench import harness
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.bench.runs import split_runs
-from bridge_recipes.runner import registry
 from bridge_recipes.scaledown import scale_down
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,14 +76,9 @@ def test_benchmark_script_rejects_bad_input():
     assert p.returncode == 2 and "--window ends at step 19" in p.stderr
 
 
-def proxy_config(name):
-    """The config of a recipe's proxy run, as benchmark.py builds it."""
-    return harness.build_config(name, harness.run_args(registry.load(name)(), steps=20, proxy_layers=4))
-
-
 def test_proxy_arguments_build_on_cpu():
     """What benchmark.py passes the runner in proxy mode is accepted by it (scale-down, overrides)."""
-    cfg = proxy_config("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
+    cfg = harness.proxy_config("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
     assert cfg.logger.timing_log_level == 1 and cfg.logger.log_interval == 1
     assert cfg.model.num_layers == 4 and cfg.train.global_batch_size == harness.PROXY_GLOBAL_BATCH
 

@@ -9,19 +9,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from bridge_recipes import registry
+from bridge_recipes.layout import Layout
 from bridge_recipes.plan import memory as M
-from bridge_recipes.runner import registry
+from bridge_recipes.plan import table as TABLE
 from bridge_recipes.scaledown import scale_down
-from tests.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 H200_GB = 143_771 * 2**20 / 1e9  # what the test host's H200 reports (docs/evidence/README.md)
 SFT_35B = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 SFT_27B = "qwen35_27b_sft_8gpu_h200_bf16_config"
 LONGCTX = "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config"
-
-
-TABLE = load_script("scripts/memory_table.py")
 
 
 def build(name: str, **shrink):
@@ -61,7 +59,7 @@ def test_measured_peak_predicted_within_15_percent(rows, index):
 def test_local_parameters_equal_megatrons_count(index, logged):
     """'number of parameters on (tensor, gtp_remat, pipeline) model parallel rank (0, 0, 0)' in each log."""
     run = TABLE.MEASURED_RUNS[index]
-    cfg = TABLE.build(run.recipe, run.args)
+    cfg = TABLE.build(run.recipe, run.request)
     par = M.parallel_layout(cfg, 1)
     params = M.stage_params(M.model_dims(cfg.model), par, list(range(cfg.model.num_layers)), 0)
     assert params.total == logged
@@ -256,6 +254,6 @@ def test_planner_and_catalog_count_the_same_parameters(name):
     from bridge_recipes.models.params import count_parameters
 
     cfg = registry.load(name)()
-    one_rank = M.Parallel(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, vpp=None, sp=False, world=1)
+    one_rank = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, vpp=None, world=1, sp=False)
     planned = M.stage_params(M.model_dims(cfg.model), one_rank, list(range(cfg.model.num_layers)), 0)
     assert planned.total == count_parameters(model_spec(cfg)).total

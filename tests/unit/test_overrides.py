@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bridge_recipes.runner.overrides import OverrideError, apply_all, parse
+from bridge_recipes.overrides import OverrideError, apply_all, parse
 
 
 @pytest.fixture(scope="module")

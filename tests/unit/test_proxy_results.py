@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.harness import comparison, different_training
+from bridge_recipes.bench import benchmark as bench
+from bridge_recipes.bench.harness import comparison, different_training, proxy_config
+from bridge_recipes.bench.megatron_log import step_records_from_log
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.bench.runs import log_losses
-from bridge_recipes.bench.stats import step_records_from_log, summarize
-from tests.scripts import load_script
-from tests.unit.test_harness import proxy_config
+from bridge_recipes.bench.stats import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = {  # model: (tuned policy, reference layout)
@@ -108,7 +108,6 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
     the committed ratio file (the GPU runs themselves are what CPU cannot do)."""
     import sys
 
-    bench = load_script("scripts/benchmark.py")
     model, arms = "qwen35_27b", PAIRS["qwen35_27b"]
     runs = {_result(model, arm)["recipe"]: arm for arm in arms}
 

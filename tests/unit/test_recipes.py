@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes import registry
 from bridge_recipes.common import is_vlm
+from bridge_recipes.layout import layout_of, stage_layers
 from bridge_recipes.models.qwen35 import SPECS
-from bridge_recipes.runner import checks, registry
+from bridge_recipes.runner import checks
 from bridge_recipes.runner.cli import megatron_validation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +41,7 @@ def _layout_tokens(label):
 @pytest.mark.parametrize("name", RECIPES)
 def test_layout_label_matches_the_config(name):
     entry = registry.find(name)
-    lay = checks.layout_of(build(name), entry.meta.gpus)
+    lay = layout_of(build(name), entry.meta.gpus)
     actual = {"TP": lay.tp, "PP": lay.pp, "CP": lay.cp, "EP": lay.ep, "ETP": lay.etp, "DP": lay.dp}
     claimed = _layout_tokens(entry.meta.layout)
     assert claimed and {k: actual[k] for k in claimed} == claimed
@@ -190,12 +192,12 @@ def test_27b_h200_layouts_seed_002():
     cfg = build("qwen35_27b_sft_8gpu_h200_bf16_config")
     m = cfg.model
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size) == (1, 4)
-    assert checks.stage_layers(cfg) == [16, 17, 17, 14]
+    assert stage_layers(cfg) == [16, 17, 17, 14]
     assert _recompute(cfg) == ("full", "block", 12) and not cfg.optimizer.optimizer_cpu_offload
     ref = build("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
     r = ref.model
     assert (r.tensor_model_parallel_size, r.sequence_parallel, r.pipeline_model_parallel_size) == (4, True, 2)
-    assert checks.stage_layers(ref) == [34, 30] and _recompute(ref)[0] == "full"
+    assert stage_layers(ref) == [34, 30] and _recompute(ref)[0] == "full"
     assert ref.optimizer.optimizer_cpu_offload
     assert registry.find("qwen35_27b_sft_8gpu_h200_bf16_config").meta.reference["tokens_per_s_per_gpu"] == 2499.5
     assert (
@@ -233,7 +235,7 @@ def test_long_context_layout_seed_004():
         m.expert_model_parallel_size,
         m.expert_tensor_parallel_size,
     ) == (2, 1, 2, 8, 1)
-    assert checks.layout_of(cfg, 8).dp == 2 and cfg.optimizer.optimizer_cpu_offload
+    assert layout_of(cfg, 8).dp == 2 and cfg.optimizer.optimizer_cpu_offload
     assert entry.meta.status == "unmeasured"
     doc = registry.load(entry.name).__doc__
     assert "0.19.2" in doc and "CP" in doc
@@ -287,17 +289,17 @@ def test_gb300_library_recipe_keeps_the_16gpu_policy_and_adds_mxfp8():
     from bridge_recipes.qwen_vl.policy import gdn_kernel_backend_declared
 
     assert hasattr(lib.model, "gdn_kernel_backend") == gdn_kernel_backend_declared()
-    assert checks.layout_of(lib, 8).dp == 8
+    assert layout_of(lib, 8).dp == 8
     assert lib.train.global_batch_size // (lib.train.micro_batch_size * 8) == 64  # micro batches per rank
 
 
-def test_gb300_image_budget_above_the_vision_graph_cap_is_refused():
-    from bridge_recipes.runner import datasets
-    from bridge_recipes.runner.overrides import apply_all
+def test_gb300_image_budget_above_the_vision_graph_cap_is_refused(tmp_path):
+    from bridge_recipes import datasets
+    from bridge_recipes.overrides import apply_all
 
     cfg = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config")
     datasets.select(cfg, "energon")
-    apply_all(cfg, {}, ["dataset.path=/data/wds", "dataset.task_encoder.max_pixels=200704"])
+    apply_all(cfg, {}, [f"dataset.path={tmp_path}", "dataset.task_encoder.max_pixels=200704"])
     assert checks.errors(checks.check(cfg, 8)) == []
     assert checks.vision_patches_per_micro_batch(cfg) == 4 * 784
     apply_all(cfg, {}, ["dataset.task_encoder.max_pixels=401408"])

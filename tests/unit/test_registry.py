@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.runner import registry
+from bridge_recipes import registry
 from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from bridge_recipes.runner import checkpoints, checks, launch, registry
+from bridge_recipes import registry
+from bridge_recipes.runner import checkpoints, checks, launch
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 
@@ -33,7 +34,7 @@ def test_benchmarks_keep_resilience_off(name):
 
 
 def test_in_process_restart_can_be_switched_on_by_override():
-    from bridge_recipes.runner.overrides import apply_all
+    from bridge_recipes.overrides import apply_all
 
     cfg = build()
     apply_all(cfg, {}, ["inprocess_restart.enabled=true", "nvrx_straggler.stop_if_detected=true"])

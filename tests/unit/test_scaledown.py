@@ -1,6 +1,7 @@
 """Scale-down keeps the execution policy and reports every change."""
 
-from bridge_recipes.runner import checks, registry
+from bridge_recipes import registry
+from bridge_recipes.runner import checks
 from bridge_recipes.scaledown import hybrid_pattern, scale_down
 
 

@@ -1,8 +1,7 @@
-"""scripts/gpu/startup_breakdown.py puts each profile sample in the first matching phase."""
+"""scripts/gpu/startup_breakdown.py (bridge_recipes.bench.startup) puts each profile sample in
+the first matching phase."""
 
-from tests.scripts import load_script
-
-sb = load_script("scripts/gpu/startup_breakdown.py")
+from bridge_recipes.bench import startup as sb
 
 
 def _frame(file, name="f"):

@@ -4,9 +4,9 @@ import copy
 
 import pytest
 
-from bridge_recipes.runner import registry
+from bridge_recipes import registry
+from bridge_recipes.overrides import apply_all
 from bridge_recipes.runner.cli import main
-from bridge_recipes.runner.overrides import apply_all
 from bridge_recipes.values import value_problems
 
 MOE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"

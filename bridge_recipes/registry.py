@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bridge_recipes.recipe import RecipeMeta
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # bridge_recipes/
+PACKAGE_ROOT = Path(__file__).resolve().parent  # bridge_recipes/
 TREES = {"bridge_recipes": PACKAGE_ROOT, "perf_recipes": PACKAGE_ROOT.parent / "perf_recipes"}
 SKIP_DIRS = {"runner", "models", "__pycache__"}
 

@@ -19,27 +19,62 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-# Convenience flags (argparse dest -> dotted keys they set). -sl sets both sequence lengths,
+
+@dataclass(frozen=True)
+class Flag:
+    """A convenience flag: the dotted keys it sets and the type its value is read as."""
+
+    keys: tuple[str, ...]
+    type: type
+
+
+# Convenience flags (argparse dest -> keys and value type). -sl sets both sequence lengths,
 # which must agree.
-FLAG_KEYS: dict[str, tuple[str, ...]] = {
-    "tp": ("model.tensor_model_parallel_size",),
-    "pp": ("model.pipeline_model_parallel_size",),
-    "cp": ("model.context_parallel_size",),
-    "vp": ("model.virtual_pipeline_model_parallel_size",),
-    "ep": ("model.expert_model_parallel_size",),
-    "etp": ("model.expert_tensor_parallel_size",),
-    "gb": ("train.global_batch_size",),
-    "mb": ("train.micro_batch_size",),
-    "sl": ("model.seq_length", "dataset.seq_length"),
-    "max_steps": ("train.train_iters",),
-    "lr": ("optimizer.lr",),
-    "min_lr": ("optimizer.min_lr",),
-    "warmup_iters": ("scheduler.lr_warmup_iters",),
-    "save_dir": ("checkpoint.save",),
-    "load_dir": ("checkpoint.load",),
-    "pretrained_checkpoint": ("checkpoint.pretrained_checkpoint",),
-    "save_interval": ("checkpoint.save_interval",),
+FLAG_KEYS: dict[str, Flag] = {
+    "tp": Flag(("model.tensor_model_parallel_size",), int),
+    "pp": Flag(("model.pipeline_model_parallel_size",), int),
+    "cp": Flag(("model.context_parallel_size",), int),
+    "vp": Flag(("model.virtual_pipeline_model_parallel_size",), int),
+    "ep": Flag(("model.expert_model_parallel_size",), int),
+    "etp": Flag(("model.expert_tensor_parallel_size",), int),
+    "gb": Flag(("train.global_batch_size",), int),
+    "mb": Flag(("train.micro_batch_size",), int),
+    "sl": Flag(("model.seq_length", "dataset.seq_length"), int),
+    "max_steps": Flag(("train.train_iters",), int),
+    "lr": Flag(("optimizer.lr",), float),
+    "min_lr": Flag(("optimizer.min_lr",), float),
+    "warmup_iters": Flag(("scheduler.lr_warmup_iters",), int),
+    "save_dir": Flag(("checkpoint.save",), str),
+    "load_dir": Flag(("checkpoint.load",), str),
+    "pretrained_checkpoint": Flag(("checkpoint.pretrained_checkpoint",), str),
+    "save_interval": Flag(("checkpoint.save_interval",), int),
 }
+SHORT_FLAGS = {"tp", "pp", "cp", "vp", "ep", "etp", "gb", "mb", "sl"}  # the rest are --long-names
+
+
+def flag_option(dest: str) -> str:
+    """The command-line spelling of a flag: ``-gb``, ``--max-steps``."""
+    return f"-{dest}" if dest in SHORT_FLAGS else f"--{dest.replace('_', '-')}"
+
+
+def flag_values(flags: dict[str, Any] | None) -> dict[str, Any]:
+    """``flags`` checked against :data:`FLAG_KEYS` and read as each flag's type (None: not given)."""
+    out = {}
+    for dest, value in (flags or {}).items():
+        if dest not in FLAG_KEYS:
+            near = difflib.get_close_matches(dest, FLAG_KEYS, n=3, cutoff=0.5)
+            hint = f" Nearest: {', '.join(near)}." if near else ""
+            raise OverrideError(f"unknown flag {dest!r}; flags are {', '.join(FLAG_KEYS)}.{hint}")
+        if value is None:
+            continue
+        kind = FLAG_KEYS[dest].type
+        try:
+            out[dest] = kind(value)
+        except (TypeError, ValueError):
+            raise OverrideError(f"flag {dest}={value!r}: expected {kind.__name__}") from None
+        if kind is int and isinstance(value, float) and value != out[dest]:
+            raise OverrideError(f"flag {dest}={value!r}: expected int")
+    return out
 
 
 class OverrideError(ValueError):
@@ -70,9 +105,9 @@ def parse(token: str) -> Override:
 def flag_overrides(flags: dict[str, Any]) -> list[Override]:
     """Overrides for the convenience flags that were given (value not None)."""
     out = []
-    for dest, keys in FLAG_KEYS.items():
+    for dest, flag in FLAG_KEYS.items():
         if flags.get(dest) is not None:
-            out += [Override(k, "set", flags[dest], f"--{dest.replace('_', '-')} {flags[dest]}") for k in keys]
+            out += [Override(k, "set", flags[dest], f"--{dest.replace('_', '-')} {flags[dest]}") for k in flag.keys]
     return out
 
 

@@ -1,0 +1,133 @@
+"""The benchmark command of scripts/benchmark.py: run recipes, write result and ratio files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from bridge_recipes import registry, runner_args
+from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
+
+DESCRIPTION = """Benchmark a recipe (and, side by side, a second one) and write OpenRecipes-shaped result files.
+
+    # 8 GPUs, the recipe's own layout, window of steps 5..19 of a 20-step run
+    python scripts/benchmark.py --recipe qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config --out results/x.yaml
+    # one GPU, two policies compared in one session (proxy: fewer layers, per-GPU expert count)
+    python scripts/benchmark.py --proxy-layers 4 --recipe A --against B --out results/a_vs_b.yaml
+
+Each run is a separate ``torchrun scripts/run_recipe.py`` process; its full log is kept beside
+the result file. With --against, both policies run back to back and a ratio file is written: the
+tokens/s ratio and, where the two runs train the same model on the same rows, whether their loss
+curves agree (validate_convergence rules).
+Exit status 0 on success, 2 on bad input, 1 when a run fails.
+"""
+
+
+def one(name: str, opts, out: Path) -> tuple[dict, object, dict[int, float]]:
+    """Run and measure one recipe: its result document, its config and its loss curve."""
+    from bridge_recipes.bench import harness
+    from bridge_recipes.bench.runs import launch
+
+    entry = registry.find(name)
+    base = build_config(name, overrides=opts.overrides)
+    nproc = 1 if opts.proxy_layers else entry.meta.gpus
+    request = harness.run_request(
+        base,
+        steps=opts.steps,
+        proxy_layers=opts.proxy_layers,
+        extra=opts.overrides,
+        proxy_global_batch=opts.proxy_global_batch,
+    )
+    args = runner_args(**request)
+    cfg = build_config(name, **request)
+    log_path = out.with_suffix(".log")
+    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
+    expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
+    print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
+    run = launch(name, name, args, log_path, nproc=nproc)
+    if run.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
+    command = f"torchrun --nproc-per-node {nproc} scripts/run_recipe.py --recipe {name} {shlex.join(args)}"
+    doc = harness.write(
+        out,
+        recipe=name,
+        cfg=cfg,
+        log_text=run.log,
+        world_size=nproc,
+        gpu=opts.gpu,
+        window=tuple(opts.window),
+        command=command,
+        proxy=bool(opts.proxy_layers),
+    )
+    r = doc["result"]
+    print(
+        f"[benchmark] {name}: {r['tokens_per_s_per_gpu']} tokens/s/GPU, MFU {r['mfu']}, "
+        f"CV {r['step_time_cv_percent']}%"
+    )
+    return doc, cfg, run.losses
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
+    ap.add_argument("--proxy-layers", type=int, help="one-GPU proxy with this many layers (multiple of 4)")
+    ap.add_argument(
+        "--proxy-global-batch",
+        type=int,
+        default=PROXY_GLOBAL_BATCH,
+        help=f"micro batches per step in proxy mode, the same for both policies (default {PROXY_GLOBAL_BATCH})",
+    )
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
+    ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
+    ap.add_argument("--out", required=True, help="result file (.yaml); logs are written beside it")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    opts = ap.parse_intermixed_args(argv)
+    if opts.window[1] > opts.steps:
+        ap.error(f"--window ends at step {opts.window[1]} but only {opts.steps} steps run")
+    try:
+        names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
+    except registry.UnknownRecipe as exc:
+        ap.error(str(exc))
+    out = Path(opts.out)
+    try:
+        docs = [
+            one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml")) for i, n in enumerate(names)
+        ]
+    except RuntimeError as exc:
+        print(f"benchmark.py: {exc}", file=sys.stderr)
+        return 1
+    if len(docs) == 2:
+        (cand, cand_cfg, cand_losses), (ref, ref_cfg, ref_losses) = docs
+        losses = different_training(cand_cfg, ref_cfg) or (cand_losses, ref_losses)
+        ratio = comparison(cand, ref, proxy=bool(opts.proxy_layers), losses=losses)
+        out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
+        print(
+            f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"
+            + (
+                f"; forward-backward per token {ratio['forward_backward_per_token_ratio']}"
+                if "forward_backward_per_token_ratio" in ratio
+                else ""
+            )
+        )
+        agree = ratio["loss_curves"]
+        print(
+            "[benchmark] loss curves: "
+            + (
+                agree["why"]
+                if not agree["compared"]
+                else f"correlation {agree['correlation']:.6f}, "
+                f"final-loss difference {agree['final_loss_difference']:.2%}, "
+                f"{agree['pointwise_failures']} point-wise failures: {'agree' if agree['passed'] else 'DIFFER'}"
+            )
+        )
+    return 0

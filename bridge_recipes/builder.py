@@ -1,0 +1,96 @@
+"""Build a recipe's config by name, as the runner does: the library's one entry point.
+
+``build(name, ...)`` finds the recipe in the registry (read from the source, nothing imported
+until the recipe is built), calls it, and then, in this order: shrinks it to one GPU
+(``scale_down``), swaps its data (``dataset``), applies the convenience ``flags`` and then the
+Hydra ``overrides`` (which therefore win). ``runner_args`` writes the same request as
+``scripts/run_recipe.py`` arguments, for launching a training process that builds it again.
+
+Importing this module imports neither torch nor Megatron.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bridge_recipes import registry
+from bridge_recipes.overrides import FLAG_KEYS, apply_all, flag_option, flag_values
+
+
+def build(
+    name: str,
+    *,
+    scale_down: int | None = None,
+    scale_experts: int | None = None,
+    dataset: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+    report: Callable[[str], None] | None = None,
+) -> Any:
+    """The ConfigContainer of recipe ``name``.
+
+    - ``scale_down``: shrink to one GPU with this many layers (a multiple of 4), keeping the
+      execution policy; ``scale_experts``: with it, keep this many routed experts. The global
+      batch stays the recipe's (set ``flags={"gb": ...}`` to change it).
+    - ``dataset``: ``mock`` | ``sft-rows`` | ``energon`` (see :mod:`bridge_recipes.datasets`).
+    - ``flags``: convenience-flag values by name (``tp``, ``pp``, ``gb``, ``max_steps``, ``lr``,
+      ``save_dir``, ...; :data:`bridge_recipes.overrides.FLAG_KEYS`), read as each flag's type.
+    - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
+    - ``report``: called with each scale-down change (``field: old -> new``).
+
+    A recipe that resumes from its save folder (load == save) keeps doing so when only the
+    save folder moves. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown
+    name, :class:`bridge_recipes.overrides.OverrideError` (a ValueError) for a bad flag or
+    override, ValueError for a bad scale-down or dataset.
+    """
+    values = flag_values(dict(flags or {}))
+    if scale_experts is not None and scale_down is None:
+        raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
+    cfg = registry.load(name)()
+    if scale_down is not None:
+        from bridge_recipes.scaledown import scale_down as shrink
+
+        for change in shrink(
+            cfg,
+            num_layers=scale_down,
+            num_experts=scale_experts,
+            global_batch_size=cfg.train.global_batch_size,
+        ):
+            if report:
+                report(change)
+    if dataset:
+        from bridge_recipes import datasets
+
+        datasets.select(cfg, dataset)
+    ckpt = cfg.checkpoint
+    resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
+    apply_all(cfg, values, list(overrides))
+    if resumes_from_save and ckpt.load == recipe_load:
+        ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
+    return cfg
+
+
+def runner_args(
+    *,
+    scale_down: int | None = None,
+    scale_experts: int | None = None,
+    dataset: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+    overrides: Sequence[str] = (),
+) -> list[str]:
+    """``scripts/run_recipe.py`` arguments (after ``--recipe NAME``) that build what
+    :func:`build` builds with the same keywords: scale-down, dataset, flags in their table's
+    order, then the overrides."""
+    args: list[str] = []
+    if scale_down is not None:
+        args += ["--scale-down", str(scale_down)]
+        if scale_experts is not None:
+            args += ["--scale-experts", str(scale_experts)]
+    if dataset:
+        args += ["--dataset", dataset]
+    values = flag_values(dict(flags or {}))
+    for dest in FLAG_KEYS:
+        if dest in values:
+            args += [flag_option(dest), str(values[dest])]
+    return [*args, *overrides]

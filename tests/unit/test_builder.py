@@ -1,0 +1,79 @@
+"""bridge_recipes.build: the library's entry point, and the run_recipe.py arguments of a request."""
+
+import pytest
+
+import bridge_recipes
+from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, flag_values
+from bridge_recipes.registry import UnknownRecipe
+from bridge_recipes.runner.cli import build_parser, build_request
+
+SFT_35B = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+REQUEST = {
+    "scale_down": 4,
+    "scale_experts": 32,
+    "dataset": "sft-rows",
+    "flags": {"gb": 4, "max_steps": 10, "lr": 3e-4, "save_dir": "/ckpt", "save_interval": 5},
+    "overrides": ["logger.log_interval=1", "model.recompute_granularity=null", "model.recompute_method=null"],
+}
+
+
+def test_build_applies_scale_down_dataset_flags_then_overrides():
+    changes = []
+    cfg = bridge_recipes.build(SFT_35B, **REQUEST, report=changes.append)
+    m = cfg.model
+    assert (m.num_layers, m.num_moe_experts, m.expert_model_parallel_size) == (4, 32, 1)
+    assert "model.num_layers: 40 -> 4" in changes
+    assert type(cfg.dataset).__name__ == "PackedSFTRowsConfig" and cfg.dataset.seq_length == m.seq_length
+    assert (cfg.train.global_batch_size, cfg.train.train_iters, cfg.optimizer.lr) == (4, 10, 3e-4)
+    assert (cfg.checkpoint.save, cfg.checkpoint.save_interval) == ("/ckpt", 5)
+    assert cfg.logger.log_interval == 1 and m.recompute_granularity is None
+
+
+def test_runner_arguments_parse_back_to_the_same_request():
+    """What runner_args writes, run_recipe.py's parser reads back as the same build request."""
+    args = bridge_recipes.runner_args(**REQUEST)
+    assert args[:4] == ["--scale-down", "4", "--scale-experts", "32"]
+    assert args[args.index("--lr") + 1] == "0.0003" and args[-3:] == REQUEST["overrides"]
+    parsed = build_request(build_parser().parse_intermixed_args(["--recipe", SFT_35B, *args]))
+    given = {k: v for k, v in parsed.pop("flags").items() if v is not None}
+    assert given == REQUEST["flags"]
+    assert parsed == {k: v for k, v in REQUEST.items() if k != "flags"}
+
+
+def test_the_cli_builds_what_build_builds(capsys):
+    from bridge_recipes.runner.cli import build
+
+    argv = ["--recipe", SFT_35B, *bridge_recipes.runner_args(**REQUEST)]
+    _, via_cli = build(build_parser().parse_intermixed_args(argv))
+    assert "[run_recipe] scale-down: model.num_layers: 40 -> 4" in capsys.readouterr().out
+    yaml = []
+    for cfg in (via_cli, bridge_recipes.build(SFT_35B, **REQUEST)):
+        cfg.print_yaml()
+        yaml.append(capsys.readouterr().out)
+    assert yaml[0] == yaml[1] and "num_layers: 4" in yaml[0]
+
+
+def test_flags_have_an_explicit_type():
+    assert {dest: f.type for dest, f in FLAG_KEYS.items() if f.type is not int} == {
+        "lr": float,
+        "min_lr": float,
+        "save_dir": str,
+        "load_dir": str,
+        "pretrained_checkpoint": str,
+    }
+    assert flag_values({"lr": "3e-4", "gb": "8", "save_dir": 7, "tp": None}) == {"lr": 3e-4, "gb": 8, "save_dir": "7"}
+    parser = build_parser()
+    for dest, flag in FLAG_KEYS.items():
+        action = next(a for a in parser._actions if a.dest == dest)
+        assert action.type is flag.type and action.option_strings == [flag_option(dest)], dest
+
+
+def test_bad_flags_and_names_are_errors_naming_them():
+    with pytest.raises(OverrideError, match="unknown flag 'max_step'.*Nearest: max_steps"):
+        bridge_recipes.build(SFT_35B, flags={"max_step": 3})
+    with pytest.raises(OverrideError, match="flag gb=2.5: expected int"):
+        flag_values({"gb": 2.5})
+    with pytest.raises(OverrideError, match="flag lr='fast': expected float"):
+        flag_values({"lr": "fast"})
+    with pytest.raises(UnknownRecipe, match="Did you mean"):
+        bridge_recipes.build(SFT_35B.replace("h200", "h20"))

@@ -1,0 +1,53 @@
+"""bridge_recipes.layout: the one definition of the parallel layout rules."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from bridge_recipes.layout import Layout, data_parallel, layout_of, stage_layers
+
+
+def _cfg(**model):
+    base = dict(
+        tensor_model_parallel_size=2,
+        pipeline_model_parallel_size=2,
+        context_parallel_size=2,
+        expert_model_parallel_size=4,
+        expert_tensor_parallel_size=None,
+        virtual_pipeline_model_parallel_size=None,
+        sequence_parallel=True,
+        num_layers=8,
+    )
+    return SimpleNamespace(model=SimpleNamespace(**{**base, **model}))
+
+
+def test_layout_of_a_config():
+    lay = layout_of(_cfg(), 16)
+    assert (lay.tp, lay.pp, lay.cp, lay.ep, lay.dp, lay.world, lay.sp) == (2, 2, 2, 4, 2, 16, True)
+    assert lay.model_parallel == 8 and lay.dense_dp == 4
+    assert lay.expert_tp == 2  # unset expert TP follows TP
+    assert lay.expert_dp == 16 // (2 * 4 * 2)
+    assert layout_of(_cfg(expert_tensor_parallel_size=1), 16).expert_tp == 1
+    assert layout_of(_cfg(), 12).dp is None  # 12 GPUs do not divide into TP x PP x CP = 8
+
+
+def test_labels():
+    lay = layout_of(_cfg(expert_tensor_parallel_size=1), 16)
+    assert lay.label() == "TP2 PP2 CP2 EP4 ETP1 DP2"
+    assert lay.label(show_sp=True) == "TP2 SP PP2 CP2 EP4 ETP1 DP2"
+    assert Layout(tp=1, pp=4, cp=1, ep=1, etp=None, vpp=2, dp=None, world=6).label() == "TP1 PP4 VPP2 DP?"
+
+
+def test_data_parallel_of_a_config_and_of_a_saved_run_agree():
+    saved = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": None}
+    assert data_parallel(saved, 16) == 4 == data_parallel(_cfg(context_parallel_size=1).model, 16)
+    assert data_parallel(saved, None) is None
+
+
+@pytest.mark.parametrize(
+    "first, last, expected",
+    [(None, None, [4, 4]), (3, None, [3, 5]), (None, 6, [2, 6]), (3, 6, None)],
+)
+def test_stage_layers(first, last, expected):
+    cfg = _cfg(num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+    assert stage_layers(cfg) == expected
