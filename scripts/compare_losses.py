@@ -16,6 +16,12 @@ from pathlib import Path
 
 from bridge_recipes.bench.convergence import compare
 from bridge_recipes.bench.runs import log_losses, split_runs
+from bridge_recipes.outputs import output_problem, write_text_atomic
+
+
+def fail(msg: str) -> int:
+    print(f"compare_losses.py: error: {msg}", file=sys.stderr)
+    return 2
 
 
 def main() -> int:
@@ -25,28 +31,34 @@ def main() -> int:
     ap.add_argument("--candidate", help="run name in a multi-run log")
     ap.add_argument("--out", help="write the comparison as JSON here")
     args = ap.parse_args()
-    try:
-        texts = [Path(p).read_text() for p in args.logs]
-    except OSError as exc:
-        print(f"compare_losses.py: error: {exc}", file=sys.stderr)
-        return 2
+    if len(args.logs) > 2:
+        return fail(f"{len(args.logs)} logs given: pass one multi-run log, or two logs (reference, candidate)")
+    if len(args.logs) == 2 and (args.reference or args.candidate):
+        return fail("--reference/--candidate name runs inside one multi-run log; with two logs, drop them")
+    if args.out:
+        problem = output_problem(args.out, option="--out", inputs=args.logs)
+        if problem:
+            return fail(problem)
+    texts = []
+    for p in args.logs:
+        try:
+            texts.append(Path(p).read_text())
+        except UnicodeDecodeError:
+            return fail(f"{p} is not a text log (it does not decode as UTF-8)")
+        except OSError as exc:
+            return fail(f"cannot read {p}: {exc.strerror or exc}")
     if len(texts) == 2:
         ref, cand = log_losses(texts[0]), log_losses(texts[1])
     else:
         runs = split_runs(texts[0])
         missing = [n for n in (args.reference, args.candidate) if n not in runs]
         if missing or not args.reference:
-            print(
-                f"compare_losses.py: error: name --reference and --candidate among the runs {sorted(runs)}",
-                file=sys.stderr,
-            )
-            return 2
+            return fail(f"name --reference and --candidate among the runs {sorted(runs)}")
         ref, cand = log_losses(runs[args.reference]), log_losses(runs[args.candidate])
     try:
         result = compare(ref, cand)
     except ValueError as exc:
-        print(f"compare_losses.py: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     doc = {"reference_losses": ref, "candidate_losses": cand, **result.as_dict()}
     print(
         json.dumps(
@@ -65,7 +77,7 @@ def main() -> int:
         )
     )
     if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        write_text_atomic(args.out, json.dumps(doc, indent=1) + "\n")
     return 0 if result.passed else 1
 
 

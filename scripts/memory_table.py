@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from bridge_recipes.outputs import output_problem, write_text_atomic
 from bridge_recipes.plan.table import DOC, render
 
 
@@ -25,6 +26,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=DOC)
     ap.add_argument("--check", action="store_true", help="exit 1 if --out differs from what would be written")
     args = ap.parse_args()
+    if args.out.is_dir():
+        print(f"memory_table.py: error: --out {args.out} is a folder; give a file path", file=sys.stderr)
+        return 2
+    if not args.check:
+        problem = output_problem(args.out, option="--out")
+        if problem:
+            print(f"memory_table.py: error: {problem}", file=sys.stderr)
+            return 2
     text = render()
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""
@@ -32,7 +41,7 @@ def main() -> int:
             print(f"{args.out} is stale: rerun scripts/memory_table.py", file=sys.stderr)
             return 1
         return 0
-    args.out.write_text(text)
+    write_text_atomic(args.out, text)
     print(f"wrote {args.out}")
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bridge_recipes import registry, runner_args
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
+from bridge_recipes.outputs import write_text_atomic
 
 DESCRIPTION = """Benchmark a recipe (and, side by side, a second one) and write OpenRecipes-shaped result files.
 
@@ -89,15 +90,64 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def argument_problems(opts, names: list[str]) -> list[str]:
+    """Everything wrong with the arguments that can be known before a run starts: step counts,
+    the window, the GPU type, the proxy size, the output path, and each recipe's config as the
+    run would build it (scale-down, overrides and value ranges)."""
+    from bridge_recipes.bench import harness
+    from bridge_recipes.gpus import GPUS
+    from bridge_recipes.outputs import output_problem
+    from bridge_recipes.overrides import OverrideError
+    from bridge_recipes.values import value_problems
+
+    out = []
+    if opts.steps < 1:
+        out.append(f"--steps {opts.steps}: run at least one step")
+    first, last = opts.window
+    if not 1 <= first <= last:
+        out.append(f"--window {first} {last}: need 1 <= FIRST <= LAST")
+    elif last > opts.steps:
+        out.append(f"--window ends at step {last} but only {opts.steps} steps run; raise --steps or lower LAST")
+    if opts.gpu.upper() not in GPUS:
+        out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
+    if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):
+        out.append(f"--proxy-layers {opts.proxy_layers}: a positive multiple of 4 (the GDN/attention period)")
+    if opts.proxy_global_batch < 1:
+        out.append(f"--proxy-global-batch {opts.proxy_global_batch}: at least 1")
+    problem = output_problem(opts.out, option="--out")
+    if problem:
+        out.append(problem)
+    if out:
+        return out
+    for name in names:
+        try:
+            base = build_config(name, overrides=opts.overrides)
+            request = harness.run_request(
+                base,
+                steps=opts.steps,
+                proxy_layers=opts.proxy_layers,
+                extra=opts.overrides,
+                proxy_global_batch=opts.proxy_global_batch,
+            )
+            cfg = build_config(name, **request)
+        except (OverrideError, ValueError) as exc:
+            out.append(f"{name}: {exc}")
+            continue
+        nproc = 1 if opts.proxy_layers else registry.find(name).meta.gpus
+        out += [f"{name}: {p}" for p in value_problems(cfg, nproc)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     opts = ap.parse_intermixed_args(argv)
-    if opts.window[1] > opts.steps:
-        ap.error(f"--window ends at step {opts.window[1]} but only {opts.steps} steps run")
     try:
         names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
     except registry.UnknownRecipe as exc:
         ap.error(str(exc))
+    problems = argument_problems(opts, names)
+    if problems:
+        ap.error("; ".join(problems))
     out = Path(opts.out)
     try:
         docs = [
@@ -110,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         (cand, cand_cfg, cand_losses), (ref, ref_cfg, ref_losses) = docs
         losses = different_training(cand_cfg, ref_cfg) or (cand_losses, ref_losses)
         ratio = comparison(cand, ref, proxy=bool(opts.proxy_layers), losses=losses)
-        out.with_name(out.stem + "_ratio.json").write_text(json.dumps(ratio, indent=1) + "\n")
+        write_text_atomic(out.with_name(out.stem + "_ratio.json"), json.dumps(ratio, indent=1) + "\n")
         print(
             f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"
             + (
