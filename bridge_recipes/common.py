@@ -8,9 +8,9 @@ Defaults and where they come from:
 - pretrain: Megatron-Bridge's pretrain defaults (distributed Adam, cosine 3e-4 -> 3e-5,
   500 warm-up steps, 4,096-token sequences), mock data and a NullTokenizer sized to the
   248,320-token vocabulary, so a pretrain recipe runs with no download.
-- SFT: the OpenRecipes H200 SFT workload (seeds 001, 002): 8,192-token rows, global batch
-  128, lr 1e-5 cosine to 1e-6 with 10% warm-up, weight decay 0.1, betas 0.9/0.98,
-  per-token loss. Mock rows until a dataset is selected (``--dataset``).
+- SFT: the OpenRecipes H200 SFT workload (openrecipes-35b-h200, openrecipes-27b-h200 in
+  docs/sources.md): 8,192-token rows, global batch 128, lr 1e-5 cosine to 1e-6 with 10%
+  warm-up, weight decay 0.1, betas 0.9/0.98, per-token loss. Mock rows until a dataset is selected (``--dataset``).
 - PEFT: the SFT defaults plus LoRA (rank 32, alpha 32) on the attention, GDN and MLP
   projections and lr 1e-4, as Megatron-Bridge's PEFT recipes do.
 - VL forms: the same, with the VL provider, the mock VLM conversation dataset, and no
@@ -29,8 +29,8 @@ from bridge_recipes.models.qwen35 import Qwen35Spec, build_provider, get_spec
 from bridge_recipes.resilience import enable_resilience
 
 PRETRAIN_SEQ_LENGTH = 4096
-SFT_SEQ_LENGTH = 8192  # OpenRecipes SFT rows (seed 001)
-SFT_GLOBAL_BATCH = 128  # OpenRecipes SFT workload (seed 001)
+SFT_SEQ_LENGTH = 8192  # OpenRecipes SFT rows (openrecipes-35b-h200)
+SFT_GLOBAL_BATCH = 128  # OpenRecipes SFT workload (openrecipes-35b-h200)
 LORA_TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj"]
 
 
@@ -194,7 +194,7 @@ def pretrain_config(model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_L
 
 
 def sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH):
-    """Full-parameter SFT with the OpenRecipes workload's optimizer and batch (seed 001).
+    """Full-parameter SFT with the OpenRecipes workload's optimizer and batch (openrecipes-35b-h200).
 
     ``train_iters`` 50 = the 6,400 rows of the published row set at global batch 128; the
     warm-up is 10% of that. Set ``checkpoint.pretrained_checkpoint`` to the converted

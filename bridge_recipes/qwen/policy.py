@@ -6,7 +6,8 @@ setting (say, how CPU optimizer offload is switched on) has one definition.
 
 from __future__ import annotations
 
-# The environment of the OpenRecipes H200 SFT runs (seeds 001, 002). NCCL_NVLS_ENABLE there was
+# The environment of the OpenRecipes H200 SFT runs (openrecipes-35b-h200,
+# openrecipes-27b-h200 in docs/sources.md). NCCL_NVLS_ENABLE there was
 # 1 when the node reports NVLink (p5en does); export NCCL_NVLS_ENABLE=0 where NVLink SHARP must
 # stay off (a value already in the environment wins over the recipe's).
 OPENRECIPES_ENV = {
@@ -18,7 +19,7 @@ OPENRECIPES_ENV = {
 
 
 def openrecipes_sft_numerics(cfg) -> None:
-    """Numerics every OpenRecipes SFT run shares (the flags of seed 001's command), and its env."""
+    """Numerics every OpenRecipes SFT run shares (the flags of openrecipes-35b-h200's command), and its env."""
     from megatron.core.transformer.enums import AttnBackend
 
     m, o = cfg.model, cfg.optimizer

@@ -210,7 +210,7 @@ def test_population_cv_and_default_window():
 
 
 def test_openrecipes_35b_figures_reproduce():
-    """Seed 001 #1: 8 GPUs, 128 rows of 8,192 tokens a step, window 5..19 -> window_tokens
+    """openrecipes-35b-h200 #1: 8 GPUs, 128 rows of 8,192 tokens a step, window 5..19 -> window_tokens
     15,728,640; at 4,663.11 tokens/s/GPU, 6N MFU with the H200's 989.4 TFLOP/s is 0.0833."""
     step_tokens = 128 * 8192
     step_time = step_tokens / (8 * 4663.11)
@@ -530,7 +530,7 @@ def test_read_result_rejects_other_files(tmp_path):
 
 
 def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
-    """128 rows of 8,192 tokens on 8 GPUs at the seed 002 rates: 52.4 s tuned, 138.2 s reference."""
+    """128 rows of 8,192 tokens on 8 GPUs at the openrecipes-27b-h200 rates: 52.4 s tuned, 138.2 s reference."""
     from bridge_recipes.bench.harness import published_step_seconds
     from bridge_recipes.qwen.h200.qwen35 import (
         qwen35_27b_sft_8gpu_h200_bf16_config,

@@ -16,8 +16,8 @@ from bridge_recipes.runner.cli import megatron_validation
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(registry.discover())
-# Names fixed by the reference page of the GB300 module (seed 003) rather than by our convention.
-SEED_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
+# Names fixed by the reference page of the GB300 module (bridge-gb300-vl) rather than by our convention.
+PAGE_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
 
 
 def build(name):
@@ -51,7 +51,7 @@ NAME = re.compile(
 )
 
 
-@pytest.mark.parametrize("name", [n for n in RECIPES if n not in SEED_NAMES])
+@pytest.mark.parametrize("name", [n for n in RECIPES if n not in PAGE_NAMES])
 def test_name_follows_the_convention_and_agrees_with_metadata(name):
     m = NAME.match(name)
     assert m, name
@@ -133,7 +133,7 @@ def test_policy_helpers_are_used_by_both_trees(monkeypatch):
     assert set(calls) == set(helpers)
 
 
-# --- pinned to the source documents ----------------------------------------------------------
+# --- pinned to the sources of docs/sources.md ------------------------------------------------
 
 
 def _recompute(cfg):
@@ -155,7 +155,7 @@ def test_h200_sft_workload_is_the_openrecipes_one():
         assert cfg.env_vars["TORCHINDUCTOR_COMPILE_THREADS"] == 1
 
 
-def test_35b_a3b_h200_layouts_seed_001():
+def test_35b_a3b_h200_layouts_openrecipes_35b_h200():
     base = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")
     m = base.model
     assert (
@@ -186,7 +186,7 @@ def test_35b_a3b_h200_layouts_seed_001():
     assert list(refs.values()) == [4663.1, 3466.8, 3076.8]
 
 
-def test_27b_h200_layouts_seed_002():
+def test_27b_h200_layouts_openrecipes_27b_h200():
     cfg = build("qwen35_27b_sft_8gpu_h200_bf16_config")
     m = cfg.model
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size) == (1, 4)
@@ -204,7 +204,7 @@ def test_27b_h200_layouts_seed_002():
     )
 
 
-def test_h100_layout_seed_000():
+def test_h100_layout_slime_35b_h100():
     cfg = build("qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
     m = cfg.model
     assert (
@@ -222,7 +222,7 @@ def test_h100_layout_seed_000():
     assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend) == ("flex", "deepep")
 
 
-def test_long_context_layout_seed_004():
+def test_long_context_layout_opd_35b_h200():
     entry = registry.find("qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config")
     cfg = build(entry.name)
     m = cfg.model
@@ -245,7 +245,7 @@ def test_b200_is_unmeasured_with_its_reasoning():
     assert "reasoning" in importlib.import_module(entry.module).__doc__
 
 
-# --- the GB300 VL module of seed 003 ---------------------------------------------------------
+# --- the GB300 VL module of bridge-gb300-vl --------------------------------------------------
 
 GB300_PUBLIC = {
     "qwen35_vl_397b_a17b_pretrain_config",
@@ -309,3 +309,16 @@ def test_gb300_perf_fp8mx_benchmark_is_ep8_gbs512_and_not_the_library_name():
     assert (cfg.model.expert_model_parallel_size, cfg.train.global_batch_size) == (8, 512)
     assert registry.find("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config").tree == "perf_recipes"
     assert registry.find("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config").tree == "bridge_recipes"
+
+
+def _source_keys():
+    table = (ROOT / "docs" / "sources.md").read_text()
+    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M))
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if (registry.find(n).meta.reference or {}).get("source")])
+def test_reference_source_names_a_key_of_docs_sources(name):
+    source = registry.find(name).meta.reference["source"]
+    match = re.search(r"\(([a-z0-9-]+), docs/sources\.md\)$", source)
+    assert match, f"{name}: source {source!r} does not end with '(<key>, docs/sources.md)'"
+    assert match.group(1) in _source_keys(), f"{name}: {match.group(1)!r} is not a key of docs/sources.md"

@@ -1,6 +1,6 @@
 """B200 recipes for Qwen3.5 / Qwen3.6 text models.
 
-OpenRecipes lists 6,573.4 tokens/s/GPU for Qwen3.6-35B-A3B SFT on 8 x B200 (seed 001) without
+OpenRecipes lists 6,573.4 tokens/s/GPU for Qwen3.6-35B-A3B SFT on 8 x B200 (openrecipes-35b-h200) without
 publishing the layout. The layout here is our proposal, unmeasured; the reasoning:
 
 - B200 has 180 GB per GPU against H200's 141 GB and about 2.3x the dense BF16 rate, so the
@@ -23,7 +23,9 @@ from bridge_recipes.recipe import recipe
 
 __all__ = ["qwen35_35b_a3b_sft_8gpu_b200_bf16_config"]
 
-SEED_001_B200 = "OpenRecipes Qwen3.6-35B-A3B on 8 x B200 (seed 001); layout not published"
+OPENRECIPES_35B_B200 = (
+    "OpenRecipes Qwen3.6-35B-A3B SFT on 8 x B200, layout not published (openrecipes-35b-h200, docs/sources.md)"
+)
 
 
 def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
@@ -43,7 +45,7 @@ def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200},
+    reference={"tokens_per_s_per_gpu": 6573.4, "source": OPENRECIPES_35B_B200},
 )
 def qwen35_35b_a3b_sft_8gpu_b200_bf16_config():
     """Qwen3.5/3.6-35B-A3B SFT on 8 x B200: our proposed layout (unmeasured; 6,573.4 published

@@ -1,7 +1,7 @@
 """H100 recipes for Qwen3.5 / Qwen3.6 text models.
 
 The 35B-A3B layout is the one of the slime recipe class ``Qwen3_6_35b_Recipe`` for one
-8 x H100 node (seed 000): TP2 with sequence parallelism, PP2, CP2, EP4 ETP1, full uniform
+8 x H100 node (slime-35b-h100 in docs/sources.md): TP2 with sequence parallelism, PP2, CP2, EP4 ETP1, full uniform
 recompute, optimizer on the CPU with overlapped copies, precision-aware distributed Adam,
 flash attention, flex dispatcher with DeepEP, and dynamic batches of up to 8,192 tokens per
 GPU (here: 16,384-token sequences split over CP2, one per micro batch). The slime recipe is an
@@ -17,7 +17,10 @@ from bridge_recipes.recipe import recipe
 
 __all__ = ["qwen35_35b_a3b_sft_8gpu_h100_bf16_config"]
 
-SEED_000 = "slime Qwen3_6_35b_Recipe (modal_training_gym), 1 x 8 H100 (seed 000); no figure published"
+SLIME_35B_H100 = (
+    "slime's Qwen3_6_35b_Recipe (modal_training_gym), 1 x 8 H100; no figure published"
+    " (slime-35b-h100, docs/sources.md)"
+)
 
 
 def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg) -> None:
@@ -39,10 +42,10 @@ def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg) -> None:
     precision="bf16",
     layout="TP2 PP2 CP2 EP4 ETP1 DP1",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": None, "source": SEED_000},
+    reference={"tokens_per_s_per_gpu": None, "source": SLIME_35B_H100},
 )
 def qwen35_35b_a3b_sft_8gpu_h100_bf16_config():
-    """Qwen3.5/3.6-35B-A3B SFT on one 8 x H100 node with slime's layout (seed 000)."""
+    """Qwen3.5/3.6-35B-A3B SFT on one 8 x H100 node with slime's layout (slime-35b-h100)."""
     cfg = sft_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg)
     return cfg

@@ -1,6 +1,7 @@
 """H200 recipes for Qwen3.5 / Qwen3.6 text models (real data; benchmark forms in perf_recipes).
 
-The 8-GPU SFT layouts are the OpenRecipes H200 entries by ATTUNE (seeds 001 and 002),
+The 8-GPU SFT layouts are the OpenRecipes H200 entries by ATTUNE (openrecipes-35b-h200 and
+openrecipes-27b-h200 in docs/sources.md),
 measured there on 8 x H200 (AWS p5en.48xlarge) with slime on megatron-core 0.16.0rc0 and
 TE 2.10: 8,192-token SFT rows, global batch 128, BF16, precision-aware distributed Adam,
 lr 1e-5 cosine to 1e-6, 10% warm-up, weight decay 0.1, betas 0.9/0.98, per-token loss,
@@ -29,14 +30,19 @@ __all__ = [
     "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
 ]
 
-SEED_001 = "OpenRecipes Qwen3.6-35B-A3B H200 leaderboard, ATTUNE, measured 2026-10-13 (seed 001)"
-SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (seed 002)"
+OPENRECIPES_35B_H200 = (
+    "OpenRecipes H200 leaderboard for Qwen3.6-35B-A3B SFT, ATTUNE, measured 2026-10-13"
+    " (openrecipes-35b-h200, docs/sources.md)"
+)
+OPENRECIPES_27B_H200 = (
+    "OpenRecipes YAML of ATTUNE's Qwen3.6-27B H200 recipe, measured 2026-10-18 (openrecipes-27b-h200, docs/sources.md)"
+)
 
 # --- Qwen3.5/3.6-35B-A3B ------------------------------------------------------------------
 
 
 def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
-    """ATTUNE's tuned 8 x H200 layout (seed 001, #1): TP1 PP1 EP8 ETP1 DP8, one 8,192-token row
+    """ATTUNE's tuned 8 x H200 layout (openrecipes-35b-h200, #1): TP1 PP1 EP8 ETP1 DP8, one 8,192-token row
     per micro batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware
     distributed Adam on the GPU (no offload)."""
     openrecipes_sft_numerics(cfg)
@@ -53,7 +59,7 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="functional",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
     evidence="results/h200_qwen35_35b_a3b_evidence.json",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
@@ -70,11 +76,11 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": OPENRECIPES_35B_H200},
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
     """The EP8 layout at 16,384 tokens per GPU (two rows per micro batch) with the optimizer on
-    the CPU, copies overlapped (seed 001, #2: 3,466.8 published)."""
+    the CPU, copies overlapped (openrecipes-35b-h200, #2: 3,466.8 published)."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     cfg.train.micro_batch_size = 2
     cpu_optimizer_offload(cfg)
@@ -88,10 +94,10 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
     precision="bf16",
     layout="TP1 PP2 EP4 DP4",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": OPENRECIPES_35B_H200},
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
-    """The 16,384-token offloaded variant with two pipeline stages and EP4 (seed 001, #3:
+    """The 16,384-token offloaded variant with two pipeline stages and EP4 (openrecipes-35b-h200, #3:
     3,076.8 published). 40 layers split 20/20."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
     set_layout(cfg, pp=2, ep=4)
@@ -105,10 +111,10 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
     precision="bf16",
     layout="TP2 PP1 CP2 EP8 ETP1 DP2",
     status="unmeasured",
-    notes="seed 004: peak ~124 GB of 143 reported by its authors, not by us",
+    notes="opd-35b-h200: peak ~124 GB of 143 reported by its authors, not by us",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
-    """Long-context layout of the on-policy-distillation example (seed 004) on one 8 x H200 node:
+    """Long-context layout of the on-policy-distillation example (opd-35b-h200) on one 8 x H200 node:
     TP2 (sequence parallel) PP1 CP2 EP8 ETP1, optimizer on the CPU, 32,768-token sequences.
 
     The example was written for 2 nodes (DP4) and re-tiled to one node by halving DP, which is
@@ -130,7 +136,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
 
 
 def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
-    """ATTUNE's tuned 8 x H200 layout (seed 002): TP1 PP4 with 16/17/17/14 layers, one
+    """ATTUNE's tuned 8 x H200 layout (openrecipes-27b-h200): TP1 PP4 with 16/17/17/14 layers, one
     8,192-token row per micro batch, full recompute of the first 12 layers of each stage
     (block), precision-aware distributed Adam on the GPU. Block 10 ran out of memory on the
     first stage; PP2 at TP1 ran out on the last stage (FP32 logits of the 248K vocabulary)."""
@@ -147,7 +153,7 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
     precision="bf16",
     layout="TP1 PP4 DP2",
     status="functional",
-    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
+    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
     evidence="results/h200_qwen35_27b_evidence.json",
 )
 def qwen35_27b_sft_8gpu_h200_bf16_config():
@@ -158,7 +164,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_config():
 
 
 def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
-    """The reference ATTUNE compared against (seed 002): slime's run-qwen3.5-27B.sh on one node,
+    """The reference ATTUNE compared against (openrecipes-27b-h200): slime's run-qwen3.5-27B.sh on one node,
     TP4 with sequence parallelism, PP2 with 34/30 layers, CP1, full uniform recompute,
     optimizer on the CPU, same optimizer settings."""
     openrecipes_sft_numerics(cfg)
@@ -175,7 +181,7 @@ def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
     precision="bf16",
     layout="TP4 PP2 DP1",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002},
+    reference={"tokens_per_s_per_gpu": 948.7, "source": OPENRECIPES_27B_H200},
 )
 def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config():
     """slime's 27B layout on 8 x H200, the baseline of the tuned recipe (948.7 published)."""

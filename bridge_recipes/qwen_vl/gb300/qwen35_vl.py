@@ -1,7 +1,7 @@
 """GB300 recipes for Qwen3.5/Qwen3.6-VL.
 
 The module of the Megatron-Bridge reference page ``bridge.recipes.qwen_vl.gb300.qwen35_vl``
-(seed 003), with exactly its public and private functions. Real-data recipes default to the
+(bridge-gb300-vl in docs/sources.md), with exactly its public and private functions. Real-data recipes default to the
 mock VLM dataset; ``--dataset energon dataset.path=...`` selects an Energon dataset without
 rebuilding the execution policy, which lives in the two ``_apply_*`` helpers that the
 benchmark recipes in ``perf_recipes.qwen_vl.gb300.qwen35_vl`` share.
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # Vision CUDA-graph capacity of the 16-GPU recipe, measured with Energon DataComp images at
-# max_pixels=200704 (784 patches of 16x16 per image) and micro batch 4 (seed 003).
+# max_pixels=200704 (784 patches of 16x16 per image) and micro batch 4 (bridge-gb300-vl).
 VISION_CUDA_GRAPH_PATCH_CAP = 3712
 
 
@@ -109,7 +109,7 @@ def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config():
     precision="fp8mx",
     layout="TP1 PP1 EP4 DP8",
     status="unmeasured",
-    notes="seed 003: +11.3% TFLOP/s per GPU vs 16 GPUs at the same global batch, measured upstream, not here",
+    notes="bridge-gb300-vl: +11.3% TFLOP/s per GPU vs 16 GPUs at the same global batch, measured upstream, not here",
 )
 def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config():
     """Return the MXFP8 full-pretraining config for Qwen3.5/Qwen3.6-VL 35B-A3B on 8 GB300 GPUs.

@@ -16,8 +16,13 @@ __all__ = [
     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config",
 ]
 
-SEED_001 = "OpenRecipes Qwen3.6-35B-A3B H200 leaderboard, ATTUNE, measured 2026-10-13 (seed 001)"
-SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (seed 002)"
+OPENRECIPES_35B_H200 = (
+    "OpenRecipes H200 leaderboard for Qwen3.6-35B-A3B SFT, ATTUNE, measured 2026-10-13"
+    " (openrecipes-35b-h200, docs/sources.md)"
+)
+OPENRECIPES_27B_H200 = (
+    "OpenRecipes YAML of ATTUNE's Qwen3.6-27B H200 recipe, measured 2026-10-18 (openrecipes-27b-h200, docs/sources.md)"
+)
 
 
 @recipe(
@@ -27,7 +32,7 @@ SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (se
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_config (EP8, no offload)."""
@@ -43,7 +48,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": OPENRECIPES_35B_H200},
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config (16,384 tokens/GPU, offload)."""
@@ -59,7 +64,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
     precision="bf16",
     layout="TP1 PP2 EP4 DP4",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": OPENRECIPES_35B_H200},
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config():
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config (PP2 EP4, offload)."""
@@ -83,7 +88,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config():
     precision="bf16",
     layout="TP1 PP4 DP2",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
+    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
 )
 def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_config (PP4 16/17/17/14, block recompute 12)."""
@@ -99,7 +104,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
     precision="bf16",
     layout="TP4 PP2 DP1",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002},
+    reference={"tokens_per_s_per_gpu": 948.7, "source": OPENRECIPES_27B_H200},
 )
 def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config():
     """Benchmark of the slime reference layout of the 27B (TP4 SP PP2 34/30, CPU Adam)."""
