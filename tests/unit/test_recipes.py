@@ -322,3 +322,36 @@ def test_reference_source_names_a_key_of_docs_sources(name):
     match = re.search(r"\(([a-z0-9-]+), docs/sources\.md\)$", source)
     assert match, f"{name}: source {source!r} does not end with '(<key>, docs/sources.md)'"
     assert match.group(1) in _source_keys(), f"{name}: {match.group(1)!r} is not a key of docs/sources.md"
+
+
+def test_recipe_environment_is_assigned_whole_in_one_place():
+    """Recipes and policy blocks never patch ``env_vars`` (item assignment, update, setdefault):
+    each function that sets it assigns the whole dict once, so a recipe's environment reads in
+    one statement."""
+    import ast
+
+    trees = [ROOT / "perf_recipes", ROOT / "bridge_recipes" / "qwen", ROOT / "bridge_recipes" / "qwen_vl"]
+    problems = []
+    for path in sorted(p for tree in trees for p in tree.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            whole = 0
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and node.attr == "env_vars":
+                    continue
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.targets[0], ast.Attribute)
+                    and node.targets[0].attr == "env_vars"
+                ):
+                    whole += 1
+                elif isinstance(node, ast.Subscript) and getattr(node.value, "attr", None) == "env_vars":
+                    if isinstance(node.ctx, ast.Store):
+                        problems.append(f"{path.name}:{node.lineno} {fn.name} sets one env_vars item")
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    if getattr(node.func.value, "attr", None) == "env_vars":
+                        problems.append(f"{path.name}:{node.lineno} {fn.name} calls env_vars.{node.func.attr}")
+            if whole > 1:
+                problems.append(f"{path.name}:{fn.lineno} {fn.name} assigns env_vars {whole} times")
+    assert problems == []

@@ -12,7 +12,14 @@ for it.
 from __future__ import annotations
 
 from bridge_recipes.common import sft_config
-from bridge_recipes.qwen.policy import cpu_optimizer_offload, full_recompute, openrecipes_sft_numerics, set_layout
+from bridge_recipes.qwen.policy import (
+    OPENRECIPES_ENV,
+    cpu_optimizer_offload,
+    full_recompute,
+    set_layout,
+    set_openrecipes_numerics,
+    shard_optimizer_precision_aware,
+)
 from bridge_recipes.recipe import recipe
 
 __all__ = ["qwen35_35b_a3b_sft_8gpu_h100_bf16_config"]
@@ -25,14 +32,18 @@ SLIME_35B_H100 = (
 
 def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg) -> None:
     """TP2 SP PP2 CP2 EP4 ETP1 (DP1) on 8 x H100 80 GB, as slime's recipe class sets it."""
-    openrecipes_sft_numerics(cfg)
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
     set_layout(cfg, tp=2, pp=2, cp=2, ep=4, etp=1, sp=True)
     full_recompute(cfg)
     cpu_optimizer_offload(cfg)
     cfg.model.moe_token_dispatcher_type = "flex"  # slime: moe_token_dispatcher_type=flex
     cfg.model.moe_flex_dispatcher_backend = "deepep"  # slime: moe_enable_deepep=True
-    cfg.model.seq_length = cfg.dataset.seq_length = 16384  # 8,192 tokens per GPU at CP2
+    # 8,192 tokens per GPU at CP2
+    cfg.model.seq_length = 16384
+    cfg.dataset.seq_length = 16384
     cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
 
 
 @recipe(

@@ -15,7 +15,14 @@ Qwen3.6 checkpoints use these recipes unchanged (same architecture and tokenizer
 from __future__ import annotations
 
 from bridge_recipes.common import pretrain_config, sft_config
-from bridge_recipes.qwen.policy import cpu_optimizer_offload, full_recompute, openrecipes_sft_numerics, set_layout
+from bridge_recipes.qwen.policy import (
+    OPENRECIPES_ENV,
+    cpu_optimizer_offload,
+    full_recompute,
+    set_layout,
+    set_openrecipes_numerics,
+    shard_optimizer_precision_aware,
+)
 from bridge_recipes.recipe import recipe
 from bridge_recipes.resilience import disable_resilience
 from bridge_recipes.scaledown import scale_down
@@ -45,11 +52,13 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
     """ATTUNE's tuned 8 x H200 layout (openrecipes-35b-h200, #1): TP1 PP1 EP8 ETP1 DP8, one 8,192-token row
     per micro batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware
     distributed Adam on the GPU (no offload)."""
-    openrecipes_sft_numerics(cfg)
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
     set_layout(cfg, ep=8)
     full_recompute(cfg)
     cfg.model.moe_token_dispatcher_type = "alltoall"
     cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
 
 
 @recipe(
@@ -128,7 +137,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     set_layout(cfg, tp=2, cp=2, ep=8, etp=1, sp=True)
     cpu_optimizer_offload(cfg)
-    cfg.model.seq_length = cfg.dataset.seq_length = 32768
+    cfg.model.seq_length = 32768
+    cfg.dataset.seq_length = 32768
     return cfg
 
 
@@ -140,10 +150,12 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
     8,192-token row per micro batch, full recompute of the first 12 layers of each stage
     (block), precision-aware distributed Adam on the GPU. Block 10 ran out of memory on the
     first stage; PP2 at TP1 ran out on the last stage (FP32 logits of the 248K vocabulary)."""
-    openrecipes_sft_numerics(cfg)
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
     set_layout(cfg, pp=4, first=16, last=14)
     full_recompute(cfg, "block", 12)
     cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
 
 
 @recipe(
@@ -167,11 +179,13 @@ def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
     """The reference ATTUNE compared against (openrecipes-27b-h200): slime's run-qwen3.5-27B.sh on one node,
     TP4 with sequence parallelism, PP2 with 34/30 layers, CP1, full uniform recompute,
     optimizer on the CPU, same optimizer settings."""
-    openrecipes_sft_numerics(cfg)
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
     set_layout(cfg, tp=4, pp=2, sp=True, first=34, last=30)
     full_recompute(cfg)
     cpu_optimizer_offload(cfg)
     cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
 
 
 @recipe(
@@ -212,7 +226,9 @@ def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config():
     cfg = pretrain_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg)
     scale_down(cfg, num_layers=4, global_batch_size=8, seq_length=4096, train_iters=20)
-    cfg.optimizer.lr, cfg.optimizer.min_lr = 3e-4, 3e-5  # pretraining from random init
+    # pretraining from random init
+    cfg.optimizer.lr = 3e-4
+    cfg.optimizer.min_lr = 3e-5
     disable_resilience(cfg)  # a 20-step smoke run: nothing to resume
     cfg.validation.eval_iters = 0
     return cfg

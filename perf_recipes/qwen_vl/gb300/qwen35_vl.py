@@ -6,7 +6,15 @@ Megatron-Bridge's VL benchmark family), sharing the execution policies of
 from __future__ import annotations
 
 from bridge_recipes.qwen_vl.gb300 import qwen35_vl as real
-from bridge_recipes.qwen_vl.policy import gb300_benchmark_layout
+from bridge_recipes.qwen_vl.policy import (
+    GB300_ENV,
+    cuda_graphs_off,
+    hybridep_env,
+    set_batch,
+    set_vl_fused_kernels,
+    set_vl_layout,
+    use_hybridep_dispatcher,
+)
 from bridge_recipes.recipe import recipe
 from perf_recipes._common import benchmark_settings
 
@@ -45,7 +53,12 @@ def _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg) -> None:
     *_config): TP/PP/CP 1, EP8 ETP1, micro batch 8, global batch 512, HybridEP, graphs off after
     the VL post-processing. Only benchmarks use it; the real-data module keeps exactly the
     helpers its reference page lists, so this one lives here."""
-    gb300_benchmark_layout(cfg, ep=8, micro_batch=8, global_batch=512)
+    set_vl_layout(cfg, ep=8)
+    set_vl_fused_kernels(cfg)
+    set_batch(cfg, micro_batch=8, global_batch=512)
+    cuda_graphs_off(cfg)
+    use_hybridep_dispatcher(cfg)
+    cfg.env_vars = {**GB300_ENV, **hybridep_env(8)}
 
 
 @recipe(task="pretrain", gpus=8, gpu="gb300", precision="fp8mx", layout="TP1 PP1 EP8 DP8", status="unmeasured")
