@@ -355,3 +355,39 @@ def test_recipe_environment_is_assigned_whole_in_one_place():
             if whole > 1:
                 problems.append(f"{path.name}:{fn.lineno} {fn.name} assigns env_vars {whole} times")
     assert problems == []
+
+
+# --- benchmarks keep their real-data recipe's numerics -----------------------------------------
+
+PERF = [n for n in RECIPES if registry.find(n).tree == "perf_recipes"]
+
+
+def _counterpart(name):
+    module = importlib.import_module(registry.find(name).module)
+    return getattr(module, "REAL_COUNTERPARTS", {}).get(name, name.replace("_mock_config", "_config"))
+
+
+def _numerics(cfg):
+    import dataclasses
+
+    values = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
+    values["mixed_precision"] = cfg.mixed_precision
+    return values
+
+
+@pytest.mark.parametrize("name", PERF)
+def test_benchmark_differs_from_its_real_recipe_only_where_declared(name):
+    from perf_recipes._common import LAYOUT_FIELDS, VL_BENCHMARK_MODEL_SETTINGS
+
+    real_name = _counterpart(name)
+    assert registry.find(real_name).tree == "bridge_recipes", real_name
+    perf, real = build(name), build(real_name)
+    a, b = _numerics(perf), _numerics(real)
+    differ = {k for k in a if a[k] != b[k]}
+    declared = set(VL_BENCHMARK_MODEL_SETTINGS) if is_vlm(perf) else set()
+    if name in getattr(importlib.import_module(registry.find(name).module), "OWN_LAYOUT", []):
+        declared |= set(LAYOUT_FIELDS)
+    assert differ - declared == set(), f"{name} vs {real_name}: undeclared differences"
+    # every declared numerics difference is applied, with the declared value
+    for field, value in (VL_BENCHMARK_MODEL_SETTINGS if is_vlm(perf) else {}).items():
+        assert a[field] == value, field
