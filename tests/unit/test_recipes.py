@@ -108,6 +108,17 @@ def test_each_policy_helper_is_defined_once():
         assert sum(len(re.findall(rf"^def {name}\(", s, re.M)) for s in sources) == 1, name
 
 
+def test_recipes_and_helpers_are_typed_with_the_config_they_build_or_change():
+    """Recipes return a ConfigContainer and helpers take one (a name only: the annotation is
+    never evaluated, so listing recipes imports nothing)."""
+    for name in RECIPES:
+        assert inspect.signature(registry.load(name)).return_annotation == "ConfigContainer", name
+    for name, mod in _helpers().items():
+        sig = inspect.signature(getattr(mod, name))
+        assert [str(p.annotation) for p in sig.parameters.values()] == ["ConfigContainer"], name
+        assert sig.return_annotation == "None", name
+
+
 def test_policy_helpers_are_used_by_both_trees(monkeypatch):
     helpers = _helpers()
     calls = {}

@@ -17,6 +17,8 @@ publishing the layout. The layout here is our proposal, unmeasured; the reasonin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.common import sft_config
 from bridge_recipes.qwen.policy import (
     OPENRECIPES_ENV,
@@ -27,6 +29,9 @@ from bridge_recipes.qwen.policy import (
 )
 from bridge_recipes.recipe import recipe
 
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
 __all__ = ["qwen35_35b_a3b_sft_8gpu_b200_bf16_config"]
 
 OPENRECIPES_35B_B200 = (
@@ -34,7 +39,7 @@ OPENRECIPES_35B_B200 = (
 )
 
 
-def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
+def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg: ConfigContainer) -> None:
     """TP1 PP1 EP8 ETP1 DP8, one 8,192-token row per micro batch, block recompute of 20 layers,
     alltoall dispatcher, precision-aware distributed Adam on the GPU."""
     set_openrecipes_numerics(cfg)
@@ -55,7 +60,7 @@ def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 6573.4, "source": OPENRECIPES_35B_B200},
 )
-def qwen35_35b_a3b_sft_8gpu_b200_bf16_config():
+def qwen35_35b_a3b_sft_8gpu_b200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B SFT on 8 x B200: our proposed layout (unmeasured; 6,573.4 published
     for an unpublished layout)."""
     cfg = sft_config("qwen35_35b_a3b")

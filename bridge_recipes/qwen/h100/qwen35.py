@@ -11,6 +11,8 @@ for it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.common import sft_config
 from bridge_recipes.qwen.policy import (
     OPENRECIPES_ENV,
@@ -22,6 +24,9 @@ from bridge_recipes.qwen.policy import (
 )
 from bridge_recipes.recipe import recipe
 
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
 __all__ = ["qwen35_35b_a3b_sft_8gpu_h100_bf16_config"]
 
 SLIME_35B_H100 = (
@@ -30,7 +35,7 @@ SLIME_35B_H100 = (
 )
 
 
-def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg) -> None:
+def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg: ConfigContainer) -> None:
     """TP2 SP PP2 CP2 EP4 ETP1 (DP1) on 8 x H100 80 GB, as slime's recipe class sets it."""
     set_openrecipes_numerics(cfg)
     shard_optimizer_precision_aware(cfg)
@@ -55,7 +60,7 @@ def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg) -> None:
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": None, "source": SLIME_35B_H100},
 )
-def qwen35_35b_a3b_sft_8gpu_h100_bf16_config():
+def qwen35_35b_a3b_sft_8gpu_h100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B SFT on one 8 x H100 node with slime's layout (slime-35b-h100)."""
     cfg = sft_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg)

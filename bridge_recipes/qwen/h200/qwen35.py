@@ -14,6 +14,8 @@ Qwen3.6 checkpoints use these recipes unchanged (same architecture and tokenizer
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.common import pretrain_config, sft_config
 from bridge_recipes.qwen.policy import (
     OPENRECIPES_ENV,
@@ -26,6 +28,9 @@ from bridge_recipes.qwen.policy import (
 from bridge_recipes.recipe import recipe
 from bridge_recipes.resilience import disable_resilience
 from bridge_recipes.scaledown import scale_down
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
 
 __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
@@ -48,7 +53,7 @@ OPENRECIPES_27B_H200 = (
 # --- Qwen3.5/3.6-35B-A3B ------------------------------------------------------------------
 
 
-def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
+def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg: ConfigContainer) -> None:
     """ATTUNE's tuned 8 x H200 layout (openrecipes-35b-h200, #1): TP1 PP1 EP8 ETP1 DP8, one 8,192-token row
     per micro batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware
     distributed Adam on the GPU (no offload)."""
@@ -71,7 +76,7 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg) -> None:
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
     evidence="results/h200_qwen35_35b_a3b_evidence.json",
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B SFT on 8 x H200: EP8, 8,192 tokens per GPU, no offload (4,663.1 published)."""
     cfg = sft_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg)
@@ -87,7 +92,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config():
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config() -> ConfigContainer:
     """The EP8 layout at 16,384 tokens per GPU (two rows per micro batch) with the optimizer on
     the CPU, copies overlapped (openrecipes-35b-h200, #2: 3,466.8 published)."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
@@ -105,7 +110,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config():
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config() -> ConfigContainer:
     """The 16,384-token offloaded variant with two pipeline stages and EP4 (openrecipes-35b-h200, #3:
     3,076.8 published). 40 layers split 20/20."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
@@ -122,7 +127,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config():
     status="unmeasured",
     notes="opd-35b-h200: peak ~124 GB of 143 reported by its authors, not by us",
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config() -> ConfigContainer:
     """Long-context layout of the on-policy-distillation example (opd-35b-h200) on one 8 x H200 node:
     TP2 (sequence parallel) PP1 CP2 EP8 ETP1, optimizer on the CPU, 32,768-token sequences.
 
@@ -145,7 +150,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config():
 # --- Qwen3.6-27B ---------------------------------------------------------------------------
 
 
-def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
+def _apply_qwen35_27b_8gpu_h200_execution_config(cfg: ConfigContainer) -> None:
     """ATTUNE's tuned 8 x H200 layout (openrecipes-27b-h200): TP1 PP4 with 16/17/17/14 layers, one
     8,192-token row per micro batch, full recompute of the first 12 layers of each stage
     (block), precision-aware distributed Adam on the GPU. Block 10 ran out of memory on the
@@ -168,14 +173,14 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg) -> None:
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
     evidence="results/h200_qwen35_27b_evidence.json",
 )
-def qwen35_27b_sft_8gpu_h200_bf16_config():
+def qwen35_27b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B SFT on 8 x H200: PP4 16/17/17/14, block recompute 12 (2,499.5 published)."""
     cfg = sft_config("qwen35_27b")
     _apply_qwen35_27b_8gpu_h200_execution_config(cfg)
     return cfg
 
 
-def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
+def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg: ConfigContainer) -> None:
     """The reference ATTUNE compared against (openrecipes-27b-h200): slime's run-qwen3.5-27B.sh on one node,
     TP4 with sequence parallelism, PP2 with 34/30 layers, CP1, full uniform recompute,
     optimizer on the CPU, same optimizer settings."""
@@ -197,7 +202,7 @@ def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg) -> None:
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 948.7, "source": OPENRECIPES_27B_H200},
 )
-def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config():
+def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config() -> ConfigContainer:
     """slime's 27B layout on 8 x H200, the baseline of the tuned recipe (948.7 published)."""
     cfg = sft_config("qwen35_27b")
     _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg)
@@ -216,7 +221,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config():
     status="functional",
     evidence="docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log",
 )
-def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config():
+def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config() -> ConfigContainer:
     """The 35B-A3B H200 execution policy scaled down to one GPU: 4 layers (3 GDN + 1 gated
     attention) of the 35B-A3B shape with all 256 experts, MTP, mock data, random init, 20 steps.
 

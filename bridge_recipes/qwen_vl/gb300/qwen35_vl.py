@@ -9,6 +9,8 @@ benchmark recipes in ``perf_recipes.qwen_vl.gb300.qwen35_vl`` share.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.common import vlm_pretrain_config
 from bridge_recipes.qwen_vl.policy import (
     CUDNN_NORM_ENV,
@@ -24,6 +26,9 @@ from bridge_recipes.qwen_vl.policy import (
 )
 from bridge_recipes.recipe import recipe
 
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
 __all__ = [
     "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config",
     "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config",
@@ -35,7 +40,7 @@ __all__ = [
 VISION_CUDA_GRAPH_PATCH_CAP = 3712
 
 
-def _apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config(cfg) -> None:
+def _apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
     """Apply the 64-GB300 execution policy for Qwen3.5/Qwen3.6-VL 397B-A17B.
 
     Mirrors Megatron-Bridge's ``qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config``
@@ -53,7 +58,7 @@ def _apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config(cfg) -> None:
 
 
 @recipe(task="pretrain", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
-def qwen35_vl_397b_a17b_pretrain_config():
+def qwen35_vl_397b_a17b_pretrain_config() -> ConfigContainer:
     """Return the full-pretraining config for Qwen3.5/Qwen3.6-VL 397B-A17B on 64 GB300 GPUs.
 
     Defaults to the mock VLM dataset; ``--dataset energon dataset.path=...`` selects real data
@@ -64,7 +69,7 @@ def qwen35_vl_397b_a17b_pretrain_config():
     return cfg
 
 
-def _apply_qwen35_vl_35b_a3b_16gpu_gb300_execution_config(cfg) -> None:
+def _apply_qwen35_vl_35b_a3b_16gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
     """Apply the 16-GB300 execution policy for Qwen3.5/Qwen3.6-VL 35B-A3B.
 
     TP/PP/CP 1, EP4 ETP1 (DP16), micro batch 4, global batch 2048 of 4,096-token samples, real
@@ -109,7 +114,7 @@ def _apply_qwen35_vl_35b_a3b_16gpu_gb300_execution_config(cfg) -> None:
     status="functional",
     evidence="results/h200_qwen35_vl_35b_a3b_evidence.json",
 )
-def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config():
+def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config() -> ConfigContainer:
     """Return the full-pretraining config for Qwen3.5/Qwen3.6-VL 35B-A3B on 16 GB300 GPUs.
 
     GB300 counterpart of Megatron-Bridge's H100 ``qwen35_vl_35b_a3b_pretrain_config``, which
@@ -130,7 +135,7 @@ def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config():
     status="unmeasured",
     notes="bridge-gb300-vl: +11.3% TFLOP/s per GPU vs 16 GPUs at the same global batch, measured upstream, not here",
 )
-def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config():
+def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config() -> ConfigContainer:
     """Return the MXFP8 full-pretraining config for Qwen3.5/Qwen3.6-VL 35B-A3B on 8 GB300 GPUs.
 
     Starts from :func:`qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config` and keeps its

@@ -3,9 +3,14 @@ SFT-shaped data (8,192-token rows, global batch 128, BF16), with benchmark setti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.qwen.h200 import qwen35 as real
 from bridge_recipes.recipe import recipe
 from perf_recipes._common import benchmark_settings
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
 
 __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config",
@@ -34,7 +39,7 @@ OPENRECIPES_27B_H200 = (
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_config (EP8, no offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     benchmark_settings(cfg)
@@ -50,7 +55,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config (16,384 tokens/GPU, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
     benchmark_settings(cfg)
@@ -66,7 +71,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config (PP2 EP4, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config()
     benchmark_settings(cfg)
@@ -74,7 +79,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config():
 
 
 @recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 CP2 EP8 ETP1 DP2", status="unmeasured")
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config (CP2, 32,768 tokens)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config()
     benchmark_settings(cfg)
@@ -90,7 +95,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config():
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
 )
-def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
+def qwen35_27b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_config (PP4 16/17/17/14, block recompute 12)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_config()
     benchmark_settings(cfg)
@@ -106,7 +111,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 948.7, "source": OPENRECIPES_27B_H200},
 )
-def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config():
+def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config() -> ConfigContainer:
     """Benchmark of the slime reference layout of the 27B (TP4 SP PP2 34/30, CPU Adam)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config()
     benchmark_settings(cfg)

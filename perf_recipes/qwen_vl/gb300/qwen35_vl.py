@@ -8,6 +8,8 @@ cross entropy (``VL_BENCHMARK_MODEL_SETTINGS``, the declared differences).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.qwen_vl.gb300 import qwen35_vl as real
 from bridge_recipes.qwen_vl.policy import (
     GB300_ENV,
@@ -20,6 +22,9 @@ from bridge_recipes.qwen_vl.policy import (
 )
 from bridge_recipes.recipe import recipe
 from perf_recipes._common import vl_benchmark_settings
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
 
 __all__ = [
     "qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config",
@@ -38,7 +43,7 @@ OWN_LAYOUT = ["qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config"]
 
 
 @recipe(task="pretrain", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
-def qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config():
+def qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config() -> ConfigContainer:
     """Qwen3.5-VL 397B-A17B benchmark on 64 x GB300 (BF16, EP64), the shipped layout.
 
     Numerics of qwen35_vl_397b_a17b_pretrain_config except forced load-balanced routing and TE
@@ -49,7 +54,7 @@ def qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config():
 
 
 @recipe(task="pretrain", gpus=16, gpu="gb300", precision="bf16", layout="TP1 PP1 EP4 DP16", status="unmeasured")
-def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_mock_config():
+def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config on mock data.
 
     Its numerics except forced load-balanced routing and TE fused cross entropy
@@ -59,7 +64,7 @@ def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_mock_config():
     return cfg
 
 
-def _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg) -> None:
+def _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
     """The 8-GB300 benchmark layout of Megatron-Bridge 0.6.2 (qwen35_vl_35b_a3b_pretrain_8gpu_gb300_
     *_config): TP/PP/CP 1, EP8 ETP1, micro batch 8, global batch 512, HybridEP, graphs off after
     the VL post-processing. Only benchmarks use it; the real-data module keeps exactly the
@@ -73,7 +78,7 @@ def _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg) -> None:
 
 
 @recipe(task="pretrain", gpus=8, gpu="gb300", precision="fp8mx", layout="TP1 PP1 EP8 DP8", status="unmeasured")
-def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config():
+def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config() -> ConfigContainer:
     """Qwen3.5-VL 35B-A3B benchmark on 8 x GB300, MXFP8, EP8, global batch 512 (not the
     ``_library`` real-data recipe, which keeps the 16-GPU layout).
 
