@@ -246,14 +246,23 @@ def test_long_context_layout_opd_35b_h200():
     ) == (2, 1, 2, 8, 1)
     assert checks.layout_of(cfg, 8).dp == 2 and cfg.optimizer.optimizer_cpu_offload
     assert entry.meta.status == "unmeasured"
-    doc = registry.load(entry.name).__doc__
-    assert "0.19.2" in doc and "CP" in doc
+    # 32,768-token sequences, 16,384 per CP rank; Megatron-Core accepts CP2 with Gated DeltaNet
+    assert m.seq_length == cfg.dataset.seq_length == 32768
+    assert megatron_validation(cfg, 8) is None
 
 
-def test_b200_is_unmeasured_with_its_reasoning():
+def test_b200_is_the_h200_winner_with_half_the_layers_recomputed():
+    import dataclasses
+
     entry = registry.find("qwen35_35b_a3b_sft_8gpu_b200_bf16_config")
     assert entry.meta.status == "unmeasured" and entry.meta.reference["tokens_per_s_per_gpu"] == 6573.4
-    assert "reasoning" in importlib.import_module(entry.module).__doc__
+    b200, h200 = build(entry.name), build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")
+    differ = {
+        f.name for f in dataclasses.fields(b200.model) if getattr(b200.model, f.name) != getattr(h200.model, f.name)
+    }
+    assert differ == {"recompute_method", "recompute_num_layers"}
+    assert _recompute(b200) == ("full", "block", 20) and b200.model.num_layers == 40
+    assert b200.optimizer == h200.optimizer and b200.train == h200.train and b200.env_vars == h200.env_vars
 
 
 # --- the GB300 VL module of bridge-gb300-vl --------------------------------------------------
