@@ -44,10 +44,11 @@ def _apply_qwen35_vl_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer
     """Apply the 64-GB300 execution policy for Qwen3.5/Qwen3.6-VL 397B-A17B.
 
     Mirrors Megatron-Bridge's ``qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config``
-    benchmark so real-data runs share its execution policy: TP/PP/CP 1, EP64 ETP1, micro batch
-    1, global batch 1024, HybridEP, its environment. CUDA graphs stay off, as in that benchmark
-    after its VL post-processing (variable-length image inputs). Only the parallel layout,
-    dispatcher, graph and env settings are set; dataset/tokenizer/freeze policy stay real-data.
+    benchmark (bridge-perf-recipes in docs/sources.md) so real-data runs share its execution
+    policy: TP/PP/CP 1, EP64 ETP1, micro batch 1, global batch 1024, HybridEP, its environment.
+    CUDA graphs stay off, as in that benchmark after its VL post-processing (variable-length
+    image inputs). Only the parallel layout, dispatcher, graph and env settings are set;
+    dataset/tokenizer/freeze policy stay real-data.
     """
     set_vl_layout(cfg, ep=64)
     set_vl_fused_kernels(cfg)
