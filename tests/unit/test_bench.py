@@ -451,7 +451,7 @@ def test_layout_and_workload_of_the_real_27b_recipe(cfg_27b):
     lay = R.layout_from_config(cfg_27b, world_size=8)
     assert lay["label"] == qwen35_27b_sft_8gpu_h200_bf16_config.recipe_meta.layout == "TP1 PP4 DP2"
     assert (lay["tp"], lay["pp"], lay["vpp"], lay["cp"], lay["ep"], lay["etp"], lay["dp"]) == (1, 4, 1, 1, 1, 1, 2)
-    assert lay["layer_split"] == {"first": 16, "last": 14}  # seed 002
+    assert lay["layer_split"] == {"first": 16, "last": 14}  # openrecipes-27b-h200
     assert lay["recompute"] == {"granularity": "full", "method": "block", "num_layers": 12}
     assert lay["offload"] is None and lay["dispatcher"] is None
     assert (lay["rows_per_microbatch"], lay["max_tokens_per_gpu"], lay["sequence_parallel"]) == (1, 8192, False)
