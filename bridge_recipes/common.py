@@ -8,9 +8,9 @@ Defaults and where they come from:
 - pretrain: Megatron-Bridge's pretrain defaults (distributed Adam, cosine 3e-4 -> 3e-5,
   500 warm-up steps, 4,096-token sequences), mock data and a NullTokenizer sized to the
   248,320-token vocabulary, so a pretrain recipe runs with no download.
-- SFT: the OpenRecipes H200 SFT workload (seeds 001, 002): 8,192-token rows, global batch
-  128, lr 1e-5 cosine to 1e-6 with 10% warm-up, weight decay 0.1, betas 0.9/0.98,
-  per-token loss. Mock rows until a dataset is selected (``--dataset``).
+- SFT: the OpenRecipes H200 SFT workload (openrecipes-35b-h200, openrecipes-27b-h200 in
+  docs/sources.md): 8,192-token rows, global batch 128, lr 1e-5 cosine to 1e-6 with 10%
+  warm-up, weight decay 0.1, betas 0.9/0.98, per-token loss. Mock rows until a dataset is selected (``--dataset``).
 - PEFT: the SFT defaults plus LoRA (rank 32, alpha 32) on the attention, GDN and MLP
   projections and lr 1e-4, as Megatron-Bridge's PEFT recipes do.
 - VL forms: the same, with the VL provider, the mock VLM conversation dataset, and no
@@ -24,13 +24,18 @@ loaded by the training process.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from bridge_recipes.models.qwen35 import Qwen35Spec, build_provider, get_spec
 from bridge_recipes.resilience import enable_resilience
 
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
 PRETRAIN_SEQ_LENGTH = 4096
-SFT_SEQ_LENGTH = 8192  # OpenRecipes SFT rows (seed 001)
-SFT_GLOBAL_BATCH = 128  # OpenRecipes SFT workload (seed 001)
+SFT_SEQ_LENGTH = 8192  # OpenRecipes SFT rows (openrecipes-35b-h200)
+SFT_GLOBAL_BATCH = 128  # OpenRecipes SFT workload (openrecipes-35b-h200)
+SFT_ROWS = 6400  # the published row set (openrecipes-35b-h200)
 LORA_TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_proj", "out_proj"]
 
 
@@ -130,7 +135,7 @@ def null_tokenizer(vocab_size: int):
 
 def _container(
     spec: Qwen35Spec, *, name: str, seq_length: int, gbs: int, mbs: int, iters: int, opt, dataset, vlm: bool
-):
+) -> ConfigContainer:
     from megatron.bridge.training.config import (
         CheckpointConfig,
         ConfigContainer,
@@ -176,7 +181,7 @@ def _container(
 # --- text --------------------------------------------------------------------------------
 
 
-def pretrain_config(model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_LENGTH):
+def pretrain_config(model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_LENGTH) -> ConfigContainer:
     """Pretraining from random init on mock data."""
     spec = _spec(model)
     opt = adam_cosine(3e-4, 3e-5, 500)
@@ -193,15 +198,21 @@ def pretrain_config(model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_L
     )
 
 
-def sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH):
-    """Full-parameter SFT with the OpenRecipes workload's optimizer and batch (seed 001).
+def sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH) -> ConfigContainer:
+    """Full-parameter SFT with the OpenRecipes workload's optimizer and batch (openrecipes-35b-h200).
 
     ``train_iters`` 50 = the 6,400 rows of the published row set at global batch 128; the
     warm-up is 10% of that. Set ``checkpoint.pretrained_checkpoint`` to the converted
     Megatron checkpoint (Qwen3.5 or Qwen3.6 weights) to start from.
     """
     spec = _spec(model)
-    iters = 6400 // SFT_GLOBAL_BATCH
+    return _sft_container(spec, seq_length=seq_length, dataset=mock_text_dataset(seq_length), vlm=False)
+
+
+def _sft_container(spec: Qwen35Spec, *, seq_length: int, dataset, vlm: bool) -> ConfigContainer:
+    """The SFT defaults of :func:`sft_config`, on the text or the VL data side."""
+    # 6,400 published rows at global batch 128; warm-up 10% of the steps
+    iters = SFT_ROWS // SFT_GLOBAL_BATCH
     opt = adam_cosine(1e-5, 1e-6, max(1, iters // 10), beta2=0.98, weight_decay=0.1)
     cfg = _container(
         spec,
@@ -211,22 +222,29 @@ def sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH):
         mbs=1,
         iters=iters,
         opt=opt,
-        dataset=mock_text_dataset(seq_length),
-        vlm=False,
+        dataset=dataset,
+        vlm=vlm,
     )
+    # per-token loss: the loss sums in the collective, then divides by the token count
     cfg.model.calculate_per_token_loss = True
-    cfg.ddp.average_in_collective = False  # per-token loss sums, then divides by the token count
+    cfg.ddp.average_in_collective = False
     cfg.checkpoint.pretrained_checkpoint = None
     return cfg
 
 
-def peft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH):
-    """LoRA fine-tuning on top of :func:`sft_config`."""
+def _add_lora(cfg: ConfigContainer) -> None:
+    """LoRA adapters and their learning rate, as Megatron-Bridge's PEFT recipes set them."""
     from megatron.bridge.peft.lora import LoRA
 
-    cfg = sft_config(model, seq_length=seq_length)
-    cfg.optimizer.lr, cfg.optimizer.min_lr = 1e-4, 1e-5
+    cfg.optimizer.lr = 1e-4
+    cfg.optimizer.min_lr = 1e-5
     cfg.peft = LoRA(target_modules=list(LORA_TARGETS), dim=32, alpha=32, dropout=0.0)
+
+
+def peft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH) -> ConfigContainer:
+    """LoRA fine-tuning on top of :func:`sft_config`."""
+    cfg = sft_config(model, seq_length=seq_length)
+    _add_lora(cfg)
     return cfg
 
 
@@ -242,7 +260,7 @@ def _vl_spec(model: Qwen35Spec | str) -> Qwen35Spec:
 
 def vlm_pretrain_config(
     model: Qwen35Spec | str, *, seq_length: int = PRETRAIN_SEQ_LENGTH, checkpoint: str = "qwen3.5"
-):
+) -> ConfigContainer:
     """VL pretraining on Megatron-Bridge's mock image conversations (processor from ``checkpoint``)."""
     spec = _vl_spec(model)
     opt = adam_cosine(3e-4, 3e-5, 500)
@@ -258,30 +276,35 @@ def vlm_pretrain_config(
         dataset=mock_vlm_dataset(seq_length, processor),
         vlm=True,
     )
+    _train_all_vl_parts(cfg)
+    return cfg
+
+
+def _train_all_vl_parts(cfg: ConfigContainer) -> None:
     cfg.model.freeze_language_model = False
     cfg.model.freeze_vision_model = False
     cfg.model.freeze_vision_projection = False
-    return cfg
 
 
-def vlm_sft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH, checkpoint: str = "qwen3.5"):
-    """VL full-parameter SFT with the SFT optimizer settings of :func:`sft_config`."""
+def vlm_sft_config(
+    model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH, checkpoint: str = "qwen3.5"
+) -> ConfigContainer:
+    """VL full-parameter SFT: the defaults of :func:`sft_config` (optimizer, schedule, batch,
+    sequence length, per-token loss) on Megatron-Bridge's mock image conversations, every part
+    of the model trained."""
     spec = _vl_spec(model)
-    cfg = vlm_pretrain_config(spec, seq_length=seq_length, checkpoint=checkpoint)
-    cfg.optimizer, cfg.scheduler = adam_cosine(1e-5, 1e-6, 5, beta2=0.98)
-    cfg.train.train_iters, cfg.train.global_batch_size = 50, SFT_GLOBAL_BATCH
-    cfg.model.calculate_per_token_loss = True
-    cfg.ddp.average_in_collective = False
-    cfg.checkpoint.pretrained_checkpoint = None
+    processor = spec.checkpoint(checkpoint).hf_id
+    cfg = _sft_container(spec, seq_length=seq_length, dataset=mock_vlm_dataset(seq_length, processor), vlm=True)
+    _train_all_vl_parts(cfg)
     return cfg
 
 
-def vlm_peft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH, checkpoint: str = "qwen3.5"):
-    """VL LoRA fine-tuning of the language model (vision tower frozen)."""
-    from megatron.bridge.peft.lora import LoRA
-
+def vlm_peft_config(
+    model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH, checkpoint: str = "qwen3.5"
+) -> ConfigContainer:
+    """VL LoRA fine-tuning of the language model: :func:`peft_config`'s LoRA on
+    :func:`vlm_sft_config`, the vision tower frozen."""
     cfg = vlm_sft_config(model, seq_length=seq_length, checkpoint=checkpoint)
-    cfg.optimizer.lr, cfg.optimizer.min_lr = 1e-4, 1e-5
+    _add_lora(cfg)
     cfg.model.freeze_vision_model = True
-    cfg.peft = LoRA(target_modules=list(LORA_TARGETS), dim=32, alpha=32, dropout=0.0)
     return cfg

@@ -7,7 +7,8 @@
 # dependencies that cannot be built on a machine without CUDA (flashinfer, fast-hadamard-
 # transform, ...) while importing only the listed ones. Transformer Engine's PyTorch
 # extension is an sdist that compiles for ~8 minutes; a wheelhouse holding a prebuilt
-# transformer_engine_torch wheel skips that. ../shared/wheelhouse is used when it exists.
+# transformer_engine_torch wheel skips that. A shared wheelhouse folder beside the checkout is
+# used by default when it exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

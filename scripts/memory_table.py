@@ -7,8 +7,9 @@
 Each measured run's config is rebuilt as the runner built it (recipe and the runner arguments
 in its log's header: scale-down, overrides), planned
 with ``bridge_recipes.plan.memory.plan_memory`` on one GPU, and compared with the run's peak:
-the largest ``mem-max-allocated-gigabytes`` (GB = 1e9 bytes) in its committed log. The seed
-facts (8-GPU layouts) are planned the same way. Nothing is fitted here: the script only reads.
+the largest ``mem-max-allocated-gigabytes`` (GB = 1e9 bytes) in its committed log. The
+published facts (8-GPU layouts of the sources in docs/sources.md) are planned the same
+way. Nothing is fitted here: the script only reads.
 """
 
 from __future__ import annotations

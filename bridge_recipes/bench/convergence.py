@@ -1,6 +1,6 @@
 """Compare two loss curves the way Megatron-Bridge's ``validate_convergence`` does.
 
-Thresholds (Megatron-Bridge's pipeline defaults, as reference/qwen35_family.md records them):
+Thresholds (Megatron-Bridge's pipeline defaults, bridge-convergence in docs/sources.md):
 Pearson correlation >= 0.95; point-wise relative tolerance of 10% where the reference loss is
 above 2, 5% between 0.5 and 2, 2% below 0.5, with at most 10% of points failing; final-loss
 difference <= 3% (relative); the first 20% of steps are skipped (warm-up noise). OpenRecipes

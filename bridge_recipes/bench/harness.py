@@ -80,7 +80,7 @@ def published_step_seconds(cfg: Any, meta: Any) -> float | None:
     """Seconds one full-scale step takes at the recipe's published tokens/s/GPU (its
     ``meta.reference``), or None without one: what a step count costs in device time before a
     run starts. The 35B-A3B H200 SFT recipe (128 rows of 8,192 tokens on 8 GPUs at 4,663.1,
-    seed 001) gives 28.1 s."""
+    openrecipes-35b-h200) gives 28.1 s."""
     rate = (meta.reference or {}).get("tokens_per_s_per_gpu")
     if not rate:
         return None

@@ -6,7 +6,7 @@ batch, recompute, offload, dispatcher), ``workload`` {row_tokens, global_batch, 
 dataset}, ``stack`` (versions of the running environment), ``result`` (throughput, MFU,
 step-time CV, peak memory, window, FLOPs per token), ``command``, ``notes``.
 
-Field names follow OpenRecipes' recipe YAML (seeds 001 and 002: ``tokens_per_s_per_gpu``,
+Field names follow OpenRecipes' recipe YAML (openrecipes-35b-h200, openrecipes-27b-h200: ``tokens_per_s_per_gpu``,
 ``step_time_cv_percent``, ``mfu``, ``window: [5, 19]``, ``window_tokens``, ``steps_per_run``,
 ``measured``); the additions are ``tflops_per_s_per_gpu``, ``mfu_6n`` (MFU with OpenRecipes'
 6N, the figure comparable with theirs; ``mfu`` uses the architecture's FLOPs of

@@ -11,9 +11,9 @@ in-memory ``transformers`` config to Megatron-Bridge's own Qwen3.5 bridge
 attention, MoE with a gated shared expert, MTP) is exactly the one Megatron-Bridge uses when
 it reads the config from the Hub, without the Hub.
 
-Sources of the numbers: ``reference/qwen35_family.md`` (the HF ``config.json`` of each size,
-slime's ``scripts/models/qwen3.5-*.sh``); the pinned Qwen3.6 revisions are the ones the
-OpenRecipes H200 entries cite (seeds 001 and 002).
+Sources of the numbers (keys of docs/sources.md): ``hf-configs`` (the HF ``config.json`` of each
+size, slime's ``scripts/models/qwen3.5-*.sh``); the pinned Qwen3.6 revisions are the ones the
+OpenRecipes H200 entries cite (``openrecipes-35b-h200``, ``openrecipes-27b-h200``).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ QWEN35_27B = Qwen35Spec(
     num_attention_heads=24,
     num_query_groups=4,
     linear_num_value_heads=48,
-    # Revision cited by the OpenRecipes 27B H200 entry (seed 002).
+    # Revision cited by the OpenRecipes 27B H200 entry (openrecipes-27b-h200).
     checkpoints=_ckpts("27B", "6a9e13bd6fc8f0983b9b99948120bc37f49c13e9"),
 )
 
@@ -148,7 +148,7 @@ QWEN35_35B_A3B = Qwen35Spec(
     moe_router_topk=8,
     moe_ffn_hidden_size=512,
     moe_shared_expert_ffn_hidden_size=512,
-    # Revision cited by the OpenRecipes 35B-A3B H200 entries (seed 001).
+    # Revision cited by the OpenRecipes 35B-A3B H200 entries (openrecipes-35b-h200).
     checkpoints=_ckpts("35B-A3B", "995ad96eacd98c81ed38be0c5b274b04031597b0"),
 )
 

@@ -1,10 +1,11 @@
-"""docs/memory_plan.md: the memory planner against the measured H200 peaks and the seed facts.
+"""docs/memory_plan.md: the memory planner against the measured H200 peaks and the published facts.
 
 Each measured run's config is rebuilt as the runner built it (recipe, scale-down, flags and
 overrides of its log's '===== run' header, as :func:`bridge_recipes.build` keywords), planned
 with :func:`bridge_recipes.plan.memory.plan_memory` on one GPU, and compared with the run's peak:
-the largest ``mem-max-allocated-gigabytes`` (GB = 1e9 bytes) in its committed log. The seed
-facts (8-GPU layouts) are planned the same way. Nothing is fitted here: this only reads.
+the largest ``mem-max-allocated-gigabytes`` (GB = 1e9 bytes) in its committed log. The
+published facts (8-GPU layouts of the sources in docs/sources.md) are planned the same
+way. Nothing is fitted here: this only reads.
 ``scripts/memory_table.py`` writes (or checks) the page from :func:`render`.
 """
 
@@ -126,7 +127,7 @@ def rows() -> list[Row]:
     return [Row(r, measured_peak_gb(r), plan_memory(build(r.recipe, r.request), 1, gpu="h200")) for r in MEASURED_RUNS]
 
 
-# --- seed facts (8 x H200) -------------------------------------------------------------------
+# --- published facts (8 x H200) --------------------------------------------------------------
 
 
 def pp2(method: str, layers: int) -> dict[str, Any]:
@@ -295,25 +296,25 @@ Breakdown of the predictions (GB):
 
 {_breakdown_table(rs)}
 
-## Seed facts (8 x H200, GB per rank, total = allocated + overhead)
+## Published facts (8 x H200, GB per rank, total = allocated + overhead)
 
 {_facts_table(fps)}
 
-1. Seed 002: "PP 2 at TP 1 ran out of memory on the last stage, which holds the FP32 logits".
+1. openrecipes-27b-h200 (docs/sources.md): "PP 2 at TP 1 ran out of memory on the last stage, which holds the FP32 logits".
    With every layer recomputed the last stage is over (weights + FP32 grads + a quarter of the
    optimizer state are already ~125 GB, then the 28.5 GB loss working set) and the first stage
    fits. Keeping block recompute 12 at PP2 leaves 20 layers per stage un-recomputed: both stages
-   are far over and the first (two micro batches in flight) is the larger: the seed's account
+   are far over and the first (two micro batches in flight) is the larger: the source's account
    fits a run that recomputed (nearly) every layer.
-2. Seed 002: block 12 fits with little room on the first stage (four micro batches in flight);
+2. openrecipes-27b-h200: block 12 fits with little room on the first stage (four micro batches in flight);
    block 10 is over there.
-3. Seed 001: EP8 at 8,192 tokens per GPU fits with the optimizer on the GPU.
-4. Seed 004 reports a peak near 124 GB of 143 for its on-policy-distillation job. The recipe as
+3. openrecipes-35b-h200: EP8 at 8,192 tokens per GPU fits with the optimizer on the GPU.
+4. opd-35b-h200 reports a peak near 124 GB of 143 for its on-policy-distillation job. The recipe as
    built (plain SFT, optimizer state on the host, no teacher model, no colocated rollout engine)
-   plans at about a half of that, outside a 15% band: the seed's figure measures a different
+   plans at about a half of that, outside a 15% band: the source's figure measures a different
    job (student and teacher models in memory, an SGLang engine sharing the GPU, 24-32k-token
    rollouts) and is not a check of this recipe. The same layout with the optimizer state on the
-   GPU plans near 123 GB; that agreement is not evidence either, since the seed states the offload.
+   GPU plans near 123 GB; that agreement is not evidence either, since the source states the offload.
 
 ## Limits
 

@@ -1,12 +1,22 @@
 """Building blocks of execution policies, shared by the per-GPU recipe modules.
 
 Each ``_apply_<model>_<N>gpu_<gpu>_execution_config`` helper is written from these, so one
-setting (say, how CPU optimizer offload is switched on) has one definition.
+setting (say, how CPU optimizer offload is switched on) has one definition. Each block sets one
+kind of thing: numerics, optimizer sharding, recompute, offload, layout. None of them touches
+``cfg.env_vars``: the environment is a dict (:data:`OPENRECIPES_ENV`) that each
+``_apply_*`` helper assigns once, as its last statement, so a recipe's environment reads in one
+place.
 """
 
 from __future__ import annotations
 
-# The environment of the OpenRecipes H200 SFT runs (seeds 001, 002). NCCL_NVLS_ENABLE there was
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+# The environment of the OpenRecipes H200 SFT runs (openrecipes-35b-h200,
+# openrecipes-27b-h200 in docs/sources.md). NCCL_NVLS_ENABLE there was
 # 1 when the node reports NVLink (p5en does); export NCCL_NVLS_ENABLE=0 where NVLink SHARP must
 # stay off (a value already in the environment wins over the recipe's).
 OPENRECIPES_ENV = {
@@ -17,33 +27,45 @@ OPENRECIPES_ENV = {
 }
 
 
-def openrecipes_sft_numerics(cfg) -> None:
-    """Numerics every OpenRecipes SFT run shares (the flags of seed 001's command), and its env."""
+def set_openrecipes_numerics(cfg: ConfigContainer) -> None:
+    """The numerics every OpenRecipes SFT run shares (the flags of openrecipes-35b-h200's command):
+    flash attention, FP32 softmax, no dropout, per-token loss, FP32 router, native fused cross
+    entropy, FP32 gradient reduction."""
     from megatron.core.transformer.enums import AttnBackend
 
-    m, o = cfg.model, cfg.optimizer
-    m.attention_backend = AttnBackend.flash  # --attention-backend flash
+    m = cfg.model
+    # --attention-backend flash, softmax in FP32, no dropout
+    m.attention_backend = AttnBackend.flash
     m.attention_softmax_in_fp32 = True
-    m.attention_dropout = m.hidden_dropout = 0.0
-    m.calculate_per_token_loss = True  # --calculate-per-token-loss
-    cfg.ddp.average_in_collective = False  # per-token loss sums in the collective, then divides
+    m.attention_dropout = 0.0
+    m.hidden_dropout = 0.0
+    # --calculate-per-token-loss: the loss sums in the collective, then divides by the token count
+    m.calculate_per_token_loss = True
+    cfg.ddp.average_in_collective = False
     m.moe_router_dtype = "fp32" if m.num_moe_experts else None
     # Fused cross entropy keeps the 248K-vocab logits small; Megatron-Core 0.19.2 flags the TE
     # implementation as unstable, so the recipes use its native fused kernel.
-    m.cross_entropy_loss_fusion, m.cross_entropy_fusion_impl = True, "native"
-    cfg.ddp.grad_reduce_in_fp32 = True  # --accumulate-allreduce-grads-in-fp32
-    o.use_distributed_optimizer = cfg.ddp.use_distributed_optimizer = True
-    o.use_precision_aware_optimizer = True
-    cfg.env_vars = dict(OPENRECIPES_ENV)
+    m.cross_entropy_loss_fusion = True
+    m.cross_entropy_fusion_impl = "native"
+    # --accumulate-allreduce-grads-in-fp32
+    cfg.ddp.grad_reduce_in_fp32 = True
 
 
-def full_recompute(cfg, method: str = "uniform", num_layers: int = 1) -> None:
+def shard_optimizer_precision_aware(cfg: ConfigContainer) -> None:
+    """Optimizer state sharded over data parallelism (distributed optimizer, in the optimizer and
+    the DDP wrapper), kept by TE's precision-aware FusedAdam (BF16 parameter plus remainder)."""
+    cfg.optimizer.use_distributed_optimizer = True
+    cfg.ddp.use_distributed_optimizer = True
+    cfg.optimizer.use_precision_aware_optimizer = True
+
+
+def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: int = 1) -> None:
     cfg.model.recompute_granularity = "full"
     cfg.model.recompute_method = method
     cfg.model.recompute_num_layers = num_layers
 
 
-def cpu_optimizer_offload(cfg) -> None:
+def cpu_optimizer_offload(cfg: ConfigContainer) -> None:
     """All optimizer state on the host, copies overlapped with compute (slime's
     --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d)."""
     cfg.optimizer.optimizer_cpu_offload = True
@@ -51,14 +73,18 @@ def cpu_optimizer_offload(cfg) -> None:
     cfg.optimizer.overlap_cpu_optimizer_d2h_h2d = True
 
 
-def set_layout(cfg, *, tp=1, pp=1, cp=1, ep=1, etp=1, sp=False, first=None, last=None) -> None:
+def set_layout(cfg: ConfigContainer, *, tp=1, pp=1, cp=1, ep=1, etp=1, sp=False, first=None, last=None) -> None:
     """Parallel sizes (ETP always explicit: unset it would inherit TP) and the pipeline split."""
     import torch
 
     m = cfg.model
-    m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size = tp, pp, cp
-    m.expert_model_parallel_size, m.expert_tensor_parallel_size = ep, etp
+    m.tensor_model_parallel_size = tp
+    m.pipeline_model_parallel_size = pp
+    m.context_parallel_size = cp
+    m.expert_model_parallel_size = ep
+    m.expert_tensor_parallel_size = etp
     m.sequence_parallel = sp
     m.virtual_pipeline_model_parallel_size = None
-    m.num_layers_in_first_pipeline_stage, m.num_layers_in_last_pipeline_stage = first, last
+    m.num_layers_in_first_pipeline_stage = first
+    m.num_layers_in_last_pipeline_stage = last
     m.pipeline_dtype = torch.bfloat16 if pp > 1 else None

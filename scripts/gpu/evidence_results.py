@@ -29,7 +29,7 @@ HOST = {
     "date": "2026-11-29",
     "hardware": "1 x NVIDIA H200 (143,771 MiB), driver 580.159.04",
     "stack": "torch 2.11.0+cu130, megatron-core 0.19.2, megatron-bridge 0.6.2, Transformer Engine 2.20.2, "
-    "Triton 3.6.0, flash-linear-attention 0.6.0 (staged from ../shared/gpu bundles A and B)",
+    "Triton 3.6.0, flash-linear-attention 0.6.0 (staged from the two prebuilt stack bundles)",
 }
 _COMMAND = re.compile(r"^(?:===== run \S+: |# command[^:]*: )(.*)$", re.M)
 

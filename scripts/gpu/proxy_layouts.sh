@@ -3,8 +3,8 @@
 # from (H200 host; source .gpu-bundle/b/env.sh and scripts/gpu/host_env.sh first). Both runs
 # share the proxy shape (4 layers, the per-GPU expert count, 8 micro batches a step, steps
 # 5..19 measured) and run back to back; the ratio lands in $OUT/<model>_ratio.json.
-#   bash scripts/gpu/proxy_layouts.sh 35b   # EP8 policy vs slime's TP2 PP2 CP2 EP4 layout (seed 000)
-#   bash scripts/gpu/proxy_layouts.sh 27b   # PP4 block-12 policy vs slime's TP4 PP2 layout (seed 002)
+#   bash scripts/gpu/proxy_layouts.sh 35b   # EP8 policy vs slime's TP2 PP2 CP2 EP4 layout (slime-35b-h100)
+#   bash scripts/gpu/proxy_layouts.sh 27b   # PP4 block-12 policy vs slime's TP4 PP2 layout (openrecipes-27b-h200)
 # About 7 minutes each with cold kernel caches: one model per 10-minute command.
 set -uo pipefail
 out=${OUT:-.}

@@ -212,7 +212,7 @@ def test_population_cv_and_default_window():
 
 
 def test_openrecipes_35b_figures_reproduce():
-    """Seed 001 #1: 8 GPUs, 128 rows of 8,192 tokens a step, window 5..19 -> window_tokens
+    """openrecipes-35b-h200 #1: 8 GPUs, 128 rows of 8,192 tokens a step, window 5..19 -> window_tokens
     15,728,640; at 4,663.11 tokens/s/GPU, 6N MFU with the H200's 989.4 TFLOP/s is 0.0833."""
     step_tokens = 128 * 8192
     step_time = step_tokens / (8 * 4663.11)
@@ -479,7 +479,7 @@ def test_layout_and_workload_of_the_real_27b_recipe(cfg_27b):
     lay = R.layout_from_config(cfg_27b, world_size=8)
     assert lay["label"] == qwen35_27b_sft_8gpu_h200_bf16_config.recipe_meta.layout == "TP1 PP4 DP2"
     assert (lay["tp"], lay["pp"], lay["vpp"], lay["cp"], lay["ep"], lay["etp"], lay["dp"]) == (1, 4, 1, 1, 1, 1, 2)
-    assert lay["layer_split"] == {"first": 16, "last": 14}  # seed 002
+    assert lay["layer_split"] == {"first": 16, "last": 14}  # openrecipes-27b-h200
     assert lay["recompute"] == {"granularity": "full", "method": "block", "num_layers": 12}
     assert lay["offload"] is None and lay["dispatcher"] is None
     assert (lay["rows_per_microbatch"], lay["max_tokens_per_gpu"], lay["sequence_parallel"]) == (1, 8192, False)
@@ -558,7 +558,7 @@ def test_read_result_rejects_other_files(tmp_path):
 
 
 def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
-    """128 rows of 8,192 tokens on 8 GPUs at the seed 002 rates: 52.4 s tuned, 138.2 s reference."""
+    """128 rows of 8,192 tokens on 8 GPUs at the openrecipes-27b-h200 rates: 52.4 s tuned, 138.2 s reference."""
     from bridge_recipes.bench.harness import published_step_seconds
     from bridge_recipes.qwen.h200.qwen35 import (
         qwen35_27b_sft_8gpu_h200_bf16_config,

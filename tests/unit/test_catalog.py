@@ -1,4 +1,5 @@
-"""The offline catalog against the architecture table of reference/qwen35_family.md."""
+"""The offline catalog against the architecture table of the models' Hugging Face config.json files
+(hf-configs in docs/sources.md)."""
 
 import pytest
 

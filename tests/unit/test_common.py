@@ -68,3 +68,40 @@ def test_vlm_builders(builder, validate, tmp_path):
 def test_vlm_builder_rejects_a_text_model():
     with pytest.raises(ValueError, match="text model"):
         common.vlm_pretrain_config("qwen35_35b_a3b")
+
+
+def _shared_training_fields(cfg):
+    """What a text builder and its VL form share: optimizer, schedule, batch and length, loss
+    normalisation, the starting checkpoint, every DDP setting but the two VL overlap flags."""
+    import dataclasses
+
+    ddp = {f.name: getattr(cfg.ddp, f.name) for f in dataclasses.fields(cfg.ddp)}
+    ddp.pop("overlap_grad_reduce")
+    ddp.pop("overlap_param_gather")
+    return {
+        "optimizer": cfg.optimizer,
+        "scheduler": cfg.scheduler,
+        "train": cfg.train,
+        "ddp": ddp,
+        "seq_length": (cfg.model.seq_length, cfg.dataset.seq_length),
+        "calculate_per_token_loss": cfg.model.calculate_per_token_loss,
+        "pretrained_checkpoint": cfg.checkpoint.pretrained_checkpoint,
+        "mixed_precision": cfg.mixed_precision,
+    }
+
+
+def test_vlm_sft_has_the_sft_defaults():
+    vl = common.vlm_sft_config("qwen35_vl_35b_a3b")
+    text = common.sft_config("qwen35_35b_a3b")
+    assert _shared_training_fields(vl) == _shared_training_fields(text)
+    assert vl.peft is None and not vl.model.freeze_vision_model and not vl.model.freeze_language_model
+    assert vl.checkpoint.save.endswith("qwen35_vl_35b_a3b_sft/checkpoints")
+
+
+def test_vlm_peft_has_the_peft_defaults_and_a_frozen_vision_tower():
+    vl = common.vlm_peft_config("qwen35_vl_35b_a3b")
+    text = common.peft_config("qwen35_35b_a3b")
+    assert _shared_training_fields(vl) == _shared_training_fields(text)
+    lora = ("target_modules", "dim", "alpha", "dropout")
+    assert [getattr(vl.peft, k) for k in lora] == [getattr(text.peft, k) for k in lora]
+    assert vl.model.freeze_vision_model and not vl.model.freeze_language_model

@@ -85,3 +85,41 @@ def test_cli_overrides_example_dry_runs():
     assert p.returncode == 0, p.stderr[-2000:]
     assert "checks: ok" in p.stdout
     assert "global_batch_size: 512" in p.stdout  # the trailing override won over -gb 256
+
+
+def test_recorded_runner_command_dry_runs_at_the_launch_world_size(stubs, capsys):
+    """The runner command the Slurm launch records passes the runner's dry-run at 2 nodes x 8 GPUs."""
+    from bridge_recipes.runner.cli import main
+
+    env, calls = stubs
+    subprocess.run(
+        ["bash", str(EXAMPLES / "slurm_multinode.sbatch"), RECIPE, "train.train_iters=60"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    (argv,) = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert main([*_runner_args(argv), "--dry-run", "--world-size", "16"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "TP1 PP1 EP8 ETP1 DP16" in out and "train_iters: 60" in out
+
+
+def test_python_api_example_builds_checks_and_launches_its_config(tmp_path):
+    """The example runs as a process; a sitecustomize stands in for the launch and records what
+    it was handed."""
+    record = tmp_path / "launched.json"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import json\n"
+        "from bridge_recipes.runner import launch\n"
+        "def run(cfg, task):\n"
+        f"    open({str(record)!r}, 'w').write(json.dumps([task, cfg.train.train_iters, cfg.optimizer.lr,\n"
+        "        cfg.logger.log_interval, cfg.checkpoint.save, cfg.checkpoint.load]))\n"
+        "launch.run = run\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    p = subprocess.run(
+        [sys.executable, str(EXAMPLES / "python_api.py")], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    save = "/checkpoints/qwen35_35b_a3b_sft"
+    assert json.loads(record.read_text()) == ["sft", 200, 2e-5, 10, save, save]

@@ -1,5 +1,5 @@
 """Memory planner (bridge_recipes.plan.memory) against the real recipes: the measured H200 peaks
-of docs/memory_plan.md, the seeds' facts about 8 x H200 layouts, and its component rules."""
+of docs/memory_plan.md, the published facts about 8 x H200 layouts (docs/sources.md), and its component rules."""
 
 from __future__ import annotations
 
@@ -71,11 +71,11 @@ def test_committed_table_is_regenerated(rows, facts):
     )
 
 
-# --- seed facts (8 x H200) ---------------------------------------------------------------------
+# --- published facts (8 x H200) ----------------------------------------------------------------
 
 
 def test_27b_pp2_tp1_runs_out_of_memory_on_the_last_stage(facts):
-    """Seed 002: 'PP 2 at TP 1 ran out of memory on the last stage, which holds the FP32 logits'."""
+    """openrecipes-27b-h200: 'PP 2 at TP 1 ran out of memory on the last stage, which holds the FP32 logits'."""
     plan = TABLE.fact_plan(facts, "PP2 32/32, recompute of every layer (block 32)")
     assert not plan.fits
     assert plan.peak_stage == 1 and plan.stages_over() == [1]
@@ -88,7 +88,7 @@ def test_27b_pp2_keeping_block_12_is_out_of_memory_on_both_stages(facts):
 
 
 def test_27b_pp4_block_12_fits_and_block_10_runs_out_on_the_first_stage(facts):
-    """Seed 002: the first stage is at its limit with block 12; block 10 ran out there."""
+    """openrecipes-27b-h200: the first stage is at its limit with block 12; block 10 ran out there."""
     assert TABLE.fact_plan(facts, "as built: PP4 16/17/17/14, block 12").fits
     plan = TABLE.fact_plan(facts, "block recompute 10")
     assert not plan.fits and plan.peak_stage == 0 and plan.stages_over() == [0]
@@ -100,8 +100,8 @@ def test_35b_ep8_fits_without_offload(facts):
     assert plan.fits and plan.stages[0].optimizer_gb > 40  # the optimizer state is on the GPU
 
 
-def test_seed_004_layout_as_built_plans_far_below_the_reported_124_gb(facts):
-    """Seed 004's ~124 GB is its on-policy-distillation job (student and teacher in memory,
+def test_opd_35b_h200_layout_as_built_plans_far_below_the_reported_124_gb(facts):
+    """opd-35b-h200's ~124 GB is its on-policy-distillation job (student and teacher in memory,
     colocated rollout engine), not this SFT recipe with the optimizer on the host: the plan is
     honestly outside a 15% band of it (see docs/memory_plan.md)."""
     plan = TABLE.fact_plan(facts, "as built: TP2 SP CP2 EP8, seq 32,768, CPU offload")

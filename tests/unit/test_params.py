@@ -8,7 +8,7 @@ from bridge_recipes.models.qwen35 import get_spec, hf_config, hf_text_config
 
 
 def test_active_matmul_count_reproduces_openrecipes_exactly():
-    # seed 001 (35B-A3B) and seed 002 (27B): "N = ... active parameters per token"
+    # openrecipes-35b-h200 (35B-A3B) and openrecipes-27b-h200 (27B): "N = ... active parameters per token"
     assert count_parameters(get_spec("qwen35_35b_a3b")).matmul_active == 2_946_252_800
     assert count_parameters(get_spec("qwen35_27b")).matmul_active == 25_623_920_640
 

@@ -18,8 +18,8 @@ from bridge_recipes.runner.cli import megatron_validation
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(registry.discover())
-# Names fixed by the reference page of the GB300 module (seed 003) rather than by our convention.
-SEED_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
+# Names fixed by the reference page of the GB300 module (bridge-gb300-vl) rather than by our convention.
+PAGE_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
 
 
 def build(name):
@@ -53,7 +53,7 @@ NAME = re.compile(
 )
 
 
-@pytest.mark.parametrize("name", [n for n in RECIPES if n not in SEED_NAMES])
+@pytest.mark.parametrize("name", [n for n in RECIPES if n not in PAGE_NAMES])
 def test_name_follows_the_convention_and_agrees_with_metadata(name):
     m = NAME.match(name)
     assert m, name
@@ -110,6 +110,17 @@ def test_each_policy_helper_is_defined_once():
         assert sum(len(re.findall(rf"^def {name}\(", s, re.M)) for s in sources) == 1, name
 
 
+def test_recipes_and_helpers_are_typed_with_the_config_they_build_or_change():
+    """Recipes return a ConfigContainer and helpers take one (a name only: the annotation is
+    never evaluated, so listing recipes imports nothing)."""
+    for name in RECIPES:
+        assert inspect.signature(registry.load(name)).return_annotation == "ConfigContainer", name
+    for name, mod in _helpers().items():
+        sig = inspect.signature(getattr(mod, name))
+        assert [str(p.annotation) for p in sig.parameters.values()] == ["ConfigContainer"], name
+        assert sig.return_annotation == "None", name
+
+
 def test_policy_helpers_are_used_by_both_trees(monkeypatch):
     helpers = _helpers()
     calls = {}
@@ -135,7 +146,7 @@ def test_policy_helpers_are_used_by_both_trees(monkeypatch):
     assert set(calls) == set(helpers)
 
 
-# --- pinned to the source documents ----------------------------------------------------------
+# --- pinned to the sources of docs/sources.md ------------------------------------------------
 
 
 def _recompute(cfg):
@@ -157,7 +168,7 @@ def test_h200_sft_workload_is_the_openrecipes_one():
         assert cfg.env_vars["TORCHINDUCTOR_COMPILE_THREADS"] == 1
 
 
-def test_35b_a3b_h200_layouts_seed_001():
+def test_35b_a3b_h200_layouts_openrecipes_35b_h200():
     base = build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")
     m = base.model
     assert (
@@ -188,7 +199,7 @@ def test_35b_a3b_h200_layouts_seed_001():
     assert list(refs.values()) == [4663.1, 3466.8, 3076.8]
 
 
-def test_27b_h200_layouts_seed_002():
+def test_27b_h200_layouts_openrecipes_27b_h200():
     cfg = build("qwen35_27b_sft_8gpu_h200_bf16_config")
     m = cfg.model
     assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size) == (1, 4)
@@ -206,7 +217,7 @@ def test_27b_h200_layouts_seed_002():
     )
 
 
-def test_h100_layout_seed_000():
+def test_h100_layout_slime_35b_h100():
     cfg = build("qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
     m = cfg.model
     assert (
@@ -224,7 +235,7 @@ def test_h100_layout_seed_000():
     assert (m.moe_token_dispatcher_type, m.moe_flex_dispatcher_backend) == ("flex", "deepep")
 
 
-def test_long_context_layout_seed_004():
+def test_long_context_layout_opd_35b_h200():
     entry = registry.find("qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config")
     cfg = build(entry.name)
     m = cfg.model
@@ -237,17 +248,26 @@ def test_long_context_layout_seed_004():
     ) == (2, 1, 2, 8, 1)
     assert layout_of(cfg, 8).dp == 2 and cfg.optimizer.optimizer_cpu_offload
     assert entry.meta.status == "unmeasured"
-    doc = registry.load(entry.name).__doc__
-    assert "0.19.2" in doc and "CP" in doc
+    # 32,768-token sequences, 16,384 per CP rank; Megatron-Core accepts CP2 with Gated DeltaNet
+    assert m.seq_length == cfg.dataset.seq_length == 32768
+    assert megatron_validation(cfg, 8) is None
 
 
-def test_b200_is_unmeasured_with_its_reasoning():
+def test_b200_is_the_h200_winner_with_half_the_layers_recomputed():
+    import dataclasses
+
     entry = registry.find("qwen35_35b_a3b_sft_8gpu_b200_bf16_config")
     assert entry.meta.status == "unmeasured" and entry.meta.reference["tokens_per_s_per_gpu"] == 6573.4
-    assert "reasoning" in importlib.import_module(entry.module).__doc__
+    b200, h200 = build(entry.name), build("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")
+    differ = {
+        f.name for f in dataclasses.fields(b200.model) if getattr(b200.model, f.name) != getattr(h200.model, f.name)
+    }
+    assert differ == {"recompute_method", "recompute_num_layers"}
+    assert _recompute(b200) == ("full", "block", 20) and b200.model.num_layers == 40
+    assert b200.optimizer == h200.optimizer and b200.train == h200.train and b200.env_vars == h200.env_vars
 
 
-# --- the GB300 VL module of seed 003 ---------------------------------------------------------
+# --- the GB300 VL module of bridge-gb300-vl --------------------------------------------------
 
 GB300_PUBLIC = {
     "qwen35_vl_397b_a17b_pretrain_config",
@@ -311,3 +331,85 @@ def test_gb300_perf_fp8mx_benchmark_is_ep8_gbs512_and_not_the_library_name():
     assert (cfg.model.expert_model_parallel_size, cfg.train.global_batch_size) == (8, 512)
     assert registry.find("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config").tree == "perf_recipes"
     assert registry.find("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config").tree == "bridge_recipes"
+
+
+def _source_keys():
+    table = (ROOT / "docs" / "sources.md").read_text()
+    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M))
+
+
+@pytest.mark.parametrize("name", [n for n in RECIPES if (registry.find(n).meta.reference or {}).get("source")])
+def test_reference_source_names_a_key_of_docs_sources(name):
+    source = registry.find(name).meta.reference["source"]
+    match = re.search(r"\(([a-z0-9-]+), docs/sources\.md\)$", source)
+    assert match, f"{name}: source {source!r} does not end with '(<key>, docs/sources.md)'"
+    assert match.group(1) in _source_keys(), f"{name}: {match.group(1)!r} is not a key of docs/sources.md"
+
+
+def test_recipe_environment_is_assigned_whole_in_one_place():
+    """Recipes and policy blocks never patch ``env_vars`` (item assignment, update, setdefault):
+    each function that sets it assigns the whole dict once, so a recipe's environment reads in
+    one statement."""
+    import ast
+
+    trees = [ROOT / "perf_recipes", ROOT / "bridge_recipes" / "qwen", ROOT / "bridge_recipes" / "qwen_vl"]
+    problems = []
+    for path in sorted(p for tree in trees for p in tree.rglob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            whole = 0
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and node.attr == "env_vars":
+                    continue
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.targets[0], ast.Attribute)
+                    and node.targets[0].attr == "env_vars"
+                ):
+                    whole += 1
+                elif isinstance(node, ast.Subscript) and getattr(node.value, "attr", None) == "env_vars":
+                    if isinstance(node.ctx, ast.Store):
+                        problems.append(f"{path.name}:{node.lineno} {fn.name} sets one env_vars item")
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                    if getattr(node.func.value, "attr", None) == "env_vars":
+                        problems.append(f"{path.name}:{node.lineno} {fn.name} calls env_vars.{node.func.attr}")
+            if whole > 1:
+                problems.append(f"{path.name}:{fn.lineno} {fn.name} assigns env_vars {whole} times")
+    assert problems == []
+
+
+# --- benchmarks keep their real-data recipe's numerics -----------------------------------------
+
+PERF = [n for n in RECIPES if registry.find(n).tree == "perf_recipes"]
+
+
+def _counterpart(name):
+    module = importlib.import_module(registry.find(name).module)
+    return getattr(module, "REAL_COUNTERPARTS", {}).get(name, name.replace("_mock_config", "_config"))
+
+
+def _numerics(cfg):
+    import dataclasses
+
+    values = {f.name: getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
+    values["mixed_precision"] = cfg.mixed_precision
+    return values
+
+
+@pytest.mark.parametrize("name", PERF)
+def test_benchmark_differs_from_its_real_recipe_only_where_declared(name):
+    from perf_recipes._common import LAYOUT_FIELDS, VL_BENCHMARK_MODEL_SETTINGS
+
+    real_name = _counterpart(name)
+    assert registry.find(real_name).tree == "bridge_recipes", real_name
+    perf, real = build(name), build(real_name)
+    a, b = _numerics(perf), _numerics(real)
+    differ = {k for k in a if a[k] != b[k]}
+    declared = set(VL_BENCHMARK_MODEL_SETTINGS) if is_vlm(perf) else set()
+    if name in getattr(importlib.import_module(registry.find(name).module), "OWN_LAYOUT", []):
+        declared |= set(LAYOUT_FIELDS)
+    assert differ - declared == set(), f"{name} vs {real_name}: undeclared differences"
+    # every declared numerics difference is applied, with the declared value
+    for field, value in (VL_BENCHMARK_MODEL_SETTINGS if is_vlm(perf) else {}).items():
+        assert a[field] == value, field

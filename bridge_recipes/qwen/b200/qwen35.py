@@ -1,6 +1,6 @@
 """B200 recipes for Qwen3.5 / Qwen3.6 text models.
 
-OpenRecipes lists 6,573.4 tokens/s/GPU for Qwen3.6-35B-A3B SFT on 8 x B200 (seed 001) without
+OpenRecipes lists 6,573.4 tokens/s/GPU for Qwen3.6-35B-A3B SFT on 8 x B200 (openrecipes-35b-h200) without
 publishing the layout. The layout here is our proposal, unmeasured; the reasoning:
 
 - B200 has 180 GB per GPU against H200's 141 GB and about 2.3x the dense BF16 rate, so the
@@ -17,23 +17,38 @@ publishing the layout. The layout here is our proposal, unmeasured; the reasonin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.common import sft_config
-from bridge_recipes.qwen.policy import full_recompute, openrecipes_sft_numerics, set_layout
+from bridge_recipes.qwen.policy import (
+    OPENRECIPES_ENV,
+    full_recompute,
+    set_layout,
+    set_openrecipes_numerics,
+    shard_optimizer_precision_aware,
+)
 from bridge_recipes.recipe import recipe
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
 
 __all__ = ["qwen35_35b_a3b_sft_8gpu_b200_bf16_config"]
 
-SEED_001_B200 = "OpenRecipes Qwen3.6-35B-A3B on 8 x B200 (seed 001); layout not published"
+OPENRECIPES_35B_B200 = (
+    "OpenRecipes Qwen3.6-35B-A3B SFT on 8 x B200, layout not published (openrecipes-35b-h200, docs/sources.md)"
+)
 
 
-def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
+def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg: ConfigContainer) -> None:
     """TP1 PP1 EP8 ETP1 DP8, one 8,192-token row per micro batch, block recompute of 20 layers,
     alltoall dispatcher, precision-aware distributed Adam on the GPU."""
-    openrecipes_sft_numerics(cfg)
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
     set_layout(cfg, ep=8)
     full_recompute(cfg, "block", 20)
     cfg.model.moe_token_dispatcher_type = "alltoall"
     cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
 
 
 @recipe(
@@ -43,9 +58,9 @@ def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg) -> None:
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 6573.4, "source": SEED_001_B200},
+    reference={"tokens_per_s_per_gpu": 6573.4, "source": OPENRECIPES_35B_B200},
 )
-def qwen35_35b_a3b_sft_8gpu_b200_bf16_config():
+def qwen35_35b_a3b_sft_8gpu_b200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B SFT on 8 x B200: our proposed layout (unmeasured; 6,573.4 published
     for an unpublished layout)."""
     cfg = sft_config("qwen35_35b_a3b")

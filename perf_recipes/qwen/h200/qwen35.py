@@ -3,9 +3,14 @@ SFT-shaped data (8,192-token rows, global batch 128, BF16), with benchmark setti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from bridge_recipes.qwen.h200 import qwen35 as real
 from bridge_recipes.recipe import recipe
 from perf_recipes._common import benchmark_settings
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
 
 __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config",
@@ -16,8 +21,13 @@ __all__ = [
     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config",
 ]
 
-SEED_001 = "OpenRecipes Qwen3.6-35B-A3B H200 leaderboard, ATTUNE, measured 2026-10-13 (seed 001)"
-SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (seed 002)"
+OPENRECIPES_35B_H200 = (
+    "OpenRecipes H200 leaderboard for Qwen3.6-35B-A3B SFT, ATTUNE, measured 2026-10-13"
+    " (openrecipes-35b-h200, docs/sources.md)"
+)
+OPENRECIPES_27B_H200 = (
+    "OpenRecipes YAML of ATTUNE's Qwen3.6-27B H200 recipe, measured 2026-10-18 (openrecipes-27b-h200, docs/sources.md)"
+)
 
 
 @recipe(
@@ -27,9 +37,9 @@ SEED_002 = "OpenRecipes Qwen3.6-27B H200 recipe, ATTUNE, measured 2026-10-18 (se
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_config (EP8, no offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     benchmark_settings(cfg)
@@ -43,9 +53,9 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config():
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config (16,384 tokens/GPU, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
     benchmark_settings(cfg)
@@ -59,9 +69,9 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config():
     precision="bf16",
     layout="TP1 PP2 EP4 DP4",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": SEED_001},
+    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config (PP2 EP4, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config()
     benchmark_settings(cfg)
@@ -69,7 +79,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config():
 
 
 @recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 CP2 EP8 ETP1 DP2", status="unmeasured")
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config():
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config (CP2, 32,768 tokens)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config()
     benchmark_settings(cfg)
@@ -83,9 +93,9 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config():
     precision="bf16",
     layout="TP1 PP4 DP2",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": SEED_002},
+    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
 )
-def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
+def qwen35_27b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_config (PP4 16/17/17/14, block recompute 12)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_config()
     benchmark_settings(cfg)
@@ -99,9 +109,9 @@ def qwen35_27b_sft_8gpu_h200_bf16_mock_config():
     precision="bf16",
     layout="TP4 PP2 DP1",
     status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 948.7, "source": SEED_002},
+    reference={"tokens_per_s_per_gpu": 948.7, "source": OPENRECIPES_27B_H200},
 )
-def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config():
+def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config() -> ConfigContainer:
     """Benchmark of the slime reference layout of the 27B (TP4 SP PP2 34/30, CPU Adam)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config()
     benchmark_settings(cfg)
