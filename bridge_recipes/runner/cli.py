@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the environment the training process starts with (after the re-exec) and exit",
     )
+    p.add_argument(
+        "--hf-checkpoint",
+        metavar="DIR",
+        help="start from this Hugging Face folder: checked against the model, converted once into "
+        "$QWEN35_RECIPES_CACHE/hf_import (default ~/.cache/qwen35_recipes), its tokenizer used",
+    )
+    p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
     for dest, keys in FLAG_KEYS.items():
         opt = f"-{dest}" if dest in SHORT_FLAGS else f"--{dest.replace('_', '-')}"
@@ -129,11 +136,23 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         from bridge_recipes.runner import datasets
 
         datasets.select(cfg, args.dataset)
+    if args.hf_checkpoint:
+        from bridge_recipes.hf import runner as hf_runner
+
+        args.hf_folder = hf_runner.use_checkpoint(cfg, args.hf_checkpoint)  # its tokenizer; overrides still win
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     apply_all(cfg, vars(args), args.overrides)
     if resumes_from_save and ckpt.load == recipe_load:
         ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
+    if args.hf_checkpoint:
+        hf_runner.check_model(cfg, args.hf_folder)  # after model.* overrides: the weights must fit the model
+    if args.export_hf:
+        from bridge_recipes.hf import runner as hf_runner
+
+        if not args.hf_checkpoint:
+            raise ValueError("--export-hf needs --hf-checkpoint (its config and tokenizer template the export)")
+        hf_runner.check_export_target(cfg, args.export_hf)
     return entry, cfg
 
 
@@ -169,6 +188,9 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         print(text)
         return 0 if fits else USAGE_ERROR
 
+    from bridge_recipes.hf.runner import random_init_warning
+
+    warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
         cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
@@ -176,6 +198,15 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         problem = megatron_validation(cfg, world)
         if problem:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
+        if args.hf_checkpoint:
+            from bridge_recipes.hf.runner import cache_folder
+
+            print(
+                f"hf checkpoint: {args.hf_folder.path} fits the model; at launch it is converted into (or reused "
+                f"from) {cache_folder(args.hf_folder)}, then finetune() starts from it"
+            )
+        if warning:
+            print(warning, file=sys.stderr)
         print("checks: ok (layout checks and Megatron-Bridge validation passed)")
         return 0
 
@@ -201,5 +232,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     from bridge_recipes.runner.checkpoints import record_layout
 
     record_layout(cfg, world)
+    if args.hf_checkpoint:
+        from bridge_recipes.hf.runner import attach
+
+        attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
     launch.run(cfg, entry.meta.task)
+    if args.export_hf:
+        from bridge_recipes.hf.runner import export_after_training
+
+        return export_after_training(cfg, args.export_hf, str(args.hf_folder.path))
     return 0
