@@ -30,7 +30,19 @@ from bridge_recipes.hf import checkpoint as ck
 LOG = "[run_recipe]"
 WAIT_S = 3600  # longest wait of the other ranks for rank 0's conversion (a 397B import takes long)
 FAILED_SUFFIX = ".failed"
-_TORCHRUN_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+_TORCHRUN_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+)
 
 
 def _log(msg: str) -> None:
@@ -84,7 +96,10 @@ def random_init_warning(cfg: Any, task: str, hf_checkpoint: str | None) -> str |
 
 
 def _child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV}
+    """The environment of a conversion child: torchrun's variables removed. Kept, the child's
+    one-process group would join torchrun's rendezvous; TORCHELASTIC_USE_AGENT_STORE=True alone
+    makes it wait, as a client, for a store that nobody hosts."""
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     env["HF_HUB_OFFLINE"] = "1"
     return env
 

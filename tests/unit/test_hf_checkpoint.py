@@ -335,3 +335,23 @@ def test_runner_warns_of_random_init_for_sft_without_weights(capsys):
 def test_runner_export_flag_needs_hf_checkpoint(capsys, tmp_path):
     rc = runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--export-hf", str(tmp_path / "x")])
     assert rc == 2 and "--export-hf needs --hf-checkpoint" in capsys.readouterr().err
+
+
+def test_conversion_children_leave_torchrun_rendezvous_behind(monkeypatch):
+    from bridge_recipes.hf.runner import _child_env
+
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_PORT": "29500", "RANK": "0", "KEEP_ME": "1"}.items():
+        monkeypatch.setenv(k, v)
+    env = _child_env()
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in env and "MASTER_PORT" not in env and "RANK" not in env
+    assert env["KEEP_ME"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_vl_folder_is_refused_by_a_text_recipe(moe):
+    cfg = json.loads((moe / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": cfg}))
+    (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
+    assert problem == (
+        "architecture: checkpoint has 'MoE VL (Qwen3_5MoeForConditionalGeneration)', "
+        "the recipe's model has 'MoE text (Qwen3_5MoeForCausalLM)'"
+    )
