@@ -139,6 +139,8 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.hf_checkpoint:
         from bridge_recipes.hf import runner as hf_runner
 
+        if args.pretrained_checkpoint:
+            raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
         args.hf_folder = hf_runner.use_checkpoint(cfg, args.hf_checkpoint)  # its tokenizer; overrides still win
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load

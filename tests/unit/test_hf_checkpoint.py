@@ -355,3 +355,26 @@ def test_vl_folder_is_refused_by_a_text_recipe(moe):
         "architecture: checkpoint has 'MoE VL (Qwen3_5MoeForConditionalGeneration)', "
         "the recipe's model has 'MoE text (Qwen3_5MoeForCausalLM)'"
     )
+
+
+def test_hub_id_in_local_cache_resolves_offline(toys, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    repo = cache / "models--Qwen--Toy"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    shutil.copytree(toys / "moe", snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    assert ck.resolve_source("Qwen/Toy") == snapshot
+    assert ck.check_folder_for_recipe(ck.inspect_folder("Qwen/Toy"), MOE_RECIPE, scaled=True) == []
+
+
+def test_runner_refuses_two_sources_of_weights(toys, capsys, tmp_path):
+    rc = runner(
+        ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")]
+        + ["--pretrained-checkpoint", str(tmp_path)]
+    )
+    assert rc == 2 and "pass one" in capsys.readouterr().err
