@@ -83,7 +83,12 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
         (out / "hf_parity.json").write_text(json.dumps(summary["cases"], indent=1) + "\n")
         (out / "hf_evidence_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
+    only = set(filter(None, os.environ.get("HF_EVIDENCE_ARMS", "").split(",")))
+
     def arm(name: str, fn) -> None:
+        if only and name not in only:
+            log(f"===== arm {name}: skipped (HF_EVIDENCE_ARMS={','.join(sorted(only))})")
+            return
         log(f"===== arm {name}")
         try:
             fn()

@@ -4,6 +4,7 @@ log they come from (docs/evidence/hf/hf_evidence.log) and the gates of bridge_re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,8 @@ from bridge_recipes.hf.parity import (
     gated,
     log_line,
 )
-from tests.scripts import ROOT
 
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results/hf_parity.json"
 EVIDENCE = ROOT / "docs/evidence/hf"
 
@@ -44,14 +45,21 @@ def test_rel_err_gate_holds(cases):
     assert all(c["rel_err"] <= REL_ERR_MAX for c in checked), [(c["name"], c["rel_err"]) for c in checked]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured 2026-11-30 on 2 x 256 positions of random-init toys: dense and MoE (all experts) FP32 "
-    "agree on 511 of 512 top-1 tokens (0.998 < 0.999) with rel_err 1.2e-3; the run has to be repeated "
-    "with more positions before this gate can pass",
-)
-def test_top1_gate_holds(cases):
-    assert all(c["top1"] >= TOP1_MIN for c in cases if gated(c))
+def test_top1_verdict_is_what_the_gates_say(cases):
+    """The run's recorded verdict is the gates applied to its cases: the FP32 top-1 gate fails
+    (dense 0.9985, MoE with every expert routed 0.9973 over 4,096 positions) while rel_err
+    holds. Nothing claims the top-1 gate passed."""
+    summary = json.loads((EVIDENCE / "hf_evidence_summary.json").read_text())
+    assert summary["gate_failures"] == gate_failures(cases)
+    top1 = {c["name"]: c["top1"] for c in cases if gated(c)}
+    assert all(v < TOP1_MIN for v in top1.values()) == bool(summary["gate_failures"])
+
+
+def test_parity_positions_allow_the_gate_a_margin():
+    """The parity run compared enough positions for 0.999 to allow disagreements (8 x 512)."""
+    from bridge_recipes.hf.evidence import BATCH, SEQ
+
+    assert BATCH * SEQ * (1 - TOP1_MIN) >= 4
 
 
 def test_round_trip_was_bit_identical():
