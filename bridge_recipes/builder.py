@@ -27,6 +27,7 @@ def build(
     flags: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
     report: Callable[[str], None] | None = None,
+    hf_checkpoint: str | None = None,
 ) -> Any:
     """The ConfigContainer of recipe ``name``.
 
@@ -38,6 +39,9 @@ def build(
       ``save_dir``, ...; :data:`bridge_recipes.overrides.FLAG_KEYS`), read as each flag's type.
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
     - ``report``: called with each scale-down change (``field: old -> new``).
+    - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
+      the run's (before the overrides, which still win), and checked against the model after the
+      overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.runner`).
 
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
     save folder moves. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown
@@ -63,11 +67,18 @@ def build(
         from bridge_recipes import datasets
 
         datasets.select(cfg, dataset)
+    folder = None
+    if hf_checkpoint is not None:
+        from bridge_recipes.hf import runner as hf_runner
+
+        folder = hf_runner.use_checkpoint(cfg, hf_checkpoint)
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     apply_all(cfg, values, list(overrides))
     if resumes_from_save and ckpt.load == recipe_load:
         ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
+    if folder is not None:
+        hf_runner.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
     return cfg
 
 
@@ -78,6 +89,7 @@ def runner_args(
     dataset: str | None = None,
     flags: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
+    hf_checkpoint: str | None = None,
 ) -> list[str]:
     """``scripts/run_recipe.py`` arguments (after ``--recipe NAME``) that build what
     :func:`build` builds with the same keywords: scale-down, dataset, flags in their table's
@@ -89,6 +101,8 @@ def runner_args(
             args += ["--scale-experts", str(scale_experts)]
     if dataset:
         args += ["--dataset", dataset]
+    if hf_checkpoint is not None:
+        args += ["--hf-checkpoint", hf_checkpoint]
     values = flag_values(dict(flags or {}))
     for dest in FLAG_KEYS:
         if dest in values:

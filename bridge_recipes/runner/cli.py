@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the environment the training process starts with (after the re-exec) and exit",
     )
+    p.add_argument(
+        "--hf-checkpoint",
+        metavar="DIR",
+        help="start from this Hugging Face folder: checked against the model, converted once into "
+        "$QWEN35_RECIPES_CACHE/hf_import (default ~/.cache/qwen35_recipes), its tokenizer used",
+    )
+    p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
     for dest, flag in FLAG_KEYS.items():
         g.add_argument(flag_option(dest), dest=dest, type=flag.type, help=" and ".join(flag.keys))
@@ -125,14 +132,27 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         "dataset": args.dataset,
         "flags": {dest: getattr(args, dest) for dest in FLAG_KEYS},
         "overrides": args.overrides,
+        **({"hf_checkpoint": args.hf_checkpoint} if args.hf_checkpoint else {}),
     }
 
 
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     entry = registry.find(args.recipe)
+    if args.hf_checkpoint and args.pretrained_checkpoint:
+        raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
     cfg = bridge_recipes.build(
         args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] scale-down: {change}")
     )
+    if args.hf_checkpoint:
+        from bridge_recipes.hf import runner as hf_runner
+
+        args.hf_folder = hf_runner.inspect(args.hf_checkpoint)
+    if args.export_hf:
+        from bridge_recipes.hf import runner as hf_runner
+
+        if not args.hf_checkpoint:
+            raise ValueError("--export-hf needs --hf-checkpoint (its config and tokenizer template the export)")
+        hf_runner.check_export_target(cfg, args.export_hf)
     return entry, cfg
 
 
@@ -171,6 +191,9 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         print(text)
         return 0 if fits else USAGE_ERROR
 
+    from bridge_recipes.hf.runner import random_init_warning
+
+    warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
         cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
@@ -178,6 +201,15 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         problem = megatron_validation(cfg, world)
         if problem:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
+        if args.hf_checkpoint:
+            from bridge_recipes.hf.runner import cache_folder
+
+            print(
+                f"hf checkpoint: {args.hf_folder.path} fits the model; at launch it is converted into (or reused "
+                f"from) {cache_folder(args.hf_folder)}, then finetune() starts from it"
+            )
+        if warning:
+            print(warning, file=sys.stderr)
         print("checks: ok (layout checks and Megatron-Bridge validation passed)")
         return 0
 
@@ -203,5 +235,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     from bridge_recipes.runner.checkpoints import record_layout
 
     record_layout(cfg, world)
+    if args.hf_checkpoint:
+        from bridge_recipes.hf.runner import attach
+
+        attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
     launch.run(cfg, entry.meta.task)
+    if args.export_hf:
+        from bridge_recipes.hf.runner import export_after_training
+
+        return export_after_training(cfg, args.export_hf, str(args.hf_folder.path))
     return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_recipes.common import is_vlm
+from bridge_recipes.installed import apex_grad_fusion_available
 
 LOG = "[run_recipe]"
 
@@ -47,10 +48,6 @@ def skip_helper_compile_if_prebuilt() -> bool:
     init.compile_helpers = lambda: None
     _log("dataset helpers: using the compiled helpers_cpp shipped in the megatron-core wheel (no Makefile to run)")
     return True
-
-
-def apex_grad_fusion_available() -> bool:
-    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
 def disable_grad_fusion_without_apex(cfg: Any) -> bool:

@@ -1,0 +1,616 @@
+"""Hugging Face checkpoints in and out of the recipes: check, import, export, cache.
+
+- :func:`inspect_folder` reads a local Hugging Face folder (``config.json``, the safetensors
+  shards and their index, the tokenizer files) and checks that every shard the index lists is
+  there and whole (a safetensors file's header gives the byte length it must have).
+- :func:`check_against` compares its architecture with what a recipe expects: the catalog spec
+  of the recipe's model (:func:`expected_from_spec`), that spec with only the family fields
+  kept (``scaled``: a toy or scaled-down checkpoint), or the recipe's Megatron model config
+  after the user's ``model.*`` overrides (:func:`expected_from_model`, what the runner uses).
+- :func:`import_checkpoint` and :func:`export_checkpoint` run Megatron-Bridge's ``AutoBridge``
+  (its registered Qwen3.5 bridges hold the weight mapping) into a temporary folder next to the
+  output and rename it into place only once the whole conversion succeeded.
+- :func:`cache_key` / :func:`cached_import` give the runner's convert-once cache.
+
+Every bad input raises :class:`HfCheckpointError` with a message that names the problem and
+the fix; the command line turns it into exit status 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+CACHE_ENV = "QWEN35_RECIPES_CACHE"
+CACHE_KEY_VERSION = "1"  # bump when the import's output changes for the same input
+
+# model_type of a Hugging Face Qwen3.5 config -> (mixture of experts, vision-language).
+MODEL_TYPES: dict[str, tuple[bool, bool]] = {
+    "qwen3_5_text": (False, False),
+    "qwen3_5_moe_text": (True, False),
+    "qwen3_5": (False, True),
+    "qwen3_5_moe": (True, True),
+}
+FAMILY_NAMES = {
+    (False, False): "dense text (Qwen3_5ForCausalLM)",
+    (True, False): "MoE text (Qwen3_5MoeForCausalLM)",
+    (False, True): "dense VL (Qwen3_5ForConditionalGeneration)",
+    (True, True): "MoE VL (Qwen3_5MoeForConditionalGeneration)",
+}
+
+# Fields compared, in the order errors are reported. The family fields hold for a checkpoint
+# of the recipe's model at any size; the size fields are the ones a toy or scaled-down
+# checkpoint changes (layers, widths, head and expert counts, vocabulary, MTP depth).
+FAMILY_FIELDS = (
+    "architecture",
+    "full_attention_interval",
+    "head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "partial_rotary_factor",
+    "tie_word_embeddings",
+)
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "layer_types",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "vocab_size",
+    "mtp_num_hidden_layers",
+)
+
+
+class HfCheckpointError(Exception):
+    """Bad input to a conversion: the message names the field or file and the fix."""
+
+
+# --------------------------------------------------------------------------- source folder
+
+
+def resolve_source(source: str | os.PathLike) -> Path:
+    """A local folder, or a hub id already in the local Hugging Face cache (never downloaded)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise HfCheckpointError(f"{source} is a file; pass the checkpoint folder (the one holding {CONFIG_FILE})")
+    text = str(source)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(snapshot_download(text, local_files_only=True))
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            raise HfCheckpointError(
+                f"{text} is not in the local Hugging Face cache and conversions run offline; download it first "
+                f"(huggingface-cli download {text}) or pass the local folder"
+            ) from None
+    raise HfCheckpointError(f"checkpoint folder not found: {source}")
+
+
+def _read_json(file: Path, what: str) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise HfCheckpointError(f"{file} is missing: {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HfCheckpointError(f"{file} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise HfCheckpointError(f"{file} must hold a JSON object")
+    return data
+
+
+def safetensors_header(file: Path) -> tuple[dict, int]:
+    """(header, expected file size in bytes) of a safetensors file; the size from the header's offsets."""
+    with open(file, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise HfCheckpointError(f"shard {file.name} is truncated ({file.stat().st_size} bytes, no header)")
+        (n,) = struct.unpack("<Q", raw)
+        body = f.read(n)
+    if len(body) < n:
+        raise HfCheckpointError(f"shard {file.name} is truncated inside its header")
+    try:
+        header = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise HfCheckpointError(f"shard {file.name} has an unreadable header (not a safetensors file?)") from None
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    return header, 8 + n + end
+
+
+@dataclass
+class HfFolder:
+    """A checked Hugging Face checkpoint folder."""
+
+    path: Path
+    config: dict
+    shards: list[Path]
+    index: dict | None = None
+    text_config: dict = field(default_factory=dict)
+
+    @property
+    def model_type(self) -> str:
+        return self.config["model_type"]
+
+    @property
+    def is_moe(self) -> bool:
+        return MODEL_TYPES[self.model_type][0]
+
+    @property
+    def is_vl(self) -> bool:
+        return MODEL_TYPES[self.model_type][1]
+
+
+def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolder:
+    """Read and check ``source``: config, known model type, every shard whole, tokenizer files."""
+    path = resolve_source(source)
+    config = _read_json(path / CONFIG_FILE, "a Hugging Face checkpoint folder holds config.json")
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise HfCheckpointError(
+            f"{path / CONFIG_FILE}: model_type {model_type!r} is not a Qwen3.5/3.6 model; "
+            f"these recipes convert {', '.join(MODEL_TYPES)}"
+        )
+    index = None
+    if (path / INDEX_FILE).exists():
+        index = _read_json(path / INDEX_FILE, "the shard index")
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise HfCheckpointError(f"{path / INDEX_FILE} has no weight_map")
+        names = sorted(set(weight_map.values()))
+    elif (path / SINGLE_FILE).exists():
+        weight_map, names = None, [SINGLE_FILE]
+    else:
+        raise HfCheckpointError(f"{path} holds no weights: neither {INDEX_FILE} nor {SINGLE_FILE}")
+    shards = [path / n for n in names]
+    bar = _progress(shards, "checking shards", progress)
+    for shard in bar:
+        if not shard.is_file():
+            raise HfCheckpointError(f"shard {shard.name} listed in {INDEX_FILE} is missing from {path}")
+        header, size = safetensors_header(shard)
+        actual = shard.stat().st_size
+        if actual != size:
+            raise HfCheckpointError(
+                f"shard {shard.name} is truncated or damaged: {actual} bytes, its header needs {size}; "
+                "download it again"
+            )
+        if weight_map is not None:
+            missing = [k for k, v in weight_map.items() if v == shard.name and k not in header]
+            if missing:
+                raise HfCheckpointError(
+                    f"shard {shard.name} lacks {len(missing)} tensor(s) the index puts there (e.g. {missing[0]})"
+                )
+    absent = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
+    if absent:
+        raise HfCheckpointError(
+            f"{path} lacks tokenizer file(s) {', '.join(absent)}: the checkpoint's own tokenizer is used for "
+            "training and copied into exports; save it beside the weights (tokenizer.save_pretrained)"
+        )
+    text = (config.get("text_config") or config) if MODEL_TYPES[model_type][1] else config
+    return HfFolder(path=path, config=config, shards=shards, index=index, text_config=text)
+
+
+def _progress(items: list, desc: str, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="shard")
+
+
+# --------------------------------------------------------------------------- architecture check
+
+
+def _attention_every(layer_types: list[str]) -> int | None:
+    """The interval k when full attention sits exactly at every k-th layer, else None."""
+    full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+    if not full:
+        return None
+    k = full[0] + 1
+    return (
+        k
+        if all(t == ("full_attention" if (i + 1) % k == 0 else "linear_attention") for i, t in enumerate(layer_types))
+        else None
+    )
+
+
+def found_fields(folder: HfFolder) -> dict[str, Any]:
+    """The compared fields as the checkpoint's config gives them (text part for VL configs)."""
+    t = folder.text_config
+    layer_types = t.get("layer_types")
+    if not layer_types and t.get("full_attention_interval") and t.get("num_hidden_layers"):
+        k = t["full_attention_interval"]
+        layer_types = [
+            "full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(t["num_hidden_layers"])
+        ]
+    rope = t.get("rope_parameters") or {}
+    out = {
+        "architecture": FAMILY_NAMES[(folder.is_moe, folder.is_vl)],
+        "full_attention_interval": _attention_every(layer_types or []),
+        "layer_types": list(layer_types or []),
+        "partial_rotary_factor": rope.get("partial_rotary_factor", t.get("partial_rotary_factor")),
+        "tie_word_embeddings": bool(folder.config.get("tie_word_embeddings", t.get("tie_word_embeddings", False))),
+        "mtp_num_hidden_layers": t.get("mtp_num_hidden_layers") or 0,
+    }
+    for name in FAMILY_FIELDS + SIZE_FIELDS:
+        if name not in out:
+            out[name] = t.get(name)
+    if not folder.is_moe:
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            out[name] = None
+    else:
+        out["intermediate_size"] = None
+    return out
+
+
+def _layer_types(pattern: list[int]) -> list[str]:
+    return ["linear_attention" if p else "full_attention" for p in pattern]
+
+
+def expected_from_spec(spec: Qwen35Spec) -> dict[str, Any]:
+    """The fields a checkpoint of the catalog model ``spec`` has."""
+    return {
+        "architecture": FAMILY_NAMES[(spec.is_moe, spec.is_vl)],
+        "full_attention_interval": spec.full_attention_interval,
+        "head_dim": spec.head_dim,
+        "linear_key_head_dim": spec.linear_key_head_dim,
+        "linear_value_head_dim": spec.linear_value_head_dim,
+        "linear_conv_kernel_dim": spec.linear_conv_kernel_dim,
+        "partial_rotary_factor": spec.partial_rotary_factor,
+        "tie_word_embeddings": False,
+        "hidden_size": spec.hidden_size,
+        "num_hidden_layers": spec.num_layers,
+        "layer_types": _layer_types(spec.layer_pattern),
+        "num_attention_heads": spec.num_attention_heads,
+        "num_key_value_heads": spec.num_query_groups,
+        "linear_num_key_heads": spec.linear_num_key_heads,
+        "linear_num_value_heads": spec.linear_num_value_heads,
+        "intermediate_size": spec.ffn_hidden_size,
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": spec.moe_router_topk,
+        "moe_intermediate_size": spec.moe_ffn_hidden_size,
+        "shared_expert_intermediate_size": spec.moe_shared_expert_ffn_hidden_size,
+        "vocab_size": spec.vocab_size,
+        "mtp_num_hidden_layers": spec.mtp_num_layers,
+    }
+
+
+def expected_from_model(model: Any, vl: bool) -> dict[str, Any]:
+    """The fields a checkpoint must have to load into the Megatron model config ``model``
+    (a recipe's ``cfg.model`` after overrides); ``vl``: the recipe is a VL recipe."""
+    moe = bool(getattr(model, "num_moe_experts", None))
+    freq = getattr(model, "linear_attention_freq", None)
+    n = model.num_layers
+    pattern = freq if isinstance(freq, list) else [0 if (i + 1) % (freq or 1) == 0 else 1 for i in range(n)]
+    layer_types = _layer_types(pattern)
+    return {
+        "architecture": FAMILY_NAMES[(moe, vl)],
+        "full_attention_interval": _attention_every(layer_types),
+        "head_dim": model.kv_channels,
+        "linear_key_head_dim": model.linear_key_head_dim,
+        "linear_value_head_dim": model.linear_value_head_dim,
+        "linear_conv_kernel_dim": model.linear_conv_kernel_dim,
+        "partial_rotary_factor": model.rotary_percent,
+        "tie_word_embeddings": bool(model.share_embeddings_and_output_weights),
+        "hidden_size": model.hidden_size,
+        "num_hidden_layers": n,
+        "layer_types": layer_types,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.num_query_groups,
+        "linear_num_key_heads": model.linear_num_key_heads,
+        "linear_num_value_heads": model.linear_num_value_heads,
+        "intermediate_size": None if moe else model.ffn_hidden_size,
+        "num_experts": model.num_moe_experts if moe else None,
+        "num_experts_per_tok": model.moe_router_topk if moe else None,
+        "moe_intermediate_size": model.moe_ffn_hidden_size if moe else None,
+        "shared_expert_intermediate_size": model.moe_shared_expert_intermediate_size if moe else None,
+        "vocab_size": model.vocab_size,
+        "mtp_num_hidden_layers": model.mtp_num_layers or 0,
+    }
+
+
+# Megatron config field a ``model.*`` override sets to fix each compared field.
+MODEL_FIELD_OF = {
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_attention_heads",
+    "num_key_value_heads": "num_query_groups",
+    "head_dim": "kv_channels",
+    "linear_num_key_heads": "linear_num_key_heads",
+    "linear_num_value_heads": "linear_num_value_heads",
+    "intermediate_size": "ffn_hidden_size",
+    "num_experts": "num_moe_experts",
+    "num_experts_per_tok": "moe_router_topk",
+    "moe_intermediate_size": "moe_ffn_hidden_size",
+    "shared_expert_intermediate_size": "moe_shared_expert_intermediate_size",
+    "vocab_size": "vocab_size",
+    "mtp_num_hidden_layers": "mtp_num_layers",
+}
+
+
+def _show(name: str, value: Any) -> str:
+    if name == "layer_types" and isinstance(value, list):
+        full = [i for i, t in enumerate(value) if t == "full_attention"]
+        return f"{len(value)} layers, full attention at {full}"
+    return repr(value)
+
+
+def check_against(found: dict[str, Any], expected: dict[str, Any], *, scaled: bool = False) -> list[str]:
+    """One line per differing field: ``FIELD: checkpoint has X, the recipe's model has Y``.
+    ``scaled``: compare the family fields only (a toy or scaled-down checkpoint)."""
+    names = FAMILY_FIELDS if scaled else FAMILY_FIELDS + SIZE_FIELDS
+    out = []
+    for name in names:
+        a, b = found.get(name), expected.get(name)
+        if isinstance(a, float) or isinstance(b, float):
+            same = a is not None and b is not None and abs(float(a) - float(b)) < 1e-9
+        else:
+            same = a == b
+        if not same:
+            out.append(f"{name}: checkpoint has {_show(name, a)}, the recipe's model has {_show(name, b)}")
+    return out
+
+
+def spec_for_recipe(recipe: str) -> Qwen35Spec:
+    """The catalog model a recipe (or a catalog name) is for: the longest catalog name it starts with."""
+    hits = [name for name in SPECS if recipe == name or recipe.startswith(name + "_")]
+    if not hits:
+        raise HfCheckpointError(
+            f"cannot tell the model of recipe {recipe!r}: its name starts with no catalog model "
+            f"({', '.join(sorted(SPECS))}); run_recipe.py --list shows the recipes"
+        )
+    return SPECS[max(hits, key=len)]
+
+
+def check_folder_for_recipe(folder: HfFolder, recipe: str, *, scaled: bool = False) -> list[str]:
+    """Mismatches between ``folder`` and the catalog model of ``recipe`` (empty: it fits)."""
+    return check_against(found_fields(folder), expected_from_spec(spec_for_recipe(recipe)), scaled=scaled)
+
+
+def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointError:
+    lines = "\n  ".join(problems)
+    return HfCheckpointError(f"{folder} does not match the recipe's model:\n  {lines}\n{fix}")
+
+
+# --------------------------------------------------------------------------- atomic output
+
+
+@contextlib.contextmanager
+def staged_output(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary folder next to ``out``, renamed to ``out`` when the block succeeds.
+
+    An existing non-empty ``out`` is refused unless ``overwrite``; then it is kept until the
+    new folder is complete, and swapped out by two renames. On any failure the temporary
+    folder (and parent folders made for it) are removed: nothing is left behind."""
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise HfCheckpointError(f"--out {out} is a file; pass a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise HfCheckpointError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
+    made, parent = [], out.parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise HfCheckpointError(f"cannot write under {parent} (read-only or no permission); choose another --out")
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise HfCheckpointError(f"cannot create {tmp}: {e.strerror}; choose another --out") from None
+    try:
+        yield tmp
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # innermost first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+def _need_gpu(what: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise HfCheckpointError(
+            f"the checks passed, but {what} needs a CUDA GPU (Megatron-Bridge builds the model with "
+            "Transformer Engine); run it on a GPU machine"
+        )
+
+
+def _quiet_megatron_import() -> None:
+    """Megatron-Bridge first: imported after cuDNN has been used in the process, its Transformer Engine
+    attention fails to initialize."""
+    import megatron.bridge  # noqa: F401
+
+
+def _conversion_context():
+    """A one-process distributed context when none is running (a conversion builds a Megatron model)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return contextlib.nullcontext()
+    from megatron.bridge.training.model_load_save import temporary_distributed_context
+
+    return temporary_distributed_context(backend="gloo")
+
+
+def _no_apex_fusion(provider: Any) -> None:
+    """gradient_accumulation_fusion needs APEX's fused kernel, also when the model is built only to
+    convert: off when APEX is absent."""
+    from bridge_recipes.installed import apex_grad_fusion_available
+
+    if not apex_grad_fusion_available():
+        provider.gradient_accumulation_fusion = False
+
+
+def convert_hf_to_megatron(src: Path, out: Path) -> None:
+    """Megatron-Bridge's import (``AutoBridge.import_ckpt``'s steps, with APEX-free model building):
+    the HF weights through the registered Qwen3.5 bridge into a torch_dist checkpoint at ``out``."""
+    _need_gpu("the import")
+    _quiet_megatron_import()
+    from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(str(src))
+    with _conversion_context():
+        provider = bridge.to_megatron_provider(load_weights=True)
+        _no_apex_fusion(provider)
+        provider.finalize()
+        model = provider.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
+        bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(src), low_memory_save=True)
+
+
+def convert_megatron_to_hf(megatron: Path, template: Path, out: Path) -> None:
+    """Megatron-Bridge's export (``AutoBridge.export_ckpt``'s steps): the newest ``iter_*`` of
+    ``megatron`` into safetensors at ``out``, with config and tokenizer copied from ``template``."""
+    _need_gpu("the export")
+    _quiet_megatron_import()
+    from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(str(template))
+    with _conversion_context():
+        model = bridge.load_megatron_model(
+            str(megatron), mp_overrides={"gradient_accumulation_fusion": False}, wrap_with_ddp=False
+        )
+        bridge.save_hf_pretrained(model, str(out), source_path=str(template), show_progress=True)
+
+
+def is_megatron_checkpoint(folder: Path) -> bool:
+    return (folder / "latest_checkpointed_iteration.txt").is_file() or any(folder.glob("iter_*"))
+
+
+def import_checkpoint(
+    source: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    recipe: str | None = None,
+    expected: dict[str, Any] | None = None,
+    scaled: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    convert: Callable[[Path, Path], None] = convert_hf_to_megatron,
+) -> Path:
+    """Check ``source`` against ``recipe`` (or ``expected`` fields) and convert it into ``out``."""
+    folder = inspect_folder(source, progress=progress)
+    if recipe is not None or expected is not None:
+        exp = expected if expected is not None else expected_from_spec(spec_for_recipe(recipe))
+        problems = check_against(found_fields(folder), exp, scaled=scaled)
+        if problems:
+            raise mismatch_error(folder.path, problems, _fix_hint(scaled))
+    with staged_output(out, overwrite) as tmp:
+        convert(folder.path, tmp)
+        if not is_megatron_checkpoint(tmp):
+            raise HfCheckpointError(f"the conversion wrote no Megatron checkpoint into {tmp}")
+    return Path(out)
+
+
+def _fix_hint(scaled: bool) -> str:
+    if scaled:
+        return "The family fields must match even for a scaled-down checkpoint; pick the recipe of this model."
+    return (
+        "Pick the recipe of this checkpoint's model, or pass --scaled for a toy or scaled-down checkpoint "
+        "(only the family fields are compared)."
+    )
+
+
+def export_checkpoint(
+    megatron: str | os.PathLike,
+    template: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    recipe: str | None = None,
+    scaled: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+    convert: Callable[[Path, Path, Path], None] = convert_megatron_to_hf,
+) -> Path:
+    """Export the Megatron checkpoint ``megatron`` to a HF folder shaped like ``template``."""
+    megatron = Path(megatron).expanduser()
+    if not megatron.is_dir() or not is_megatron_checkpoint(megatron):
+        raise HfCheckpointError(
+            f"--megatron {megatron} is not a Megatron checkpoint folder (no latest_checkpointed_iteration.txt "
+            "or iter_* inside); pass the run's checkpoint.save folder or an imported checkpoint"
+        )
+    folder = inspect_folder(template, progress=progress)
+    if recipe is not None:
+        problems = check_folder_for_recipe(folder, recipe, scaled=scaled)
+        if problems:
+            raise mismatch_error(folder.path, problems, _fix_hint(scaled))
+    with staged_output(out, overwrite) as tmp:
+        convert(megatron, folder.path, tmp)
+        if not list(tmp.glob("*.safetensors")):
+            raise HfCheckpointError(f"the export wrote no safetensors into {tmp}")
+    return Path(out)
+
+
+# --------------------------------------------------------------------------- runner cache
+
+
+def cache_root() -> Path:
+    """$QWEN35_RECIPES_CACHE/hf_import, else ~/.cache/qwen35_recipes/hf_import."""
+    base = os.environ.get(CACHE_ENV)
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "qwen35_recipes") / "hf_import"
+
+
+def cache_key(folder: HfFolder) -> str:
+    """sha256 over config.json, the shard index, each shard's name, size and mtime, and the tokenizer
+    files: a changed or replaced file gives a new key (a conversion is never reused for other weights)."""
+    from importlib.metadata import version
+
+    h = hashlib.sha256()
+    h.update(f"key-v{CACHE_KEY_VERSION} megatron-bridge {version('megatron-bridge')}\n".encode())
+    for name in (CONFIG_FILE, INDEX_FILE, *TOKENIZER_FILES):
+        file = folder.path / name
+        h.update(f"{name}\n".encode())
+        h.update(file.read_bytes() if file.is_file() else b"<absent>")
+    for shard in folder.shards:
+        st = shard.stat()
+        h.update(f"{shard.name} {st.st_size} {st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def cached_import(
+    folder: HfFolder, *, progress: bool = True, convert: Callable[[Path, Path], None] = convert_hf_to_megatron
+) -> tuple[Path, bool]:
+    """The cache folder holding ``folder``'s Megatron conversion, converting first when absent;
+    (path, True when this call converted)."""
+    target = cache_root() / cache_key(folder)
+    if target.is_dir() and is_megatron_checkpoint(target):
+        return target, False
+    import_checkpoint(folder.path, target, overwrite=True, progress=progress, convert=convert)
+    return target, True

@@ -1,0 +1,101 @@
+"""Command line of scripts/convert_checkpoint.py.
+
+    convert_checkpoint.py import --hf DIR --recipe NAME --out DIR [--scaled] [--overwrite]
+    convert_checkpoint.py export --megatron DIR --hf-template DIR --recipe NAME --out DIR [--scaled] [--overwrite]
+    convert_checkpoint.py toy --family moe|dense [--vl] --out DIR
+
+Runs offline (HF_HUB_OFFLINE=1; a hub id is used only when it is already in the local Hugging
+Face cache). Exit status 0 on success, 2 on bad input (the message names the field or file and
+the fix); nothing is written to --out unless the whole conversion succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+USAGE_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="convert_checkpoint.py",
+        description="Convert Qwen3.5/3.6 checkpoints between Hugging Face folders and Megatron distributed "
+        "checkpoints (Megatron-Bridge's AutoBridge), checked against a recipe's model first.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    scaled_help = (
+        "toy or scaled-down checkpoint: compare only the family fields (model class, full-attention interval, "
+        "head and GDN head dimensions, convolution width, rotary fraction, tied embeddings), not the sizes"
+    )
+    imp = sub.add_parser(
+        "import", help="Hugging Face folder -> Megatron checkpoint (checkpoint.pretrained_checkpoint)"
+    )
+    imp.add_argument("--hf", required=True, metavar="DIR", help="local HF folder, or a hub id in the local HF cache")
+    imp.add_argument("--recipe", required=True, help="recipe name (or catalog model, e.g. qwen35_35b_a3b)")
+    imp.add_argument("--out", required=True, metavar="DIR", help="new Megatron checkpoint folder")
+    imp.add_argument("--scaled", action="store_true", help=scaled_help)
+    imp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")
+    imp.add_argument("--no-progress", action="store_true")
+    exp = sub.add_parser("export", help="Megatron checkpoint -> Hugging Face folder")
+    exp.add_argument("--megatron", required=True, metavar="DIR", help="a run's checkpoint.save folder (newest iter_*)")
+    exp.add_argument(
+        "--hf-template", required=True, metavar="DIR", help="the HF folder trained from (config and tokenizer)"
+    )
+    exp.add_argument("--recipe", required=True, help="recipe name (or catalog model)")
+    exp.add_argument("--out", required=True, metavar="DIR", help="new Hugging Face folder")
+    exp.add_argument("--scaled", action="store_true", help=scaled_help)
+    exp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")
+    exp.add_argument("--no-progress", action="store_true")
+    toy = sub.add_parser("toy", help="save a small random-init HF checkpoint (transformers' classes) for tests")
+    toy.add_argument("--family", choices=("moe", "dense"), default="moe")
+    toy.add_argument("--vl", action="store_true", help="the vision-language form")
+    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--tokenizer-json", help="tokenizer.json to ship (default: a small byte BPE trained here)")
+    toy.add_argument("--out", required=True, metavar="DIR")
+    toy.add_argument("--overwrite", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    from bridge_recipes.hf import checkpoint as ck
+
+    try:
+        if args.command == "import":
+            out = ck.import_checkpoint(
+                args.hf,
+                args.out,
+                recipe=args.recipe,
+                scaled=args.scaled,
+                overwrite=args.overwrite,
+                progress=not args.no_progress,
+            )
+            print(f"imported {args.hf} -> {out} (use as checkpoint.pretrained_checkpoint={out})")
+        elif args.command == "export":
+            out = ck.export_checkpoint(
+                args.megatron,
+                args.hf_template,
+                args.out,
+                recipe=args.recipe,
+                scaled=args.scaled,
+                overwrite=args.overwrite,
+                progress=not args.no_progress,
+            )
+            print(f"exported {args.megatron} -> {out} (transformers' from_pretrained loads it)")
+        else:
+            from bridge_recipes.hf.toy import make_toy
+
+            with ck.staged_output(args.out, args.overwrite) as tmp:
+                spec = make_toy(tmp, args.family, vl=args.vl, seed=args.seed, tokenizer_json=args.tokenizer_json)
+            print(f"saved toy {spec.name} -> {args.out}")
+    except ck.HfCheckpointError as e:
+        print(f"convert_checkpoint.py: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except Exception as e:  # a failure inside Megatron-Bridge: one line, the partial output already removed
+        print(f"convert_checkpoint.py: conversion failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,179 @@
+"""The runner's side of Hugging Face checkpoints (``run_recipe.py --hf-checkpoint / --export-hf``).
+
+- :func:`use_checkpoint` (before the KEY=VALUE overrides): checks the folder and makes its
+  tokenizer the run's (Megatron-Bridge ``HuggingFaceTokenizer`` with ``tokenizer_model=DIR``,
+  so vocabulary, EOS and pad come from it) and the HF template of Megatron-Bridge's own
+  ``also_save_hf_checkpoint`` (``checkpoint.hf_source_path``).
+- :func:`check_model` (after the overrides): the folder's architecture must be the recipe's
+  model as configured (``model.*`` overrides included), or its weights cannot load.
+- :func:`attach` (at launch): converts once into the cache (:func:`checkpoint.cached_import`;
+  rank 0 converts in a child process, the other ranks wait for the folder to appear) and sets
+  ``checkpoint.pretrained_checkpoint``, so an SFT/PEFT recipe runs through ``finetune()``.
+- :func:`export_after_training` (rank 0, after training): the newest checkpoint of
+  ``checkpoint.save`` to a HF folder, in a child process.
+
+Conversions run in child processes because the training process's environment belongs to
+torchrun (its rendezvous address and ranks), while a conversion runs as one process of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.hf import checkpoint as ck
+
+LOG = "[run_recipe]"
+WAIT_S = 3600  # longest wait of the other ranks for rank 0's conversion (a 397B import takes long)
+FAILED_SUFFIX = ".failed"
+_TORCHRUN_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+)
+
+
+def _log(msg: str) -> None:
+    print(f"{LOG} {msg}", flush=True)
+
+
+def inspect(hf_dir: str) -> ck.HfFolder:
+    """The checked Hugging Face folder ``hf_dir``. Raises ValueError (exit 2) on bad input."""
+    try:
+        return ck.inspect_folder(hf_dir)
+    except ck.HfCheckpointError as e:
+        raise ValueError(f"--hf-checkpoint: {e}") from None
+
+
+def use_checkpoint(cfg: Any, hf_dir: str) -> ck.HfFolder:
+    """Check ``hf_dir`` and make its tokenizer the run's. Raises ValueError (exit 2) on bad input."""
+    from megatron.bridge.training.tokenizers.config import TokenizerConfig
+
+    folder = inspect(hf_dir)
+    cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(folder.path))
+    cfg.checkpoint.hf_source_path = str(folder.path)
+    return folder
+
+
+def check_model(cfg: Any, folder: ck.HfFolder) -> None:
+    """The folder's architecture against ``cfg.model``; ValueError naming each differing field."""
+    from bridge_recipes.common import is_vlm
+
+    problems = ck.check_against(ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg)))
+    if problems:
+        found = ck.found_fields(folder)
+        fixes = [
+            f"model.{ck.MODEL_FIELD_OF[p.split(':')[0]]}={found[p.split(':')[0]]}"
+            for p in problems
+            if p.split(":")[0] in ck.MODEL_FIELD_OF
+        ]
+        hint = f"; for a scaled-down checkpoint pass {' '.join(fixes)}" if fixes else ""
+        raise ValueError(
+            f"--hf-checkpoint {folder.path} does not match the recipe's model: " + "; ".join(problems) + hint
+        )
+
+
+def cache_folder(folder: ck.HfFolder) -> Path:
+    return ck.cache_root() / ck.cache_key(folder)
+
+
+def random_init_warning(cfg: Any, task: str, hf_checkpoint: str | None) -> str | None:
+    """The warning for an SFT/PEFT run with no weights to start from."""
+    if task not in ("sft", "peft") or hf_checkpoint or cfg.checkpoint.pretrained_checkpoint:
+        return None
+    return (
+        f"WARNING: this {task} recipe has no pretrained weights: it would train from random initialization. "
+        "Pass --hf-checkpoint DIR (a Hugging Face folder, converted once and cached) or "
+        "checkpoint.pretrained_checkpoint=DIR (a Megatron checkpoint from scripts/convert_checkpoint.py import)."
+    )
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a conversion child: torchrun's variables removed. Kept, the child's
+    one-process group would join torchrun's rendezvous; TORCHELASTIC_USE_AGENT_STORE=True alone
+    makes it wait, as a client, for a store that nobody hosts."""
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def attach(cfg: Any, folder: ck.HfFolder) -> Path:
+    """Convert (once) and point ``checkpoint.pretrained_checkpoint`` at the conversion."""
+    target = cache_folder(folder)
+    failed = target.with_name(target.name + FAILED_SUFFIX)
+    if not (target.is_dir() and ck.is_megatron_checkpoint(target)):
+        if _rank() == 0:
+            failed.unlink(missing_ok=True)
+            _log(f"hf checkpoint: converting {folder.path} -> {target} (once; reused while the folder is unchanged)")
+            cmd = [sys.executable, "-m", "bridge_recipes.hf.runner", "import", str(folder.path), str(target)]
+            rc = subprocess.run(cmd, env=_child_env()).returncode
+            if rc != 0:
+                failed.parent.mkdir(parents=True, exist_ok=True)
+                failed.write_text(f"exit status {rc}\n")
+                raise SystemExit(f"{LOG} hf checkpoint: the conversion of {folder.path} failed (exit status {rc})")
+        else:
+            deadline = time.monotonic() + WAIT_S
+            while not (target.is_dir() and ck.is_megatron_checkpoint(target)):
+                if failed.exists() or time.monotonic() > deadline:
+                    raise SystemExit(f"{LOG} hf checkpoint: rank 0's conversion into {target} failed or timed out")
+                time.sleep(2)
+    else:
+        _log(f"hf checkpoint: reusing the conversion in {target}")
+    cfg.checkpoint.pretrained_checkpoint = str(target)
+    return target
+
+
+def check_export_target(cfg: Any, out: str) -> None:
+    """--export-hf needs a save folder (the export reads the final checkpoint) and a free --export-hf."""
+    if not cfg.checkpoint.save:
+        raise ValueError("--export-hf needs checkpoint.save (the export reads the run's final checkpoint)")
+    path = Path(out).expanduser()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"--export-hf {path} exists and is not empty; choose a new folder")
+
+
+def export_after_training(cfg: Any, out: str, template: str) -> int:
+    """Rank 0: the final checkpoint of ``checkpoint.save`` to a HF folder at ``out``; exit status."""
+    if _rank() != 0:
+        return 0
+    _log(f"export: {cfg.checkpoint.save} -> {out} (config and tokenizer from {template})")
+    cmd = [sys.executable, "-m", "bridge_recipes.hf.runner", "export", cfg.checkpoint.save, template, out]
+    return subprocess.run(cmd, env=_child_env()).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bridge_recipes.hf.runner import HF OUT | export MEGATRON TEMPLATE OUT`` (the runner's
+    child processes; the checks ran before)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["import"] and len(argv) == 3:
+            ck.import_checkpoint(argv[1], argv[2], overwrite=True)
+        elif argv[:1] == ["export"] and len(argv) == 4:
+            ck.export_checkpoint(argv[1], argv[2], argv[3])
+        else:
+            print("usage: python -m bridge_recipes.hf.runner import HF OUT | export MEGATRON TEMPLATE OUT")
+            return 2
+    except ck.HfCheckpointError as e:
+        print(f"{LOG} error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Small random-weight Hugging Face checkpoints of the Qwen3.5 family, made offline with
+transformers' own classes, for conversion tests and parity runs.
+
+A toy is a catalog spec scaled down (:func:`toy_spec`): the family fields stay those of the
+recipe's model (full-attention interval, head dimensions, GDN head dimensions, convolution
+width, rotary fraction), the size fields shrink. It is saved with ``save_pretrained`` (sharded,
+with the index) next to a small byte-level BPE tokenizer, so that Megatron-Bridge's
+``save_hf_pretrained`` finds tokenizer files in the source folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.models.qwen35 import QWEN35_27B, QWEN35_35B_A3B, Qwen35Spec, VisionSpec, get_spec, vl_variant
+
+# Sizes of the GPU parity toys: 4 layers (3 Gated DeltaNet + 1 gated attention, the real
+# pattern), hidden 512, 16 experts, a vocabulary of 8,192 (above the toy tokenizer's 1,024:
+# Megatron pads nothing and the extra rows are never looked up). No MTP layer: transformers'
+# causal-LM classes neither build nor save one.
+TOY_SIZES: dict[str, Any] = dict(
+    num_layers=4,
+    hidden_size=512,
+    num_attention_heads=8,
+    num_query_groups=2,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    vocab_size=8192,
+    mtp_num_layers=0,
+    max_position_embeddings=4096,
+)
+TOY_MOE_SIZES: dict[str, Any] = dict(
+    num_experts=16,
+    moe_router_topk=4,
+    moe_ffn_hidden_size=256,
+    moe_shared_expert_ffn_hidden_size=256,
+)
+TOY_DENSE_SIZES: dict[str, Any] = dict(ffn_hidden_size=1024)
+TOY_VISION = VisionSpec(depth=2, hidden_size=128, intermediate_size=256, num_heads=2, num_position_embeddings=256)
+
+FAMILIES = {"dense": QWEN35_27B, "moe": QWEN35_35B_A3B}
+TOKENIZER_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TOKENIZER_TEXT = (
+    "Qwen3.5 toy checkpoints carry a small byte-level tokenizer so that conversions find tokenizer files. "
+    "The quick brown fox jumps over the lazy dog. 0123456789 <think> </think> user assistant system\n"
+)
+
+
+def toy_spec(family: str = "moe", vl: bool = False, **sizes: Any) -> Qwen35Spec:
+    """The catalog spec of ``family`` (dense: 27B, moe: 35B-A3B) scaled to the toy sizes;
+    ``sizes`` override single fields (e.g. ``hidden_size=64`` for CPU tests)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown toy family {family!r}; choose one of {', '.join(FAMILIES)}")
+    base = FAMILIES[family]
+    fields = {**TOY_SIZES, **(TOY_MOE_SIZES if base.is_moe else TOY_DENSE_SIZES), **sizes}
+    spec = replace(base, name=f"toy_{base.name}", **fields)
+    return replace(vl_variant(spec), vision=sizes.get("vision", TOY_VISION)) if vl else spec
+
+
+def recipe_spec_of(toy: Qwen35Spec) -> Qwen35Spec:
+    """The catalog spec a toy was scaled from."""
+    return get_spec(toy.name.removeprefix("toy_"))
+
+
+def save_tokenizer(out: str | Path, tokenizer_json: str | Path | None = None) -> None:
+    """tokenizer.json + tokenizer_config.json in ``out``: a copy of ``tokenizer_json`` or a byte BPE
+    of 1,024 tokens trained here (deterministic) on a fixed text."""
+    from transformers import PreTrainedTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer_json is None:
+        from bridge_recipes.data.byte_bpe import train_byte_bpe
+
+        train_byte_bpe([TOKENIZER_TEXT] * 4, TOKENIZER_SPECIALS, 1024).save(str(out / "tokenizer.json"))
+    else:
+        shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(out / "tokenizer.json"), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    tok.save_pretrained(str(out))
+
+
+def make_toy(
+    out: str | Path,
+    family: str = "moe",
+    *,
+    vl: bool = False,
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    max_shard_size: str = "20MB",
+    tokenizer_json: str | Path | None = None,
+    **sizes: Any,
+) -> Qwen35Spec:
+    """Save a random-init toy checkpoint of ``family`` to ``out``; returns its spec."""
+    import torch
+
+    from bridge_recipes.models.qwen35 import hf_config
+
+    spec = toy_spec(family, vl, **sizes)
+    config = hf_config(spec)
+    config.dtype = dtype
+    # BOS/EOS of the toy tokenizer (<|endoftext|> is id 0), not the released vocabulary's ids.
+    for c in (config, getattr(config, "text_config", None)):
+        if c is not None:
+            c.bos_token_id, c.eos_token_id, c.pad_token_id = None, 0, 0
+    if vl:
+        from transformers import Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration
+
+        cls = Qwen3_5MoeForConditionalGeneration if spec.is_moe else Qwen3_5ForConditionalGeneration
+    else:
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
+
+        cls = Qwen3_5MoeForCausalLM if spec.is_moe else Qwen3_5ForCausalLM
+    torch.manual_seed(seed)
+    model = cls(config).to(getattr(torch, dtype))
+    out = Path(out)
+    model.save_pretrained(str(out), max_shard_size=max_shard_size)
+    save_tokenizer(out, tokenizer_json)
+    meta = {"toy_of": recipe_spec_of(spec).name, "family": family, "vl": vl, "seed": seed}
+    (out / "toy.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return spec
+
+
+def model_overrides(spec: Qwen35Spec) -> list[str]:
+    """``model.*`` overrides that make a recipe of ``spec``'s catalog model (after ``--scale-down
+    LAYERS --scale-experts N``) build the toy's architecture, so its weights load."""
+    out = [
+        f"model.hidden_size={spec.hidden_size}",
+        f"model.num_attention_heads={spec.num_attention_heads}",
+        f"model.num_query_groups={spec.num_query_groups}",
+        f"model.kv_channels={spec.head_dim}",
+        f"model.linear_num_key_heads={spec.linear_num_key_heads}",
+        f"model.linear_num_value_heads={spec.linear_num_value_heads}",
+        f"model.vocab_size={spec.vocab_size}",
+        f"model.mtp_num_layers={spec.mtp_num_layers or 'null'}",
+    ]
+    if spec.is_moe:
+        out += [
+            f"model.moe_router_topk={spec.moe_router_topk}",
+            f"model.moe_ffn_hidden_size={spec.moe_ffn_hidden_size}",
+            f"model.moe_shared_expert_intermediate_size={spec.moe_shared_expert_ffn_hidden_size}",
+        ]
+    else:
+        out.append(f"model.ffn_hidden_size={spec.ffn_hidden_size}")
+    return out

@@ -1,0 +1,11 @@
+"""What the installed stack provides, probed without importing it (a registry install differs
+from an NGC container: APEX, for one, is usually absent)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def apex_grad_fusion_available() -> bool:
+    """APEX's fused weight-gradient kernel, which Megatron's gradient-accumulation fusion needs."""
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None

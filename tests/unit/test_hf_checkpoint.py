@@ -1,0 +1,380 @@
+"""Hugging Face checkpoints on CPU: the config check against the catalog, the converter's command
+line and its errors, the atomic output folder, the import cache, and the runner's flags at
+dry-run. Toy folders are saved by transformers' own classes (random init, tiny sizes that keep
+the family fields of the recipe's model). The conversions themselves need a GPU
+(tests/gpu/test_hf_checkpoint.py); here a stand-in converter exercises the folder handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.hf import checkpoint as ck
+from bridge_recipes.hf.cli import main as convert_main
+from bridge_recipes.hf.toy import make_toy, toy_spec
+from bridge_recipes.models.qwen35 import QWEN35_35B_A3B, hf_text_config
+
+MOE_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+DENSE_RECIPE = "qwen35_27b_sft_8gpu_h200_bf16_config"
+# CPU-sized toys: the family fields (head dims, GDN dims, interval) stay the catalog's.
+TINY = dict(
+    hidden_size=64,
+    num_attention_heads=2,
+    num_query_groups=1,
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    vocab_size=1024,
+    max_shard_size="300KB",
+)
+TINY_MOE = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_ffn_hidden_size=32)
+
+
+@pytest.fixture(scope="module")
+def toys(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toys")
+    make_toy(root / "moe", "moe", **TINY, **TINY_MOE)
+    make_toy(root / "dense", "dense", ffn_hidden_size=128, **TINY)
+    return root
+
+
+@pytest.fixture
+def moe(toys, tmp_path):
+    """A private copy of the MoE toy (tests edit it)."""
+    return Path(shutil.copytree(toys / "moe", tmp_path / "moe"))
+
+
+@pytest.fixture
+def full_size(toys, tmp_path):
+    """A folder with the full 35B-A3B config (from the catalog), one tiny shard and the toy tokenizer."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    config = hf_text_config(QWEN35_35B_A3B).to_dict()
+    config["architectures"] = ["Qwen3_5MoeForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.weight": torch.zeros(2, 2)}, str(folder / "model.safetensors"))
+    for f in ck.TOKENIZER_FILES:
+        shutil.copy(toys / "moe" / f, folder / f)
+    return folder
+
+
+def edit_config(folder: Path, **changes) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = convert_main([str(a) for a in argv] + ["--no-progress"])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+# ----------------------------------------------------------------- config check
+
+
+def test_full_size_config_matches_the_catalog_exactly(full_size):
+    assert ck.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE) == []
+
+
+@pytest.mark.parametrize(
+    "field,value,shown",
+    [
+        ("hidden_size", 4096, "hidden_size: checkpoint has 4096, the recipe's model has 2048"),
+        ("num_hidden_layers", 48, "num_hidden_layers: checkpoint has 48, the recipe's model has 40"),
+        ("num_attention_heads", 32, "num_attention_heads: checkpoint has 32, the recipe's model has 16"),
+        ("num_key_value_heads", 4, "num_key_value_heads: checkpoint has 4, the recipe's model has 2"),
+        ("num_experts", 512, "num_experts: checkpoint has 512, the recipe's model has 256"),
+        ("num_experts_per_tok", 10, "num_experts_per_tok: checkpoint has 10, the recipe's model has 8"),
+        ("vocab_size", 151936, "vocab_size: checkpoint has 151936, the recipe's model has 248320"),
+        ("mtp_num_hidden_layers", 0, "mtp_num_hidden_layers: checkpoint has 0, the recipe's model has 1"),
+        ("head_dim", 128, "head_dim: checkpoint has 128, the recipe's model has 256"),
+    ],
+)
+def test_each_mismatch_names_field_and_both_values(full_size, capsys, tmp_path, field, value, shown):
+    edit_config(full_size, **{field: value})
+    rc, _, err = run_cli(capsys, "import", "--hf", full_size, "--recipe", MOE_RECIPE, "--out", tmp_path / "o")
+    assert rc == 2 and shown in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_layer_pattern_mismatch_is_reported(full_size):
+    cfg = json.loads((full_size / "config.json").read_text())
+    types = cfg["layer_types"]
+    types[1] = "full_attention"  # attention at layer 1 as well: not every 4th layer
+    edit_config(full_size, layer_types=types)
+    problems = ck.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE)
+    assert any(p.startswith("full_attention_interval: checkpoint has None") for p in problems)
+    assert any(p.startswith("layer_types: checkpoint has 40 layers, full attention at [1, 3, 7") for p in problems)
+
+
+def test_toy_fails_exact_check_but_passes_scaled(toys):
+    folder = ck.inspect_folder(toys / "moe")
+    exact = ck.check_folder_for_recipe(folder, MOE_RECIPE)
+    assert "hidden_size: checkpoint has 64, the recipe's model has 2048" in exact
+    assert ck.check_folder_for_recipe(folder, MOE_RECIPE, scaled=True) == []
+
+
+def test_scaled_still_checks_family_fields(moe, toys):
+    edit_config(moe, head_dim=128)
+    assert ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True) == [
+        "head_dim: checkpoint has 128, the recipe's model has 256"
+    ]
+    dense = ck.inspect_folder(toys / "dense")
+    (problem,) = ck.check_folder_for_recipe(dense, MOE_RECIPE, scaled=True)
+    assert problem.startswith("architecture: checkpoint has 'dense text (Qwen3_5ForCausalLM)'")
+
+
+def test_recipe_model_is_found_by_name_prefix():
+    assert ck.spec_for_recipe(MOE_RECIPE).name == "qwen35_35b_a3b"
+    assert ck.spec_for_recipe("qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config").name == "qwen35_vl_35b_a3b"
+    with pytest.raises(ck.HfCheckpointError, match="starts with no catalog model"):
+        ck.spec_for_recipe("llama3_8b_sft")
+
+
+# ----------------------------------------------------------------- input errors
+
+
+def test_missing_config(moe, capsys, tmp_path):
+    (moe / "config.json").unlink()
+    rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
+    assert rc == 2 and "config.json is missing" in err and "Traceback" not in err
+
+
+def test_unknown_model_type(moe, capsys, tmp_path):
+    edit_config(moe, model_type="llama")
+    rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
+    assert rc == 2 and "model_type 'llama' is not a Qwen3.5/3.6 model" in err
+
+
+def test_truncated_shard(moe, capsys, tmp_path):
+    shard = sorted(moe.glob("*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
+    assert rc == 2 and f"shard {shard.name} is truncated or damaged: {len(data) - 100} bytes" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_shard(moe, capsys, tmp_path):
+    shard = sorted(moe.glob("*.safetensors"))[-1]
+    shard.unlink()
+    rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
+    assert rc == 2 and f"shard {shard.name} listed in model.safetensors.index.json is missing" in err
+
+
+def test_missing_tokenizer(moe, capsys, tmp_path):
+    (moe / "tokenizer.json").unlink()
+    rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
+    assert rc == 2 and "lacks tokenizer file(s) tokenizer.json" in err
+
+
+def test_wrong_architecture(toys, capsys, tmp_path):
+    rc, _, err = run_cli(
+        capsys, "import", "--hf", toys / "dense", "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled"
+    )
+    assert rc == 2 and "architecture: checkpoint has 'dense text" in err and "MoE text" in err
+
+
+def test_hub_id_not_in_local_cache(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    rc, _, err = run_cli(
+        capsys, "import", "--hf", "Qwen/Qwen3.5-27B", "--recipe", DENSE_RECIPE, "--out", tmp_path / "o"
+    )
+    assert rc == 2 and "is not in the local Hugging Face cache" in err
+
+
+def test_existing_out_refused_without_overwrite(toys, capsys, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("user data")
+    rc, _, err = run_cli(capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", out, "--scaled")
+    assert rc == 2 and "exists and is not empty; pass --overwrite" in err
+    assert (out / "keep.txt").read_text() == "user data"
+
+
+def test_read_only_out_refused(toys, capsys, tmp_path, monkeypatch):
+    real = os.access
+    monkeypatch.setattr(ck.os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode))
+    rc, _, err = run_cli(
+        capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled"
+    )
+    assert rc == 2 and f"cannot write under {tmp_path} (read-only" in err
+
+
+def test_without_gpu_the_checked_import_stops_cleanly(toys, capsys, tmp_path):
+    rc, _, err = run_cli(
+        capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", tmp_path / "a" / "o", "--scaled"
+    )
+    assert rc == 2 and "needs a CUDA GPU" in err
+    assert list(tmp_path.iterdir()) == []  # no partial folder, no parent made for it
+
+
+def test_export_needs_a_megatron_checkpoint(toys, capsys, tmp_path):
+    rc, _, err = run_cli(
+        capsys, "export", "--megatron", toys / "moe", "--hf-template", toys / "moe", "--recipe", MOE_RECIPE,
+        "--out", tmp_path / "o", "--scaled",
+    )  # fmt: skip
+    assert rc == 2 and "is not a Megatron checkpoint folder" in err
+
+
+# ----------------------------------------------------------------- atomic output
+
+
+def fake_convert(src: Path, out: Path) -> None:
+    (out / "iter_0000000").mkdir()
+    (out / "latest_checkpointed_iteration.txt").write_text("0")
+
+
+def failing_convert(src: Path, out: Path) -> None:
+    (out / "iter_0000000").mkdir()
+    raise RuntimeError("conversion broke halfway")
+
+
+def test_output_appears_only_when_complete(toys, tmp_path):
+    out = tmp_path / "o"
+    ck.import_checkpoint(toys / "moe", out, recipe=MOE_RECIPE, scaled=True, convert=fake_convert, progress=False)
+    assert (out / "latest_checkpointed_iteration.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+def test_failed_conversion_leaves_nothing(toys, tmp_path):
+    with pytest.raises(RuntimeError):
+        ck.import_checkpoint(toys / "moe", tmp_path / "o", convert=failing_convert, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_keeps_old_until_new_is_complete(toys, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        ck.import_checkpoint(toys / "moe", out, overwrite=True, convert=failing_convert, progress=False)
+    assert (out / "old.txt").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+    ck.import_checkpoint(toys / "moe", out, overwrite=True, convert=fake_convert, progress=False)
+    assert not (out / "old.txt").exists() and (out / "latest_checkpointed_iteration.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+# ----------------------------------------------------------------- cache
+
+
+def test_cache_key_follows_content(moe, tmp_path):
+    key = ck.cache_key(ck.inspect_folder(moe))
+    copy = Path(shutil.copytree(moe, tmp_path / "copy"))  # same bytes and mtimes elsewhere: same key
+    assert ck.cache_key(ck.inspect_folder(copy)) == key
+    shard = sorted(copy.glob("*.safetensors"))[0]
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a re-written shard
+    assert ck.cache_key(ck.inspect_folder(copy)) != key
+    edit_config(moe, rms_norm_eps=1e-5)
+    assert ck.cache_key(ck.inspect_folder(moe)) != key
+
+
+def test_cached_import_converts_once(moe, tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    calls = []
+
+    def counting(src, out):
+        calls.append(src)
+        fake_convert(src, out)
+
+    folder = ck.inspect_folder(moe)
+    first, converted = ck.cached_import(folder, convert=counting, progress=False)
+    again, converted_again = ck.cached_import(folder, convert=counting, progress=False)
+    assert first == again == tmp_path / "cache" / "hf_import" / ck.cache_key(folder)
+    assert (converted, converted_again, len(calls)) == (True, False, 1)
+
+
+# ----------------------------------------------------------------- runner flags
+
+
+def runner(argv):
+    from bridge_recipes.runner.cli import main
+
+    return main(argv)
+
+
+def toy_overrides() -> list[str]:
+    from bridge_recipes.hf.toy import model_overrides
+
+    return [*model_overrides(toy_spec("moe", **{k: v for k, v in TINY.items() if k != "max_shard_size"}, **TINY_MOE))]
+
+
+def test_runner_dry_run_checks_folder_and_uses_its_tokenizer(toys, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--scale-experts", "4"]
+    rc = runner([*argv, "--hf-checkpoint", str(toys / "moe"), *toy_overrides()])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "tokenizer_type: HuggingFaceTokenizer" in cap.out and f"tokenizer_model: {toys / 'moe'}" in cap.out
+    key = ck.cache_key(ck.inspect_folder(toys / "moe"))
+    assert f"converted into (or reused from) {tmp_path / 'cache' / 'hf_import' / key}" in cap.out
+    assert "random initialization" not in cap.err
+    assert not (tmp_path / "cache").exists()  # dry-run converts nothing
+
+
+def test_runner_refuses_checkpoint_that_does_not_fit_the_model(toys, capsys):
+    rc = runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hidden_size: checkpoint has 64, the recipe's model has 2048" in err
+    assert "model.hidden_size=64" in err  # the fix for a scaled-down checkpoint
+
+
+def test_runner_warns_of_random_init_for_sft_without_weights(capsys):
+    assert runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4"]) == 0
+    assert "it would train from random initialization" in capsys.readouterr().err
+
+
+def test_runner_export_flag_needs_hf_checkpoint(capsys, tmp_path):
+    rc = runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--export-hf", str(tmp_path / "x")])
+    assert rc == 2 and "--export-hf needs --hf-checkpoint" in capsys.readouterr().err
+
+
+def test_conversion_children_leave_torchrun_rendezvous_behind(monkeypatch):
+    from bridge_recipes.hf.runner import _child_env
+
+    for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_PORT": "29500", "RANK": "0", "KEEP_ME": "1"}.items():
+        monkeypatch.setenv(k, v)
+    env = _child_env()
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in env and "MASTER_PORT" not in env and "RANK" not in env
+    assert env["KEEP_ME"] == "1" and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_vl_folder_is_refused_by_a_text_recipe(moe):
+    cfg = json.loads((moe / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": cfg}))
+    (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
+    assert problem == (
+        "architecture: checkpoint has 'MoE VL (Qwen3_5MoeForConditionalGeneration)', "
+        "the recipe's model has 'MoE text (Qwen3_5MoeForCausalLM)'"
+    )
+
+
+def test_hub_id_in_local_cache_resolves_offline(toys, tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    repo = cache / "models--Qwen--Toy"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    shutil.copytree(toys / "moe", snapshot)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    assert ck.resolve_source("Qwen/Toy") == snapshot
+    assert ck.check_folder_for_recipe(ck.inspect_folder("Qwen/Toy"), MOE_RECIPE, scaled=True) == []
+
+
+def test_runner_refuses_two_sources_of_weights(toys, capsys, tmp_path):
+    rc = runner(
+        ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")]
+        + ["--pretrained-checkpoint", str(tmp_path)]
+    )
+    assert rc == 2 and "pass one" in capsys.readouterr().err
