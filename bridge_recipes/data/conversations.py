@@ -27,6 +27,7 @@ from tqdm import tqdm
 from bridge_recipes.data.integrity import file_sha256
 
 DEFAULT_MESSAGES_KEY = "messages"
+TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI style)
 READ_WINDOW = 4096  # conversations fetched per sorted random-access window
 PARQUET_CACHE_BYTES = 512 * 2**20  # decoded Parquet row groups kept between windows
 
@@ -119,7 +120,7 @@ class JsonlSource:
             raise MalformedConversation(index, "record_not_an_object", f"line is a JSON {kind}, not an object")
         if self.messages_key not in record:
             raise MalformedConversation(index, "missing_messages_key", f"record has no {self.messages_key!r} key")
-        return record[self.messages_key]
+        return record[self.messages_key], record.get(TOOLS_KEY)
 
 
 class ParquetSource:
@@ -144,7 +145,7 @@ class ParquetSource:
         sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
         self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[int, pa.ChunkedArray] = OrderedDict()
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
         self._cached_bytes = 0
         self.sha256 = file_sha256(self.path)
 
@@ -164,11 +165,12 @@ class ParquetSource:
             for i in part:
                 yield int(i), values[int(i)]
 
-    def _row_group(self, group: int) -> pa.ChunkedArray:
+    def _row_group(self, group: int) -> pa.Table:
         if group in self._cache:
             self._cache.move_to_end(group)
             return self._cache[group]
-        column = self.file.read_row_group(group, columns=[self.messages_key]).column(0)
+        columns = [self.messages_key] + ([TOOLS_KEY] if TOOLS_KEY in self.file.schema_arrow.names else [])
+        column = self.file.read_row_group(group, columns=columns)
         self._cache[group] = column
         self._cached_bytes += column.nbytes
         while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:  # keep at least the newest
@@ -176,8 +178,8 @@ class ParquetSource:
             self._cached_bytes -= evicted.nbytes
         return column
 
-    def decode(self, value: Any, index: int) -> Any:
-        return value
+    def decode(self, value: dict, index: int) -> tuple[Any, Any]:
+        return value[self.messages_key], value.get(TOOLS_KEY)
 
 
 def spool_hf_dataset(
@@ -203,7 +205,7 @@ def spool_hf_dataset(
         stream = datasets.load_dataset(dataset_id, split=split, revision=revision, streaming=True)
         with open(dest, "w", encoding="utf-8") as out:
             for example in tqdm(stream, desc="download", unit="conv", disable=not progress):
-                record = {messages_key: example[messages_key]} if messages_key in example else {}
+                record = {k: example[k] for k in (messages_key, TOOLS_KEY) if k in example}
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
     except Exception as e:
         raise SftRowsError(

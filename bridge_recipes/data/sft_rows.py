@@ -44,13 +44,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from bridge_recipes.data.chat_render import (  # noqa: F401 - the public names of the builder
@@ -66,6 +69,7 @@ from bridge_recipes.data.chat_render import (  # noqa: F401 - the public names o
     render_conversation,
     validate_conversation,
 )
+from bridge_recipes.data.chat_template import TemplateRenderer
 from bridge_recipes.data.conversations import (  # noqa: F401
     DEFAULT_MESSAGES_KEY,
     PARQUET_CACHE_BYTES,
@@ -81,20 +85,87 @@ from bridge_recipes.data.integrity import (  # noqa: F401
     MANIFEST_FILE,
     ROWS_FILE,
     ROWS_SHA256_DEFINITION,
+    ROWS_SHA256_DEFINITION_BOUNDARIES,
+    VAL_DIR,
     file_sha256,
     parquet_rows_sha256,
     update_rows_hash,
 )
-from bridge_recipes.data.packing import RowPacker
-from bridge_recipes.data.row_writer import PARQUET_COMPRESSION, ROWS_PER_BATCH, RowWriter, check_output_dir
+from bridge_recipes.data.packing import PACKING_MODES, BoundaryPacker, RowPacker  # noqa: F401
+from bridge_recipes.data.row_writer import (
+    PARQUET_COMPRESSION,
+    ROWS_PER_BATCH,
+    RowWriter,
+    check_output_dir,
+    clean_stale_stages,
+    publish,
+    stage_dir,
+)
 
 log = logging.getLogger(__name__)
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 BUILDER = f"bridge_recipes.data.sft_rows/{BUILDER_VERSION}"
 DEFAULT_ROW_TOKENS = 8192  # OpenRecipes qwen35-tulu3-fixed8192-v1
 DEFAULT_SEED = 42  # OpenRecipes qwen35-tulu3-fixed8192-v1
+DEFAULT_PACKING = "boundaries"  # each conversation sees only itself; eos_joined is the benchmark workload
+CHAT_FORMATS = ("template", "chatml")
+PERMUTATION = "numpy.random.default_rng(seed).permutation(conversations.indexed)"
 MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the manifest)
+
+Renderer = Callable[[Any, int], tuple[np.ndarray, np.ndarray]]
+
+
+def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[Renderer, dict, int]:
+    """The conversation renderer, its manifest fields and the EOS (separator / padding) id."""
+    if fmt == "chatml":
+        tok, tokenizer_file = load_tokenizer(tokenizer)
+        chat = chat_format(tok, eos_token)
+
+        def render(conversation: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
+            messages, tools = conversation
+            if tools:
+                raise MalformedConversation(index, "tools_need_template", "a tools list needs --chat-format template")
+            return render_conversation(tok, messages, chat, index=index)
+
+        fields = {
+            "tokenizer": str(tokenizer_file),
+            "tokenizer_sha256": file_sha256(tokenizer_file),
+            "chat_format": "qwen-chatml: <|im_start|>{role}\\n{content}<|im_end|>\\n, tokenized per segment",
+            "chat_template_sha256": None,
+            "loss_on": "assistant content + its <|im_end|>",
+        }
+        return render, fields, chat.eos_id
+    renderer = TemplateRenderer(tokenizer)
+    eos_id = renderer.backend.token_to_id(eos_token)
+    if eos_id is None:
+        raise SftRowsError(
+            f"tokenizer {renderer.folder} lacks the EOS token {eos_token!r} (set with --eos-token; "
+            "it separates conversations in eos_joined rows and pads boundaries rows)"
+        )
+
+    def render(conversation: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
+        messages, tools = conversation
+        return renderer.render(messages, tools, index=index)
+
+    fields = {
+        "tokenizer": str(renderer.folder / "tokenizer.json"),
+        "tokenizer_sha256": file_sha256(renderer.folder / "tokenizer.json"),
+        "chat_format": "chat_template: the tokenizer folder's template through transformers' apply_chat_template",
+        "chat_template_sha256": renderer.sha256,
+        "loss_on": "assistant reasoning, text, tool calls and end-of-turn token",
+    }
+    return render, fields, eos_id
+
+
+def _open_source(source: str, kind: str, work: Path, *, messages_key, split, revision, progress, cache_bytes):
+    if kind == "hf":
+        spool = work / "hf-spool.jsonl"
+        spool_hf_dataset(source, spool, split=split, revision=revision, messages_key=messages_key, progress=progress)
+        return JsonlSource(spool, messages_key, progress)
+    if kind == "jsonl":
+        return JsonlSource(source, messages_key, progress)
+    return ParquetSource(source, messages_key, cache_bytes)
 
 
 def build_sft_rows(
@@ -115,163 +186,226 @@ def build_sft_rows(
     read_window: int = READ_WINDOW,
     rows_per_batch: int = ROWS_PER_BATCH,
     parquet_cache_bytes: int = PARQUET_CACHE_BYTES,
+    chat_format: str = "template",
+    packing: str = DEFAULT_PACKING,
+    val_fraction: float = 0.0,
+    val_input: str | os.PathLike | None = None,
 ) -> dict:
-    """Build ``out_dir/rows.parquet`` and ``out_dir/manifest.json``; returns the manifest.
+    """Build ``out_dir/rows.parquet``, ``out_dir/manifest.json`` and (with a validation split)
+    ``out_dir/val/``; returns the manifest.
 
     ``source`` is a local ``.jsonl`` / ``.parquet`` file or a Hugging Face dataset id
-    (``split`` and ``revision`` apply to the latter; needs network). Files are written under
-    temporary names and renamed at the end, so a failed build leaves nothing half-written.
-    Raises SftRowsError on bad input.
+    (``split`` and ``revision`` apply to the latter; needs network). ``tokenizer`` is the
+    model's tokenizer folder (``chat_format="template"``) or a ``tokenizer.json``
+    (``"chatml"``). The validation split is ``val_fraction`` of the permuted conversations or
+    the whole of ``val_input``. Everything is built in a staging folder beside ``out_dir`` and
+    renamed into place when complete: a failed or killed build leaves the previous dataset
+    as it was. Raises SftRowsError on bad input.
     """
     if row_tokens < 1:
         raise SftRowsError(f"row_tokens must be positive, got {row_tokens}")
     if max_rows is not None and max_rows < 1:
         raise SftRowsError(f"max_rows must be positive, got {max_rows}")
+    if chat_format not in CHAT_FORMATS:
+        raise SftRowsError(f"chat format {chat_format!r} is not one of {', '.join(CHAT_FORMATS)}")
+    if packing not in PACKING_MODES:
+        raise SftRowsError(f"packing {packing!r} is not one of {', '.join(PACKING_MODES)}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise SftRowsError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if val_fraction and val_input is not None:
+        raise SftRowsError("give either a validation fraction or a validation input, not both")
+    if supervise_eos and packing != "eos_joined":
+        raise SftRowsError("supervise_eos applies to eos_joined rows (boundaries rows have no EOS separators)")
     source = str(source)
     kind = source_kind(source)
-    tok, tokenizer_file = load_tokenizer(tokenizer)
-    fmt = chat_format(tok, eos_token)
+    val_kind = source_kind(str(val_input)) if val_input is not None else None
+    render, render_fields, eos_id = _renderer(tokenizer, chat_format, eos_token)
     out = Path(out_dir).expanduser()
+    for note in clean_stale_stages(out):
+        log.warning("%s (left by a build that did not finish)", note)
     check_output_dir(out, overwrite)
 
-    created_out = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    tag = f".tmp-{os.getpid()}"
-    tmp_rows, tmp_manifest = out / (ROWS_FILE + tag), out / (MANIFEST_FILE + tag)
-    spool = out / ("hf-spool.jsonl" + tag)
+    stage = stage_dir(out)
     try:
-        if kind == "hf":
-            spool_hf_dataset(
-                source, spool, split=split, revision=revision, messages_key=messages_key, progress=progress
-            )
-            reader: JsonlSource | ParquetSource = JsonlSource(spool, messages_key, progress)
-        elif kind == "jsonl":
-            reader = JsonlSource(source, messages_key, progress)
-        else:
-            reader = ParquetSource(source, messages_key, parquet_cache_bytes)
-        stats = _pack_and_write(
-            reader,
-            tok,
-            fmt,
-            tmp_rows,
-            row_tokens,
-            seed,
-            supervise_eos,
-            max_rows,
-            read_window,
-            rows_per_batch,
-            progress,
+        common = dict(messages_key=messages_key, split=split, revision=revision, progress=progress)
+        reader = _open_source(source, kind, stage, cache_bytes=parquet_cache_bytes, **common)
+        order = np.random.default_rng(seed).permutation(len(reader))
+        n_val = math.ceil(val_fraction * len(order)) if val_fraction else 0
+        settings = dict(
+            render=render,
+            eos_id=eos_id,
+            row_tokens=row_tokens,
+            packing=packing,
+            supervise_eos=supervise_eos,
+            read_window=read_window,
+            rows_per_batch=rows_per_batch,
+            progress=progress,
         )
+        base = {
+            "builder": BUILDER,
+            "builder_version": BUILDER_VERSION,
+            "messages_key": messages_key,
+            **render_fields,
+            "packing": packing,
+            "loss_on": render_fields.pop("loss_on") + (" + EOS separators" if supervise_eos else ""),
+            "eos_token": eos_token,
+            "eos_token_id": eos_id,
+            "eos_supervised": supervise_eos,
+            "seed": seed,
+            "row_tokens": row_tokens,
+        }
+        validation = None
+        if n_val or val_input is not None:
+            if val_input is not None:
+                val_reader = _open_source(str(val_input), val_kind, stage, cache_bytes=parquet_cache_bytes, **common)
+                val_order = np.random.default_rng(seed).permutation(len(val_reader))
+                val_source = {"source": str(val_input), "source_format": val_kind, "permutation": PERMUTATION}
+            else:
+                val_reader, val_order = reader, order[:n_val]
+                val_source = {
+                    "source": source,
+                    "source_format": kind,
+                    "permutation": f"{PERMUTATION}[:{n_val}]",
+                    "val_fraction": val_fraction,
+                }
+            (stage / VAL_DIR).mkdir()
+            val_stats = _pack_and_write(val_reader, val_order, stage / VAL_DIR / ROWS_FILE, None, **settings)
+            if val_stats["rows"] == 0:
+                raise SftRowsError(
+                    f"the validation split gave no rows ({val_stats['conversations']['used']} conversations)"
+                )
+            validation = _manifest(
+                base, val_source, val_reader, val_stats, stage / VAL_DIR / ROWS_FILE, None, "validation"
+            )
+            (stage / VAL_DIR / MANIFEST_FILE).write_text(json.dumps(validation, indent=2) + "\n")
+        stats = _pack_and_write(reader, order[n_val:], stage / ROWS_FILE, max_rows, **settings)
         if stats["rows"] == 0:
             raise SftRowsError(
                 f"no rows built from {source}: {stats['conversations']['used']} usable conversation(s) "
                 f"gave {stats['stream_tokens']} tokens, fewer than one supervised {row_tokens}-token row"
             )
-        manifest = {
-            "builder": BUILDER,
-            "builder_version": BUILDER_VERSION,
+        train_source = {
             "source": source,
             "source_format": kind,
-            "source_sha256": reader.sha256 if kind != "hf" else None,
             "revision": revision,
             "split": split if kind == "hf" else None,
-            "messages_key": messages_key,
-            "tokenizer": str(tokenizer_file),
-            "tokenizer_sha256": file_sha256(tokenizer_file),
-            "chat_format": "qwen-chatml: <|im_start|>{role}\\n{content}<|im_end|>\\n, tokenized per segment",
-            "loss_on": "assistant content + its <|im_end|>" + (" + EOS separators" if supervise_eos else ""),
-            "eos_token": eos_token,
-            "eos_token_id": fmt.eos_id,
-            "eos_supervised": supervise_eos,
-            "seed": seed,
-            "permutation": "numpy.random.default_rng(seed).permutation(conversations.indexed)",
-            "row_tokens": row_tokens,
-            "max_rows": max_rows,
-            **stats,
-            "rows_sha256_definition": ROWS_SHA256_DEFINITION,
-            "parquet_file": ROWS_FILE,
-            "parquet_sha256": file_sha256(tmp_rows),
-            "parquet_bytes": tmp_rows.stat().st_size,
-            "parquet_compression": PARQUET_COMPRESSION,
-            "pyarrow_version": pa.__version__,
+            "permutation": f"{PERMUTATION}[{n_val}:]" if n_val else PERMUTATION,
         }
-        tmp_manifest.write_text(json.dumps(manifest, indent=2) + "\n")
-        # The manifest goes last: a folder with rows but no manifest is visibly incomplete.
-        (out / MANIFEST_FILE).unlink(missing_ok=True)
-        os.replace(tmp_rows, out / ROWS_FILE)
-        os.replace(tmp_manifest, out / MANIFEST_FILE)
+        manifest = _manifest(base, train_source, reader, stats, stage / ROWS_FILE, max_rows, "train")
+        manifest["validation"] = (
+            None
+            if validation is None
+            else {k: validation[k] for k in ("rows", "rows_sha256", "parquet_sha256", "conversations")}
+            | {"folder": VAL_DIR}
+        )
+        for spool in stage.glob("hf-spool.jsonl"):
+            spool.unlink()
+        (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        publish(stage, out)
         return manifest
-    except BaseException:
-        for path in (tmp_rows, tmp_manifest):
-            path.unlink(missing_ok=True)
-        if created_out and not any(out.iterdir()):
-            out.rmdir()
-        raise
     finally:
-        spool.unlink(missing_ok=True)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, max_rows, split_name: str) -> dict:
+    return {
+        **base,
+        "split_name": split_name,
+        **source,
+        "source_sha256": getattr(reader, "sha256", None) if source.get("source_format") != "hf" else None,
+        "max_rows": max_rows,
+        **stats,
+        "rows_sha256_definition": ROWS_SHA256_DEFINITION_BOUNDARIES
+        if base["packing"] == "boundaries"
+        else ROWS_SHA256_DEFINITION,
+        "parquet_file": ROWS_FILE,
+        "parquet_sha256": file_sha256(rows_path),
+        "parquet_bytes": rows_path.stat().st_size,
+        "parquet_compression": PARQUET_COMPRESSION,
+        "pyarrow_version": pa.__version__,
+    }
 
 
 def _pack_and_write(
     reader: JsonlSource | ParquetSource,
-    tok: Tokenizer,
-    fmt: ChatFormat,
+    order: np.ndarray,
     path: Path,
-    row_tokens: int,
-    seed: int,
-    supervise_eos: bool,
     max_rows: int | None,
+    *,
+    render: Renderer,
+    eos_id: int,
+    row_tokens: int,
+    packing: str,
+    supervise_eos: bool,
     read_window: int,
     rows_per_batch: int,
     progress: bool,
 ) -> dict:
-    """The second pass: permuted conversations -> rendered -> packed -> written. Returns counts."""
-    order = np.random.default_rng(seed).permutation(len(reader))
-    packer = RowPacker(row_tokens, fmt.eos_id, supervise_eos)
-    writer = RowWriter(path, row_tokens, rows_per_batch)
+    """Conversations in ``order`` -> rendered -> packed -> written. Returns the counts."""
+    boundaries = packing == "boundaries"
+    packer = BoundaryPacker(row_tokens, eos_id) if boundaries else RowPacker(row_tokens, eos_id, supervise_eos)
+    writer = RowWriter(path, row_tokens, rows_per_batch, boundaries=boundaries)
     read, skipped, examples, rows_without_targets = 0, Counter(), [], 0
+    padding = 0  # in the rows written or skipped without targets
+
+    def write(rows) -> bool:
+        nonlocal rows_without_targets, padding
+        for row in rows:
+            padding += row.padding
+            if not row.mask.any():  # nothing to learn from: counted, not written
+                rows_without_targets += 1
+                continue
+            writer.add(row.ids, row.mask, row.cu)
+            if writer.rows == max_rows:
+                return True
+        return False
+
+    stopped = False
     try:
         with tqdm(total=len(order), desc="pack", unit="conv", disable=not progress) as bar:
             for index, raw in reader.records(order, read_window):
                 read += 1
                 bar.update(1)
                 try:
-                    ids, mask = render_conversation(tok, reader.decode(raw, index), fmt, index=index)
+                    ids, mask = render(reader.decode(raw, index), index)
+                    if not packer.fits(len(ids)):
+                        raise MalformedConversation(
+                            index,
+                            "longer_than_row",
+                            f"conversation of {len(ids)} tokens is longer than a {row_tokens}-token row",
+                        )
                 except MalformedConversation as e:
                     skipped[e.reason] += 1
                     if len(examples) < MAX_REPORTED:
                         examples.append(str(e))
-                        log.warning("skipping malformed conversation, %s", e)
+                        log.warning("skipping conversation, %s", e)
                     continue
-                for row_ids, row_mask in packer.add(ids, mask):
-                    if not row_mask.any():  # nothing to learn from: counted, not written
-                        rows_without_targets += 1
-                        continue
-                    writer.add(row_ids, row_mask)
-                    if writer.rows == max_rows:
-                        break
-                if writer.rows == max_rows:
+                if write(packer.add(ids, mask)):
+                    stopped = True
                     break
                 if read % 256 == 0:
                     bar.set_postfix(rows=writer.rows, refresh=False)
+        if not stopped:
+            stopped = write(packer.finish())
     finally:
         writer.close()
     skipped_total = sum(skipped.values())
     if skipped_total > len(examples):
         unreported = skipped_total - len(examples)
-        log.warning("%d more malformed conversation(s) skipped; counts by reason in the manifest", unreported)
+        log.warning("%d more conversation(s) skipped; counts by reason in the manifest", unreported)
     written_tokens = writer.rows * row_tokens
     return {
         "rows": writer.rows,
-        "padding_tokens": 0,  # rows are cut from the stream, never padded
+        "padding_tokens": padding,
         "supervised_tokens": writer.supervised_tokens,
         "supervised_ratio": round(writer.supervised_tokens / written_tokens, 6) if written_tokens else 0.0,
         "stream_tokens": packer.stream_tokens,
-        "tail_tokens_dropped": packer.stream_tokens - (writer.rows + rows_without_targets) * row_tokens,
+        "tail_tokens_dropped": packer.stream_tokens + padding - (writer.rows + rows_without_targets) * row_tokens,
         "rows_skipped_without_targets": rows_without_targets,
         "stopped_at_max_rows": max_rows is not None and writer.rows == max_rows,
         "rows_sha256": writer.rows_sha256,
         "conversations": {
-            "indexed": len(order),
+            "indexed": len(reader),
             "read": read,
             "used": packer.conversations,
             "skipped": dict(sorted(skipped.items())),
