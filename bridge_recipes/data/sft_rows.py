@@ -1,23 +1,21 @@
-"""Packed fixed-length SFT rows with an assistant-only loss mask.
-
-Builds the kind of data set the SFT recipes train on, as the OpenRecipes workload
-``qwen35-tulu3-fixed8192-v1`` was built (published: seed 42, 8,192-token rows, 6,400 rows,
-0 padding tokens, supervised-token ratio 0.676, every artefact identified by sha256):
+"""Packed fixed-length SFT rows with an assistant-only loss mask (docs/sft_data.md).
 
 1. Index the source conversations (a first pass: byte offsets of JSONL lines, or the row
    count of a Parquet file), so a global permutation can be drawn without holding the data.
-2. Permute the conversation order with ``numpy.random.default_rng(seed).permutation(n)``.
+2. Permute the conversation order with ``numpy.random.default_rng(seed).permutation(n)``; with
+   ``val_fraction`` the first ``ceil(val_fraction x n)`` of it form the validation split.
 3. Read the conversations in that order (a second pass, random access in sorted windows),
-   render each with the Qwen chat format and tokenize it, with a loss mask.
-4. Concatenate the conversations with one EOS token *between* consecutive conversations
-   (none before the first) and cut the stream into consecutive rows of exactly
-   ``row_tokens`` tokens. The final partial row is dropped (``tail_tokens_dropped``), so
-   there is never any padding. Rows without a supervised token are skipped and counted.
-5. Write the rows incrementally to Parquet and a ``manifest.json`` with the counts and the
-   sha256 of every artefact.
-
-The chat rendering is in ``chat_render``, the sources in ``conversations``, packing in
-``packing``, hashes in ``integrity`` and Parquet output in ``row_writer``; this module builds.
+   render each with the tokenizer's chat template (``chat_template``) or plain ChatML
+   (``chat_render``) and tokenize it, with a loss mask.
+4. Pack them into rows of exactly ``row_tokens`` tokens (``packing``): ``boundaries`` places
+   whole conversations and records where each starts (``cu_seqlens``), padding the rest;
+   ``eos_joined`` (the OpenRecipes workload ``qwen35-tulu3-fixed8192-v1``: seed 42,
+   8,192-token rows, 0 padding tokens) joins them with one EOS between consecutive ones and
+   cuts the stream, dropping the final partial row. Rows without a supervised token are
+   skipped and counted.
+5. Write the rows incrementally to Parquet (``row_writer``) and a ``manifest.json`` with the
+   counts and the sha256 of every artefact (``integrity``), in a staging folder beside the
+   output that replaces it only when complete.
 
 Malformed conversations are never silently dropped: each one is reported (a warning naming
 the source row index and the reason, the first ``MAX_REPORTED`` of them) and counted by
@@ -27,11 +25,12 @@ counted as ``conversations.blank_lines``).
 
 ``rows_sha256`` and ``parquet_sha256`` are defined in ``integrity``.
 
-Counts in the manifest obey ``stream_tokens == (rows + rows_skipped_without_targets) *
-row_tokens + tail_tokens_dropped``: ``stream_tokens`` counts every token of the used
-conversations and EOS separators that were produced, ``tail_tokens_dropped`` the ones in no
-row (the final partial row, or, when ``max_rows`` stopped the build, the rest of the last
-conversation read). ``conversations`` holds ``indexed`` (in the source), ``read``, ``used``,
+Counts in the manifest obey ``stream_tokens + padding_tokens == (rows +
+rows_skipped_without_targets) * row_tokens + tail_tokens_dropped``: ``stream_tokens`` counts
+every token of the used conversations and EOS separators that were produced,
+``padding_tokens`` the padding of boundaries rows, ``tail_tokens_dropped`` the ones in no row
+(the final partial row of eos_joined rows, or, when ``max_rows`` stopped the build, what was
+read but not written). ``conversations`` holds ``indexed`` (in the source), ``read``, ``used``,
 ``skipped`` (by reason), ``skipped_total``, ``skipped_examples`` and ``blank_lines``.
 
 Memory stays bounded for sources larger than memory: the index costs 8 bytes per JSONL line
