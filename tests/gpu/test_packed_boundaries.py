@@ -26,8 +26,18 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 ROW = 1024
-# BF16 noise bound for the same computation on the same tokens, relative to the logits' scale.
+# The same kernels on the same tokens: BF16 noise bound, relative to the logits' scale.
 SAME_TOLERANCE = 1e-2
+# The conversation run alone goes through other kernels (dense attention and GDN instead of the
+# varlen THD ones), so its logits may differ by rounding: 4 BF16 ulps (8 significant bits) at
+# the logits' scale.
+ALONE_ULPS = 4
+
+
+def bf16_ulp(x: float) -> float:
+    import math
+
+    return 2.0 ** (math.floor(math.log2(x)) - 7)
 
 
 def conversations(first_topic: str) -> list[dict]:
@@ -81,7 +91,9 @@ def model():
         torch.distributed.init_process_group("nccl", world_size=1, rank=0)
     parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    provider = build_provider("qwen35_27b", num_layers=4, mtp_num_layers=None, seq_length=ROW)
+    provider = build_provider(
+        "qwen35_27b", num_layers=4, mtp_num_layers=None, seq_length=ROW, gradient_accumulation_fusion=False
+    )
     if isinstance(provider.linear_attention_freq, list):
         provider.linear_attention_freq = hybrid_pattern(4, 4)
     provider.bf16, provider.params_dtype = True, torch.bfloat16
@@ -145,5 +157,5 @@ def test_second_conversation_does_not_see_the_first_with_boundaries(model, tmp_p
     (out / "packed_boundaries.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     assert result["boundaries_max_abs_diff"] <= SAME_TOLERANCE * scale
-    assert result["boundaries_vs_alone_max_abs_diff"] <= SAME_TOLERANCE * scale  # as if it were alone
+    assert result["boundaries_vs_alone_max_abs_diff"] <= ALONE_ULPS * bf16_ulp(scale)  # as if it were alone
     assert result["no_boundaries_max_abs_diff"] > 10 * max(result["boundaries_max_abs_diff"], SAME_TOLERANCE * scale)
