@@ -151,3 +151,20 @@ def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
     for kw, fix in cases:
         errors, _ = dry_run_problems(_Cfg(out, **kw))
         assert len(errors) == 1 and fix in errors[0] and "--packing eos_joined" in errors[0]
+
+
+def test_eos_joined_template_rows_are_the_benchmark_layout(tmp_path):
+    from bridge_recipes.data.conversations import SftRowsError
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(40)))
+    m = build_sft_rows(src, TOKENIZER, tmp_path / "out", row_tokens=ROW, packing="eos_joined", progress=False)
+    assert m["packing"] == "eos_joined" and m["padding_tokens"] == 0 and m["tail_tokens_dropped"] < ROW
+    assert pq.read_schema(tmp_path / "out" / "rows.parquet").names == ["input_ids", "loss_mask"]
+    ids = pq.read_table(tmp_path / "out" / "rows.parquet").column("input_ids").to_pylist()
+    eos = m["eos_token_id"]
+    assert sum(row.count(eos) for row in ids) >= m["rows"] - 1  # conversations joined by EOS across rows
+    sample = PackedRowsDataset(tmp_path / "out", ROW, 1)[0]
+    assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
+    with pytest.raises(SftRowsError, match="supervise_eos applies to eos_joined rows"):
+        build_sft_rows(src, TOKENIZER, tmp_path / "b", row_tokens=ROW, supervise_eos=True, progress=False)
