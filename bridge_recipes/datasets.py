@@ -56,8 +56,13 @@ def use_sft_rows(cfg: Any) -> None:
     from bridge_recipes.common import null_tokenizer
     from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
 
-    cfg.dataset = PackedSFTRowsConfig(path=None, seq_length=cfg.model.seq_length, num_workers=1)
+    cfg.dataset = PackedSFTRowsConfig(
+        path=None, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size, num_workers=1
+    )
     cfg.tokenizer = null_tokenizer(cfg.model.vocab_size)  # rows are already token ids
+    # Rows with a val/ split are evaluated every validation.eval_interval steps: one global batch
+    # of validation rows per evaluation unless validation.eval_iters says more.
+    cfg.validation.eval_iters = cfg.validation.eval_iters or 1
 
 
 KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_energon, "sft-rows": use_sft_rows}

@@ -2,11 +2,14 @@
 """Build packed fixed-length SFT rows with an assistant-only loss mask:
 
     python scripts/build_sft_rows.py --input train.jsonl --tokenizer /models/Qwen3.5 \\
-        --out data/sft-rows --row-tokens 8192 --seed 42 [--max-rows 6400]
+        --out data/sft-rows --row-tokens 8192 --seed 42 --val-fraction 0.01
 
-Defaults follow the OpenRecipes build qwen35-tulu3-fixed8192-v1 (seed 42, 8,192-token rows).
-Writes OUT/rows.parquet and OUT/manifest.json. Bad input exits with status 2. The logic lives
-in bridge_recipes.data.sft_rows (importable and tested).
+Conversations are rendered with the tokenizer folder's own chat template and packed whole,
+with their boundaries (``--packing boundaries``, the default for SFT); ``--packing
+eos_joined`` builds the OpenRecipes benchmark workload (qwen35-tulu3-fixed8192-v1: seed 42,
+8,192-token rows, EOS-joined). Writes OUT/rows.parquet, OUT/manifest.json and, with a
+validation split, OUT/val/; all of it appears at once when the build completes. Bad input
+exits with status 2. The logic lives in bridge_recipes.data.sft_rows (importable and tested).
 """
 
 from __future__ import annotations
@@ -26,7 +29,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--input", required=True, help="local .jsonl / .parquet file, or a Hugging Face dataset id (needs network)"
     )
-    p.add_argument("--tokenizer", required=True, help="a tokenizer.json file or a folder holding one")
+    p.add_argument(
+        "--tokenizer",
+        required=True,
+        help="the model's tokenizer folder (tokenizer.json, chat template), a tokenizer.json for --chat-format chatml",
+    )
+    p.add_argument(
+        "--chat-format",
+        choices=sft_rows.CHAT_FORMATS,
+        default="template",
+        help="template: the tokenizer's chat template (default); chatml: hand-written plain ChatML",
+    )
+    p.add_argument(
+        "--packing",
+        choices=sft_rows.PACKING_MODES,
+        default=sft_rows.DEFAULT_PACKING,
+        help="boundaries: whole conversations with their boundaries (default); eos_joined: the benchmark workload",
+    )
+    p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
+    p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
     p.add_argument("--out", required=True, help="output folder (must be empty or new unless --overwrite)")
     p.add_argument("--row-tokens", type=int, default=sft_rows.DEFAULT_ROW_TOKENS)
     p.add_argument("--seed", type=int, default=sft_rows.DEFAULT_SEED)
@@ -39,10 +60,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help=f"replace {sft_rows.ROWS_FILE} and {sft_rows.MANIFEST_FILE} in a non-empty --out (other files are kept)",
+        help="replace the dataset in --out once the new one is complete (a folder holding other files is refused)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return p.parse_args(argv)
+
+
+def summary(m: dict, out: str) -> str:
+    """What was built and what was left out, by reason."""
+    c = m["conversations"]
+    lines = [
+        f"{m['rows']} rows x {m['row_tokens']} tokens ({m['packing']}), supervised ratio {m['supervised_ratio']:.3f}, "
+        f"{m['padding_tokens']} padding tokens, {m['tail_tokens_dropped']} tail tokens dropped",
+        f"conversations: {c['used']} used, {c['skipped_total']} skipped, of {c['read']} read",
+    ]
+    lines += [f"  skipped {n:>8}  {reason}" for reason, n in c["skipped"].items()]
+    v = m.get("validation")
+    if v:
+        vc = v["conversations"]
+        lines.append(f"validation: {v['rows']} rows from {vc['used']} conversations, {vc['skipped_total']} skipped")
+        lines += [f"  skipped {n:>8}  {reason}" for reason, n in vc["skipped"].items()]
+    lines += [
+        f"rows_sha256    {m['rows_sha256']}",
+        f"parquet_sha256 {m['parquet_sha256']}",
+        f"wrote {out}/ ({sft_rows.ROWS_FILE}, {sft_rows.MANIFEST_FILE}" + (f", {sft_rows.VAL_DIR}/)" if v else ")"),
+    ]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,19 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                 split=args.split,
                 overwrite=args.overwrite,
                 progress=not args.no_progress,
+                chat_format=args.chat_format,
+                packing=args.packing,
+                val_fraction=args.val_fraction,
+                val_input=args.val_input,
             )
     except sft_rows.SftRowsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    m, c = manifest, manifest["conversations"]
-    print(
-        f"{m['rows']} rows x {m['row_tokens']} tokens, supervised ratio {m['supervised_ratio']:.3f}, "
-        f"{c['used']} conversations used, {c['skipped_total']} skipped, "
-        f"{m['tail_tokens_dropped']} tail tokens dropped\n"
-        f"rows_sha256    {m['rows_sha256']}\n"
-        f"parquet_sha256 {m['parquet_sha256']}\n"
-        f"wrote {os.path.join(args.out, sft_rows.ROWS_FILE)} and {os.path.join(args.out, sft_rows.MANIFEST_FILE)}"
-    )
+    print(summary(manifest, args.out))
     return 0
 
 

@@ -1,101 +1,220 @@
 """Megatron-Bridge dataset over packed SFT rows (``scripts/build_sft_rows.py`` output).
 
 Each row of ``rows.parquet`` is exactly ``row_tokens`` token ids with a per-token loss mask
-(1 = the token is a supervised target: assistant content and its ``<|im_end|>``). A training
-sample is one whole row, as in the OpenRecipes runs (one 8,192-token row per micro batch):
+(1 = a supervised target: what the assistant writes). A training sample is one whole row (one
+row per micro batch):
 
-- ``tokens`` = the row; ``labels[j]`` = ``row[j + 1]`` (the last position has no target);
+- ``tokens`` = the row; ``labels[j]`` = ``row[j + 1]``;
 - ``loss_mask[j]`` = ``mask[j + 1]``: position j is trained when the token it predicts is
-  supervised, so system and user tokens are never targets;
-- ``position_ids`` run 0..L-1 over the row (conversations in a row are not re-based).
+  supervised, so system, user and tool tokens are never targets; the last position of the row
+  and of each conversation predicts nothing (mask 0).
+
+Rows built with ``--packing boundaries`` also carry their conversation boundaries, and a sample
+then holds Megatron-Bridge's packed-sequence (THD) keys: ``cu_seqlens_q`` / ``cu_seqlens_kv``
+(int32, 0 ... row_tokens) and ``max_seqlen_q`` / ``max_seqlen_kv``; ``position_ids`` restart
+at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
+``PackedSeqParams(qkv_format="thd")`` for the model, so that TE attention, the Gated DeltaNet
+convolution and recurrence, rotary positions and the MTP label shift all restart at each
+conversation (docs/sft_data.md gives the Megatron-Core source lines). The config then reports
+itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge enforces a
+micro batch of 1 and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
+(the benchmark workload) carry no boundaries; positions run 0..L-1 over the row.
 
 Rows are read in file order; the builder already permuted the conversations with its seed, and
-epochs repeat that order, so runs are reproducible and resumable by sample index.
+epochs repeat that order, so runs are reproducible and resumable by sample index. A ``val/``
+rows folder inside the dataset becomes the validation split.
+
+Every open checks the folder (``integrity.check_rows``); errors name the file and the fix.
 """
 
 from __future__ import annotations
 
-import json
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bridge_recipes.data.sft_rows import MANIFEST_FILE, ROWS_FILE
+from bridge_recipes.data.integrity import VAL_DIR, RowsIntegrityError, check_rows, read_manifest  # noqa: F401
 
 try:  # the Megatron-Bridge base class, when the stack is importable
     from megatron.bridge.data.base import DatasetBuildContext, DatasetProvider
 except ImportError:  # pragma: no cover - the package requires Megatron-Bridge
     DatasetProvider, DatasetBuildContext = object, Any
 
-
-class PackedRowsError(ValueError):
-    pass
-
-
-def read_manifest(folder: str | Path) -> dict:
-    folder = Path(folder)
-    for name in (ROWS_FILE, MANIFEST_FILE):
-        if not (folder / name).is_file():
-            raise PackedRowsError(f"{folder} has no {name}: build it with scripts/build_sft_rows.py --out {folder}")
-    return json.loads((folder / MANIFEST_FILE).read_text())
+log = logging.getLogger(__name__)
+PackedRowsError = RowsIntegrityError
 
 
 class PackedRowsDataset:
     """``num_samples`` samples cycling over the rows in file order."""
 
-    def __init__(self, folder: str | Path, seq_length: int, num_samples: int):
-        import pyarrow.parquet as pq
-
-        manifest = read_manifest(folder)
-        if manifest["row_tokens"] != seq_length:
-            raise PackedRowsError(
-                f"rows in {folder} are {manifest['row_tokens']} tokens but the model's seq_length is {seq_length}; "
-                f"set -sl {manifest['row_tokens']} or rebuild the rows with --row-tokens {seq_length}"
-            )
-        table = pq.read_table(Path(folder) / ROWS_FILE, columns=["input_ids", "loss_mask"])
-        self.ids = np.asarray(table.column("input_ids").combine_chunks().flatten(), dtype=np.int64).reshape(
-            -1, seq_length
-        )
-        self.mask = np.asarray(table.column("loss_mask").combine_chunks().flatten(), dtype=np.float32).reshape(
-            -1, seq_length
-        )
-        if len(self.ids) == 0:
-            raise PackedRowsError(f"{folder} holds no rows")
+    def __init__(
+        self,
+        folder: str | Path,
+        seq_length: int,
+        num_samples: int,
+        vocab_size: int | None = None,
+        tokenizer: str | None = None,
+    ):
+        rows = check_rows(folder, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
+        self.manifest = rows.manifest
+        self.ids, self.mask, self.cu = rows.ids, rows.mask, rows.cu
+        self.boundaries = rows.cu is not None
         self.num_samples = num_samples
 
     def __len__(self) -> int:
         return self.num_samples
 
+    @property
+    def epochs(self) -> float:
+        """How many times ``num_samples`` passes over the rows."""
+        return self.num_samples / len(self.ids)
+
     def __getitem__(self, index: int) -> dict:
         import torch
 
         row = index % len(self.ids)
-        ids, mask = self.ids[row], self.mask[row]
+        ids = self.ids[row].astype(np.int64)
+        mask = self.mask[row].astype(np.float32)
         labels = np.empty_like(ids)
         labels[:-1], labels[-1] = ids[1:], 0
         loss_mask = np.zeros_like(mask)
         loss_mask[:-1] = mask[1:]
-        return {
-            "tokens": torch.from_numpy(ids.copy()),
-            "labels": torch.from_numpy(labels),
-            "loss_mask": torch.from_numpy(loss_mask),
-            "position_ids": torch.arange(len(ids), dtype=torch.int64),
-        }
+        sample = {"tokens": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+        if not self.boundaries:
+            sample["position_ids"] = torch.arange(len(ids), dtype=torch.int64)
+            sample["loss_mask"] = torch.from_numpy(loss_mask)
+            return sample
+        cu = self.cu[row]
+        loss_mask[cu[1:] - 1] = 0  # the last token of a conversation predicts nothing
+        lengths = np.diff(cu)
+        positions = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], lengths)
+        cu_t = torch.from_numpy(cu.astype(np.int32))
+        longest = torch.tensor(int(lengths.max()), dtype=torch.int32)
+        sample.update(
+            loss_mask=torch.from_numpy(loss_mask),
+            position_ids=torch.from_numpy(positions),
+            cu_seqlens_q=cu_t,
+            cu_seqlens_kv=cu_t.clone(),
+            max_seqlen_q=longest,
+            max_seqlen_kv=longest.clone(),
+        )
+        return sample
+
+
+def _packing_of(path: str | None) -> str | None:
+    """The packing mode of a rows folder, or None when it cannot be read (the checks say why)."""
+    if not path:
+        return None
+    try:
+        return read_manifest(path).get("packing")
+    except RowsIntegrityError:
+        return None
 
 
 @dataclass(kw_only=True)
 class PackedSFTRowsConfig(DatasetProvider):
-    """Dataset config of the SFT recipes on built rows: ``--dataset sft-rows dataset.path=DIR``."""
+    """Dataset config of the SFT recipes on built rows: ``--dataset sft-rows dataset.path=DIR``.
+
+    ``vocab_size`` bounds the token ids (the model's vocabulary); ``tokenizer`` (a tokenizer
+    folder or ``tokenizer.json``), when set, must be the one the rows were built with.
+    """
 
     path: str | None = None
     seq_length: int
+    vocab_size: int | None = None
+    tokenizer: str | None = None
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
+    pad_to_max_length: bool = True  # every row is exactly seq_length tokens
+
+    @property
+    def enable_offline_packing(self) -> bool:
+        """True for rows with conversation boundaries: Megatron-Bridge then runs the THD path."""
+        return _packing_of(self.path) == "boundaries"
+
+    @property
+    def offline_packing_specs(self):
+        if not self.enable_offline_packing:
+            return None
+        from megatron.bridge.data.packing.config import PackedSequenceSpecs
+
+        return PackedSequenceSpecs(packed_sequence_size=self.seq_length)
 
     def build_datasets(self, context: DatasetBuildContext):
         if not self.path:
             raise PackedRowsError("dataset.path is not set: point it at a folder built by scripts/build_sft_rows.py")
-        train = PackedRowsDataset(self.path, self.seq_length, context.train_samples)
-        return train, None, None
+        train = PackedRowsDataset(self.path, self.seq_length, context.train_samples, self.vocab_size, self.tokenizer)
+        if train.epochs > 1:
+            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples))
+        valid = None
+        val_dir = Path(self.path) / VAL_DIR
+        if context.valid_samples and train.manifest.get("validation"):
+            valid = PackedRowsDataset(val_dir, self.seq_length, context.valid_samples, self.vocab_size, self.tokenizer)
+        return train, valid, None
+
+
+def epochs_warning(path: str, rows: int, samples: int) -> str:
+    return (
+        f"the run reads {samples} training samples from {rows} rows in {path}: "
+        f"{samples / rows:.2f} epochs ({math.ceil(samples / rows)} passes, each row seen up to that many times); "
+        "build more rows or lower train.train_iters x train.global_batch_size"
+    )
+
+
+def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
+    """Errors and warnings of ``--dataset sft-rows`` for a built config (the runner's dry run)."""
+    d = cfg.dataset
+    if not d.path:
+        return [
+            "--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows "
+            "(scripts/build_sft_rows.py --out)"
+        ], []
+    tokenizer = d.tokenizer or _local_tokenizer(cfg)
+    try:
+        rows = check_rows(
+            d.path, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size, tokenizer=tokenizer
+        )
+    except RowsIntegrityError as exc:
+        return [str(exc)], []
+    errors, warnings = [], []
+    n_rows = len(rows.ids)
+    samples = cfg.train.train_iters * cfg.train.global_batch_size
+    if samples > n_rows:
+        warnings.append(epochs_warning(d.path, n_rows, samples))
+    if rows.cu is not None:
+        m = cfg.model
+        if cfg.train.micro_batch_size != 1:
+            errors.append(
+                f"rows in {d.path} carry conversation boundaries (packed THD), which take one row per micro batch; "
+                f"set -mb 1 (micro batch {cfg.train.micro_batch_size}) or build --packing eos_joined rows"
+            )
+        if (m.context_parallel_size or 1) > 1:
+            errors.append(
+                f"rows in {d.path} carry conversation boundaries; context parallelism splits each conversation and "
+                "needs every conversation length divisible by 2 x CP, which packed rows do not guarantee: "
+                "set --cp 1 or build --packing eos_joined rows"
+            )
+        if getattr(m, "cuda_graph_impl", "none") not in (None, "none"):
+            errors.append(
+                f"rows in {d.path} carry conversation boundaries, whose cu_seqlens change shape from row to row; "
+                "CUDA graphs need fixed shapes: set model.cuda_graph_impl=none or build --packing eos_joined rows"
+            )
+        if getattr(m, "deterministic_mode", False):
+            errors.append(
+                "Megatron-Core's Gated DeltaNet refuses packed sequences in deterministic mode "
+                "(its torch fallback takes no cu_seqlens): set model.deterministic_mode=false or build "
+                "--packing eos_joined rows"
+            )
+    return errors, warnings
+
+
+def _local_tokenizer(cfg: Any) -> str | None:
+    """The recipe tokenizer's folder or file, when it is a local path (Hub ids are not checked)."""
+    model = getattr(getattr(cfg, "tokenizer", None), "tokenizer_model", None)
+    if isinstance(model, (str, Path)) and Path(model).expanduser().exists():
+        return str(model)
+    return None

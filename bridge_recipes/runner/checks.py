@@ -117,7 +117,8 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         err("TP > 1 with MoE needs sequence parallelism (Megatron-Core requires it); set model.sequence_parallel=true")
 
     problems += [Problem("error", msg) for msg in vision_budget_problems(cfg)]
-    problems += [Problem("error", msg) for msg in dataset_problems(cfg)]
+    data_errors, data_warnings = dataset_findings(cfg)
+    problems += [Problem("error", msg) for msg in data_errors] + [Problem("warning", msg) for msg in data_warnings]
     from bridge_recipes.runner import checkpoints
 
     problems += [Problem("error", msg) for msg in checkpoints.problems(cfg, world_size)]
@@ -161,6 +162,15 @@ def vision_budget_problems(cfg: Any) -> list[str]:
     ]
 
 
+def dataset_findings(cfg: Any) -> tuple[list[str], list[str]]:
+    """Errors and warnings about the selected dataset (sft-rows: the rows checked in full)."""
+    if type(cfg.dataset).__name__ == "PackedSFTRowsConfig":
+        from bridge_recipes.data.packed_rows import dry_run_problems
+
+        return dry_run_problems(cfg)
+    return dataset_problems(cfg), []
+
+
 def dataset_problems(cfg: Any) -> list[str]:
     d = cfg.dataset
     kind = type(d).__name__
@@ -169,21 +179,9 @@ def dataset_problems(cfg: Any) -> list[str]:
     if kind == "EnergonDatasetConfig" and not os.path.isdir(d.path):
         return [f"dataset.path={d.path} is not a folder; point it at a prepared Energon dataset"]
     if kind == "PackedSFTRowsConfig":
-        if not d.path:
-            return [
-                "--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows "
-                "(scripts/build_sft_rows.py --out)"
-            ]
-        from bridge_recipes.data.packed_rows import PackedRowsError, read_manifest
+        from bridge_recipes.data.packed_rows import dry_run_problems
 
-        try:
-            rows = read_manifest(d.path)["row_tokens"]
-        except PackedRowsError as exc:
-            return [str(exc)]
-        if rows != cfg.model.seq_length:
-            return [
-                f"rows in {d.path} are {rows} tokens but model.seq_length is {cfg.model.seq_length}; set -sl {rows}"
-            ]
+        return dry_run_problems(cfg)[0]
     return []
 
 

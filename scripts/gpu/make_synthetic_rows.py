@@ -4,7 +4,8 @@
 Conversations are synthetic arithmetic dialogues (system / user / assistant turns), so the
 assistant-only loss has something learnable; a byte-level BPE tokenizer is trained on them
 with the Qwen chat special tokens. The rows are built by scripts/build_sft_rows.py's library
-exactly as real rows are.
+in the benchmark workload's layout (``eos_joined``), rendered as plain ChatML (``chatml``): the
+rows the published H200 SFT run trained on.
 
     python scripts/gpu/make_synthetic_rows.py --out docs/evidence/sft_rows_synthetic --row-tokens 8192
 """
@@ -58,6 +59,8 @@ def main() -> None:
             seed=args.seed,
             overwrite=True,
             progress=False,
+            chat_format="chatml",
+            packing="eos_joined",
         )
     print(json.dumps({k: manifest[k] for k in ("rows", "row_tokens", "supervised_ratio", "rows_sha256")}))
 

@@ -98,7 +98,9 @@ def permuted_stream(tok, convs, seed: int, eos_id: int):
 
 
 def build(src: Path, tokenizer_file: Path, out: Path, **kw) -> dict:
-    return build_sft_rows(src, tokenizer_file, out, row_tokens=kw.pop("row_tokens", ROW), progress=False, **kw)
+    """The plain-ChatML, EOS-joined build (the benchmark workload's layout) these tests pin down."""
+    kw = {"row_tokens": ROW, "chat_format": "chatml", "packing": "eos_joined", **kw}
+    return build_sft_rows(src, tokenizer_file, out, progress=False, **kw)
 
 
 def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -386,7 +388,11 @@ def test_hub_dataset_offline_fails_clearly(tokenizer_file, tmp_path):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(CLI), "--no-progress", *args], capture_output=True, text=True, timeout=60, cwd=REPO
+        [sys.executable, str(CLI), "--no-progress", "--chat-format", "chatml", "--packing", "eos_joined", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
 
 

@@ -1,0 +1,248 @@
+"""Rendering with the tokenizer's own chat template, with a loss mask on what the assistant writes.
+
+The tokenizer folder the recipe trains with (``tokenizer.json`` with ``tokenizer_config.json``
+and its ``chat_template``, or a ``chat_template.jinja`` beside them) renders each conversation
+through transformers' ``apply_chat_template``, so a row holds exactly the text the model sees
+at inference: the system prompt with the tool list, ``<think>`` blocks, tool calls and tool
+responses as the template writes them.
+
+Input is OpenAI-style: ``messages`` with roles ``system``, ``user``, ``assistant`` and ``tool``;
+``content`` a string or a list of parts (``{"type": "text", "text": ...}`` parts are joined; a
+conversation with any other part, e.g. an image, is skipped as ``non_text_content``);
+assistant turns may carry ``reasoning_content`` and ``tool_calls`` (then ``content`` may be
+null; ``function.arguments`` may be a JSON string, it is parsed); an optional per-conversation
+``tools`` list is passed to the template.
+
+Mask (1 = supervised): for each assistant message ``i`` the template renders
+``messages[:i]`` with the generation prompt (``G``) and ``messages[:i+1]`` (``Q``); the full
+conversation renders to ``S``. The assistant's text starts where ``G`` ends (the generation
+prompt, e.g. ``<|im_start|>assistant\\n<think>\\n``, is prompt, not target) and ends with its
+end-of-turn token (``<|im_end|>``), at the end of ``Q`` where ``Q`` is a prefix of ``S``. A
+template may render an earlier turn differently once later turns exist (Qwen templates drop
+the ``<think>`` block of turns before the last user query); then the turn starts after the
+header line the generation prompt and ``S`` share, and ends at its first end-of-turn token in
+``S``, so what is supervised is that turn as ``S`` shows it. The history before the turn
+(``messages[:i]`` without the generation prompt) must be a prefix of ``S``, or the
+conversation is skipped (``template_not_prefix_consistent``). So: the assistant's reasoning,
+text, tool calls and end-of-turn token have mask 1; system, user and tool turns, the
+assistant header and the ``\\n`` after each turn have mask 0.
+
+Tokens are those of ``S`` tokenized whole (as at inference), and each span boundary must be
+a token boundary: the tokens of ``S[:start]`` and ``S[:end]`` must be prefixes of the tokens
+of ``S``. A token merged across a boundary has no single correct mask value; such a
+conversation is skipped as ``tokenization_not_prefix_consistent``, never mis-masked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
+
+ROLES = ("system", "user", "assistant", "tool")
+END_OF_TURN = "<|im_end|>"  # Qwen3.5's end of a chat turn
+TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def _text_of(content: Any, index: int | None, j: int) -> str:
+    """A message content as one string: a string, or the text parts of a list joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        kind = type(content).__name__
+        raise MalformedConversation(index, "content_not_a_string", f"message {j} content is {kind}, not a string")
+    texts = []
+    for part in content:
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise MalformedConversation(
+                index, "non_text_content", f"message {j} has a {kind!r} content part; text models take text parts only"
+            )
+    return "".join(texts)
+
+
+def _tool_call(call: Any, index: int | None, j: int) -> dict:
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise MalformedConversation(index, "tool_call_malformed", f"message {j} has a tool call without a name")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise MalformedConversation(
+                index, "tool_arguments_not_json", f"message {j} tool call {fn['name']!r} arguments are not JSON"
+            ) from None
+    if not isinstance(args, dict):
+        raise MalformedConversation(
+            index, "tool_arguments_not_json", f"message {j} tool call {fn['name']!r} arguments are not an object"
+        )
+    return {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def normalize_conversation(messages: Any, tools: Any = None, index: int | None = None) -> tuple[list[dict], list]:
+    """Validated messages in the form the template takes, and the tool list; else MalformedConversation."""
+    if not isinstance(messages, list):
+        kind = type(messages).__name__
+        raise MalformedConversation(index, "messages_not_a_list", f"messages is {kind}, not a list")
+    if not messages:
+        raise MalformedConversation(index, "empty_conversation", "messages is an empty list")
+    if tools is not None and not isinstance(tools, list):
+        raise MalformedConversation(index, "tools_not_a_list", f"tools is {type(tools).__name__}, not a list")
+    out = []
+    for j, message in enumerate(messages):
+        if not isinstance(message, dict):
+            kind = type(message).__name__
+            raise MalformedConversation(index, "message_not_an_object", f"message {j} is {kind}, not an object")
+        role = message.get("role")
+        if role is None:
+            raise MalformedConversation(index, "missing_role_or_content", f"message {j} has no 'role'")
+        if role not in ROLES:
+            raise MalformedConversation(
+                index, "unknown_role", f"message {j} has unknown role {role!r} (expected one of {ROLES})"
+            )
+        if role == "system" and j:
+            raise MalformedConversation(index, "system_not_first", f"message {j} is a system message after the first")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls is not None and not isinstance(calls, list):
+            raise MalformedConversation(index, "tool_call_malformed", f"message {j} tool_calls is not a list")
+        content = message.get("content")
+        if content is None and not calls:
+            raise MalformedConversation(index, "missing_role_or_content", f"message {j} has no 'content'")
+        m = {"role": role, "content": "" if content is None else _text_of(content, index, j)}
+        if role == "assistant":
+            reasoning = message.get("reasoning_content")
+            if reasoning is not None:
+                if not isinstance(reasoning, str):
+                    kind = type(reasoning).__name__
+                    raise MalformedConversation(
+                        index, "reasoning_not_a_string", f"message {j} reasoning_content is {kind}, not a string"
+                    )
+                m["reasoning_content"] = reasoning
+            if calls:
+                m["tool_calls"] = [_tool_call(c, index, j) for c in calls]
+        out.append(m)
+    if not any(m["role"] == "assistant" for m in out):
+        raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")
+    return out, list(tools or [])
+
+
+def template_files_sha256(folder: Path) -> str:
+    """sha256 over the files that decide the rendering (name, then bytes, for those present)."""
+    hasher = hashlib.sha256()
+    for name in TEMPLATE_FILES:
+        path = folder / name
+        if path.is_file():
+            hasher.update(name.encode() + b"\0" + path.read_bytes())
+    return hasher.hexdigest()
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class TemplateRenderer:
+    """Renders conversations with a tokenizer folder's chat template (see the module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike, end_of_turn: str = END_OF_TURN):
+        folder = Path(folder).expanduser()
+        if folder.is_file():
+            folder = folder.parent
+        if not (folder / "tokenizer.json").is_file():
+            raise SftRowsError(f"tokenizer folder {folder} has no tokenizer.json (pass the model's tokenizer folder)")
+        try:
+            from transformers import AutoTokenizer
+
+            self.hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:  # transformers raises many kinds on a bad folder
+            raise SftRowsError(f"cannot load the tokenizer folder {folder}: {type(e).__name__}: {e}") from e
+        if not getattr(self.hf, "chat_template", None):
+            raise SftRowsError(
+                f"tokenizer folder {folder} has no chat template (tokenizer_config.json 'chat_template' or "
+                "chat_template.jinja); use the model's tokenizer folder, or --chat-format chatml for plain ChatML"
+            )
+        self.backend = self.hf.backend_tokenizer
+        if self.backend.token_to_id(end_of_turn) is None:
+            raise SftRowsError(f"tokenizer {folder} lacks the end-of-turn token {end_of_turn!r}")
+        self.folder = folder
+        self.end_of_turn = end_of_turn
+        self.sha256 = template_files_sha256(folder)
+
+    def _apply(self, messages: list[dict], tools: list, generation: bool) -> str:
+        return self.hf.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation
+        )
+
+    def _ids(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def render(self, messages: Any, tools: Any = None, *, index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids (int32) and loss mask (uint8, 1 = supervised) of one conversation."""
+        messages, tools = normalize_conversation(messages, tools, index)
+        try:
+            full = self._apply(messages, tools, False)
+            spans = [
+                self._span(messages, tools, i, full, index) for i, m in enumerate(messages) if m["role"] == "assistant"
+            ]
+        except MalformedConversation:
+            raise
+        except Exception as e:  # a template's raise_exception or a Jinja error on this input
+            raise MalformedConversation(index, "template_error", f"chat template failed: {e}") from None
+        ids = self._ids(full)
+        mask = np.zeros(len(ids), dtype=np.uint8)
+        for start, end in spans:
+            a, b = self._token_index(full, start, ids, index), self._token_index(full, end, ids, index)
+            mask[a:b] = 1
+        return np.asarray(ids, dtype=np.int32), mask
+
+    def _span(self, messages: list[dict], tools: list, i: int, full: str, index: int | None) -> tuple[int, int]:
+        history = self._apply(messages[:i], tools, False) if i else ""
+        if not full.startswith(history):
+            raise MalformedConversation(
+                index,
+                "template_not_prefix_consistent",
+                f"the chat template renders the turns before message {i} differently once later turns exist",
+            )
+        prompt = self._apply(messages[:i], tools, True)
+        if full.startswith(prompt):
+            start = len(prompt)
+        else:  # this turn is rendered differently in the full conversation: start after the shared header line
+            shared = _common_prefix(prompt, full)
+            start = full.rfind("\n", len(history), shared) + 1
+            if start <= len(history):
+                raise MalformedConversation(
+                    index, "template_not_prefix_consistent", f"no assistant header found for message {i}"
+                )
+        through = self._apply(messages[: i + 1], tools, False)
+        end = (
+            through.rfind(self.end_of_turn, start) if full.startswith(through) else full.find(self.end_of_turn, start)
+        )
+        if end < start:
+            raise MalformedConversation(
+                index, "template_no_end_of_turn", f"message {i} has no {self.end_of_turn} after it in the rendering"
+            )
+        return start, end + len(self.end_of_turn)
+
+    def _token_index(self, full: str, char: int, ids: list[int], index: int | None) -> int:
+        head = self._ids(full[:char])
+        if ids[: len(head)] != head:
+            raise MalformedConversation(
+                index,
+                "tokenization_not_prefix_consistent",
+                f"a token spans the boundary at character {char} between a prompt and an assistant span",
+            )
+        return len(head)

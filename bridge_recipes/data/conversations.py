@@ -1,0 +1,217 @@
+"""Conversation sources of an SFT rows build: local JSONL / Parquet files or a Hub dataset.
+
+Sources are indexed in a first pass (byte offsets of JSONL lines, or the row count of a
+Parquet file), so a global permutation can be drawn without holding the data, then read in
+that order through windows of ``READ_WINDOW`` conversations (Parquet row groups cached up to
+``PARQUET_CACHE_BYTES``). The source row index is 0-based: the Parquet row, or for JSONL the
+non-blank line (blank lines are not conversations; they are counted as ``blank_lines``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from bridge_recipes.data.integrity import file_sha256
+
+DEFAULT_MESSAGES_KEY = "messages"
+TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI style)
+READ_WINDOW = 4096  # conversations fetched per sorted random-access window
+PARQUET_CACHE_BYTES = 512 * 2**20  # decoded Parquet row groups kept between windows
+
+_FILE_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
+# Suffixes that mark a missing *file* rather than a Hugging Face dataset id.
+_PATH_LIKE_SUFFIXES = {".jsonl", ".json", ".parquet", ".arrow", ".csv", ".txt", ".gz", ".zst", ".bz2", ".xz"}
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+class SftRowsError(Exception):
+    """Bad input to a build (missing file, unusable tokenizer, output folder in use, ...)."""
+
+
+class MalformedConversation(ValueError):
+    """A source conversation that cannot be rendered; ``index`` is its source row index."""
+
+    def __init__(self, index: int | None, reason: str, detail: str):
+        self.index = index
+        self.reason = reason
+        self.detail = detail
+        where = f"source row {index}" if index is not None else "conversation"
+        super().__init__(f"{where}: {detail} [{reason}]")
+
+
+def source_kind(source: str) -> str:
+    """``jsonl`` or ``parquet`` for a local file, ``hf`` for a Hugging Face dataset id."""
+    path = Path(source).expanduser()
+    suffix = path.suffix.lower()
+    if path.exists():
+        if not path.is_file():
+            raise SftRowsError(f"input {source} is not a file; pass a .jsonl or .parquet file")
+        if suffix not in _FILE_SUFFIXES:
+            raise SftRowsError(f"input {source}: unsupported file type {suffix or '(none)'}; use .jsonl or .parquet")
+        return _FILE_SUFFIXES[suffix]
+    if suffix in _PATH_LIKE_SUFFIXES or source.startswith((".", "/", "~")) or not _HF_ID.fullmatch(source):
+        raise SftRowsError(f"input file not found: {source}")
+    return "hf"
+
+
+def chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
+    for start in range(0, len(order), size):
+        yield order[start : start + size]
+
+
+class JsonlSource:
+    """A JSONL file indexed by the byte offset of each non-blank line (8 bytes per line)."""
+
+    kind = "jsonl"
+
+    def __init__(self, path: str | os.PathLike, messages_key: str = DEFAULT_MESSAGES_KEY, progress: bool = False):
+        self.path = Path(path)
+        self.messages_key = messages_key
+        offsets = array("q")
+        hasher = hashlib.sha256()
+        self.blank_lines = 0
+        with open(self.path, "rb") as f, _bytes_bar(self.path, "index", progress) as bar:
+            offset = 0
+            for line in f:
+                hasher.update(line)  # hashed while indexing: the source identity costs no extra pass
+                if line.isspace():
+                    self.blank_lines += 1
+                else:
+                    offsets.append(offset)
+                offset += len(line)
+                bar.update(len(line))
+        self.offsets = np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, dtype=np.int64)
+        self.sha256 = hasher.hexdigest()
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def records(self, order: np.ndarray, window: int = READ_WINDOW) -> Iterator[tuple[int, bytes]]:
+        """Lines in ``order``; each window is read in file order, so seeks mostly go forward."""
+        with open(self.path, "rb") as f:
+            for part in chunks(order, window):
+                lines = {}
+                for i in np.sort(part):
+                    f.seek(int(self.offsets[i]))
+                    lines[int(i)] = f.readline()
+                for i in part:
+                    yield int(i), lines[int(i)]
+
+    def decode(self, line: bytes, index: int) -> Any:
+        try:
+            record = json.loads(line)
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            raise MalformedConversation(index, "invalid_json", f"line is not valid JSON ({e})") from None
+        if not isinstance(record, dict):
+            kind = type(record).__name__
+            raise MalformedConversation(index, "record_not_an_object", f"line is a JSON {kind}, not an object")
+        if self.messages_key not in record:
+            raise MalformedConversation(index, "missing_messages_key", f"record has no {self.messages_key!r} key")
+        return record[self.messages_key], record.get(TOOLS_KEY)
+
+
+class ParquetSource:
+    """A Parquet file read by row group; decoded row groups are cached up to ``cache_bytes``."""
+
+    kind = "parquet"
+    blank_lines = 0
+
+    def __init__(
+        self, path: str | os.PathLike, messages_key: str = DEFAULT_MESSAGES_KEY, cache_bytes: int = PARQUET_CACHE_BYTES
+    ):
+        self.path = Path(path)
+        self.messages_key = messages_key
+        try:
+            self.file = pq.ParquetFile(self.path)
+        except Exception as e:
+            raise SftRowsError(f"cannot read Parquet file {self.path}: {e}") from e
+        names = self.file.schema_arrow.names
+        if messages_key not in names:
+            columns = ", ".join(names)
+            raise SftRowsError(f"Parquet file {self.path} has no {messages_key!r} column (columns: {columns})")
+        sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
+        self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cached_bytes = 0
+        self.sha256 = file_sha256(self.path)
+
+    def __len__(self) -> int:
+        return int(self.group_starts[-1])
+
+    def records(self, order: np.ndarray, window: int = READ_WINDOW) -> Iterator[tuple[int, Any]]:
+        """Rows in ``order``; each row group needed by a window is decoded once for it."""
+        for part in chunks(order, window):
+            groups = np.searchsorted(self.group_starts, part, side="right") - 1
+            values = {}
+            for group in np.unique(groups):
+                wanted = part[groups == group]
+                column = self._row_group(int(group))
+                taken = column.take(pa.array(wanted - self.group_starts[group])).to_pylist()
+                values.update(zip(wanted.tolist(), taken))
+            for i in part:
+                yield int(i), values[int(i)]
+
+    def _row_group(self, group: int) -> pa.Table:
+        if group in self._cache:
+            self._cache.move_to_end(group)
+            return self._cache[group]
+        columns = [self.messages_key] + ([TOOLS_KEY] if TOOLS_KEY in self.file.schema_arrow.names else [])
+        column = self.file.read_row_group(group, columns=columns)
+        self._cache[group] = column
+        self._cached_bytes += column.nbytes
+        while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:  # keep at least the newest
+            _, evicted = self._cache.popitem(last=False)
+            self._cached_bytes -= evicted.nbytes
+        return column
+
+    def decode(self, value: dict, index: int) -> tuple[Any, Any]:
+        return value[self.messages_key], value.get(TOOLS_KEY)
+
+
+def spool_hf_dataset(
+    dataset_id: str, dest: Path, *, split: str, revision: str | None, messages_key: str, progress: bool
+) -> None:
+    """Stream a Hub dataset's ``messages_key`` column into a local JSONL file.
+
+    A streaming dataset has no random access; spooling it once gives the count and the
+    offsets a global permutation needs, with bounded memory (disk: about the column's size).
+    """
+    try:
+        import datasets
+    except ImportError as e:
+        raise SftRowsError(
+            f"input {dataset_id!r} is not a local file, and reading a Hugging Face dataset needs "
+            "the `datasets` library"
+        ) from e
+    hint = (
+        "reading a Hugging Face dataset by id needs network access to the Hub; "
+        "offline, pass a local .jsonl or .parquet file"
+    )
+    try:
+        stream = datasets.load_dataset(dataset_id, split=split, revision=revision, streaming=True)
+        with open(dest, "w", encoding="utf-8") as out:
+            for example in tqdm(stream, desc="download", unit="conv", disable=not progress):
+                record = {k: example[k] for k in (messages_key, TOOLS_KEY) if k in example}
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except Exception as e:
+        raise SftRowsError(
+            f"cannot load Hugging Face dataset {dataset_id!r} (split {split!r}): {type(e).__name__}: {e}; {hint}"
+        ) from e
+
+
+def _bytes_bar(path: Path, desc: str, progress: bool) -> tqdm:
+    return tqdm(total=path.stat().st_size, desc=desc, unit="B", unit_scale=True, disable=not progress)

@@ -1,0 +1,216 @@
+"""Identity and integrity of built SFT rows: file names, the rows hash, file hashes.
+
+``rows_sha256`` is defined independently of the Parquet encoding: sha256 over, for each
+written row in order, its ``input_ids`` as little-endian int32 bytes (``4 * row_tokens``
+bytes) followed by its ``loss_mask`` as uint8 bytes (``row_tokens`` bytes).
+Rows in ``boundaries`` mode also hash their ``cu_seqlens`` (little-endian int32) after the
+mask. ``parquet_sha256`` is the sha256 of the Parquet file bytes, which also depend on the
+pyarrow version and compression (both recorded in the manifest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+ROWS_FILE = "rows.parquet"
+MANIFEST_FILE = "manifest.json"
+VAL_DIR = "val"  # the validation rows: a rows folder of its own inside the training one
+CU_COLUMN = "cu_seqlens"  # per-row conversation boundaries (boundaries mode)
+
+ROWS_SHA256_DEFINITION = (
+    "sha256 over, for each row in order, input_ids as little-endian int32 bytes followed by loss_mask as uint8 bytes"
+)
+ROWS_SHA256_DEFINITION_BOUNDARIES = ROWS_SHA256_DEFINITION + ", then cu_seqlens as little-endian int32 bytes"
+
+
+def update_rows_hash(hasher: hashlib._Hash, ids: np.ndarray, mask: np.ndarray, cu: np.ndarray | None = None) -> None:
+    """Feed one row into a rows_sha256 hasher (see the module docstring for the definition)."""
+    hasher.update(np.asarray(ids, dtype="<i4").tobytes())
+    hasher.update(np.asarray(mask, dtype=np.uint8).tobytes())
+    if cu is not None:
+        hasher.update(np.asarray(cu, dtype="<i4").tobytes())
+
+
+def parquet_rows_sha256(path: str | os.PathLike) -> str:
+    """Recompute rows_sha256 from a rows Parquet file, one row group at a time."""
+    hasher = hashlib.sha256()
+    pf = pq.ParquetFile(path)
+    for rg in range(pf.num_row_groups):
+        table = pf.read_row_group(rg)
+        cus = table.column(CU_COLUMN).to_pylist() if CU_COLUMN in table.column_names else [None] * table.num_rows
+        for ids, mask, cu in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(), cus):
+            update_rows_hash(hasher, np.asarray(ids), np.asarray(mask), None if cu is None else np.asarray(cu))
+    return hasher.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 16 * 2**20) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+class RowsIntegrityError(ValueError):
+    """A rows folder that cannot be trained on as it is; the message names the file and the fix."""
+
+
+REQUIRED_KEYS = ("builder_version", "row_tokens", "rows", "packing", "rows_sha256", "parquet_sha256", "parquet_bytes")
+ID_TYPE, MASK_TYPE = "list<element: int32>", "list<element: uint8>"
+
+
+@dataclass(frozen=True)
+class LoadedRows:
+    manifest: dict
+    ids: np.ndarray  # int32 [rows, row_tokens]
+    mask: np.ndarray  # uint8 [rows, row_tokens]
+    cu: list[np.ndarray] | None  # per-row int32 conversation boundaries (boundaries mode)
+
+
+def _rebuild(folder: Path) -> str:
+    return f"rebuild it with scripts/build_sft_rows.py --out {folder} --overwrite"
+
+
+def read_manifest(folder: str | os.PathLike) -> dict:
+    """The manifest of a rows folder, with the fields training relies on present."""
+    folder = Path(folder)
+    for name in (ROWS_FILE, MANIFEST_FILE):
+        if not (folder / name).is_file():
+            raise RowsIntegrityError(f"{folder} has no {name}: build it with scripts/build_sft_rows.py --out {folder}")
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RowsIntegrityError(f"{folder / MANIFEST_FILE} is not valid JSON ({e}); {_rebuild(folder)}") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise RowsIntegrityError(
+            f"{folder / MANIFEST_FILE} lacks {', '.join(missing)} (not written by this builder); {_rebuild(folder)}"
+        )
+    return manifest
+
+
+def tokenizer_json(path: str | os.PathLike) -> Path:
+    path = Path(path).expanduser()
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def check_rows(
+    folder: str | os.PathLike,
+    *,
+    seq_length: int | None = None,
+    vocab_size: int | None = None,
+    tokenizer: str | os.PathLike | None = None,
+) -> LoadedRows:
+    """Check a rows folder against its manifest and the recipe, and load it.
+
+    Checked: the manifest's fields; the Parquet size and sha256 against the manifest (a
+    truncated, zero-byte or replaced file); that Parquet can read it; row count; column types;
+    every row ``row_tokens`` long and ``row_tokens == seq_length``; token ids in
+    ``[0, vocab_size)``; loss mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
+    the rows hash; the tokenizer's sha256 against ``tokenizer`` (a folder or tokenizer.json);
+    and the same for the validation rows in ``val/``. Raises RowsIntegrityError.
+    """
+    import pyarrow as pa
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    rows_file = folder / ROWS_FILE
+    where = f"{rows_file}"
+    row_tokens = manifest["row_tokens"]
+    if seq_length is not None and row_tokens != seq_length:
+        raise RowsIntegrityError(
+            f"rows in {folder} are {row_tokens} tokens but the model's seq_length is {seq_length}; "
+            f"set -sl {row_tokens} or rebuild the rows with --row-tokens {seq_length}"
+        )
+    size = rows_file.stat().st_size
+    if size != manifest["parquet_bytes"]:
+        raise RowsIntegrityError(
+            f"{where} is {size} bytes but {MANIFEST_FILE} records {manifest['parquet_bytes']}: the file is "
+            f"truncated or was replaced; {_rebuild(folder)}"
+        )
+    if file_sha256(rows_file) != manifest["parquet_sha256"]:
+        raise RowsIntegrityError(
+            f"{where} does not match the sha256 in {MANIFEST_FILE} (the file changed after the build); "
+            f"{_rebuild(folder)}"
+        )
+    if tokenizer is not None:
+        tok_file = tokenizer_json(tokenizer)
+        if (
+            tok_file.is_file()
+            and manifest.get("tokenizer_sha256")
+            and file_sha256(tok_file) != manifest["tokenizer_sha256"]
+        ):
+            raise RowsIntegrityError(
+                f"rows in {folder} were built with a different tokenizer than the recipe's {tok_file} "
+                f"(sha256 differs from the manifest's tokenizer_sha256); rebuild them with --tokenizer {tokenizer}"
+            )
+    try:
+        table = pq.read_table(rows_file)
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError on a damaged file
+        raise RowsIntegrityError(f"cannot read {where}: {e}; {_rebuild(folder)}") from None
+    if table.num_rows != manifest["rows"]:
+        raise RowsIntegrityError(
+            f"{where} holds {table.num_rows} rows but {MANIFEST_FILE} records {manifest['rows']}; {_rebuild(folder)}"
+        )
+    boundaries = manifest["packing"] == "boundaries"
+    expected = {"input_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.uint8())}
+    if boundaries:
+        expected[CU_COLUMN] = pa.list_(pa.int32())
+    for name, kind in expected.items():
+        if name not in table.column_names or table.schema.field(name).type != kind:
+            found = table.schema.field(name).type if name in table.column_names else "missing"
+            raise RowsIntegrityError(f"{where} column {name!r} is {found}, expected {kind}; {_rebuild(folder)}")
+    if table.num_rows == 0:
+        raise RowsIntegrityError(f"{folder} holds no rows; {_rebuild(folder)}")
+
+    def flat(name: str, dtype) -> np.ndarray:
+        column = table.column(name).combine_chunks()
+        lengths = np.diff(np.asarray(column.offsets))
+        if name != CU_COLUMN and (lengths != row_tokens).any():
+            bad = int(np.flatnonzero(lengths != row_tokens)[0])
+            raise RowsIntegrityError(
+                f"{where} row {bad} {name} has {lengths[bad]} tokens, not {row_tokens}; {_rebuild(folder)}"
+            )
+        return np.asarray(column.flatten(), dtype=dtype), lengths
+
+    ids = flat("input_ids", np.int32)[0].reshape(-1, row_tokens)
+    mask = flat("loss_mask", np.uint8)[0].reshape(-1, row_tokens)
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        value = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise RowsIntegrityError(
+            f"{where} holds token id {value}, outside the model's vocabulary [0, {vocab_size}); the rows were built "
+            "with another tokenizer: rebuild them with the model's tokenizer"
+        )
+    if mask.max() > 1:
+        raise RowsIntegrityError(
+            f"{where} loss_mask holds {int(mask.max())}; only 0 and 1 are allowed; {_rebuild(folder)}"
+        )
+    cu = None
+    if boundaries:
+        values, lengths = flat(CU_COLUMN, np.int32)
+        cu = np.split(values, np.cumsum(lengths)[:-1])
+        for r, c in enumerate(cu):
+            if len(c) < 2 or c[0] != 0 or c[-1] != row_tokens or (np.diff(c) <= 0).any():
+                raise RowsIntegrityError(
+                    f"{where} row {r} cu_seqlens {c.tolist()[:8]} do not run from 0 to {row_tokens} in increasing "
+                    f"order; {_rebuild(folder)}"
+                )
+    hasher = hashlib.sha256()
+    for r in range(len(ids)):
+        update_rows_hash(hasher, ids[r], mask[r], None if cu is None else cu[r])
+    if hasher.hexdigest() != manifest["rows_sha256"]:
+        raise RowsIntegrityError(f"{where} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}")
+    if manifest.get("validation"):
+        val = check_rows(folder / VAL_DIR, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
+        if val.manifest["rows_sha256"] != manifest["validation"]["rows_sha256"]:
+            raise RowsIntegrityError(
+                f"{folder / VAL_DIR} is not the validation split {folder / MANIFEST_FILE} records; {_rebuild(folder)}"
+            )
+    return LoadedRows(manifest, ids, mask, cu)

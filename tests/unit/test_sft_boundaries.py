@@ -1,0 +1,170 @@
+"""Boundaries rows: whole conversations with cu_seqlens, and the packed-sequence keys the dataset returns."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from bridge_recipes.data.chat_template import TemplateRenderer
+from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedSFTRowsConfig, dry_run_problems
+from bridge_recipes.data.packing import BoundaryPacker
+from bridge_recipes.data.sft_rows import build_sft_rows
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+ROW = 128
+
+
+def conversation(i: int) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is the weather in Paris on day {i}?"},
+            {"role": "assistant", "content": "It is sunny " * (1 + i % 5), "reasoning_content": "think " * (i % 3)},
+        ]
+    }
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, list[dict], dict]:
+    tmp = tmp_path_factory.mktemp("rows")
+    convs = [conversation(i) for i in range(40)]
+    convs.append({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "long " * 200}]})
+    src = tmp / "c.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in convs))
+    m = build_sft_rows(src, TOKENIZER, tmp / "out", row_tokens=ROW, progress=False)
+    return tmp / "out", convs, m
+
+
+def test_packer_places_whole_conversations_and_pads_the_rest():
+    p = BoundaryPacker(row_tokens=10, pad_id=0, open_rows=2)
+    assert p.add(np.arange(1, 7), np.ones(6)) == []  # row A: 6
+    assert p.add(np.arange(1, 6), np.ones(5)) == []  # does not fit A: row B: 5
+    assert p.add(np.arange(1, 4), np.ones(3)) == []  # first fit: A (9)
+    closed = p.add(np.arange(1, 9), np.ones(8))  # fits neither; 2 open: the fullest (A) closes
+    assert len(closed) == 1 and closed[0].cu.tolist() == [0, 6, 9, 10] and closed[0].padding == 1
+    assert closed[0].ids.tolist() == [1, 2, 3, 4, 5, 6, 1, 2, 3, 0] and closed[0].mask.tolist()[-1] == 0
+    rest = p.finish()
+    assert [r.cu.tolist() for r in rest] == [[0, 5, 10], [0, 8, 10]]
+    assert p.padding_tokens == 1 + 5 + 2 and p.stream_tokens == 22 and p.conversations == 4
+
+
+def test_each_row_segment_is_one_whole_conversation(built):
+    out, convs, m = built
+    r = TemplateRenderer(TOKENIZER)
+    rendered = {tuple(r.render(c["messages"])[0].tolist()) for c in convs[:40]}
+    table = pq.read_table(out / "rows.parquet")
+    segments = 0
+    for ids, mask, cu in zip(*(table.column(k).to_pylist() for k in ("input_ids", "loss_mask", "cu_seqlens"))):
+        assert cu[0] == 0 and cu[-1] == ROW and len(ids) == ROW
+        for a, b in zip(cu[:-1], cu[1:]):
+            if tuple(ids[a:b]) in rendered:
+                segments += 1
+            else:  # the padding segment: EOS ids, no loss
+                assert b == ROW and set(ids[a:b]) == {m["eos_token_id"]} and not any(mask[a:b])
+    assert segments == 40 == m["conversations"]["used"]
+    assert m["conversations"]["skipped"] == {"longer_than_row": 1}
+    assert m["stream_tokens"] + m["padding_tokens"] == m["rows"] * ROW and m["tail_tokens_dropped"] == 0
+
+
+def test_rows_hash_covers_the_boundaries(built):
+    out, _, m = built
+    h = hashlib.sha256()
+    table = pq.read_table(out / "rows.parquet")
+    for ids, mask, cu in zip(*(table.column(k).to_pylist() for k in ("input_ids", "loss_mask", "cu_seqlens"))):
+        h.update(np.array(ids, "<i4").tobytes() + np.array(mask, np.uint8).tobytes() + np.array(cu, "<i4").tobytes())
+    assert h.hexdigest() == m["rows_sha256"]
+
+
+def test_sample_carries_the_packed_sequence_keys(built):
+    out, _, _ = built
+    ds = PackedRowsDataset(out, ROW, 10)
+    s = ds[1]
+    cu = ds.cu[1]
+    assert s["cu_seqlens_q"].tolist() == cu.tolist() == s["cu_seqlens_kv"].tolist()
+    assert int(s["max_seqlen_q"]) == int(np.diff(cu).max())
+    for a, b in zip(cu[:-1], cu[1:]):
+        assert s["position_ids"][a:b].tolist() == list(range(b - a))  # positions restart
+        assert s["loss_mask"][b - 1] == 0  # the last token of a conversation predicts nothing
+    ids = ds.ids[1]
+    assert s["labels"][:-1].tolist() == ids[1:].tolist()
+    trained = s["loss_mask"].numpy().astype(bool)
+    assert trained.any() and (s["loss_mask"][:-1].numpy() <= ds.mask[1][1:]).all()
+
+
+def test_megatron_bridge_turns_a_collated_sample_into_thd_params(built):
+    """The same path gpt_step takes: default collate (micro batch 1), then get_packed_seq_params."""
+    import torch.utils.data
+    from megatron.bridge.training.gpt_step import _packed_metadata_for_forward
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    out, _, _ = built
+    ds = PackedRowsDataset(out, ROW, 4)
+    batch = next(iter(torch.utils.data.DataLoader(ds, batch_size=1)))
+    params = get_packed_seq_params(_packed_metadata_for_forward(batch))
+    assert params.qkv_format == "thd"
+    assert params.cu_seqlens_q.tolist() == ds.cu[0].tolist() == params.cu_seqlens_kv.tolist()
+    assert params.max_seqlen_q == int(np.diff(ds.cu[0]).max())
+
+
+def test_config_reports_offline_packing_only_for_boundaries_rows(built, tmp_path):
+    out, _, _ = built
+    cfg = PackedSFTRowsConfig(path=str(out), seq_length=ROW)
+    assert cfg.enable_offline_packing and cfg.offline_packing_specs.packed_sequence_size == ROW
+    joined = PackedSFTRowsConfig(path=str(REPO / "docs/evidence/sft_rows_synthetic/rows"), seq_length=8192)
+    assert not joined.enable_offline_packing and joined.offline_packing_specs is None
+    sample = PackedRowsDataset(REPO / "docs/evidence/sft_rows_synthetic/rows", 8192, 1)[0]
+    assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(8192))
+
+
+class _Cfg:
+    """The parts of a recipe config the dry-run check reads."""
+
+    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1):
+        from types import SimpleNamespace as NS
+
+        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW)
+        self.model = NS(
+            seq_length=ROW,
+            vocab_size=512,
+            context_parallel_size=cp,
+            cuda_graph_impl=graphs,
+            deterministic_mode=deterministic,
+        )
+        self.train = NS(micro_batch_size=mbs, train_iters=iters, global_batch_size=gbs)
+        self.tokenizer = NS(tokenizer_model=None)
+
+
+def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
+    out, _, _ = built
+    assert dry_run_problems(_Cfg(out)) == ([], [])
+    cases = [
+        (dict(mbs=2), "set -mb 1"),
+        (dict(cp=2), "set --cp 1"),
+        (dict(graphs="transformer_engine"), "model.cuda_graph_impl=none"),
+        (dict(deterministic=True), "model.deterministic_mode=false"),
+    ]
+    for kw, fix in cases:
+        errors, _ = dry_run_problems(_Cfg(out, **kw))
+        assert len(errors) == 1 and fix in errors[0] and "--packing eos_joined" in errors[0]
+
+
+def test_eos_joined_template_rows_are_the_benchmark_layout(tmp_path):
+    from bridge_recipes.data.conversations import SftRowsError
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(40)))
+    m = build_sft_rows(src, TOKENIZER, tmp_path / "out", row_tokens=ROW, packing="eos_joined", progress=False)
+    assert m["packing"] == "eos_joined" and m["padding_tokens"] == 0 and m["tail_tokens_dropped"] < ROW
+    assert pq.read_schema(tmp_path / "out" / "rows.parquet").names == ["input_ids", "loss_mask"]
+    ids = pq.read_table(tmp_path / "out" / "rows.parquet").column("input_ids").to_pylist()
+    eos = m["eos_token_id"]
+    assert sum(row.count(eos) for row in ids) >= m["rows"] - 1  # conversations joined by EOS across rows
+    sample = PackedRowsDataset(tmp_path / "out", ROW, 1)[0]
+    assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
+    with pytest.raises(SftRowsError, match="supervise_eos applies to eos_joined rows"):
+        build_sft_rows(src, TOKENIZER, tmp_path / "b", row_tokens=ROW, supervise_eos=True, progress=False)

@@ -1,0 +1,139 @@
+"""Validation split of SFT rows, its wiring to Megatron-Bridge, and the epochs warning."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.data.conversations import SftRowsError
+from bridge_recipes.data.packed_rows import PackedSFTRowsConfig, dry_run_problems
+from bridge_recipes.data.sft_rows import build_sft_rows
+
+REPO = Path(__file__).resolve().parents[2]
+TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+ROW = 128
+
+
+def write_convs(path: Path, n: int, tag: str = "") -> Path:
+    lines = []
+    for i in range(n):
+        msgs = [
+            {"role": "user", "content": f"{tag}What is the weather in Paris on day {i}?"},
+            {"role": "assistant", "content": "It is sunny " * (1 + i % 4)},
+        ]
+        lines.append(json.dumps({"messages": msgs}) + "\n")
+    path.write_text("".join(lines))
+    return path
+
+
+def build(src, out, **kw):
+    return build_sft_rows(src, TOKENIZER, out, row_tokens=ROW, progress=False, **kw)
+
+
+def test_val_fraction_takes_the_head_of_the_permutation(tmp_path):
+    src = write_convs(tmp_path / "c.jsonl", 40)
+    m = build(src, tmp_path / "out", val_fraction=0.2)
+    val = json.loads((tmp_path / "out" / "val" / "manifest.json").read_text())
+    assert val["conversations"]["used"] == 8 and m["conversations"]["used"] == 32
+    assert val["split_name"] == "validation" and val["permutation"].endswith("[:8]")
+    assert m["permutation"].endswith("[8:]") and m["validation"]["rows"] == val["rows"] > 0
+    assert m["validation"]["rows_sha256"] == val["rows_sha256"]
+    whole = build(src, tmp_path / "whole")
+    assert whole["validation"] is None and not (tmp_path / "whole" / "val").exists()
+    assert whole["conversations"]["used"] == 40
+
+
+def test_val_input_builds_the_validation_rows_from_another_file(tmp_path):
+    src = write_convs(tmp_path / "c.jsonl", 30)
+    held = write_convs(tmp_path / "v.jsonl", 6, tag="held out: ")
+    m = build(src, tmp_path / "out", val_input=held)
+    val = json.loads((tmp_path / "out" / "val" / "manifest.json").read_text())
+    assert m["conversations"]["used"] == 30 and val["conversations"]["used"] == 6
+    assert val["source"] == str(held)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(val_fraction=1.0), "val_fraction must be in [0, 1)"),
+        (dict(val_fraction=0.1, val_input="v.jsonl"), "either a validation fraction or a validation input"),
+    ],
+)
+def test_bad_validation_settings_are_refused(tmp_path, kw, message):
+    src = write_convs(tmp_path / "c.jsonl", 5)
+    with pytest.raises(SftRowsError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        build(src, tmp_path / "out", **kw)
+    assert not (tmp_path / "out").exists()
+
+
+def test_provider_returns_the_validation_rows_when_asked(tmp_path):
+    from megatron.bridge.data.base import DatasetBuildContext
+
+    src = write_convs(tmp_path / "c.jsonl", 40)
+    build(src, tmp_path / "out", val_fraction=0.25)
+    cfg = PackedSFTRowsConfig(path=str(tmp_path / "out"), seq_length=ROW)
+    train, valid, test = cfg.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=6, test_samples=0))
+    assert len(valid) == 6 and test is None
+    assert {tuple(r) for r in valid.ids.tolist()}.isdisjoint({tuple(r) for r in train.ids.tolist()})
+    _, none, _ = cfg.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=0, test_samples=0))
+    assert none is None
+
+
+def test_sft_rows_selection_turns_validation_on():
+    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config as recipe
+    from bridge_recipes.runner import datasets
+
+    cfg = recipe()
+    assert cfg.validation.eval_iters == 0
+    datasets.select(cfg, "sft-rows")
+    assert cfg.validation.eval_iters == 1 and cfg.dataset.vocab_size == cfg.model.vocab_size
+
+
+def test_a_run_reading_rows_more_than_once_is_warned_with_its_epochs(tmp_path, caplog):
+    from types import SimpleNamespace as NS
+
+    from megatron.bridge.data.base import DatasetBuildContext
+
+    src = write_convs(tmp_path / "c.jsonl", 40)
+    m = build(src, tmp_path / "out")
+    rows = m["rows"]
+
+    def cfg(iters, gbs):
+        return NS(
+            dataset=PackedSFTRowsConfig(path=str(tmp_path / "out"), seq_length=ROW),
+            model=NS(seq_length=ROW, vocab_size=512, context_parallel_size=1, cuda_graph_impl="none"),
+            train=NS(micro_batch_size=1, train_iters=iters, global_batch_size=gbs),
+            tokenizer=NS(tokenizer_model=None),
+        )
+
+    assert dry_run_problems(cfg(1, rows)) == ([], [])
+    errors, warnings = dry_run_problems(cfg(5, rows))
+    assert errors == [] and len(warnings) == 1 and "5.00 epochs" in warnings[0]
+    with caplog.at_level(logging.WARNING, logger="bridge_recipes.data.packed_rows"):
+        cfg(1, 1).dataset.build_datasets(DatasetBuildContext(train_samples=3 * rows, valid_samples=0, test_samples=0))
+    assert "3.00 epochs" in caplog.text
+
+
+def test_runner_dry_run_prints_the_epochs_warning(capsys):
+    from bridge_recipes.runner.cli import main
+
+    rows = str(REPO / "docs/evidence/sft_rows_synthetic/rows")
+    args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8"]
+    assert main([*args, "--dataset", "sft-rows", f"dataset.path={rows}"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the run reads 6400 training samples from 46 rows" in err and "139.13 epochs" in err
+
+
+def test_runner_dry_run_passes_megatron_validation_with_boundaries_rows(tmp_path, capsys):
+    from bridge_recipes.runner.cli import main
+
+    src = write_convs(tmp_path / "c.jsonl", 20)
+    build_sft_rows(src, TOKENIZER, tmp_path / "rows", row_tokens=8192, progress=False)
+    args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8"]
+    assert main([*args, "--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}"]) == 0
+    assert "checks: ok" in capsys.readouterr().out
+    assert main([*args, "--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}", "-mb", "2"]) == 2
+    assert "set -mb 1" in capsys.readouterr().err
