@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from tqdm.contrib.logging import logging_redirect_tqdm

@@ -83,8 +83,8 @@ def test_provider_returns_the_validation_rows_when_asked(tmp_path):
 
 
 def test_sft_rows_selection_turns_validation_on():
+    from bridge_recipes import datasets
     from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config as recipe
-    from bridge_recipes.runner import datasets
 
     cfg = recipe()
     assert cfg.validation.eval_iters == 0
