@@ -115,6 +115,14 @@ class JsonlSource:
             record = json.loads(line)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
             raise MalformedConversation(index, "invalid_json", f"line is not valid JSON ({e})") from None
+        except RecursionError:
+            raise MalformedConversation(index, "invalid_json", "line nests JSON deeper than Python can read") from None
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise MalformedConversation(
+                index, "invalid_text", f"text holds a character UTF-8 cannot encode ({e.reason}: a lone surrogate)"
+            ) from None
         if not isinstance(record, dict):
             kind = type(record).__name__
             raise MalformedConversation(index, "record_not_an_object", f"line is a JSON {kind}, not an object")

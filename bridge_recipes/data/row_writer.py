@@ -130,7 +130,12 @@ def stage_dir(out_dir: Path) -> Path:
     """A fresh staging folder beside ``out_dir`` (same file system, so renames are atomic)."""
     stage = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    try:
+        stage.mkdir(parents=True)
+    except OSError as e:
+        raise SftRowsError(
+            f"cannot create the output folder's parent {out_dir.parent} ({e.strerror or e}); choose a writable --out"
+        ) from None
     return stage
 
 

@@ -203,6 +203,8 @@ def build_sft_rows(
     """
     if row_tokens < 1:
         raise SftRowsError(f"row_tokens must be positive, got {row_tokens}")
+    if not 0 <= seed < 2**32:
+        raise SftRowsError(f"seed must be in [0, 2**32), got {seed}")
     if max_rows is not None and max_rows < 1:
         raise SftRowsError(f"max_rows must be positive, got {max_rows}")
     if chat_format not in CHAT_FORMATS:
@@ -366,7 +368,14 @@ def _pack_and_write(
                 read += 1
                 bar.update(1)
                 try:
-                    ids, mask = render(reader.decode(raw, index), index)
+                    conversation = reader.decode(raw, index)
+                    try:
+                        ids, mask = render(conversation, index)
+                    except MalformedConversation:
+                        raise
+                    except (TypeError, ValueError, UnicodeError, RecursionError) as e:
+                        # one conversation the tokenizer or template cannot take: counted, never fatal
+                        raise MalformedConversation(index, "render_failed", f"{type(e).__name__}: {e}") from None
                     if not packer.fits(len(ids)):
                         raise MalformedConversation(
                             index,

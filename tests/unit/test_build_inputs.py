@@ -1,0 +1,84 @@
+"""One bad input line is counted and skipped, never fatal; bad arguments are clear errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.data import sft_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
+GOOD = {
+    "messages": [
+        {"role": "user", "content": "what is the capital of france, and why is it there?"},
+        {"role": "assistant", "content": "paris; the river seine made it a crossing and a port long ago."},
+    ]
+}
+BAD_LINES = {
+    "invalid_json": ["{not json", '{"messages":' + "[" * 100_000 + "]" * 100_000 + "}"],
+    "invalid_text": ['{"messages":[{"role":"user","content":"\\ud800"},{"role":"assistant","content":"ok"}]}'],
+}
+
+
+def _write_input(path: Path, good: int = 40) -> Path:
+    lines = [json.dumps(GOOD)] * good + [line for lines in BAD_LINES.values() for line in lines]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _build(tmp_path, **kw):
+    return sft_rows.build_sft_rows(
+        _write_input(tmp_path / "in.jsonl"),
+        TOKENIZER,
+        tmp_path / "rows",
+        row_tokens=64,
+        chat_format="chatml",
+        packing="eos_joined",
+        progress=False,
+        **kw,
+    )
+
+
+def test_bad_lines_are_counted_and_skipped(tmp_path):
+    manifest = _build(tmp_path)
+    counts = manifest["conversations"]
+    assert counts["used"] == 40
+    for reason, lines in BAD_LINES.items():
+        assert counts["skipped"][reason] == len(lines), counts
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_seed_out_of_range(tmp_path, seed):
+    with pytest.raises(sft_rows.SftRowsError, match="seed must be in"):
+        _build(tmp_path, seed=seed)
+
+
+def test_output_that_cannot_be_created(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(sft_rows.SftRowsError, match="cannot create the output folder's parent"):
+        sft_rows.build_sft_rows(
+            _write_input(tmp_path / "in.jsonl"),
+            TOKENIZER,
+            tmp_path / "file" / "sub" / "rows",
+            row_tokens=64,
+            chat_format="chatml",
+            packing="eos_joined",
+            progress=False,
+        )
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_script_exits_2_without_traceback(tmp_path):
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/build_sft_rows.py"), "--input", str(_write_input(tmp_path / "in.jsonl"))]
+        + ["--tokenizer", str(TOKENIZER), "--chat-format", "chatml", "--packing", "eos_joined", "--row-tokens", "64"]
+        + ["--out", str(tmp_path / "rows"), "--seed", "-1", "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and "seed must be in" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "rows").exists()
