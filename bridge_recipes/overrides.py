@@ -97,7 +97,12 @@ def parse(token: str) -> Override:
     try:
         o = OverridesParser.create().parse_override(token)
     except Exception as exc:  # Hydra raises its own exception types for grammar errors
-        raise OverrideError(f"malformed override {token!r}: {exc}") from None
+        hint = ""
+        key, eq, value = token.partition("=")
+        if eq and value and not value.startswith(("'", '"', "[", "{")):
+            # Unquoted values may hold only letters, digits and a few symbols (paths, numbers)
+            hint = f"; quote the value if it holds spaces or other characters: {key}='{value}'"
+        raise OverrideError(f"malformed override {token!r}: {exc}{hint}") from None
     kind = "delete" if o.is_delete() else "force_add" if o.is_force_add() else "add" if o.is_add() else "set"
     return Override(o.key_or_group, kind, None if kind == "delete" else o.value(), token)
 

@@ -135,3 +135,9 @@ def test_parse_kinds():
     assert parse("+a.b=1").kind == "add"
     assert parse("++a.b=1").kind == "force_add"
     assert parse("~a.b").kind == "delete"
+
+
+def test_unquoted_non_ascii_value_names_the_quoting_fix():
+    with pytest.raises(OverrideError, match=r"quote the value .*: dataset.path='/data/çé'"):
+        parse("dataset.path=/data/çé")
+    assert parse("dataset.path='/data/çé'").value == "/data/çé"
