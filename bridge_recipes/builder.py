@@ -23,6 +23,7 @@ def build(
     *,
     scale_down: int | None = None,
     scale_experts: int | None = None,
+    gpus: int | None = None,
     dataset: str | None = None,
     flags: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
@@ -32,7 +33,9 @@ def build(
     """The ConfigContainer of recipe ``name``.
 
     - ``scale_down``: shrink to one GPU with this many layers (a multiple of 4), keeping the
-      execution policy; ``scale_experts``: with it, keep this many routed experts. The global
+      execution policy; ``scale_experts``: with it, keep this many routed experts; ``gpus``:
+      with it, shrink to this many GPUs instead, keeping as much of the recipe's parallel
+      layout as fits (:func:`bridge_recipes.scaledown.fit_layout`). The global
       batch stays the recipe's (set ``flags={"gb": ...}`` to change it).
     - ``dataset``: ``mock`` | ``sft-rows`` | ``energon`` (see :mod:`bridge_recipes.datasets`).
     - ``flags``: convenience-flag values by name (``tp``, ``pp``, ``gb``, ``max_steps``, ``lr``,
@@ -51,6 +54,8 @@ def build(
     values = flag_values(dict(flags or {}))
     if scale_experts is not None and scale_down is None:
         raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
+    if gpus is not None and scale_down is None:
+        raise ValueError("--gpus needs --scale-down LAYERS (it is the GPU count the recipe is shrunk to)")
     cfg = registry.load(name)()
     if scale_down is not None:
         from bridge_recipes.scaledown import scale_down as shrink
@@ -60,6 +65,7 @@ def build(
             num_layers=scale_down,
             num_experts=scale_experts,
             global_batch_size=cfg.train.global_batch_size,
+            gpus=1 if gpus is None else gpus,
         ):
             if report:
                 report(change)
@@ -86,6 +92,7 @@ def runner_args(
     *,
     scale_down: int | None = None,
     scale_experts: int | None = None,
+    gpus: int | None = None,
     dataset: str | None = None,
     flags: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
@@ -99,6 +106,8 @@ def runner_args(
         args += ["--scale-down", str(scale_down)]
         if scale_experts is not None:
             args += ["--scale-experts", str(scale_experts)]
+        if gpus is not None:
+            args += ["--gpus", str(gpus)]
     if dataset:
         args += ["--dataset", dataset]
     if hf_checkpoint is not None:

@@ -53,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         "policy; the changes are printed",
     )
     p.add_argument("--scale-experts", type=int, metavar="N", help="with --scale-down: keep N routed experts")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="with --scale-down: shrink to N GPUs, keeping as much of the recipe's parallel layout as fits "
+        "(default 1); also the world size checked when --world-size and $WORLD_SIZE are unset",
+    )
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
     p.add_argument(
         "--plan",
@@ -87,7 +94,7 @@ def world_size_of(args: argparse.Namespace) -> int:
     """--world-size, else $WORLD_SIZE (as torchrun sets it), else 1; ValueError naming a bad one."""
     if args.world_size is not None:
         return args.world_size
-    raw = os.environ.get("WORLD_SIZE", "1")
+    raw = os.environ.get("WORLD_SIZE", str(args.gpus or 1))
     try:
         return int(raw)
     except ValueError:
@@ -129,6 +136,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "scale_down": args.scale_down,
         "scale_experts": args.scale_experts,
+        **({"gpus": args.gpus} if args.gpus is not None else {}),
         "dataset": args.dataset,
         "flags": {dest: getattr(args, dest) for dest in FLAG_KEYS},
         "overrides": args.overrides,
