@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_recipes.layout import data_parallel
+from bridge_recipes.outputs import write_text_atomic
 
 ARCHITECTURE_FIELDS = (
     "num_layers",
@@ -91,28 +92,53 @@ def is_megatron_checkpoint(folder: str) -> bool:
 LAYOUT_FILE = "run_layout.json"  # written by the runner into the save folder at launch
 
 
+def _layout_records(folder: str) -> list[dict]:
+    """The launches recorded in ``folder``'s layout file, oldest first (an unreadable file: none)."""
+    import json
+
+    path = Path(folder) / LAYOUT_FILE
+    try:
+        recorded = json.loads(path.read_text()) if path.is_file() else []
+    except (ValueError, UnicodeDecodeError, OSError):
+        return []
+    if isinstance(recorded, dict):  # a single record: one launch, before any checkpoint
+        recorded = [{**recorded, "after_iteration": -1}]
+    if not isinstance(recorded, list):
+        return []
+    return [
+        r
+        for r in recorded
+        if isinstance(r, dict) and isinstance(r.get("world_size"), int) and isinstance(r.get("after_iteration"), int)
+    ]
+
+
 def record_layout(cfg: Any, world_size: int) -> None:
-    """Note the world size of this run beside its checkpoints (Megatron-Bridge's run_config.yaml
-    has the parallel sizes but not the world size, which fixes the data-parallel size)."""
+    """Note this launch's world size beside its checkpoints (Megatron-Bridge's run_config.yaml
+    has the parallel sizes but not the world size, which fixes the data-parallel size).
+
+    Each launch appends a record with the newest checkpoint iteration at the time it started;
+    a checkpoint is attributed to the last launch that started before it, so a launch that fails
+    before its first save leaves the record of the checkpoints already in the folder as it was."""
     import json
 
     if not cfg.checkpoint.save or os.environ.get("RANK", "0") != "0":
         return
+    try:
+        latest = latest_run_config(cfg.checkpoint.save)
+    except CheckpointMetadataError:
+        latest = None
+    records = _layout_records(cfg.checkpoint.save)
+    records.append({"world_size": world_size, "after_iteration": latest[0] if latest else 0})
     os.makedirs(cfg.checkpoint.save, exist_ok=True)
-    Path(cfg.checkpoint.save, LAYOUT_FILE).write_text(json.dumps({"world_size": world_size}) + "\n")
+    write_text_atomic(Path(cfg.checkpoint.save, LAYOUT_FILE), json.dumps(records, indent=1) + "\n")
 
 
-def saved_world_size(folder: str, run_config: dict) -> int | None:
-    import json
-
-    path = Path(folder) / LAYOUT_FILE
-    if path.is_file():
-        try:
-            recorded = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError):
-            recorded = None
-        if isinstance(recorded, dict) and isinstance(recorded.get("world_size"), int):
-            return recorded["world_size"]
+def saved_world_size(folder: str, run_config: dict, iteration: int | None = None) -> int | None:
+    """The world size the checkpoint at ``iteration`` was saved with: from the last launch
+    recorded before it, else from its run config."""
+    launched_before = [r for r in _layout_records(folder) if iteration is None or r["after_iteration"] < iteration]
+    if launched_before:
+        return launched_before[-1]["world_size"]
     return (run_config.get("dist") or {}).get("world_size")
 
 
@@ -166,7 +192,7 @@ def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict
                     f"{getattr(m, f)}: resume with the saved layout, or convert it to torch_dist"
                 )
     saved_ckpt = run_config.get("checkpoint") or {}
-    saved_dp = data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config))
+    saved_dp = data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config, iteration))
     now_dp = data_parallel(m, world_size)
     if (
         saved_dp

@@ -141,12 +141,39 @@ def test_fault_tolerance_off_without_ft_launcher(monkeypatch, capsys):
 
 
 def test_world_size_recorded_by_the_runner_is_used(tmp_path):
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "run")
+    checkpoints.record_layout(cfg, 8)  # the launch that went on to save iteration 40
+    fake_checkpoint(tmp_path / "run", world_size=None)
+    assert any("DP=8" in e for e in errors(cfg, 16))
+
+
+def test_no_record_no_claim(tmp_path):
     folder = fake_checkpoint(tmp_path / "run", world_size=None)
     cfg = build()
     cfg.checkpoint.save = cfg.checkpoint.load = str(folder)
-    assert errors(cfg, 16) == []  # nothing tells the saved DP: no claim
+    assert errors(cfg, 16) == []  # nothing tells the saved DP
+
+
+def test_a_launch_that_saved_nothing_does_not_rewrite_the_record(tmp_path):
+    """A refused or failed launch at another world size leaves the checkpoint's record as it was:
+    the next resume at that size is refused again."""
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "run")
     checkpoints.record_layout(cfg, 8)
+    fake_checkpoint(tmp_path / "run", world_size=None)
+    checkpoints.record_layout(cfg, 16)  # launched at 16 GPUs, died before its first save
     assert any("DP=8" in e for e in errors(cfg, 16))
+    assert checkpoints.saved_world_size(str(tmp_path / "run"), {}, 40) == 8
+    assert checkpoints.saved_world_size(str(tmp_path / "run"), {}, 41) == 16  # what that launch would save
+
+
+def test_a_layout_file_from_before_the_history_still_counts(tmp_path):
+    folder = fake_checkpoint(tmp_path / "run", world_size=None)
+    (folder / checkpoints.LAYOUT_FILE).write_text('{"world_size": 8}\n')
+    assert checkpoints.saved_world_size(str(folder), {}, 40) == 8
+    (folder / checkpoints.LAYOUT_FILE).write_text("[not json")
+    assert checkpoints.saved_world_size(str(folder), {"dist": {"world_size": 4}}, 40) == 4
 
 
 def test_latest_run_config_reads_the_tracker(tmp_path):
