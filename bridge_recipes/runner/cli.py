@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 import bridge_recipes
@@ -111,7 +112,12 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
     try:
         probe = copy.deepcopy(cfg)
         probe.model.gradient_accumulation_fusion = False  # needs APEX, decided at launch
-        mb_config.runtime_config_update(probe)
+        with tempfile.TemporaryDirectory() as stand_in:
+            if probe.peft is not None and not probe.checkpoint.pretrained_checkpoint:
+                # LoRA needs starting weights, which --hf-checkpoint supplies at launch (the dry-run
+                # warns when none are given): an empty folder stands in for them here
+                probe.checkpoint.pretrained_checkpoint = stand_in
+            mb_config.runtime_config_update(probe)
         return None
     except (AssertionError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
