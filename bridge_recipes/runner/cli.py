@@ -16,6 +16,7 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import registry
+from bridge_recipes.builder import PEFT_SCHEMES
 from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option
 
 USAGE_ERROR = 2
@@ -54,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         "policy; the changes are printed",
     )
     p.add_argument("--scale-experts", type=int, metavar="N", help="with --scale-down: keep N routed experts")
+    p.add_argument(
+        "--peft",
+        metavar="SCHEME",
+        help=f"fine-tune with adapters instead of all weights ({' | '.join(PEFT_SCHEMES)}): lora puts LoRA "
+        "(rank 32) on attention, Gated DeltaNet and MLP/expert projections, lr 1e-4; the recipe's layout is kept",
+    )
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
     p.add_argument(
         "--plan",
@@ -138,6 +145,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         "dataset": args.dataset,
         "flags": {dest: getattr(args, dest) for dest in FLAG_KEYS},
         "overrides": args.overrides,
+        **({"peft": args.peft} if args.peft else {}),
         **({"hf_checkpoint": args.hf_checkpoint} if args.hf_checkpoint else {}),
     }
 
@@ -166,7 +174,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     # intermixed: KEY=VALUE tokens may come before, between or after the flags
     args = build_parser().parse_intermixed_args(argv)
     if args.list:
-        entries = [e for e in registry.discover().values() if registry.matches(e, args.filter)]
+        entries = [e for e in registry.entries().values() if registry.matches(e, args.filter)]
         print(registry.table(sorted(entries, key=lambda e: (e.tree, e.name))))
         return 0
     if not args.recipe:
@@ -203,6 +211,10 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if args.dry_run:
         cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
+        if entry.checkpoint is not None:
+            rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
+            alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
+            print(f"# checkpoint: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
         print(checks.summary(cfg, world))
         problem = megatron_validation(cfg, world)
         if problem:
