@@ -343,7 +343,15 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     cfg.env_vars = {**OPENRECIPES_ENV}
 
 
-@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 DP1", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 DP1",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 99.0 GB); never run",
+)
 def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 99.0 GB)."""
     cfg = peft_config("qwen35_27b")
@@ -351,7 +359,15 @@ def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 DP8", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 DP8",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 96.9 GB); never run",
+)
 def qwen35_27b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on 8 x H200: the one-GPU layout, DP8 (128 = 1 row x 16 micro batches x 8)."""
     cfg = peft_config("qwen35_27b")
@@ -372,7 +388,15 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     cfg.env_vars = {**OPENRECIPES_ENV}
 
 
-@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP1 DP1",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 108.8 GB); never run",
+)
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 108.8 GB)."""
     cfg = peft_config("qwen35_35b_a3b")
@@ -380,7 +404,15 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 47.7 GB); never run",
+)
 def qwen35_35b_a3b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on 8 x H200 with the SFT recipe's EP8 layout (planner peak 47.7 GB)."""
     cfg = peft_config("qwen35_35b_a3b")
@@ -401,7 +433,15 @@ def _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     cfg.env_vars = {**OPENRECIPES_ENV}
 
 
-@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 79.6 GB); never run",
+)
 def qwen35_122b_a10b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-122B-A10B LoRA on one 8 x H200 node: EP8 (planner peak 79.6 GB)."""
     cfg = peft_config("qwen35_122b_a10b")
@@ -423,7 +463,15 @@ def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     cfg.env_vars = {**OPENRECIPES_ENV}
 
 
-@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 EP8 DP4", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP2 PP1 EP8 DP4",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 133.8 GB); never run",
+)
 def qwen35_397b_a17b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B LoRA on one 8 x H200 node: TP2 SP, EP8 (planner peak 133.8 GB)."""
     cfg = peft_config("qwen35_397b_a17b")
