@@ -2,7 +2,8 @@
 
 ``build(name, ...)`` finds the recipe in the registry (read from the source, nothing imported
 until the recipe is built), calls it, and then, in this order: shrinks it to one GPU
-(``scale_down``), swaps its data (``dataset``), applies the convenience ``flags`` and then the
+(``scale_down``), swaps its data (``dataset``), switches it to LoRA (``peft``), applies the
+convenience ``flags`` and then the
 Hydra ``overrides`` (which therefore win). ``runner_args`` writes the same request as
 ``scripts/run_recipe.py`` arguments, for launching a training process that builds it again.
 
@@ -18,6 +19,16 @@ from bridge_recipes import registry
 from bridge_recipes.overrides import FLAG_KEYS, apply_all, flag_option, flag_values
 
 
+def _lora(cfg: Any) -> None:
+    from bridge_recipes.common import use_lora
+
+    use_lora(cfg)
+
+
+# What ``peft=`` / ``--peft`` may name, and how each changes a built recipe.
+PEFT_SCHEMES: dict[str, Callable[[Any], None]] = {"lora": _lora}
+
+
 def build(
     name: str,
     *,
@@ -29,6 +40,7 @@ def build(
     overrides: Sequence[str] = (),
     report: Callable[[str], None] | None = None,
     hf_checkpoint: str | None = None,
+    peft: str | None = None,
 ) -> Any:
     """The ConfigContainer of recipe ``name``.
 
@@ -52,6 +64,8 @@ def build(
     override, ValueError for a bad scale-down or dataset.
     """
     values = flag_values(dict(flags or {}))
+    if peft is not None and peft not in PEFT_SCHEMES:
+        raise ValueError(f"--peft {peft!r} is not known; choose one of {', '.join(PEFT_SCHEMES)}")
     if scale_experts is not None and scale_down is None:
         raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
     if gpus is not None and scale_down is None:
@@ -73,6 +87,8 @@ def build(
         from bridge_recipes import datasets
 
         datasets.select(cfg, dataset)
+    if peft is not None:
+        PEFT_SCHEMES[peft](cfg)
     folder = None
     if hf_checkpoint is not None:
         from bridge_recipes.hf import runner as hf_runner
@@ -97,6 +113,7 @@ def runner_args(
     flags: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
     hf_checkpoint: str | None = None,
+    peft: str | None = None,
 ) -> list[str]:
     """``scripts/run_recipe.py`` arguments (after ``--recipe NAME``) that build what
     :func:`build` builds with the same keywords: scale-down, dataset, flags in their table's
@@ -112,6 +129,8 @@ def runner_args(
         args += ["--dataset", dataset]
     if hf_checkpoint is not None:
         args += ["--hf-checkpoint", hf_checkpoint]
+    if peft is not None:
+        args += ["--peft", peft]
     values = flag_values(dict(flags or {}))
     for dest in FLAG_KEYS:
         if dest in values:

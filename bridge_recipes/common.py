@@ -241,6 +241,28 @@ def _add_lora(cfg: ConfigContainer) -> None:
     cfg.peft = LoRA(target_modules=list(LORA_TARGETS), dim=32, alpha=32, dropout=0.0)
 
 
+def use_lora(cfg: ConfigContainer) -> None:
+    """Switch a built SFT config (text or VL) to LoRA with :func:`peft_config`'s settings: adapters
+    on :data:`LORA_TARGETS`, rank 32, alpha 32, lr 1e-4 to 1e-5; a VL model's vision tower frozen.
+    The execution layout stays the recipe's."""
+    _add_lora(cfg)
+    if is_vlm(cfg):
+        cfg.model.freeze_vision_model = True
+
+
+def use_checkpoint_family(cfg: ConfigContainer, model: Qwen35Spec | str, family: str) -> None:
+    """Record the ``family`` checkpoint of ``model`` (``qwen3.6``: same architecture and tokenizer)
+    on a built config: the model's Hugging Face id (Megatron-Bridge's ``hf_model_id``, the template
+    of HF exports) and, for VL data, the processor read by the training process. Only the
+    checkpoint's id is recorded; nothing is downloaded."""
+    spec = _spec(model)
+    new, old = spec.checkpoint(family).hf_id, spec.checkpoint("qwen3.5").hf_id
+    cfg.model.hf_model_id = new
+    for holder in (cfg.dataset, getattr(cfg.dataset, "task_encoder", None)):
+        if getattr(holder, "hf_processor_path", None) == old:
+            holder.hf_processor_path = new
+
+
 def peft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH) -> ConfigContainer:
     """LoRA fine-tuning on top of :func:`sft_config`."""
     cfg = sft_config(model, seq_length=seq_length)

@@ -3,6 +3,11 @@
 Nothing is imported to list recipes: each module under ``bridge_recipes`` and
 ``perf_recipes`` is parsed with :mod:`ast`, and the literal arguments of its ``@recipe``
 decorators give the table. Only :func:`load` imports the one module a recipe lives in.
+
+Qwen3.6 names: Qwen3.6 checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
+recipe whose size has a Qwen3.6 checkpoint in the catalog (``bridge_recipes.models.qwen35``) is
+also listed as ``qwen36_...``: an alias of the one definition, whose config records the Qwen3.6
+checkpoint (:func:`bridge_recipes.common.use_checkpoint_family`).
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ import ast
 import difflib
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, replace
+from functools import lru_cache, wraps
 from pathlib import Path
 
+from bridge_recipes.models.qwen35 import SPECS, Checkpoint
 from bridge_recipes.recipe import RecipeMeta
 
 PACKAGE_ROOT = Path(__file__).resolve().parent  # bridge_recipes/
@@ -40,6 +46,21 @@ class RecipeEntry:
     summary: str
     path: Path
     line: int
+    family: str = "qwen3.5"  # the checkpoint family the config records: qwen3.5 | qwen3.6
+    alias_of: str | None = None  # a qwen36_ alias: the name of the recipe it builds
+
+    @property
+    def model(self) -> str | None:
+        """The catalog model the recipe trains (the longest spec name its definition starts with)."""
+        base = self.alias_of or self.name
+        found = [m for m in SPECS if base.startswith(m + "_")]
+        return max(found, key=len) if found else None
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The Hugging Face checkpoint the recipe is for (None when the catalog has no such model)."""
+        model = self.model
+        return SPECS[model].checkpoints.get(self.family) if model else None
 
 
 def _module_constants(module: ast.Module) -> dict[str, object]:
@@ -124,23 +145,58 @@ def discover() -> dict[str, RecipeEntry]:
     return found
 
 
+QWEN35_PREFIX, QWEN36_PREFIX = "qwen35_", "qwen36_"
+
+
+@lru_cache(maxsize=1)
+def aliases() -> dict[str, RecipeEntry]:
+    """The ``qwen36_`` name of each recipe whose model has a Qwen3.6 checkpoint in the catalog."""
+    out = {}
+    for entry in discover().values():
+        if not entry.name.startswith(QWEN35_PREFIX) or entry.model is None:
+            continue
+        if "qwen3.6" in SPECS[entry.model].checkpoints:
+            name = QWEN36_PREFIX + entry.name.removeprefix(QWEN35_PREFIX)
+            out[name] = replace(entry, name=name, family="qwen3.6", alias_of=entry.name)
+    return out
+
+
+def entries() -> dict[str, RecipeEntry]:
+    """Every name ``--list`` shows and :func:`find` resolves: the recipes and their Qwen3.6 aliases."""
+    return {**discover(), **aliases()}
+
+
 def find(name: str) -> RecipeEntry:
-    recipes = discover()
+    recipes = entries()
     if name in recipes:
         return recipes[name]
     raise UnknownRecipe(name, difflib.get_close_matches(name, recipes, n=3, cutoff=0.6))
 
 
 def load(name: str) -> Callable:
-    """Import the recipe's module and return the function."""
+    """Import the recipe's module and return the function (for an alias: one that builds the
+    recipe and records the alias's checkpoint family)."""
     entry = find(name)
-    return getattr(importlib.import_module(entry.module), entry.name)
+    fn = getattr(importlib.import_module(entry.module), entry.alias_of or entry.name)
+    if entry.alias_of is None:
+        return fn
+
+    @wraps(fn)
+    def build_for_family():
+        from bridge_recipes.common import use_checkpoint_family
+
+        cfg = fn()
+        use_checkpoint_family(cfg, entry.model, entry.family)
+        return cfg
+
+    return build_for_family
 
 
 def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     """Every term (case-insensitive) appears in the name, tree, task, GPU type, precision or status."""
     m = entry.meta
-    hay = " ".join([entry.name, entry.tree, m.task, m.gpu, m.precision, m.status, f"{m.gpus}gpu"]).lower()
+    hay = " ".join([entry.name, entry.tree, m.task, m.gpu, m.precision, m.status, f"{m.gpus}gpu", entry.family])
+    hay = hay.lower()
     return all(t.lower() in hay for t in terms)
 
 

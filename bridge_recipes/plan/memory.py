@@ -1,4 +1,4 @@
-"""Per-GPU memory of a recipe, predicted before launch (issue 9).
+"""Per-GPU memory of a recipe, predicted before launch.
 
 Units: GB = 1e9 bytes, the unit Megatron-Bridge logs (``mem-max-allocated-gigabytes`` is
 torch's byte count / 1.0e9, ``megatron/bridge/training/utils/train_utils.py``).
@@ -25,6 +25,12 @@ routing assumed) and adds, at its peak moment:
   per parameter in all: 2 weight + 4 grad + 12 optimizer). With CPU offload Megatron's
   HybridDeviceOptimizer keeps FP32 copies and moments (12 bytes); the fraction f of them, with
   FP32 gradient copies, lives on the host (reported, not counted on the GPU).
+- LoRA (``cfg.peft``): the base weights are frozen and keep only their BF16 copy; gradients
+  and optimizer state cover the adapters alone. An adapter on a linear of input n and output m
+  adds ``dim x (n + m)`` parameters (A: n -> dim, B: dim -> m), with the side TP splits divided
+  by TP; grouped MoE experts share one adapter per rank (Megatron-Bridge's
+  ``share_expert_adapters``). Activations are counted as for full fine-tuning (an upper bound:
+  the frozen weights need no saved inputs for their weight gradients).
 - activations: bytes each decoder layer saves for its backward, summed tensor by tensor in
   the ``*_activation_elems`` functions below (BF16 elements; FP32 tensors count twice), for a
   micro batch of ``seq_length / CP`` tokens (``/ TP`` more in the residual stream under
@@ -283,6 +289,39 @@ def mtp_params(d: ModelDims, par: Layout) -> Params:
     mlp = moe_params(d, par) if d.experts else dense_mlp_params(d, par)
     own = Params(dense=3 * d.hidden + 2 * d.hidden * d.hidden / par.tp)
     return own + attention_params(d, par) + mlp
+
+
+def lora_targets(cfg: Any) -> tuple[frozenset[str], int] | None:
+    """The module names and rank of a LoRA ``cfg.peft`` (None without one)."""
+    peft = getattr(cfg, "peft", None)
+    if peft is None:
+        return None
+    return frozenset(peft.target_modules or ()), int(peft.dim)
+
+
+def lora_linears(d: ModelDims, par: Layout, index: int) -> list[tuple[str, float, float]]:
+    """(module name, local input, local output) of the adaptable linears of decoder layer
+    ``index``: column-parallel ones split their output by TP, row-parallel ones their input;
+    routed experts appear once (one shared adapter per rank), split by ETP."""
+    glu = 2 if d.gated_linear_unit else 1
+    if d.layer_pattern[index]:
+        qkvz = 2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads
+        mixer = [("in_proj", d.hidden, qkvz / par.tp), ("out_proj", d.gdn_v / par.tp, d.hidden)]
+    else:
+        qkv = d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim
+        mixer = [("linear_qkv", d.hidden, qkv / par.tp), ("linear_proj", d.q_dim / par.tp, d.hidden)]
+    if not d.moe_pattern[index]:
+        return mixer + [("linear_fc1", d.hidden, glu * d.ffn / par.tp), ("linear_fc2", d.ffn / par.tp, d.hidden)]
+    out = list(mixer)
+    for ffn, tp in ((d.moe_ffn, par.expert_tp), (d.shared_ffn, par.tp)):
+        if ffn:
+            out += [("linear_fc1", d.hidden, glu * ffn / tp), ("linear_fc2", ffn / tp, d.hidden)]
+    return out
+
+
+def lora_params(d: ModelDims, par: Layout, layers: list[int], targets: frozenset[str], dim: int) -> float:
+    """Adapter parameters a rank holds for ``layers`` (trained; the base stays frozen)."""
+    return sum(dim * (n + m) for i in layers for name, n, m in lora_linears(d, par, i) if name in targets)
 
 
 # --------------------------------------------------------------------------------------------
@@ -667,7 +706,12 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
     layers = [i for c in chunks for i in c]
     params = stage_params(d, par, layers, stage)
     prec = effective_precision(cfg)
-    opt_params = optimizer_shard_params(params, par, bool(cfg.optimizer.use_distributed_optimizer))
+    trained = params
+    lora = lora_targets(cfg)
+    if lora is not None:  # frozen base: gradients and optimizer state for the adapters only
+        trained = Params(dense=lora_params(d, par, layers, *lora))
+        params = params + trained
+    opt_params = optimizer_shard_params(trained, par, bool(cfg.optimizer.use_distributed_optimizer))
     opt_bytes = opt_params * optimizer_bytes_per_param(cfg)
     host = offload_fraction(cfg)
     host_grads = host * opt_params * FP32  # the host optimizer's FP32 gradient copies
@@ -684,7 +728,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
 
     weights = BF16 * params.total
-    grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * params.total
+    grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * trained.total
     return StageMemory(
         stage=stage,
         layers=len(layers),
@@ -709,6 +753,8 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
         notes.append("vision tower not counted (language model only)")
     if par.ep > 1:
         notes.append("expert routing assumed balanced; a hot expert-parallel rank holds more")
+    if lora_targets(cfg) is not None:
+        notes.append("LoRA: base weights frozen (no gradients or optimizer state); activations as full fine-tuning")
     if offload_fraction(cfg):
         notes.append(f"optimizer offload {offload_fraction(cfg):g}: that share of the optimizer state is on the host")
     return tuple(notes)

@@ -11,10 +11,12 @@ import copy
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 import bridge_recipes
 from bridge_recipes import registry
+from bridge_recipes.builder import PEFT_SCHEMES
 from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option
 
 USAGE_ERROR = 2
@@ -59,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --scale-down: shrink to N GPUs, keeping as much of the recipe's parallel layout as fits "
         "(default 1); also the world size checked when --world-size and $WORLD_SIZE are unset",
+    )
+    p.add_argument(
+        "--peft",
+        metavar="SCHEME",
+        help=f"fine-tune with adapters instead of all weights ({' | '.join(PEFT_SCHEMES)}): lora puts LoRA "
+        "(rank 32) on attention, Gated DeltaNet and MLP/expert projections, lr 1e-4; the recipe's layout is kept",
     )
     p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
     p.add_argument(
@@ -118,7 +126,12 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
     try:
         probe = copy.deepcopy(cfg)
         probe.model.gradient_accumulation_fusion = False  # needs APEX, decided at launch
-        mb_config.runtime_config_update(probe)
+        with tempfile.TemporaryDirectory() as stand_in:
+            if probe.peft is not None and not probe.checkpoint.pretrained_checkpoint:
+                # LoRA needs starting weights, which --hf-checkpoint supplies at launch (the dry-run
+                # warns when none are given): an empty folder stands in for them here
+                probe.checkpoint.pretrained_checkpoint = stand_in
+            mb_config.runtime_config_update(probe)
         return None
     except (AssertionError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -140,6 +153,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         "dataset": args.dataset,
         "flags": {dest: getattr(args, dest) for dest in FLAG_KEYS},
         "overrides": args.overrides,
+        **({"peft": args.peft} if args.peft else {}),
         **({"hf_checkpoint": args.hf_checkpoint} if args.hf_checkpoint else {}),
     }
 
@@ -168,7 +182,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     # intermixed: KEY=VALUE tokens may come before, between or after the flags
     args = build_parser().parse_intermixed_args(argv)
     if args.list:
-        entries = [e for e in registry.discover().values() if registry.matches(e, args.filter)]
+        entries = [e for e in registry.entries().values() if registry.matches(e, args.filter)]
         print(registry.table(sorted(entries, key=lambda e: (e.tree, e.name))))
         return 0
     if not args.recipe:
@@ -205,6 +219,10 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if args.dry_run:
         cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
+        if entry.checkpoint is not None:
+            rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
+            alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
+            print(f"# checkpoint: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
         print(checks.summary(cfg, world))
         problem = megatron_validation(cfg, world)
         if problem:

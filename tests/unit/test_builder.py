@@ -77,3 +77,29 @@ def test_bad_flags_and_names_are_errors_naming_them():
         flag_values({"lr": "fast"})
     with pytest.raises(UnknownRecipe, match="Did you mean"):
         bridge_recipes.build(SFT_35B.replace("h200", "h20"))
+
+
+def test_peft_lora_switches_an_sft_recipe_to_common_lora_and_keeps_its_layout():
+    from bridge_recipes.common import LORA_TARGETS
+
+    sft = bridge_recipes.build(SFT_35B)
+    cfg = bridge_recipes.build(SFT_35B, peft="lora", overrides=["peft.dim=16"])
+    assert sft.peft is None
+    assert sorted(cfg.peft.target_modules) == sorted(LORA_TARGETS)
+    assert (cfg.peft.dim, cfg.peft.alpha, cfg.optimizer.lr) == (16, 32, 1e-4)  # the override wins
+    assert cfg.model.expert_model_parallel_size == sft.model.expert_model_parallel_size == 8
+    with pytest.raises(ValueError, match="--peft 'dora' is not known"):
+        bridge_recipes.build(SFT_35B, peft="dora")
+
+
+def test_peft_flag_round_trips_through_the_runner_arguments_and_dry_runs(capsys):
+    from bridge_recipes.runner.cli import main
+
+    args = bridge_recipes.runner_args(peft="lora")
+    assert args == ["--peft", "lora"]
+    assert build_request(build_parser().parse_intermixed_args(["--recipe", SFT_35B, *args]))["peft"] == "lora"
+    assert main(["--recipe", SFT_35B, *args, "--dry-run", "--world-size", "8"]) == 0
+    out = capsys.readouterr()
+    assert "target_modules" in out.out and "no pretrained weights" in out.err
+    assert main(["--recipe", SFT_35B, "--peft", "qlora", "--dry-run"]) == 2
+    assert "--peft 'qlora' is not known; choose one of lora" in capsys.readouterr().err

@@ -60,6 +60,24 @@ def test_plan_prints_stages_and_exit_code_says_whether_it_fits(capsys):
     assert "DOES NOT FIT: stage 0 over" in capsys.readouterr().out
 
 
+def test_plan_of_the_multi_node_and_lora_recipes(capsys):
+    R122 = "qwen35_122b_a10b_sft_24gpu_h200_bf16_config"
+    assert main(["--recipe", R122, "--plan", "--world-size", "24"]) == 0
+    assert "TP1 PP3 EP8 ETP1 DP8 on h200" in capsys.readouterr().out
+    # two stages on two nodes: the same model does not fit with the optimizer on the GPU
+    even_pp2 = [
+        "model.pipeline_model_parallel_size=2",
+        "model.num_layers_in_first_pipeline_stage=null",
+        "model.num_layers_in_last_pipeline_stage=null",
+    ]
+    assert main(["--recipe", R122, "--plan", "--world-size", "16", *even_pp2]) == 2
+    assert "DOES NOT FIT: stage 0, 1 over" in capsys.readouterr().out
+    L27 = "qwen35_27b_peft_1gpu_h200_bf16_config"
+    assert main(["--recipe", L27, "--plan", "--world-size", "1"]) == 0
+    assert "note: LoRA: base weights frozen" in capsys.readouterr().out
+    assert main(["--recipe", L27, "--plan", "--world-size", "1", "~peft"]) == 2  # every weight trained
+
+
 def test_load_follows_save_unless_given(tmp_path):
     """A real-data recipe resumes from its save folder (load == save): moving only the save
     folder, by flag or KEY=VALUE, moves where it resumes from; an explicit load still wins."""

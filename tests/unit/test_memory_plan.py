@@ -257,3 +257,35 @@ def test_planner_and_catalog_count_the_same_parameters(name):
     one_rank = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=1, vpp=None, world=1, sp=False)
     planned = M.stage_params(M.model_dims(cfg.model), one_rank, list(range(cfg.model.num_layers)), 0)
     assert planned.total == count_parameters(model_spec(cfg)).total
+
+
+def test_lora_plan_keeps_frozen_weights_without_gradients_or_optimizer_state():
+    from bridge_recipes.common import use_lora
+
+    sft = build(SFT_35B)
+    lora = build(SFT_35B)
+    use_lora(lora)
+    full, frozen = M.plan_memory(sft, 8).stages[0], M.plan_memory(lora, 8).stages[0]
+    d, par = M.model_dims(lora.model), M.parallel_layout(lora, 8)
+    adapters = M.lora_params(d, par, list(range(lora.model.num_layers)), frozenset(lora.peft.target_modules), 32)
+    # the attention layer's adapters by hand: 35B-A3B hidden 2048, 16 gated query heads + 2 KV groups of 256
+    attn = d.layer_pattern.index(0)
+    qkv = 32 * (2048 + 16 * 256 * 2 + 2 * 2 * 256)
+    proj = 32 * (16 * 256 + 2048)
+    fcs = 2 * 32 * ((2048 + 2 * 512) + (512 + 2048))  # routed experts (one shared adapter) and shared expert
+    assert M.lora_params(d, par, [attn], frozenset(lora.peft.target_modules), 32) == qkv + proj + fcs
+    assert frozen.weights_gb == pytest.approx(full.weights_gb + 2 * adapters / 1e9)
+    assert frozen.grads_gb == pytest.approx(4 * adapters / 1e9)  # FP32 main grads of the adapters alone
+    assert frozen.optimizer_gb < 0.01 * full.optimizer_gb and frozen.total_gb < full.total_gb - 60
+    assert any("LoRA" in n for n in M.plan_memory(lora, 8).notes)
+
+
+def test_lora_lets_a_model_fit_one_gpu_where_its_sft_does_not():
+    from bridge_recipes.common import use_lora
+
+    cfg = build("qwen35_27b_peft_1gpu_h200_bf16_config")
+    assert M.plan_memory(cfg, 1).fits
+    cfg.peft = None  # the same layout, every weight trained
+    assert not M.plan_memory(cfg, 1).fits
+    use_lora(cfg)
+    assert M.plan_memory(cfg, 1).fits

@@ -26,12 +26,24 @@ def build(name):
     return registry.load(name)()
 
 
+# Megatron-Bridge's own 8-GPU MXFP8 benchmark layout (bridge-perf-recipes): the planner's upper
+# bounds (selective recompute counted as none, FP8 counted as BF16) put it over the GB300.
+PLANNED_OVER_AS_AN_UPPER_BOUND = {"qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config"}
+
+
 @pytest.mark.parametrize("name", RECIPES)
-def test_recipe_builds_and_passes_checks_at_its_gpu_count(name):
+def test_recipe_builds_passes_checks_and_plans_to_fit_at_its_gpu_count(name):
+    from bridge_recipes.plan.memory import plan_memory
+
     entry = registry.find(name)
     cfg = build(name)
     assert checks.errors(checks.check(cfg, entry.meta.gpus)) == []
     assert megatron_validation(cfg, entry.meta.gpus) is None
+    plan = plan_memory(cfg, entry.meta.gpus, gpu=entry.meta.gpu)
+    if name in PLANNED_OVER_AS_AN_UPPER_BOUND:
+        assert not plan.fits and any("upper bound" in n for n in plan.notes)
+    else:
+        assert plan.fits, (name, [round(s.total_gb, 1) for s in plan.stages])
 
 
 def _layout_tokens(label):
@@ -413,3 +425,51 @@ def test_benchmark_differs_from_its_real_recipe_only_where_declared(name):
     # every declared numerics difference is applied, with the declared value
     for field, value in (VL_BENCHMARK_MODEL_SETTINGS if is_vlm(perf) else {}).items():
         assert a[field] == value, field
+
+
+# --- the family's multi-node, LoRA and VL recipes ------------------------------------------------
+
+
+def test_multi_node_sft_layouts_are_the_planned_ones():
+    big = build("qwen35_122b_a10b_sft_24gpu_h200_bf16_config")
+    assert stage_layers(big) == [17, 18, 13] and big.model.expert_model_parallel_size == 8
+    huge = build("qwen35_397b_a17b_sft_64gpu_h200_bf16_config")
+    m = huge.model
+    assert stage_layers(huge) == [15, 16, 16, 13]
+    assert (m.tensor_model_parallel_size, m.sequence_parallel, m.expert_model_parallel_size) == (2, True, 16)
+    for cfg in (big, huge):
+        assert cfg.train.global_batch_size == 128 and cfg.model.seq_length == 8192
+        assert _recompute(cfg) == ("full", "uniform", 1) and not cfg.optimizer.optimizer_cpu_offload
+
+
+def test_lora_recipes_train_adapters_on_attention_gdn_and_mlp_projections():
+    from bridge_recipes.common import LORA_TARGETS
+
+    assert set(LORA_TARGETS) == {"linear_qkv", "linear_proj", "in_proj", "out_proj", "linear_fc1", "linear_fc2"}
+    peft = [n for n in RECIPES if registry.find(n).meta.task == "peft"]
+    assert {registry.find(n).model for n in peft} == {
+        "qwen35_27b",
+        "qwen35_35b_a3b",
+        "qwen35_122b_a10b",
+        "qwen35_397b_a17b",
+    }
+    for name in peft:
+        cfg = build(name)
+        assert type(cfg.peft).__name__ == "LoRA" and sorted(cfg.peft.target_modules) == sorted(LORA_TARGETS), name
+        assert (cfg.peft.dim, cfg.optimizer.lr) == (32, 1e-4), name
+
+
+def test_vl_sft_recipes_train_every_part_and_take_energon_data(tmp_path):
+    from bridge_recipes import datasets
+
+    for name in ("qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_config"):
+        cfg = build(name)
+        assert is_vlm(cfg) and not (cfg.model.freeze_vision_model or cfg.model.freeze_language_model)
+        assert not cfg.ddp.overlap_grad_reduce and cfg.train.global_batch_size == 128
+    cfg = build("qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config")
+    datasets.select(cfg, "energon")
+    assert any("needs the dataset folder" in str(p) for p in checks.errors(checks.check(cfg, 8)))
+    cfg.dataset.path = str(tmp_path)
+    cfg.dataset.task_encoder.max_pixels = 200704
+    assert checks.errors(checks.check(cfg, 8)) == []
+    assert checks.vision_patches_per_micro_batch(cfg) == 784  # one image of 448 x 448 per micro batch

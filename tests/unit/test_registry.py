@@ -23,7 +23,7 @@ def test_list_imports_neither_torch_nor_megatron():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"rc": 0, "heavy": [], "rows": len(registry.discover())}
+    assert result == {"rc": 0, "heavy": [], "rows": len(registry.entries())}
 
 
 def test_list_table_has_the_columns_and_figures(capsys):
@@ -88,3 +88,42 @@ def test_non_literal_metadata_is_reported_with_its_location(tmp_path):
     )
     with pytest.raises(ValueError, match=r"r.py:2: @recipe arguments of x_config must be literals"):
         registry.scan_file("bridge_recipes", tmp_path, path)
+
+
+def test_qwen36_aliases_resolve_to_the_one_definition_with_the_qwen36_checkpoint():
+    from bridge_recipes.models.qwen35 import SPECS
+
+    aliases = registry.aliases()
+    assert (
+        "qwen36_35b_a3b_sft_8gpu_h200_bf16_config" in aliases
+        and "qwen36_vl_35b_a3b_sft_8gpu_h200_bf16_config" in aliases
+    )
+    for name, entry in aliases.items():
+        base = registry.find(entry.alias_of)
+        assert name == "qwen36_" + base.name.removeprefix("qwen35_") and base.alias_of is None
+        assert (entry.meta, entry.module, entry.tree) == (base.meta, base.module, base.tree)
+        assert entry.checkpoint == SPECS[base.model].checkpoints["qwen3.6"]
+        assert base.checkpoint.hf_id.startswith("Qwen/Qwen3.5-") and entry.checkpoint.hf_id.startswith("Qwen/Qwen3.6-")
+    # sizes without a Qwen3.6 checkpoint in the catalog get no alias
+    assert not any(n.startswith(("qwen36_122b", "qwen36_397b", "qwen36_vl_397b")) for n in aliases)
+    assert not set(aliases) & set(registry.discover())
+
+
+def test_a_config_built_through_an_alias_records_the_qwen36_checkpoint():
+    text = registry.load("qwen36_35b_a3b_sft_8gpu_h200_bf16_config")()
+    assert text.model.hf_model_id == "Qwen/Qwen3.6-35B-A3B"
+    assert registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")().model.hf_model_id is None
+    vl = registry.load("qwen36_vl_35b_a3b_sft_8gpu_h200_bf16_mock_config")()
+    assert vl.dataset.hf_processor_path == "Qwen/Qwen3.6-35B-A3B" == vl.model.hf_model_id
+
+
+def test_list_filter_qwen36_shows_the_aliases_and_dry_run_takes_one(capsys):
+    assert main(["--list", "--filter", "qwen36"]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "_config" in line]
+    assert sorted(rows) == sorted(registry.aliases())
+    name = "qwen36_35b_a3b_sft_8gpu_h200_bf16_config"
+    assert main(["--recipe", name, "--dry-run", "--world-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "# checkpoint: Qwen/Qwen3.6-35B-A3B at revision 995ad96e" in out and "hf_model_id: Qwen/Qwen3.6-35B-A3B" in out
+    )

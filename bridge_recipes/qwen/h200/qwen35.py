@@ -8,15 +8,23 @@ lr 1e-5 cosine to 1e-6, 10% warm-up, weight decay 0.1, betas 0.9/0.98, per-token
 flash attention. Their published tokens/s/GPU are the references below; our own measured
 figures, when there are any, live in results/ and are named by ``measured=``.
 
-Qwen3.6 checkpoints use these recipes unchanged (same architecture and tokenizer): point
-``checkpoint.pretrained_checkpoint`` at the converted Qwen3.6 weights.
+The 122B-A10B and 397B-A17B SFT layouts and every LoRA layout are this project's, sized by the
+memory planner (``run_recipe.py --recipe NAME --plan``, bridge_recipes/plan/memory.py) at the
+same workload; their docstrings give the planner's per-stage peaks. LoRA recipes put adapters on
+:data:`bridge_recipes.common.LORA_TARGETS` through Megatron-Bridge's PEFT (bridge-qwen35-recipes
+in docs/sources.md) and need starting weights (``--hf-checkpoint DIR`` or
+``checkpoint.pretrained_checkpoint=DIR``): Megatron-Bridge refuses LoRA from random init.
+
+Qwen3.6 checkpoints use these recipes unchanged (same architecture and tokenizer): the registry
+lists each recipe of a size with a Qwen3.6 checkpoint also as ``qwen36_...``, which builds the same
+config recording the Qwen3.6 checkpoint.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import pretrain_config, sft_config
+from bridge_recipes.common import peft_config, pretrain_config, sft_config
 from bridge_recipes.qwen.policy import (
     OPENRECIPES_ENV,
     cpu_optimizer_offload,
@@ -40,6 +48,14 @@ __all__ = [
     "qwen35_27b_sft_8gpu_h200_bf16_config",
     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config",
     "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
+    "qwen35_122b_a10b_sft_24gpu_h200_bf16_config",
+    "qwen35_397b_a17b_sft_64gpu_h200_bf16_config",
+    "qwen35_27b_peft_1gpu_h200_bf16_config",
+    "qwen35_27b_peft_8gpu_h200_bf16_config",
+    "qwen35_35b_a3b_peft_1gpu_h200_bf16_config",
+    "qwen35_35b_a3b_peft_8gpu_h200_bf16_config",
+    "qwen35_122b_a10b_peft_8gpu_h200_bf16_config",
+    "qwen35_397b_a17b_peft_8gpu_h200_bf16_config",
 ]
 
 OPENRECIPES_35B_H200 = (
@@ -206,6 +222,260 @@ def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config() -> ConfigContainer:
     """slime's 27B layout on 8 x H200, the baseline of the tuned recipe (948.7 published)."""
     cfg = sft_config("qwen35_27b")
     _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg)
+    return cfg
+
+
+# --- Qwen3.5-122B-A10B and 397B-A17B, multi-node -------------------------------------------
+
+
+def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) -> None:
+    """3 nodes of 8 x H200: TP1 PP3 with 17/18/13 layers, EP8 ETP1, DP8, one 8,192-token row per micro
+    batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware distributed
+    Adam on the GPU (no offload).
+
+    What each choice buys (planner peaks per stage, GB of 150.8: 124.6 / 124.3 / 129.4):
+    - EP8 inside a node: the 256 experts of a layer (256 x 3 x 3,072 x 1,024 = 2.42e9 parameters)
+      split 32 per GPU over NVLink; the expert-data-parallel group is 24 / (PP3 x EP8) = 1, so each
+      rank keeps all 18 bytes per expert parameter it holds (2 weight + 4 FP32 grad + 12 Adam):
+      17 layers x 2.42e9 / 8 x 18 = 92 GB on the first stage.
+    - PP3: the 116e9 expert parameters need at least 116e9 x 18 / 150.8 GB = 14 GPUs' worth of
+      memory before activations; PP2 x EP8 on 2 nodes plans 169.7 / 201.2 GB (does not fit).
+      The last stage carries the 248K-vocabulary output layer, its FP32 logits (native fused
+      cross entropy: 10 bytes x 8,192 x 248,320 = 20 GB at its peak) and the MTP layer, so it
+      gets 13 layers and the middle stage 18 (an even 16/16/16 plans 149.0 GB on the last stage).
+    - Full uniform recompute of 1 layer: each layer keeps only its input (8,192 x 3,072 BF16 =
+      50 MB), as ATTUNE's 35B-A3B recipe (openrecipes-35b-h200).
+    - No optimizer offload: two nodes fit with the optimizer on the host (PP2 EP8: 73.5 / 101.0 GB
+      on the GPU) but each node's host would then hold 122e9 x 16 bytes / 2 nodes = 976 GB of FP32
+      state and gradient copies, and the published H200 runs lose throughput to offload
+      (openrecipes-35b-h200: 3,466.8 offloaded vs 4,663.1 tokens/s/GPU).
+    Global batch 128 = 1 row x 16 micro batches x DP8.
+    """
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg, pp=3, ep=8, first=17, last=13)
+    full_recompute(cfg)
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
+
+
+@recipe(
+    task="sft",
+    gpus=24,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP3 EP8 DP8",
+    status="unmeasured",
+    notes="layout sized by the memory planner (peak 129.4 GB, last stage); never run",
+)
+def qwen35_122b_a10b_sft_24gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5-122B-A10B SFT on 3 x 8 H200: PP3 17/18/13, EP8, full recompute, no offload."""
+    cfg = sft_config("qwen35_122b_a10b")
+    _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg)
+    return cfg
+
+
+def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) -> None:
+    """8 nodes of 8 x H200: TP2 with sequence parallelism, PP4 with 15/16/16/13 layers, EP16 ETP1,
+    DP8, one 8,192-token row per micro batch, full uniform recompute of 1 layer, alltoall
+    dispatcher, precision-aware distributed Adam on the GPU (no offload).
+
+    What each choice buys (planner peaks per stage, GB of 150.8: 132.7 / 136.3 / 135.8 / 135.4):
+    - EP16 (two nodes per expert group): the 512 experts of a layer (512 x 3 x 4,096 x 1,024 =
+      6.44e9 parameters) split 32 per GPU; with PP4 the expert-data-parallel group is
+      64 / (PP4 x EP16) = 1, so a 16-layer stage holds 16 x 6.44e9 / 16 = 6.44e9 expert parameters
+      at 18 bytes: 116 GB.
+    - TP2 with sequence parallelism: halves the dense part of a rank (attention, Gated DeltaNet,
+      shared expert, the 248,320 x 4,096 embedding and output layer) and the logits (vocabulary
+      split over TP); at TP1 the same PP4 EP16 plans 146.6 / 138.2 / 137.2 / 177.1 GB (does not
+      fit), and TP2 with an even 15/15/15/15 split plans 151.8 GB on the last stage.
+    - PP4: 386e9 expert parameters x 18 bytes need 46 GPUs' worth of memory at least; EP64 at
+      PP1 (217.2 GB) and PP2 x EP32 (158.4 / 186.1 GB) do not fit on 8 nodes. The last stage
+      (output layer, logits, MTP layer) gets 13 layers, the first (embedding) 15.
+    - Full uniform recompute of 1 layer; no optimizer offload: four nodes would fit with the
+      optimizer on the host (PP4 EP8: 106.2 / 98.6 / 97.6 / 134.1 GB) but each node's host would
+      hold 397e9 x 16 bytes / 4 nodes = 1.59 TB of FP32 state and gradient copies.
+    Global batch 128 = 1 row x 16 micro batches x DP8.
+    """
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg, tp=2, sp=True, pp=4, ep=16, first=15, last=13)
+    full_recompute(cfg)
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
+
+
+@recipe(
+    task="sft",
+    gpus=64,
+    gpu="h200",
+    precision="bf16",
+    layout="TP2 PP4 EP16 DP8",
+    status="unmeasured",
+    notes="layout sized by the memory planner (peak 136.3 GB, stage 1); never run",
+)
+def qwen35_397b_a17b_sft_64gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5-397B-A17B SFT on 8 x 8 H200: TP2 SP, PP4 15/16/16/13, EP16, full recompute, no offload."""
+    cfg = sft_config("qwen35_397b_a17b")
+    _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg)
+    return cfg
+
+
+# --- LoRA ------------------------------------------------------------------------------------
+# Adapters (rank 32, alpha 32; lr 1e-4 cosine to 1e-5) on every module named in
+# common.LORA_TARGETS: attention linear_qkv / linear_proj, Gated DeltaNet in_proj / out_proj,
+# MLP, shared-expert and routed-expert linear_fc1 / linear_fc2 (one adapter per rank shared by its
+# local experts, Megatron-Bridge's default). The base weights are frozen: BF16 weights only, no
+# gradients or optimizer state, which is what lets a whole model sit on fewer GPUs than its SFT.
+
+
+def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
+    """One H200 per model replica: TP1 PP1 (the 27B's 54 GB of BF16 weights fit one GPU), full
+    uniform recompute of 1 layer, one 8,192-token row per micro batch. Planner: 99.0 GB of 150.8
+    (recomputing only the first 32 layers plans 187.9 GB). On N GPUs it is DP N."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg)
+    full_recompute(cfg)
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
+
+
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 DP1",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 99.0 GB); never run",
+)
+def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 99.0 GB)."""
+    cfg = peft_config("qwen35_27b")
+    _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg)
+    return cfg
+
+
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 DP8",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 96.9 GB); never run",
+)
+def qwen35_27b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5/3.6-27B LoRA on 8 x H200: the one-GPU layout, DP8 (128 = 1 row x 16 micro batches x 8)."""
+    cfg = peft_config("qwen35_27b")
+    _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg)
+    return cfg
+
+
+def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
+    """All 256 experts on one H200 (EP1: 35e9 x 2 bytes = 70 GB of frozen BF16 weights), full
+    uniform recompute of 1 layer, alltoall dispatcher, one 8,192-token row per micro batch.
+    Planner: 108.8 GB of 150.8."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg)
+    full_recompute(cfg)
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
+
+
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP1 DP1",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 108.8 GB); never run",
+)
+def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 108.8 GB)."""
+    cfg = peft_config("qwen35_35b_a3b")
+    _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg)
+    return cfg
+
+
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 47.7 GB); never run",
+)
+def qwen35_35b_a3b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on 8 x H200 with the SFT recipe's EP8 layout (planner peak 47.7 GB)."""
+    cfg = peft_config("qwen35_35b_a3b")
+    _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg)
+    return cfg
+
+
+def _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
+    """One node: TP1 PP1 EP8 DP8 (32 experts per GPU; frozen BF16 experts 116e9 x 2 / 8 = 29 GB
+    a GPU), full uniform recompute of 1 layer, alltoall dispatcher. Planner: 79.6 GB of 150.8;
+    4 GPUs (EP4) would also fit (110.8 GB) but a node is the unit these recipes are written for."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg, ep=8)
+    full_recompute(cfg)
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
+
+
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP8 DP8",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 79.6 GB); never run",
+)
+def qwen35_122b_a10b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5-122B-A10B LoRA on one 8 x H200 node: EP8 (planner peak 79.6 GB)."""
+    cfg = peft_config("qwen35_122b_a10b")
+    _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg)
+    return cfg
+
+
+def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
+    """One node: TP2 with sequence parallelism, PP1, EP8 ETP1, DP4, full uniform recompute of 1
+    layer, alltoall dispatcher. The frozen BF16 experts are 386e9 x 2 / 8 = 97 GB a GPU; TP2
+    halves the dense part and the logits. Planner: 133.8 GB of 150.8; TP1 EP8 plans 161.4 GB and
+    PP2 EP4 150.3 GB on its last stage (too close), so TP2 it is."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg, tp=2, sp=True, ep=8)
+    full_recompute(cfg)
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
+
+
+@recipe(
+    task="peft",
+    gpus=8,
+    gpu="h200",
+    precision="bf16",
+    layout="TP2 PP1 EP8 DP4",
+    status="unmeasured",
+    notes="LoRA layout sized by the memory planner (peak 133.8 GB); never run",
+)
+def qwen35_397b_a17b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5-397B-A17B LoRA on one 8 x H200 node: TP2 SP, EP8 (planner peak 133.8 GB)."""
+    cfg = peft_config("qwen35_397b_a17b")
+    _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg)
     return cfg
 
 

@@ -1,5 +1,9 @@
 """H200 benchmark recipes: the real-data recipes of ``bridge_recipes.qwen.h200.qwen35`` on mock
-SFT-shaped data (8,192-token rows, global batch 128, BF16), with benchmark settings."""
+SFT-shaped data (8,192-token rows, global batch 128, BF16), with benchmark settings.
+
+A LoRA benchmark (``*_peft_*``) still needs base weights: Megatron-Bridge's fine-tuning refuses
+LoRA without ``checkpoint.pretrained_checkpoint`` (any checkpoint of the architecture will do
+for throughput, e.g. one written by scripts/convert_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config",
     "qwen35_27b_sft_8gpu_h200_bf16_mock_config",
     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config",
+    "qwen35_122b_a10b_sft_24gpu_h200_bf16_mock_config",
+    "qwen35_397b_a17b_sft_64gpu_h200_bf16_mock_config",
+    "qwen35_27b_peft_1gpu_h200_bf16_mock_config",
+    "qwen35_35b_a3b_peft_1gpu_h200_bf16_mock_config",
+    "qwen35_122b_a10b_peft_8gpu_h200_bf16_mock_config",
+    "qwen35_397b_a17b_peft_8gpu_h200_bf16_mock_config",
 ]
 
 OPENRECIPES_35B_H200 = (
@@ -114,5 +124,53 @@ def qwen35_27b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
 def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config() -> ConfigContainer:
     """Benchmark of the slime reference layout of the 27B (TP4 SP PP2 34/30, CPU Adam)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="sft", gpus=24, gpu="h200", precision="bf16", layout="TP1 PP3 EP8 DP8", status="unmeasured")
+def qwen35_122b_a10b_sft_24gpu_h200_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_122b_a10b_sft_24gpu_h200_bf16_config (PP3 17/18/13, EP8, full recompute)."""
+    cfg = real.qwen35_122b_a10b_sft_24gpu_h200_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="sft", gpus=64, gpu="h200", precision="bf16", layout="TP2 PP4 EP16 DP8", status="unmeasured")
+def qwen35_397b_a17b_sft_64gpu_h200_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_397b_a17b_sft_64gpu_h200_bf16_config (TP2 SP, PP4 15/16/16/13, EP16)."""
+    cfg = real.qwen35_397b_a17b_sft_64gpu_h200_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 DP1", status="unmeasured")
+def qwen35_27b_peft_1gpu_h200_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_27b_peft_1gpu_h200_bf16_config (LoRA, one GPU)."""
+    cfg = real.qwen35_27b_peft_1gpu_h200_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+def qwen35_35b_a3b_peft_1gpu_h200_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_35b_a3b_peft_1gpu_h200_bf16_config (LoRA, one GPU)."""
+    cfg = real.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured")
+def qwen35_122b_a10b_peft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_122b_a10b_peft_8gpu_h200_bf16_config (LoRA, EP8)."""
+    cfg = real.qwen35_122b_a10b_peft_8gpu_h200_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 EP8 DP4", status="unmeasured")
+def qwen35_397b_a17b_peft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_397b_a17b_peft_8gpu_h200_bf16_config (LoRA, TP2 SP EP8)."""
+    cfg = real.qwen35_397b_a17b_peft_8gpu_h200_bf16_config()
     benchmark_settings(cfg)
     return cfg
