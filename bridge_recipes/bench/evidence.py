@@ -197,8 +197,9 @@ TWO_GPU_FAMILY_LAYOUTS = {
     "qwen35_27b": ("pp2", "pp2_uneven", "vpp2", "tp2_sp", "cp2"),
     "qwen35_vl_35b_a3b": ("ep2", "pp2", "tp2_sp"),
 }
-# Resume across layouts: save at the first layout (two GPUs), resume at the second (one GPU),
-# and back; the next step's loss must equal the uninterrupted run's within RESUME_RTOL.
+# Resume across layouts: save at the first layout, resume at the second, and back; the next
+# step's loss must equal the uninterrupted run's within RESUME_RTOL. DP2 -> DP1 keeps the default
+# (dp_reshardable) optimizer state; the others save it fully reshardable.
 TWO_GPU_RESUMES = (("dp2", "dp1"), ("pp2", "dp1"), ("ep2", "dp1"), ("tp2_sp", "dp1"), ("dp1", "ep2"))
 
 

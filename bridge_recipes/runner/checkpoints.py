@@ -6,9 +6,13 @@
   resume from the save folder may find nothing: that is a fresh start, not an error);
 - resuming from a checkpoint whose saved run differs in a way the format cannot reshard:
   the architecture (layers, hidden size, heads, experts, vocabulary) never; with the legacy
-  ``torch`` format, any change of TP or PP; with the distributed optimizer's default
-  (not fully reshardable) state, a change of the data-parallel layout unless the optimizer
-  state is not loaded. torch_dist reshards TP/PP/EP/CP changes of the weights.
+  ``torch`` format, any change of TP or PP. torch_dist reshards TP/PP/CP/EP changes of the
+  weights. The distributed optimizer's state is saved by Megatron-Bridge as ``dp_reshardable``
+  unless ``checkpoint.dist_ckpt_optim_fully_reshardable`` is set; Megatron-Core documents that
+  format (``DistributedOptimizer.sharded_state_dict``) as resting on the optimizer's internal
+  buffers, reshardable "only in DP dimension". So a change of the data-parallel size is fine,
+  and a change of TP, PP, CP, EP or ETP is refused unless the state was saved fully reshardable
+  or is not loaded (``checkpoint.load_optim=false``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
-
-from bridge_recipes.layout import data_parallel
-from bridge_recipes.outputs import write_text_atomic
 
 ARCHITECTURE_FIELDS = (
     "num_layers",
@@ -32,6 +33,14 @@ ARCHITECTURE_FIELDS = (
     "linear_num_value_heads",
 )
 LAYOUT_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+# Model-parallel sizes a dp_reshardable optimizer state must be loaded with (see the docstring).
+DP_RESHARDABLE_FIXED = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
 
 
 def latest_run_config(folder: str) -> tuple[int, dict] | None:
@@ -89,59 +98,6 @@ def is_megatron_checkpoint(folder: str) -> bool:
     return checkpoint_exists(folder)
 
 
-LAYOUT_FILE = "run_layout.json"  # written by the runner into the save folder at launch
-
-
-def _layout_records(folder: str) -> list[dict]:
-    """The launches recorded in ``folder``'s layout file, oldest first (an unreadable file: none)."""
-    import json
-
-    path = Path(folder) / LAYOUT_FILE
-    try:
-        recorded = json.loads(path.read_text()) if path.is_file() else []
-    except (ValueError, UnicodeDecodeError, OSError):
-        return []
-    if isinstance(recorded, dict):  # a single record: one launch, before any checkpoint
-        recorded = [{**recorded, "after_iteration": -1}]
-    if not isinstance(recorded, list):
-        return []
-    return [
-        r
-        for r in recorded
-        if isinstance(r, dict) and isinstance(r.get("world_size"), int) and isinstance(r.get("after_iteration"), int)
-    ]
-
-
-def record_layout(cfg: Any, world_size: int) -> None:
-    """Note this launch's world size beside its checkpoints (Megatron-Bridge's run_config.yaml
-    has the parallel sizes but not the world size, which fixes the data-parallel size).
-
-    Each launch appends a record with the newest checkpoint iteration at the time it started;
-    a checkpoint is attributed to the last launch that started before it, so a launch that fails
-    before its first save leaves the record of the checkpoints already in the folder as it was."""
-    import json
-
-    if not cfg.checkpoint.save or os.environ.get("RANK", "0") != "0":
-        return
-    try:
-        latest = latest_run_config(cfg.checkpoint.save)
-    except CheckpointMetadataError:
-        latest = None
-    records = _layout_records(cfg.checkpoint.save)
-    records.append({"world_size": world_size, "after_iteration": latest[0] if latest else 0})
-    os.makedirs(cfg.checkpoint.save, exist_ok=True)
-    write_text_atomic(Path(cfg.checkpoint.save, LAYOUT_FILE), json.dumps(records, indent=1) + "\n")
-
-
-def saved_world_size(folder: str, run_config: dict, iteration: int | None = None) -> int | None:
-    """The world size the checkpoint at ``iteration`` was saved with: from the last launch
-    recorded before it, else from its run config."""
-    launched_before = [r for r in _layout_records(folder) if iteration is None or r["after_iteration"] < iteration]
-    if launched_before:
-        return launched_before[-1]["world_size"]
-    return (run_config.get("dist") or {}).get("world_size")
-
-
 def problems(cfg: Any, world_size: int) -> list[str]:
     c, out = cfg.checkpoint, []
     if c.save_interval is not None and c.save_interval <= 0:
@@ -191,18 +147,24 @@ def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict
                     f"{where} is in the legacy 'torch' format, saved at {f}={model[f]}; it cannot be loaded at "
                     f"{getattr(m, f)}: resume with the saved layout, or convert it to torch_dist"
                 )
+    # Distributed-optimizer state in Megatron-Bridge's default dp_reshardable format follows the
+    # model-parallel structure it was saved with: only the data-parallel size may change.
     saved_ckpt = run_config.get("checkpoint") or {}
-    saved_dp = data_parallel(model, saved_world_size(cfg.checkpoint.load, run_config, iteration))
-    now_dp = data_parallel(m, world_size)
     if (
-        saved_dp
-        and saved_dp != now_dp
-        and cfg.checkpoint.load_optim
+        cfg.checkpoint.load_optim
         and not saved_ckpt.get("dist_ckpt_optim_fully_reshardable", False)
         and (run_config.get("optimizer") or {}).get("use_distributed_optimizer")
     ):
-        out.append(
-            f"{where} holds distributed-optimizer state for DP={saved_dp}, not fully reshardable, and this run "
-            f"has DP={now_dp}: keep the data-parallel size, or set checkpoint.load_optim=false"
-        )
+        changed = [
+            f"{f}={model[f]} -> {getattr(m, f)}"
+            for f in DP_RESHARDABLE_FIXED
+            if model.get(f) is not None and getattr(m, f, None) is not None and model[f] != getattr(m, f)
+        ]
+        if changed:
+            out.append(
+                f"{where} holds distributed-optimizer state in the dp_reshardable format, which reshards only "
+                f"the data-parallel size, and this run changes {', '.join(changed)}: keep those sizes, set "
+                "checkpoint.load_optim=false (weights only), or save with "
+                "checkpoint.dist_ckpt_optim_fully_reshardable=true"
+            )
     return out

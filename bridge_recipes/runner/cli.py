@@ -258,9 +258,6 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     from bridge_recipes.runner import launch
 
     print(checks.summary(cfg, world), flush=True)
-    from bridge_recipes.runner.checkpoints import record_layout
-
-    record_layout(cfg, world)
     if args.hf_checkpoint:
         from bridge_recipes.hf.runner import attach
 

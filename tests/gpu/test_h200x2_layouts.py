@@ -8,8 +8,9 @@ For each family (bridge_recipes.bench.evidence.TWO_GPU_FAMILY_LAYOUTS) the 8-lay
 uneven split, VPP2, TP2 with sequence parallelism, CP2 with Gated DeltaNet, ETP2) on the same
 rows; each curve must agree with the reference by the policies rule. Resume across layouts:
 a run at one layout saves at step 5 and is killed after step 7; the run restarted at another
-layout (Megatron's distributed checkpoint resharding) must continue from step 6 and agree with
-the uninterrupted reference (``check_resume(..., same_layout=False)``). Logs and
+layout (Megatron's distributed checkpoint resharding; the optimizer state saved fully
+reshardable where the model-parallel sizes change) must continue from step 6 and agree with the
+uninterrupted reference (``check_resume(..., same_layout=False)``). Logs and
 ``two_gpu_FAMILY.json`` go to $OUT. Finished runs are kept in $EVIDENCE_SCRATCH/runs, so a family
 that outlasts one command completes over several: run the same command again.
 """
@@ -110,6 +111,10 @@ def test_resume_at_another_layout(saved, resumed):
     ckpt = SCRATCH / f"ckpt_{saved}_to_{resumed}"
     save = ["--save-dir", str(ckpt), "--load-dir", str(ckpt), "--save-interval", str(RESUME_SAVE_INTERVAL)]
     save += ["checkpoint.async_save=false"]
+    if not {saved, resumed} <= {"dp1", "dp2"}:
+        # the default dp_reshardable optimizer state reshards only DP; other changes need the
+        # fully reshardable format (the runner refuses them otherwise, bridge_recipes.runner.checkpoints)
+        save += ["checkpoint.dist_ckpt_optim_fully_reshardable=true"]
     if not (SCRATCH / "runs" / f"{family}_killed_{saved}_to_{resumed}.json").exists():
         shutil.rmtree(ckpt, ignore_errors=True)
     killed = _run(family, f"killed_{saved}_to_{resumed}", saved, save, kill_after_step=RESUME_KILL_AFTER)

@@ -118,16 +118,35 @@ def test_legacy_torch_format_cannot_change_tp(tmp_path):
 
 
 def test_torch_dist_reshards_tp_pp_of_the_weights(tmp_path):
-    msgs = errors(resumed(tmp_path, model={"pipeline_model_parallel_size": 2}, world_size=16))
-    assert msgs == []  # saved DP 8 = 16 / PP2; resumed at DP 8 as well
+    cfg = resumed(tmp_path, model={"pipeline_model_parallel_size": 2}, world_size=16)
+    cfg.checkpoint.load_optim = False  # the weights alone reshard to any layout
+    assert errors(cfg) == []
 
 
-def test_distributed_optimizer_state_needs_the_same_dp(tmp_path):
-    msgs = errors(resumed(tmp_path, world_size=16))
-    assert any("distributed-optimizer state for DP=16" in e and "load_optim=false" in e for e in msgs)
-    cfg = resumed(tmp_path / "b", world_size=16)
+def test_distributed_optimizer_state_reshards_the_data_parallel_size(tmp_path):
+    """Saved at 16 GPUs (DP16), resumed at 8 (DP8): the dp_reshardable format allows it."""
+    assert errors(resumed(tmp_path, world_size=16)) == []
+
+
+@pytest.mark.parametrize(
+    "field,saved",
+    [
+        ("expert_model_parallel_size", 4),
+        ("pipeline_model_parallel_size", 2),
+        ("tensor_model_parallel_size", 2),
+        ("context_parallel_size", 2),
+        ("expert_tensor_parallel_size", 2),
+    ],
+)
+def test_distributed_optimizer_state_keeps_the_model_parallel_sizes(tmp_path, field, saved):
+    now = getattr(build().model, field)
+    msgs = errors(resumed(tmp_path / "a", model={field: saved}))
+    assert any(f"{field}={saved} -> {now}" in e and "dp_reshardable" in e for e in msgs), msgs
+    cfg = resumed(tmp_path / "b", model={field: saved})
     cfg.checkpoint.load_optim = False
     assert errors(cfg) == []
+    fully = resumed(tmp_path / "c", model={field: saved}, checkpoint={"dist_ckpt_optim_fully_reshardable": True})
+    assert errors(fully) == []
 
 
 def test_fault_tolerance_off_without_ft_launcher(monkeypatch, capsys):
@@ -138,42 +157,6 @@ def test_fault_tolerance_off_without_ft_launcher(monkeypatch, capsys):
     cfg = build()
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "/tmp/rmon.sock")
     assert not launch.fault_tolerance_off_without_ft_launcher(cfg) and cfg.ft.enable_ft_package
-
-
-def test_world_size_recorded_by_the_runner_is_used(tmp_path):
-    cfg = build()
-    cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "run")
-    checkpoints.record_layout(cfg, 8)  # the launch that went on to save iteration 40
-    fake_checkpoint(tmp_path / "run", world_size=None)
-    assert any("DP=8" in e for e in errors(cfg, 16))
-
-
-def test_no_record_no_claim(tmp_path):
-    folder = fake_checkpoint(tmp_path / "run", world_size=None)
-    cfg = build()
-    cfg.checkpoint.save = cfg.checkpoint.load = str(folder)
-    assert errors(cfg, 16) == []  # nothing tells the saved DP
-
-
-def test_a_launch_that_saved_nothing_does_not_rewrite_the_record(tmp_path):
-    """A refused or failed launch at another world size leaves the checkpoint's record as it was:
-    the next resume at that size is refused again."""
-    cfg = build()
-    cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "run")
-    checkpoints.record_layout(cfg, 8)
-    fake_checkpoint(tmp_path / "run", world_size=None)
-    checkpoints.record_layout(cfg, 16)  # launched at 16 GPUs, died before its first save
-    assert any("DP=8" in e for e in errors(cfg, 16))
-    assert checkpoints.saved_world_size(str(tmp_path / "run"), {}, 40) == 8
-    assert checkpoints.saved_world_size(str(tmp_path / "run"), {}, 41) == 16  # what that launch would save
-
-
-def test_a_layout_file_from_before_the_history_still_counts(tmp_path):
-    folder = fake_checkpoint(tmp_path / "run", world_size=None)
-    (folder / checkpoints.LAYOUT_FILE).write_text('{"world_size": 8}\n')
-    assert checkpoints.saved_world_size(str(folder), {}, 40) == 8
-    (folder / checkpoints.LAYOUT_FILE).write_text("[not json")
-    assert checkpoints.saved_world_size(str(folder), {"dist": {"world_size": 4}}, 40) == 4
 
 
 def test_latest_run_config_reads_the_tracker(tmp_path):

@@ -142,7 +142,6 @@ def test_corrupt_checkpoint_metadata(tmp_path, capsys, text):
     (ckpt / "iter_0000005").mkdir(parents=True)
     (ckpt / "latest_checkpointed_iteration.txt").write_text("5")
     (ckpt / "iter_0000005" / "run_config.yaml").write_bytes(text.encode("latin-1"))
-    (ckpt / "run_layout.json").write_text("{not json")
     code, err = _dry_run(capsys, "--load-dir", str(ckpt), "--save-dir", str(ckpt))
     assert code == 2 and "run_config.yaml" in err and "Traceback" not in err
 
