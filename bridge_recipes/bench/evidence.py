@@ -171,12 +171,15 @@ GPU_FAMILIES: dict[str, dict[str, Any]] = {
 
 
 # --- two GPUs: every parallel dimension the recipes use, against one GPU ---------------------
-# Each family's model scaled to 8 layers (two stages of 4, virtual stages of 2) and, for MoE, 64
-# routed experts, global batch 8, 10 steps: the one-GPU run is the reference, and each
+# Each family's model scaled to TWO_GPU_LAYERS layers (two stages, virtual stages) and, for MoE,
+# 64 routed experts, global batch 8, 10 steps: the one-GPU run is the reference, and each
 # two-GPU layout trains the same model on the same rows (``different_training`` finds nothing
 # between them), so their loss curves must agree by the policies rule. Flags are the runner's.
 TWO_GPU_TRAIN_FLAGS = {**EVIDENCE_TRAIN_FLAGS, "gb": 8}
-TWO_GPU_LAYERS = 8
+# Layers per family: 8 where the one-GPU reference fits with them; the 27B's 248K-vocabulary
+# embedding and head with its dense layers, and the VL model's vision tower, plan over one H200
+# at 8 layers (docs/evidence/two_gpu_predictions.md), so those two run 4 (two stages of 2).
+TWO_GPU_LAYERS = {"qwen35_35b_a3b": 8, "qwen35_27b": 4, "qwen35_vl_35b_a3b": 4}
 TWO_GPU_EXPERTS = 64
 TWO_GPU_LAYOUTS: dict[str, dict[str, Any]] = {
     "ep2": {"flags": {"ep": 2}},
@@ -184,7 +187,7 @@ TWO_GPU_LAYOUTS: dict[str, dict[str, Any]] = {
     # the 27B's uneven split (first stage heavier, last lighter), at 8 layers
     "pp2_uneven": {
         "flags": {"pp": 2},
-        "overrides": ["model.num_layers_in_first_pipeline_stage=5", "model.num_layers_in_last_pipeline_stage=3"],
+        "overrides": ["model.num_layers_in_first_pipeline_stage=3", "model.num_layers_in_last_pipeline_stage=1"],
     },
     "vpp2": {"flags": {"pp": 2, "vp": 2}},
     "tp2_sp": {"flags": {"tp": 2}, "overrides": ["model.sequence_parallel=true"]},
@@ -204,12 +207,12 @@ TWO_GPU_RESUMES = (("dp2", "dp1"), ("pp2", "dp1"), ("ep2", "dp1"), ("tp2_sp", "d
 
 
 def two_gpu_request(family: str, layout: str | None) -> dict[str, Any]:
-    """The bridge_recipes.build keywords of ``family``'s 8-layer model at ``layout`` (None: one
+    """The bridge_recipes.build keywords of ``family``'s scaled model at ``layout`` (None: one
     GPU; ``dp2``: the one-GPU layout replicated on two)."""
     base = GPU_FAMILIES[family]["request"]
     experts = TWO_GPU_EXPERTS if base.get("scale_experts") else None
     flags = {**base.get("flags", {}), **TWO_GPU_TRAIN_FLAGS}
-    request = {**base, "scale_down": TWO_GPU_LAYERS, "scale_experts": experts, "flags": flags}
+    request = {**base, "scale_down": TWO_GPU_LAYERS[family], "scale_experts": experts, "flags": flags}
     if layout in (None, "dp1", "dp2"):
         return request
     spec = TWO_GPU_LAYOUTS[layout]
@@ -222,3 +225,34 @@ def two_gpu_request(family: str, layout: str | None) -> dict[str, Any]:
 
 def two_gpu_world(layout: str | None) -> int:
     return 1 if layout in (None, "dp1") else 2
+
+
+def two_gpu_predictions() -> str:
+    """The memory planner's per-stage peak allocation for every run of the two-GPU plan, written
+    before those runs (docs/evidence/two_gpu_predictions.md; a test rebuilds it): what the
+    measured ``mem-max-allocated-gigabytes`` of each run will be compared with."""
+    import bridge_recipes
+    from bridge_recipes.layout import layout_of
+    from bridge_recipes.plan.memory import plan_memory
+
+    lines = [
+        "# Two-GPU runs: the memory planner's predictions, before the runs",
+        "",
+        "Peak allocated GB per rank (1e9 bytes) of each pipeline stage, by",
+        "`bridge_recipes.plan.memory.plan_memory`, for the runs of `tests/gpu/test_h200x2_layouts.py`",
+        "(`bridge_recipes.bench.evidence.TWO_GPU_*`). Rebuilt by `two_gpu_predictions()`; the",
+        "measured peaks are added beside them when the runs have been made.",
+        "",
+        "| family | layout | parallel layout | predicted allocated GB per stage | fits (with overhead) |",
+        "|---|---|---|---|---|",
+    ]
+    for family, layouts in TWO_GPU_FAMILY_LAYOUTS.items():
+        for layout in (None, *layouts):
+            world = two_gpu_world(layout)
+            cfg = bridge_recipes.build(GPU_FAMILIES[family]["recipe"], **two_gpu_request(family, layout))
+            plan = plan_memory(cfg, world, gpu="h200")
+            stages = " / ".join(f"{s.allocated_gb:.1f}" for s in plan.stages)
+            label = layout_of(cfg, world).label(show_sp=True)
+            fits = f"{'yes' if plan.fits else 'NO'} ({plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f})"
+            lines.append(f"| {family} | {layout or 'one GPU'} | {label} | {stages} | {fits} |")
+    return "\n".join(lines) + "\n"

@@ -41,3 +41,16 @@ def test_resume_pairs_are_valid_at_both_ends(saved, resumed):
     for layout in (saved, resumed):
         cfg = _build("qwen35_35b_a3b", layout)
         assert checks.errors(checks.check(cfg, two_gpu_world(layout))) == []
+
+
+def test_committed_predictions_are_the_planners_and_every_run_fits():
+    from pathlib import Path
+
+    from bridge_recipes.bench.evidence import two_gpu_predictions
+
+    text = two_gpu_predictions()
+    committed = Path(__file__).resolve().parents[2] / "docs/evidence/two_gpu_predictions.md"
+    assert committed.read_text() == text
+    rows = [line for line in text.splitlines() if line.startswith("| qwen35")]
+    assert len(rows) == len(CASES) + len(TWO_GPU_FAMILY_LAYOUTS)
+    assert all("| yes (" in row for row in rows), [r for r in rows if "| yes (" not in r]
