@@ -3,7 +3,7 @@
 Run on the two-GPU host (``nvidia-h200-x2``; stack staged as in the GPU notes):
     OUT=/path/for/logs python3 -m pytest -q -m gpu tests/gpu/test_h200x2_layouts.py [-k FAMILY]
 
-For each family (bridge_recipes.bench.evidence.TWO_GPU_FAMILY_LAYOUTS) the 8-layer model trains
+For each family (bridge_recipes.bench.evidence.TWO_GPU_FAMILY_LAYOUTS) the scaled model (8 or 4 layers) trains
 10 steps on one GPU (the reference), then at each two-GPU layout (EP2, PP2 with an even and an
 uneven split, VPP2, TP2 with sequence parallelism, CP2 with Gated DeltaNet, ETP2) on the same
 rows; each curve must agree with the reference by the policies rule. Resume across layouts:
