@@ -151,15 +151,30 @@ def vision_patches_per_micro_batch(cfg: Any) -> int | None:
 
 
 def vision_budget_problems(cfg: Any) -> list[str]:
-    cap = getattr(cfg.model, "max_vision_cuda_graph_seq_length", None)
+    """The image budget against what holds it: the sequence (an image's tokens after the 2 x 2
+    spatial merge must leave room in a sample) and the vision CUDA-graph cap where the recipe
+    captures the vision tower."""
     patches = vision_patches_per_micro_batch(cfg) if is_vlm(cfg) else None
-    if cap is None or patches is None or patches <= cap:
+    if patches is None:
         return []
-    return [
-        f"image budget of {patches} vision patches per micro batch (micro batch {cfg.train.micro_batch_size} x "
-        f"dataset.task_encoder.max_pixels={cfg.dataset.task_encoder.max_pixels}) exceeds the vision CUDA-graph cap "
-        f"of {cap} this recipe was measured with; lower dataset.task_encoder.max_pixels or the micro batch"
-    ]
+    out, mbs = [], cfg.train.micro_batch_size
+    max_pixels = cfg.dataset.task_encoder.max_pixels
+    merge = getattr(cfg.model.vision_config, "spatial_merge_size", 1) or 1
+    image_tokens = -(-patches // mbs) // (merge * merge)
+    if image_tokens >= cfg.model.seq_length:
+        out.append(
+            f"one image of dataset.task_encoder.max_pixels={max_pixels} is {image_tokens} tokens after the "
+            f"{merge} x {merge} merge, not less than the {cfg.model.seq_length}-token sequence; lower max_pixels "
+            "or raise -sl"
+        )
+    cap = getattr(cfg.model, "max_vision_cuda_graph_seq_length", None)
+    if cap is not None and patches > cap:
+        out.append(
+            f"image budget of {patches} vision patches per micro batch (micro batch {mbs} x "
+            f"dataset.task_encoder.max_pixels={max_pixels}) exceeds the vision CUDA-graph cap "
+            f"of {cap} this recipe was measured with; lower dataset.task_encoder.max_pixels or the micro batch"
+        )
+    return out
 
 
 def dataset_findings(cfg: Any) -> tuple[list[str], list[str]]:

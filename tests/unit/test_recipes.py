@@ -473,3 +473,16 @@ def test_vl_sft_recipes_train_every_part_and_take_energon_data(tmp_path):
     cfg.dataset.task_encoder.max_pixels = 200704
     assert checks.errors(checks.check(cfg, 8)) == []
     assert checks.vision_patches_per_micro_batch(cfg) == 784  # one image of 448 x 448 per micro batch
+
+
+def test_vl_image_budget_must_leave_room_in_the_sequence(tmp_path):
+    """784 patches of 16 x 16 are 196 tokens after the 2 x 2 merge; an image of 8,192 x 8,192
+    pixels (65,536 tokens) cannot fit an 8,192-token sample."""
+    from bridge_recipes import datasets
+
+    cfg = build("qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config")
+    datasets.select(cfg, "energon")
+    cfg.dataset.path = str(tmp_path)
+    cfg.dataset.task_encoder.max_pixels = 8192 * 8192
+    msgs = [str(p) for p in checks.errors(checks.check(cfg, 8))]
+    assert any("is 65536 tokens after the 2 x 2 merge" in m for m in msgs), msgs
