@@ -1,0 +1,123 @@
+"""SFT on real-format chat data on one H200: reasoning and tool-call conversations rendered with
+the checkpoint-style chat template, packed with their boundaries, a validation split.
+
+    OUT=/path/for/logs python3 -m pytest -q -m gpu tests/gpu/test_sft_real_format.py
+
+The rows are built by the row builder's library from generated OpenAI-style conversations
+(system, user, assistant with ``reasoning_content``, assistant tool calls with ``content: null``,
+``tool`` results, a per-conversation ``tools`` list) with the committed fixture tokenizer and
+its Qwen3.5-style template, in ``boundaries`` mode, 2,048-token rows, a 10% validation split.
+The 27B and 35B-A3B SFT policies, scaled to 4 layers, train 10 steps on them with a validation
+pass every 5 steps: the loss must fall (``bench.evidence.check_training``) and a validation loss
+must be reported. Logs and ``sft_real_format.json`` go to $OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes import runner_args
+from bridge_recipes.bench.evidence import EVIDENCE_TRAIN_FLAGS, check_training
+from bridge_recipes.bench.runs import ROOT, launch_kept
+
+pytestmark = pytest.mark.gpu
+
+OUT = Path(os.environ.get("OUT") or ROOT / "gpu-out")
+SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/evidence_sft"))
+TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+ROW = 2048
+# 10 steps x 4 rows of 2,048 tokens, each conversation ~150-400 tokens: 600 conversations fill
+# the 40 training rows with some to spare, and 10% of them make the validation rows.
+CONVERSATIONS = 600
+WORDS = "the a river city light model token layer weight data train north south quick slow".split()
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+FAMILIES = {
+    "qwen35_27b": {"recipe": "qwen35_27b_sft_8gpu_h200_bf16_config", "scale_experts": None},
+    "qwen35_35b_a3b": {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "scale_experts": 32},
+}
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def conversation(rng: random.Random, i: int) -> dict:
+    city = _text(rng, 2)
+    if i % 2:  # a tool call and its result
+        return {
+            "tools": TOOLS,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": f"What is the weather in {city}? {_text(rng, 20)}"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "reasoning_content": _text(rng, 30),
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+                    ],
+                },
+                {"role": "tool", "content": json.dumps({"city": city, "temperature": rng.randint(-5, 35)})},
+                {"role": "assistant", "content": _text(rng, 40)},
+            ],
+        }
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": _text(rng, 30)}]},
+            {"role": "assistant", "reasoning_content": _text(rng, 40), "content": _text(rng, 60)},
+            {"role": "user", "content": _text(rng, 15)},
+            {"role": "assistant", "reasoning_content": _text(rng, 20), "content": _text(rng, 30)},
+        ]
+    }
+
+
+@pytest.fixture(scope="module")
+def rows() -> Path:
+    from bridge_recipes.data.sft_rows import build_sft_rows
+
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    src = SCRATCH / "chat.jsonl"
+    src.write_text("".join(json.dumps(conversation(rng, i)) + "\n" for i in range(CONVERSATIONS)))
+    out = SCRATCH / "rows"
+    manifest = build_sft_rows(src, TOKENIZER, out, row_tokens=ROW, val_fraction=0.1, overwrite=True, progress=False)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "sft_real_format_manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
+    assert manifest["conversations"]["skipped_total"] == 0, manifest["conversations"]
+    return out
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_trains_with_boundaries_and_reports_validation_loss(rows, family):
+    spec = FAMILIES[family]
+    request = {
+        "scale_down": 4,
+        "scale_experts": spec["scale_experts"],
+        "dataset": "sft-rows",
+        "flags": {**EVIDENCE_TRAIN_FLAGS, "sl": ROW, "mb": 1},
+        "overrides": [f"dataset.path={rows}", "validation.eval_interval=5", "validation.eval_iters=1", *NO_SAVE],
+    }
+    run = launch_kept(
+        SCRATCH / "runs" / f"{family}.json",
+        family,
+        spec["recipe"],
+        runner_args(**request),
+        OUT / f"sft_real_format_{family}.log",
+    )
+    assert run.returncode == 0, run.log[-3000:]
+    check = check_training(run.losses)
+    validation = [line for line in run.log.splitlines() if "validation loss at" in line]
+    report = OUT / "sft_real_format.json"
+    old = json.loads(report.read_text()) if report.exists() else {}
+    old[family] = {"training": check.as_dict(), "validation_lines": validation, "losses": run.losses}
+    report.write_text(json.dumps(old, indent=1, default=str))
+    assert check.passed, check.reasons
+    assert validation, "no validation loss was reported"
+
+
+NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
