@@ -28,6 +28,7 @@ def build(
     overrides: Sequence[str] = (),
     report: Callable[[str], None] | None = None,
     hf_checkpoint: str | None = None,
+    config_file: str | None = None,
 ) -> Any:
     """The ConfigContainer of recipe ``name``.
 
@@ -42,6 +43,9 @@ def build(
     - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
       the run's (before the overrides, which still win), and checked against the model after the
       overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.runner`).
+    - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
+      of calling the recipe; ``name`` is then the recipe it was written from. The file is already
+      resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
 
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
     save folder moves. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown
@@ -51,7 +55,17 @@ def build(
     values = flag_values(dict(flags or {}))
     if scale_experts is not None and scale_down is None:
         raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
-    cfg = registry.load(name)()
+    if config_file is not None:
+        if scale_down is not None or dataset:
+            raise ValueError(
+                "--scale-down and --dataset reshape a recipe; a config file is already resolved: "
+                "save it with them, or set its fields with KEY=VALUE overrides"
+            )
+        from bridge_recipes import config_files
+
+        cfg = config_files.load(config_file)
+    else:
+        cfg = registry.load(name)()
     if scale_down is not None:
         from bridge_recipes.scaledown import scale_down as shrink
 
@@ -90,11 +104,12 @@ def runner_args(
     flags: Mapping[str, Any] | None = None,
     overrides: Sequence[str] = (),
     hf_checkpoint: str | None = None,
+    config_file: str | None = None,
 ) -> list[str]:
     """``scripts/run_recipe.py`` arguments (after ``--recipe NAME``) that build what
     :func:`build` builds with the same keywords: scale-down, dataset, flags in their table's
     order, then the overrides."""
-    args: list[str] = []
+    args: list[str] = ["--config-file", config_file] if config_file is not None else []
     if scale_down is not None:
         args += ["--scale-down", str(scale_down)]
         if scale_experts is not None:
