@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bridge_recipes import registry
+from bridge_recipes import registry, tracking
 from bridge_recipes.overrides import FLAG_KEYS, apply_all, flag_option, flag_values
 
 
@@ -48,9 +48,11 @@ def build(
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
 
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
-    save folder moves. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown
-    name, :class:`bridge_recipes.overrides.OverrideError` (a ValueError) for a bad flag or
-    override, ValueError for a bad scale-down or dataset.
+    save folder moves; its TensorBoard folder and the W&B defaults follow the save folder
+    (:mod:`bridge_recipes.tracking`), and logging to W&B without the wandb package is a
+    ValueError. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown name,
+    :class:`bridge_recipes.overrides.OverrideError` (a ValueError) for a bad flag or override,
+    ValueError for a bad scale-down or dataset.
     """
     values = flag_values(dict(flags or {}))
     if scale_experts is not None and scale_down is None:
@@ -88,9 +90,13 @@ def build(
         folder = hf_runner.use_checkpoint(cfg, hf_checkpoint)
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
-    apply_all(cfg, values, list(overrides))
+    before = tracking.snapshot(cfg)
+    applied = apply_all(cfg, values, list(overrides))
     if resumes_from_save and ckpt.load == recipe_load:
         ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
+    tracking.follow_save(cfg, before, [o.key for o in applied], name)  # TensorBoard and W&B folders
+    if problem := tracking.problem(cfg):
+        raise ValueError(problem)
     if folder is not None:
         hf_runner.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
     return cfg
