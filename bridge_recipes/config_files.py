@@ -98,7 +98,33 @@ def load(path: str | os.PathLike) -> Any:
 
     allow_package_classes()
     try:
-        return ConfigContainer.from_yaml(str(path), mode=InstantiationMode.STRICT)
+        cfg = ConfigContainer.from_yaml(str(path), mode=InstantiationMode.STRICT)
     except (InstantiationException, ValueError, TypeError, KeyError) as exc:
         detail = " ".join(str(exc).split())
         raise ConfigFileError(f"config file {path} cannot be built: {detail}") from None
+    if wrong := _text_in_number_fields(cfg):
+        key, value, kinds = wrong
+        raise ConfigFileError(f"config file {path}: {key} is {value!r}, a string; it takes {kinds}")
+    return cfg
+
+
+def _text_in_number_fields(obj: Any, prefix: str = "") -> tuple[str, str, str] | None:
+    """The first field holding a string where its annotation admits only numbers or booleans
+    (YAML reads ``1e-4`` without a dot or a quoted number as text; strict loading keeps it)."""
+    import dataclasses
+
+    from bridge_recipes.overrides import _allowed_types, _annotation
+
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if found := _text_in_number_fields(value, f"{prefix}{f.name}."):
+                return found
+        elif isinstance(value, str):
+            kinds = _allowed_types(_annotation(obj, f.name))
+            if kinds and all(k in (int, float, bool, type(None)) for k in kinds):
+                names = " or ".join(sorted({"null" if k is type(None) else k.__name__ for k in kinds}))
+                return f"{prefix}{f.name}", value, names
+    return None

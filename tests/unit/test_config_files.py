@@ -84,6 +84,7 @@ def _saved(tmp_path) -> str:
             ),
             "not in the allowlist",
         ),
+        (lambda t: t.replace("  train_iters: ", "  train_iters: many", 1), "train.train_iters is 'many"),
         (lambda t: t.replace("# recipe: ", "# ").replace("_config\n", "\n", 1), "no '# recipe: NAME' line"),
         (lambda t: t.replace("# recipe: qwen35_35b", "# recipe: qwen35_27b"), "written from"),
     ],
