@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bridge_recipes import registry
+from bridge_recipes import registry, tracking
 from bridge_recipes.overrides import FLAG_KEYS, apply_all, flag_option, flag_values
 
 
@@ -41,6 +41,7 @@ def build(
     report: Callable[[str], None] | None = None,
     hf_checkpoint: str | None = None,
     peft: str | None = None,
+    config_file: str | None = None,
 ) -> Any:
     """The ConfigContainer of recipe ``name``.
 
@@ -57,11 +58,16 @@ def build(
     - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
       the run's (before the overrides, which still win), and checked against the model after the
       overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.runner`).
+    - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
+      of calling the recipe; ``name`` is then the recipe it was written from. The file is already
+      resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
 
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
-    save folder moves. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown
-    name, :class:`bridge_recipes.overrides.OverrideError` (a ValueError) for a bad flag or
-    override, ValueError for a bad scale-down or dataset.
+    save folder moves; its TensorBoard folder and the W&B defaults follow the save folder
+    (:mod:`bridge_recipes.tracking`), and logging to W&B without the wandb package is a
+    ValueError. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown name,
+    :class:`bridge_recipes.overrides.OverrideError` (a ValueError) for a bad flag or override,
+    ValueError for a bad scale-down or dataset.
     """
     values = flag_values(dict(flags or {}))
     if peft is not None and peft not in PEFT_SCHEMES:
@@ -70,7 +76,17 @@ def build(
         raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
     if gpus is not None and scale_down is None:
         raise ValueError("--gpus needs --scale-down LAYERS (it is the GPU count the recipe is shrunk to)")
-    cfg = registry.load(name)()
+    if config_file is not None:
+        if scale_down is not None or dataset:
+            raise ValueError(
+                "--scale-down and --dataset reshape a recipe; a config file is already resolved: "
+                "save it with them, or set its fields with KEY=VALUE overrides"
+            )
+        from bridge_recipes import config_files
+
+        cfg = config_files.load(config_file)
+    else:
+        cfg = registry.load(name)()
     if scale_down is not None:
         from bridge_recipes.scaledown import scale_down as shrink
 
@@ -96,9 +112,13 @@ def build(
         folder = hf_runner.use_checkpoint(cfg, hf_checkpoint)
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
-    apply_all(cfg, values, list(overrides))
+    before = tracking.snapshot(cfg)
+    applied = apply_all(cfg, values, list(overrides))
     if resumes_from_save and ckpt.load == recipe_load:
         ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
+    tracking.follow_save(cfg, before, [o.key for o in applied], name)  # TensorBoard and W&B folders
+    if problem := tracking.problem(cfg):
+        raise ValueError(problem)
     if folder is not None:
         hf_runner.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
     return cfg
@@ -114,11 +134,12 @@ def runner_args(
     overrides: Sequence[str] = (),
     hf_checkpoint: str | None = None,
     peft: str | None = None,
+    config_file: str | None = None,
 ) -> list[str]:
     """``scripts/run_recipe.py`` arguments (after ``--recipe NAME``) that build what
     :func:`build` builds with the same keywords: scale-down, dataset, flags in their table's
     order, then the overrides."""
-    args: list[str] = []
+    args: list[str] = ["--config-file", config_file] if config_file is not None else []
     if scale_down is not None:
         args += ["--scale-down", str(scale_down)]
         if scale_experts is not None:

@@ -48,6 +48,9 @@ FLAG_KEYS: dict[str, Flag] = {
     "load_dir": Flag(("checkpoint.load",), str),
     "pretrained_checkpoint": Flag(("checkpoint.pretrained_checkpoint",), str),
     "save_interval": Flag(("checkpoint.save_interval",), int),
+    # Weights & Biases (the wandb extra): the experiment name defaults to the recipe's name.
+    "wandb_project": Flag(("logger.wandb_project",), str),
+    "wandb_exp_name": Flag(("logger.wandb_exp_name",), str),
 }
 SHORT_FLAGS = {"tp", "pp", "cp", "vp", "ep", "etp", "gb", "mb", "sl"}  # the rest are --long-names
 

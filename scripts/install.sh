@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv (Python 3.12) with the CPU test stack and this project in editable mode.
+# Creates .venv (Python 3.12) with the training stack and this project in editable mode.
 #
-#   bash scripts/install.sh [--wheelhouse DIR] [--python PY]
+#   bash scripts/install.sh [--gpu|--cpu] [--wheelhouse DIR] [--python PY] [--dry-run]
 #
 # The stack is installed from requirements/cpu.lock with --no-deps: megatron-bridge declares
 # dependencies that cannot be built on a machine without CUDA (flashinfer, fast-hadamard-
@@ -9,20 +9,41 @@
 # extension is an sdist that compiles for ~8 minutes; a wheelhouse holding a prebuilt
 # transformer_engine_torch wheel skips that. A shared wheelhouse folder beside the checkout is
 # used by default when it exists.
+# --gpu (the default when `nvidia-smi -L` lists a GPU; --cpu turns it off) also installs
+# requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang, and their dependencies),
+# then imports the training entry points and prints the GPU, CUDA and stack versions.
+# --dry-run prints the commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 wheelhouse=""
 [ -d ../shared/wheelhouse ] && wheelhouse=../shared/wheelhouse
 python=""
+gpu=auto
+dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheelhouse) wheelhouse="$2"; shift 2 ;;
     --python) python="$2"; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option '$1' (known: --wheelhouse DIR, --python PY)" >&2; exit 2 ;;
+    --gpu) gpu=1; shift ;;
+    --cpu) gpu=0; shift ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --wheelhouse DIR, --python PY, --dry-run)" >&2; exit 2 ;;
   esac
 done
+if [ "$gpu" = auto ]; then
+  gpu=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    gpu=1
+    echo "[install] nvidia-smi lists a GPU: installing the GPU additions too (--cpu to skip them)"
+  fi
+fi
+
+# run CMD...: runs it, or with --dry-run prints it
+run() {
+  if [ "$dry_run" = 1 ]; then echo "+ $*"; else "$@"; fi
+}
 
 find_python() {
   for cand in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
@@ -43,10 +64,26 @@ if [ -n "$wheelhouse" ]; then
 fi
 
 echo "[install] creating .venv with $python"
-"$python" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade "pip>=25"
+run "$python" -m venv .venv
+run .venv/bin/python -m pip install -q --upgrade "pip>=25"
 echo "[install] installing requirements/cpu.lock (no dependency resolution; a few minutes)"
-.venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/cpu.lock
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/cpu.lock
+if [ "$gpu" = 1 ]; then
+  echo "[install] installing requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang)"
+  run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/gpu.lock
+fi
+run .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 echo "[install] checking the stack imports"
-.venv/bin/python -c "import torch, transformer_engine.pytorch, megatron.core, megatron.bridge.training.config; import bridge_recipes, perf_recipes; print('[install] ok: torch', torch.__version__)"
+run .venv/bin/python -c "import torch, transformer_engine.pytorch, megatron.core, megatron.bridge.training.config; import bridge_recipes, perf_recipes; print('[install] ok: torch', torch.__version__)"
+if [ "$gpu" = 1 ]; then
+  echo "[install] checking the training entry points on the GPU"
+  run .venv/bin/python -c "
+import importlib.metadata as md
+import torch
+import megatron.bridge.training.finetune, megatron.bridge.training.pretrain, megatron.bridge.training.vlm_step
+import nvidia_resiliency_ext, tilelang, qwen_vl_utils
+assert torch.cuda.is_available(), 'torch sees no CUDA GPU'
+print('[install] gpu:', torch.cuda.get_device_name(0), 'x', torch.cuda.device_count(), '| CUDA', torch.version.cuda)
+print('[install] ' + ', '.join(f'{p} {md.version(p)}' for p in ('torch', 'transformer-engine', 'megatron-core', 'megatron-bridge', 'nvidia-resiliency-ext', 'tilelang')))
+"
+fi

@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from this Hugging Face folder: checked against the model, converted once into "
         "$QWEN35_RECIPES_CACHE/hf_import (default ~/.cache/qwen35_recipes), its tokenizer used",
     )
+    p.add_argument(
+        "--config-file",
+        metavar="FILE",
+        help="build from a config saved with --save-config (its recipe is recorded in it); overrides still apply",
+    )
+    p.add_argument("--save-config", metavar="FILE", help="with --dry-run: write the resolved YAML to FILE")
+    p.add_argument("--overwrite-config", action="store_true", help="let --save-config replace an existing file")
     p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
     for dest, flag in FLAG_KEYS.items():
@@ -155,10 +162,28 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         "overrides": args.overrides,
         **({"peft": args.peft} if args.peft else {}),
         **({"hf_checkpoint": args.hf_checkpoint} if args.hf_checkpoint else {}),
+        **({"config_file": args.config_file} if args.config_file else {}),
     }
 
 
+def save_config_problem(args: argparse.Namespace) -> str | None:
+    """Why --save-config cannot be written (checked before any work), or None."""
+    from bridge_recipes.outputs import output_problem
+
+    if not args.dry_run:
+        return "--save-config needs --dry-run (it writes the resolved config instead of launching)"
+    inputs = [args.config_file] if args.config_file else []
+    problem = output_problem(args.save_config, option="--save-config", inputs=inputs)
+    if not problem and os.path.exists(args.save_config) and not args.overwrite_config:
+        problem = f"--save-config {args.save_config} exists; pass --overwrite-config to replace it"
+    return problem
+
+
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
+    if args.config_file:
+        from bridge_recipes.config_files import recipe_of
+
+        args.recipe = recipe_of(args.config_file, args.recipe)
     entry = registry.find(args.recipe)
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
@@ -185,8 +210,12 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         entries = [e for e in registry.entries().values() if registry.matches(e, args.filter)]
         print(registry.table(sorted(entries, key=lambda e: (e.tree, e.name))))
         return 0
-    if not args.recipe:
-        return fail("--recipe NAME is required (or --list to see the recipes)")
+    if not args.recipe and not args.config_file:
+        return fail("--recipe NAME is required (or --config-file FILE, or --list to see the recipes)")
+    if args.overwrite_config and not args.save_config:
+        return fail("--overwrite-config applies to --save-config FILE; add it, or drop --overwrite-config")
+    if args.save_config and (problem := save_config_problem(args)):
+        return fail(problem)
     try:
         entry, cfg = build(args)
     except registry.UnknownRecipe as exc:
@@ -217,7 +246,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
-        cfg.print_yaml()
+        if not args.save_config:
+            cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
         if entry.checkpoint is not None:
             rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
@@ -236,6 +266,12 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             )
         if warning:
             print(warning, file=sys.stderr)
+        if args.save_config:
+            from bridge_recipes import config_files
+            from bridge_recipes.outputs import write_text_atomic
+
+            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name))
+            print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
         print("checks: ok (layout checks and Megatron-Bridge validation passed)")
         return 0
 

@@ -60,6 +60,8 @@ def test_flags_have_an_explicit_type():
         "save_dir": str,
         "load_dir": str,
         "pretrained_checkpoint": str,
+        "wandb_project": str,
+        "wandb_exp_name": str,
     }
     assert flag_values({"lr": "3e-4", "gb": "8", "save_dir": 7, "tp": None}) == {"lr": 3e-4, "gb": 8, "save_dir": "7"}
     parser = build_parser()

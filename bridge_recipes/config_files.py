@@ -1,0 +1,143 @@
+"""Config files: a built recipe written as YAML, and built again from that YAML.
+
+A config file is Megatron-Bridge's ``ConfigContainer.to_yaml`` text behind one comment line
+that names the recipe it came from (``# recipe: NAME``), so the runner knows the recipe's task
+and GPUs when it builds from the file. Loading goes through ``ConfigContainer.from_yaml`` in
+strict mode: an unknown key anywhere is an error, and every ``_target_`` must be on Megatron's
+instantiation allow-list. This package's config classes are added to that list one class at a
+time (:data:`YAML_CLASSES`), not as a package prefix, so a file can name a dataset config but
+no other callable of the package.
+
+Importing this module imports neither torch nor Megatron.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
+HEADER = "# run_recipe.py config file: build it again with --config-file FILE [KEY=VALUE ...]\n# recipe: {name}\n"
+
+# The top-level ``_target_`` of a saved config (Megatron-Bridge's ConfigContainer).
+CONTAINER = "megatron.bridge.training.config.ConfigContainer"
+# Classes of this package that a built config can hold, as module path and class name.
+YAML_CLASSES = ("bridge_recipes.data.packed_rows.PackedSFTRowsConfig",)
+
+
+class ConfigFileError(ValueError):
+    """A config file that cannot be read or built; the message names the file and the problem."""
+
+
+def allow_package_classes() -> None:
+    """Put :data:`YAML_CLASSES` on Megatron's ``_target_`` allow-list (idempotent)."""
+    from megatron.bridge.utils.instantiate_utils import target_allowlist
+
+    for target in YAML_CLASSES:
+        target_allowlist.add_exact(target)
+
+
+def to_text(cfg: Any, recipe: str) -> str:
+    """The config file's text: the recipe line, then Megatron-Bridge's YAML of ``cfg``."""
+    import yaml
+    from megatron.training.config.yaml_utils import safe_yaml_representers
+
+    with safe_yaml_representers():
+        body = yaml.safe_dump(_plain(cfg.to_dict()), default_flow_style=False)
+    return HEADER.format(name=recipe) + body
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with sets as sorted lists: a YAML ``!!set`` does not load back into the config
+    (OmegaConf has no set type), and the fields holding sets (LoRA's ``params_to_save``) are
+    only ever tested for membership."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_plain(v) for v in obj)
+    if isinstance(obj, set | frozenset):
+        return sorted(_plain(v) for v in obj)
+    return obj
+
+
+def recipe_of(path: str | os.PathLike, recipe: str | None = None) -> str:
+    """The recipe a config file was written from (its ``# recipe:`` line), checked against
+    ``recipe`` when both are given; ``recipe`` alone for a file without the line."""
+    text, _ = _parse(path)
+    m = RECIPE_LINE.search(text)
+    if m and recipe and m.group(1) != recipe:
+        raise ConfigFileError(
+            f"config file {path} was written from {m.group(1)}, but --recipe names {recipe}; drop --recipe"
+        )
+    if not m and not recipe:
+        raise ConfigFileError(f"config file {path} has no '# recipe: NAME' line; pass --recipe NAME with it")
+    return m.group(1) if m else recipe
+
+
+def _read(path: str | os.PathLike) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigFileError(f"config file {p} does not exist" if not p.exists() else f"config file {p} is a folder")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(f"config file {p} cannot be read: {exc}") from None
+
+
+def _parse(path: str | os.PathLike) -> tuple[str, dict]:
+    """The file's text and its YAML mapping, checked to be a saved ConfigContainer."""
+    import yaml
+
+    text = _read(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigFileError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or data.get("_target_") != CONTAINER:
+        raise ConfigFileError(
+            f"config file {path} is not a saved config: expected a mapping with '_target_: {CONTAINER}' "
+            "(write one with --dry-run --save-config FILE)"
+        )
+    return text, data
+
+
+def load(path: str | os.PathLike) -> Any:
+    """The ConfigContainer in ``path``, built by Megatron-Bridge's strict YAML loading."""
+    _parse(path)
+    from megatron.bridge.training.config import ConfigContainer
+    from megatron.bridge.utils.instantiate_utils import InstantiationException, InstantiationMode
+
+    allow_package_classes()
+    try:
+        cfg = ConfigContainer.from_yaml(str(path), mode=InstantiationMode.STRICT)
+    except (InstantiationException, ValueError, TypeError, KeyError) as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigFileError(f"config file {path} cannot be built: {detail}") from None
+    if wrong := _text_in_number_fields(cfg):
+        key, value, kinds = wrong
+        raise ConfigFileError(f"config file {path}: {key} is {value!r}, a string; it takes {kinds}")
+    return cfg
+
+
+def _text_in_number_fields(obj: Any, prefix: str = "") -> tuple[str, str, str] | None:
+    """The first field holding a string where its annotation admits only numbers or booleans
+    (YAML reads ``1e-4`` without a dot or a quoted number as text; strict loading keeps it)."""
+    import dataclasses
+
+    from bridge_recipes.overrides import _allowed_types, _annotation
+
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if found := _text_in_number_fields(value, f"{prefix}{f.name}."):
+                return found
+        elif isinstance(value, str):
+            kinds = _allowed_types(_annotation(obj, f.name))
+            if kinds and all(k in (int, float, bool, type(None)) for k in kinds):
+                names = " or ".join(sorted({"null" if k is type(None) else k.__name__ for k in kinds}))
+                return f"{prefix}{f.name}", value, names
+    return None
