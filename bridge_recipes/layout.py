@@ -78,21 +78,11 @@ def layout_of(cfg: Any, world_size: int) -> Layout:
 
 
 def _model_parallel_sizes(model: Any) -> tuple[int, int, int]:
-    """(TP, PP, CP) of a model config or a saved run's ``model`` mapping; unset counts as 1."""
-    get = model.get if isinstance(model, dict) else lambda key: getattr(model, key, None)
+    """(TP, PP, CP) of a model config; unset counts as 1."""
     return tuple(
-        get(key) or 1
+        getattr(model, key, None) or 1
         for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
     )
-
-
-def data_parallel(model: Any, world_size: int | None) -> int | None:
-    """Data-parallel size of a model's parallel sizes (a model config or a saved run's ``model``
-    mapping) on ``world_size`` GPUs, or None without a world size."""
-    if not world_size:
-        return None
-    tp, pp, cp = _model_parallel_sizes(model)
-    return world_size // (tp * pp * cp)
 
 
 def stage_layers(cfg: Any) -> list[int] | None:

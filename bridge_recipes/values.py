@@ -66,11 +66,12 @@ def size_problems(cfg: Any) -> list[str]:
     out = []
     for key, flag in POSITIVE_SIZES + OPTIONAL_POSITIVE_SIZES:
         v = _get(cfg, key)
-        if v is None and (key, flag) in OPTIONAL_POSITIVE_SIZES:
+        optional = (key, flag) in OPTIONAL_POSITIVE_SIZES
+        if v is None and optional:
             continue
         if not _is_int(v) or v < 1:
             how = f"{flag} N" if flag.startswith("-") else f"{flag}N"
-            out.append(f"{key}={v!r} must be an integer >= 1; set it with {how}")
+            out.append(f"{key}={v!r} must be an integer >= 1{' (or null)' if optional else ''}; set it with {how}")
     return out
 
 

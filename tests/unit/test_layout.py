@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_recipes.layout import Layout, data_parallel, layout_of, stage_layers
+from bridge_recipes.layout import Layout, layout_of, stage_layers
 
 
 def _cfg(**model):
@@ -36,12 +36,6 @@ def test_labels():
     assert lay.label() == "TP2 PP2 CP2 EP4 ETP1 DP2"
     assert lay.label(show_sp=True) == "TP2 SP PP2 CP2 EP4 ETP1 DP2"
     assert Layout(tp=1, pp=4, cp=1, ep=1, etp=None, vpp=2, dp=None, world=6).label() == "TP1 PP4 VPP2 DP?"
-
-
-def test_data_parallel_of_a_config_and_of_a_saved_run_agree():
-    saved = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "context_parallel_size": None}
-    assert data_parallel(saved, 16) == 4 == data_parallel(_cfg(context_parallel_size=1).model, 16)
-    assert data_parallel(saved, None) is None
 
 
 @pytest.mark.parametrize(
