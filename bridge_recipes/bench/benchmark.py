@@ -27,23 +27,30 @@ Exit status 0 on success, 2 on bad input, 1 when a run fails.
 """
 
 
-def one(name: str, opts, out: Path) -> tuple[dict, object, dict[int, float]]:
-    """Run and measure one recipe: its result document, its config and its loss curve."""
+def planned_run(name: str, opts) -> tuple[dict, object]:
+    """The bridge_recipes.build keywords of recipe ``name``'s benchmark run and the config they
+    build (scale-down changes printed as the runner prints them)."""
     from bridge_recipes.bench import harness
-    from bridge_recipes.bench.runs import launch
 
-    entry = registry.find(name)
-    base = build_config(name, overrides=opts.overrides)
-    nproc = 1 if opts.proxy_layers else entry.meta.gpus
     request = harness.run_request(
-        base,
+        build_config(name, overrides=opts.overrides),
         steps=opts.steps,
         proxy_layers=opts.proxy_layers,
         extra=opts.overrides,
         proxy_global_batch=opts.proxy_global_batch,
     )
+    return request, build_config(name, **request)
+
+
+def one(name: str, opts, out: Path, request: dict, cfg) -> tuple[dict, object, dict[int, float]]:
+    """Run and measure one recipe (its :func:`planned_run`): its result document, its config and
+    its loss curve."""
+    from bridge_recipes.bench import harness
+    from bridge_recipes.bench.runs import launch
+
+    entry = registry.find(name)
+    nproc = 1 if opts.proxy_layers else entry.meta.gpus
     args = runner_args(**request)
-    cfg = build_config(name, **request)
     log_path = out.with_suffix(".log")
     step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
@@ -90,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def argument_problems(opts, names: list[str]) -> list[str]:
+def argument_problems(opts, names: list[str]) -> tuple[list[str], dict[str, tuple[dict, object]]]:
     """Everything wrong with the arguments that can be known before a run starts: step counts,
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
-    run would build it (scale-down, overrides and value ranges)."""
-    from bridge_recipes.bench import harness
+    run would build it (scale-down, overrides and value ranges); and each recipe's
+    :func:`planned_run`, built once here for the run."""
     from bridge_recipes.gpus import GPUS
     from bridge_recipes.outputs import output_problem
     from bridge_recipes.overrides import OverrideError
@@ -117,25 +124,18 @@ def argument_problems(opts, names: list[str]) -> list[str]:
     problem = output_problem(opts.out, option="--out")
     if problem:
         out.append(problem)
+    plans: dict[str, tuple[dict, object]] = {}
     if out:
-        return out
+        return out, plans
     for name in names:
         try:
-            base = build_config(name, overrides=opts.overrides)
-            request = harness.run_request(
-                base,
-                steps=opts.steps,
-                proxy_layers=opts.proxy_layers,
-                extra=opts.overrides,
-                proxy_global_batch=opts.proxy_global_batch,
-            )
-            cfg = build_config(name, **request)
+            plans[name] = planned_run(name, opts)
         except (OverrideError, ValueError) as exc:
             out.append(f"{name}: {exc}")
             continue
         nproc = 1 if opts.proxy_layers else registry.find(name).meta.gpus
-        out += [f"{name}: {p}" for p in value_problems(cfg, nproc)]
-    return out
+        out += [f"{name}: {p}" for p in value_problems(plans[name][1], nproc)]
+    return out, plans
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
     except registry.UnknownRecipe as exc:
         ap.error(str(exc))
-    problems = argument_problems(opts, names)
+    problems, plans = argument_problems(opts, names)
     if problems:
         ap.error("; ".join(problems))
     out = Path(opts.out)
     try:
         docs = [
-            one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml")) for i, n in enumerate(names)
+            one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"), *plans[n])
+            for i, n in enumerate(names)
         ]
     except RuntimeError as exc:
         print(f"benchmark.py: {exc}", file=sys.stderr)

@@ -111,9 +111,9 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
     model, arms = "qwen35_27b", PAIRS["qwen35_27b"]
     runs = {_result(model, arm)["recipe"]: arm for arm in arms}
 
-    def committed_run(name, opts, out):
+    def committed_run(name, opts, out, request, cfg):  # cfg: the config benchmark.py planned for the run
         arm = runs[name]
-        return _result(model, arm), proxy_config(name), _losses(model, arm)
+        return _result(model, arm), cfg, _losses(model, arm)
 
     monkeypatch.setattr(bench, "one", committed_run)
     tuned, reference = runs
