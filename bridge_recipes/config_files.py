@@ -126,7 +126,7 @@ def _text_in_number_fields(obj: Any, prefix: str = "") -> tuple[str, str, str] |
     (YAML reads ``1e-4`` without a dot or a quoted number as text; strict loading keeps it)."""
     import dataclasses
 
-    from bridge_recipes.overrides import _allowed_types, _annotation
+    from bridge_recipes.overrides import allowed_types, field_annotation
 
     for f in dataclasses.fields(obj):
         if f.name.startswith("_"):
@@ -136,7 +136,7 @@ def _text_in_number_fields(obj: Any, prefix: str = "") -> tuple[str, str, str] |
             if found := _text_in_number_fields(value, f"{prefix}{f.name}."):
                 return found
         elif isinstance(value, str):
-            kinds = _allowed_types(_annotation(obj, f.name))
+            kinds = allowed_types(field_annotation(obj, f.name))
             if kinds and all(k in (int, float, bool, type(None)) for k in kinds):
                 names = " or ".join(sorted({"null" if k is type(None) else k.__name__ for k in kinds}))
                 return f"{prefix}{f.name}", value, names

@@ -152,14 +152,14 @@ def _walk(cfg: Any, parts: list[str], token: str) -> Any:
     return obj
 
 
-def _annotation(obj: Any, name: str) -> Any:
+def field_annotation(obj: Any, name: str) -> Any:
     try:
         return typing.get_type_hints(type(obj)).get(name)
     except Exception:  # forward references that cannot be resolved: fall back to the value's type
         return None
 
 
-def _allowed_types(annotation: Any) -> tuple[type, ...] | None:
+def allowed_types(annotation: Any) -> tuple[type, ...] | None:
     """Concrete classes an annotation admits, or None where it cannot be told (Any, callables)."""
     if annotation is None or annotation is Any:
         return None
@@ -167,7 +167,7 @@ def _allowed_types(annotation: Any) -> tuple[type, ...] | None:
     if origin in (typing.Union, types.UnionType):
         out: list[type] = []
         for arg in typing.get_args(annotation):
-            sub = _allowed_types(arg)
+            sub = allowed_types(arg)
             if sub is None:
                 return None
             out += sub
@@ -258,7 +258,7 @@ def apply(cfg: Any, override: Override) -> None:
     if override.kind == "add":
         raise OverrideError(f"{override.token!r}: {override.key!r} exists already; set it without '+'")
     current = getattr(parent, leaf)
-    allowed = _allowed_types(_annotation(parent, leaf))
+    allowed = allowed_types(field_annotation(parent, leaf))
     if override.kind == "delete":
         setattr(parent, leaf, _coerce(None, current, allowed, override.token, override.key))
         return

@@ -56,11 +56,11 @@ class Log:
 
 
 def _convert(log: Log, *args: str) -> None:
-    from bridge_recipes.hf.runner import _child_env
+    from bridge_recipes.hf.runner import child_env
 
     cmd = [sys.executable, str(ROOT / "scripts/convert_checkpoint.py"), *args, "--no-progress"]
     log(f"$ {' '.join(cmd[1:])}")
-    p = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True)
+    p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
     for line in (p.stdout + p.stderr).splitlines()[-25:]:
         log(f"  | {line}")
     if p.returncode != 0:

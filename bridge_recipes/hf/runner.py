@@ -100,7 +100,7 @@ def random_init_warning(cfg: Any, task: str, hf_checkpoint: str | None) -> str |
     )
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     """The environment of a conversion child: torchrun's variables removed. Kept, the child's
     one-process group would join torchrun's rendezvous; TORCHELASTIC_USE_AGENT_STORE=True alone
     makes it wait, as a client, for a store that nobody hosts."""
@@ -122,7 +122,7 @@ def attach(cfg: Any, folder: ck.HfFolder) -> Path:
             failed.unlink(missing_ok=True)
             _log(f"hf checkpoint: converting {folder.path} -> {target} (once; reused while the folder is unchanged)")
             cmd = [sys.executable, "-m", "bridge_recipes.hf.runner", "import", str(folder.path), str(target)]
-            rc = subprocess.run(cmd, env=_child_env()).returncode
+            rc = subprocess.run(cmd, env=child_env()).returncode
             if rc != 0:
                 failed.parent.mkdir(parents=True, exist_ok=True)
                 failed.write_text(f"exit status {rc}\n")
@@ -154,7 +154,7 @@ def export_after_training(cfg: Any, out: str, template: str) -> int:
         return 0
     _log(f"export: {cfg.checkpoint.save} -> {out} (config and tokenizer from {template})")
     cmd = [sys.executable, "-m", "bridge_recipes.hf.runner", "export", cfg.checkpoint.save, template, out]
-    return subprocess.run(cmd, env=_child_env()).returncode
+    return subprocess.run(cmd, env=child_env()).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -338,11 +338,11 @@ def test_runner_export_flag_needs_hf_checkpoint(capsys, tmp_path):
 
 
 def test_conversion_children_leave_torchrun_rendezvous_behind(monkeypatch):
-    from bridge_recipes.hf.runner import _child_env
+    from bridge_recipes.hf.runner import child_env
 
     for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_PORT": "29500", "RANK": "0", "KEEP_ME": "1"}.items():
         monkeypatch.setenv(k, v)
-    env = _child_env()
+    env = child_env()
     assert "TORCHELASTIC_USE_AGENT_STORE" not in env and "MASTER_PORT" not in env and "RANK" not in env
     assert env["KEEP_ME"] == "1" and env["HF_HUB_OFFLINE"] == "1"
 
