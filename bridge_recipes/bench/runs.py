@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,7 +84,15 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def torchrun_command(recipe: str, args: list[str], nproc: int = 1, port: int = 29511) -> list[str]:
+def free_port() -> int:
+    """A TCP port free now on this host: runs started side by side (one per GPU) each get their own
+    rendezvous port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command(recipe: str, args: list[str], nproc: int = 1, port: int | None = None) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -91,7 +100,7 @@ def torchrun_command(recipe: str, args: list[str], nproc: int = 1, port: int = 2
         "--nproc-per-node",
         str(nproc),
         "--master-port",
-        str(port),
+        str(port if port is not None else free_port()),
         str(ROOT / "scripts" / "run_recipe.py"),
         "--recipe",
         recipe,

@@ -510,6 +510,70 @@ def convert_megatron_to_hf(megatron: Path, template: Path, out: Path) -> None:
         bridge.save_hf_pretrained(model, str(out), source_path=str(template), show_progress=True)
 
 
+def lora_settings(megatron: Path) -> dict[str, Any] | None:
+    """The ``peft`` section of the run config saved with ``megatron``'s newest checkpoint when that
+    run trained LoRA adapters, else None (a full-parameter checkpoint)."""
+    from bridge_recipes.saved_runs import CheckpointMetadataError, latest_run_config
+
+    try:
+        found = latest_run_config(megatron)
+    except CheckpointMetadataError as e:
+        raise HfCheckpointError(str(e)) from None
+    peft = (found[1].get("peft") if found else None) or {}
+    return peft if "LoRA" in str(peft.get("_target_", "")) else None
+
+
+def lora_from_settings(settings: dict[str, Any]) -> Any:
+    """Megatron-Bridge's ``LoRA`` with the saved run's fields (those its constructor takes)."""
+    import dataclasses
+
+    from megatron.bridge.peft.lora import LoRA
+
+    names = {f.name for f in dataclasses.fields(LoRA) if f.init}
+    return LoRA(**{k: v for k, v in settings.items() if k in names and v is not None})
+
+
+def convert_lora_to_hf(megatron: Path, template: Path, out: Path) -> None:
+    """A LoRA run's newest checkpoint (adapter weights only, as Megatron-Bridge saves PEFT runs)
+    merged into the base weights of ``template`` (the HF folder the run started from), saved as a
+    plain HF folder: the base model built through the registered bridge with the run's LoRA
+    wrapped around it, the adapters loaded from the checkpoint, then ``save_hf_pretrained``, which
+    merges each adapter into its base weight."""
+    _need_gpu("the export")
+    _quiet_megatron_import()
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.training.checkpointing import (
+        _generate_model_state_dict,
+        apply_peft_adapter_filter_to_state_dict,
+    )
+    from megatron.core import dist_checkpointing
+
+    from bridge_recipes.saved_runs import iteration_folder, latest_iteration
+
+    iteration = latest_iteration(megatron)
+    if iteration is None:
+        raise HfCheckpointError(f"{megatron} has no latest_checkpointed_iteration.txt naming its newest save")
+    lora = lora_from_settings(lora_settings(megatron) or {})
+    bridge = AutoBridge.from_hf_pretrained(str(template))
+    provider = bridge.to_megatron_provider(load_weights=True)
+    _no_apex_fusion(provider)
+    provider.finalize()
+    provider.register_pre_wrap_hook(lambda chunks: lora(chunks, training=False))
+    with _conversion_context():
+        model = provider.provide_distributed_model(
+            wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=False
+        )
+        wanted = apply_peft_adapter_filter_to_state_dict(_generate_model_state_dict(model, {}), lora)
+        loaded = dist_checkpointing.load(wanted, str(iteration_folder(megatron, iteration)))
+        key = "model" if "model" in loaded else next(k for k in loaded if k.startswith("model"))
+        if not loaded[key]:
+            raise HfCheckpointError(f"{megatron} holds no LoRA adapter weights for this model")
+        result = model[0].load_state_dict(loaded[key], strict=False)
+        if result.unexpected_keys:
+            raise HfCheckpointError(f"adapter weights with no place in the model: {result.unexpected_keys[:5]}")
+        bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
+
+
 def is_megatron_checkpoint(folder: Path) -> bool:
     return (folder / "latest_checkpointed_iteration.txt").is_file() or any(folder.glob("iter_*"))
 
@@ -558,8 +622,10 @@ def export_checkpoint(
     overwrite: bool = False,
     progress: bool = True,
     convert: Callable[[Path, Path, Path], None] = convert_megatron_to_hf,
+    lora_convert: Callable[[Path, Path, Path], None] = convert_lora_to_hf,
 ) -> Path:
-    """Export the Megatron checkpoint ``megatron`` to a HF folder shaped like ``template``."""
+    """Export the Megatron checkpoint ``megatron`` to a HF folder shaped like ``template``; a LoRA
+    run's checkpoint (adapters only) is merged into ``template``'s base weights."""
     megatron = Path(megatron).expanduser()
     if not megatron.is_dir() or not is_megatron_checkpoint(megatron):
         raise HfCheckpointError(
@@ -571,6 +637,8 @@ def export_checkpoint(
         problems = check_folder_for_recipe(folder, recipe, scaled=scaled)
         if problems:
             raise mismatch_error(folder.path, problems, _fix_hint(scaled))
+    if lora_settings(megatron) is not None:  # adapters only: merged into the template's base weights
+        convert = lora_convert
     with staged_output(out, overwrite) as tmp:
         convert(megatron, folder.path, tmp)
         if not list(tmp.glob("*.safetensors")):

@@ -204,6 +204,12 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
             log(parity.log_line(case))
 
     arm("finetune", finetune)
+
+    def lora() -> None:
+        summary["lora"] = lora_arm(log, out, scratch, ft_toy, specs["moe"], tokens)
+        log(f"lora: {json.dumps(summary['lora'], default=str)}")
+
+    arm("lora", lora)
     failures = parity.gate_failures(summary["cases"])
     rt_ok = all(v.get("bit_identical") for v in summary["round_trip"].values()) and len(summary["round_trip"]) == 2
     summary["gate_failures"] = failures
@@ -211,6 +217,105 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
     log(f"gates: {'ok' if not failures else failures}; round trip bit-identical: {rt_ok}")
     save()
     return summary
+
+
+# Tensors LoRA never touches (embeddings, head, norms, the router, the Gated DeltaNet convolution,
+# decay and time-step parameters): a merged export must give them back bit for bit. Adapters sit
+# on the projections of common.LORA_TARGETS only.
+FROZEN_SUFFIXES = (
+    "embed_tokens.weight",
+    "lm_head.weight",
+    "norm.weight",
+    "mlp.gate.weight",
+    "shared_expert_gate.weight",
+    "conv1d.weight",
+    "A_log",
+    "dt_bias",
+)
+
+
+def lora_change_report(same: list[str], changed: list[str]) -> dict[str, Any]:
+    """What a LoRA fine-tune changed, from the merged export against the base folder: frozen tensors
+    (:data:`FROZEN_SUFFIXES`) that changed are failures; the changed projections are grouped by
+    their module name."""
+    frozen_changed = [n for n in changed if n.endswith(FROZEN_SUFFIXES)]
+    groups: dict[str, int] = {}
+    for n in changed:
+        parts = n.split(".")
+        key = parts[-2] if parts[-1] in ("weight", "bias") else parts[-1]
+        groups[key] = groups.get(key, 0) + 1
+    return {
+        "identical": len(same),
+        "changed": len(changed),
+        "changed_by_module": dict(sorted(groups.items())),
+        "frozen_changed": frozen_changed,
+        "frozen_identical": sum(n.endswith(FROZEN_SUFFIXES) for n in same),
+        "passed": bool(changed) and not frozen_changed,
+    }
+
+
+def checkpoint_model_keys(iter_dir: Path) -> list[str]:
+    """The model tensors a torch_dist checkpoint holds (its metadata, read on the CPU)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
+    return sorted(k for k in keys if not k.startswith("optimizer") and "_extra_state" not in k and k != "rng_state")
+
+
+LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
+
+
+def lora_arm(log: Log, out: Path, scratch: Path, toy: Path, spec: Any, tokens: Any) -> dict[str, Any]:
+    """LoRA from the imported toy: 10 steps saving at 5 and 10 with a merged export; a second run
+    killed after step 7 and restarted from its step-5 checkpoint (adapters and their optimizer
+    state) must follow the first. Checks: the checkpoint holds adapter tensors only; the merged
+    export loads in transformers, differs from the base only in adapted projections and moves its
+    logits; the restart matches (``check_resume``)."""
+    import torch
+
+    from bridge_recipes.bench.evidence import RESUME_KILL_AFTER, RESUME_SAVE_INTERVAL, check_resume
+    from bridge_recipes.bench.runs import launch
+
+    os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
+    full, killed_ckpt, export = scratch / "lora_ckpt", scratch / "lora_killed_ckpt", scratch / "lora_export"
+    for p in (full, killed_ckpt, export):
+        subprocess.run(["rm", "-rf", str(p)], check=True)
+    from bridge_recipes.hf.toy import model_overrides
+
+    base = [
+        "--scale-down", "4", "--scale-experts", str(spec.num_experts),
+        "-gb", "4", "--max-steps", str(FINETUNE_STEPS), "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1",
+        "--dataset", "sft-rows", f"dataset.path={ROWS}", "--hf-checkpoint", str(toy),
+        "--save-interval", str(RESUME_SAVE_INTERVAL), "checkpoint.async_save=false",
+        *model_overrides(spec),
+    ]  # fmt: skip
+    a = launch("lora", LORA_RECIPE, [*base, "--save-dir", str(full), "--export-hf", str(export)], out / "hf_lora.log")
+    info: dict[str, Any] = {"returncode": a.returncode, "seconds": round(a.seconds), "steps": len(a.losses)}
+    info["losses"] = a.losses
+    if a.returncode != 0:
+        raise RuntimeError(f"the LoRA run exited {a.returncode}")
+    keys = checkpoint_model_keys(full / f"iter_{FINETUNE_STEPS:07d}")
+    info["checkpoint_model_tensors"] = len(keys)
+    info["checkpoint_non_adapter_tensors"] = [k for k in keys if "adapter" not in k][:10]
+    same, changed = parity.identical_names(toy, export)
+    info["export_vs_base"] = lora_change_report(same, changed)
+
+    from transformers import AutoModelForCausalLM
+
+    def logits(folder: Path) -> Any:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32).cuda().eval()
+        with torch.no_grad():
+            return model(tokens[:2, :128]).logits.float()
+
+    tuned, original = logits(export), logits(toy)
+    info["export_loads"] = bool(torch.isfinite(tuned).all())
+    info["export_logits_max_abs_change"] = float((tuned - original).abs().max())
+    save = ["--save-dir", str(killed_ckpt), "--load-dir", str(killed_ckpt)]
+    killed = launch("lora_killed", LORA_RECIPE, [*base, *save], out / "hf_lora.log", kill_after_step=RESUME_KILL_AFTER)
+    back = launch("lora_resumed", LORA_RECIPE, [*base, *save, "checkpoint.save=null"], out / "hf_lora.log")
+    info["resume"] = check_resume(a.losses, killed.losses, back.losses, save_interval=RESUME_SAVE_INTERVAL).as_dict()
+    info["resume"]["resumed_returncode"] = back.returncode
+    return info
 
 
 if __name__ == "__main__":

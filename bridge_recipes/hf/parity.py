@@ -214,28 +214,36 @@ def parity_cases(
     return out
 
 
-def tensors_identical(original: str | Path, exported: str | Path) -> dict[str, Any]:
-    """Every tensor of two HF folders compared bit for bit (names, dtypes, shapes, bytes)."""
-    import torch
+def _all_tensors(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
-    def all_tensors(folder: Path) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in sorted(Path(folder).glob("*.safetensors")):
-            out.update(load_file(str(f)))
-        return out
+    out: dict[str, Any] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
 
-    a, b = all_tensors(Path(original)), all_tensors(Path(exported))
-    same = [
-        k
-        for k in a
-        if k in b
-        and a[k].dtype == b[k].dtype
-        and a[k].shape == b[k].shape
-        and torch.equal(
-            a[k].view(torch.uint8) if a[k].numel() else a[k], b[k].view(torch.uint8) if b[k].numel() else b[k]
-        )
-    ]
+
+def _same_bits(x: Any, y: Any) -> bool:
+    import torch
+
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    return torch.equal(x.view(torch.uint8), y.view(torch.uint8)) if x.numel() else True
+
+
+def identical_names(original: str | Path, exported: str | Path) -> tuple[list[str], list[str]]:
+    """(names bit-identical in both folders, names present in both that differ); an exported tensor
+    of another dtype is compared after a cast to the original's (BF16 -> FP32 -> BF16 is exact)."""
+    a, b = _all_tensors(Path(original)), _all_tensors(Path(exported))
+    both = sorted(set(a) & set(b))
+    same = [k for k in both if _same_bits(a[k], b[k].to(a[k].dtype))]
+    return same, sorted(set(both) - set(same))
+
+
+def tensors_identical(original: str | Path, exported: str | Path) -> dict[str, Any]:
+    """Every tensor of two HF folders compared bit for bit (names, dtypes, shapes, bytes)."""
+    a, b = _all_tensors(Path(original)), _all_tensors(Path(exported))
+    same = [k for k in a if k in b and _same_bits(a[k], b[k])]
     return {
         "tensors_original": len(a),
         "tensors_exported": len(b),

@@ -83,6 +83,10 @@ def save_tokenizer(out: str | Path, tokenizer_json: str | Path | None = None) ->
         tokenizer_file=str(out / "tokenizer.json"), eos_token="<|endoftext|>", pad_token="<|endoftext|>"
     )
     tok.save_pretrained(str(out))
+    if tokenizer_json is not None:
+        # save_pretrained re-serializes tokenizer.json; the given file's own bytes keep the rows
+        # built with it usable (their manifest pins its sha256)
+        shutil.copyfile(tokenizer_json, out / "tokenizer.json")
 
 
 def make_toy(

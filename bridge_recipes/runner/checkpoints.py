@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.saved_runs import CheckpointMetadataError, latest_run_config
+
 ARCHITECTURE_FIELDS = (
     "num_layers",
     "hidden_size",
@@ -40,39 +42,6 @@ DP_RESHARDABLE_FIXED = (
     "expert_model_parallel_size",
     "expert_tensor_parallel_size",
 )
-
-
-def latest_run_config(folder: str) -> tuple[int, dict] | None:
-    """(iteration, run_config) of the newest checkpoint in ``folder``, or None when there is none."""
-    tracker = Path(folder) / "latest_checkpointed_iteration.txt"
-    if not tracker.is_file():
-        return None
-    text = tracker.read_text().strip()
-    if not text.isdigit():
-        return None
-    iteration = int(text)
-    run_config = Path(folder) / f"iter_{iteration:07d}" / "run_config.yaml"
-    if not run_config.is_file():
-        return iteration, {}
-    import yaml
-
-    class _Lenient(yaml.SafeLoader):
-        pass
-
-    _Lenient.add_multi_constructor("", lambda loader, suffix, node: None)  # python tags: not needed here
-    try:
-        loaded = yaml.load(run_config.read_text(), Loader=_Lenient) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
-        raise CheckpointMetadataError(f"{run_config} cannot be read as YAML ({type(exc).__name__})") from None
-    if not isinstance(loaded, dict) or any(
-        not isinstance(loaded.get(k) or {}, dict) for k in ("model", "checkpoint", "optimizer", "dist")
-    ):
-        raise CheckpointMetadataError(f"{run_config} is not a Megatron-Bridge run config (sections must be maps)")
-    return iteration, loaded
-
-
-class CheckpointMetadataError(ValueError):
-    """A checkpoint folder whose metadata cannot be read; the message names the file."""
 
 
 def folder_problem(key: str, folder: str) -> str | None:

@@ -84,6 +84,14 @@ def _reference(family: str):
     return run
 
 
+@pytest.mark.parametrize("family", list(TWO_GPU_FAMILY_LAYOUTS))
+def test_one_gpu_reference_trains(family):
+    """The reference alone (one GPU): kept for the layout tests, so it can run on one GPU of the
+    host while the other is busy."""
+    run = _reference(family)
+    _report(family, "one_gpu", {"seconds": round(run.seconds), "peak_allocated_gb": run.peak_allocated_gb})
+
+
 @pytest.mark.parametrize("family,layout", CASES, ids=[f"{f}-{x}" for f, x in CASES])
 def test_two_gpu_layout_agrees_with_one_gpu(family, layout):
     ref = _reference(family)

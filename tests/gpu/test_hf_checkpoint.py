@@ -5,7 +5,9 @@ Run on the GPU host (stack staged as in the GPU notes):
 
 The arms are those of ``bridge_recipes.hf.evidence`` (toys from transformers' classes, import
 and export through scripts/convert_checkpoint.py, parity through Megatron-Bridge's AutoBridge,
-a 10-step SFT run through run_recipe.py --hf-checkpoint --export-hf). $OUT receives
+a 10-step SFT run through run_recipe.py --hf-checkpoint --export-hf, and the same for LoRA with a
+merged export and a kill-and-resume). ``HF_EVIDENCE_ARMS=toys,finetune,lora`` runs a subset
+(select the matching tests with -k). $OUT receives
 hf_evidence.log, hf_finetune.log, hf_parity.json (committed as results/hf_parity.json) and
 hf_evidence_summary.json. The gates are ``bridge_recipes.hf.parity.gate_failures``, the same
 ones tests/unit/test_hf_parity_results.py applies to the committed results on CPU.
@@ -53,3 +55,12 @@ def test_finetune_through_runner_and_export_loads(summary):
     assert "config.json" in ft["export_files"] and "tokenizer.json" in ft["export_files"]
     after = [c for c in summary["cases"] if c["name"].startswith("finetuned_moe_fp32_all_experts")]
     assert after and after[0]["rel_err"] <= 5e-3
+
+
+def test_lora_trains_adapters_only_resumes_and_merges(summary):
+    lora = summary.get("lora")
+    assert lora and lora["returncode"] == 0 and lora["steps"] == 10, summary["errors"]
+    assert lora["checkpoint_model_tensors"] > 0 and lora["checkpoint_non_adapter_tensors"] == [], lora
+    assert lora["export_vs_base"]["passed"], lora["export_vs_base"]
+    assert lora["export_loads"] and lora["export_logits_max_abs_change"] > 0
+    assert lora["resume"]["passed"], lora["resume"]

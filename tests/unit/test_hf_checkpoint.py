@@ -378,3 +378,75 @@ def test_runner_refuses_two_sources_of_weights(toys, capsys, tmp_path):
         + ["--pretrained-checkpoint", str(tmp_path)]
     )
     assert rc == 2 and "pass one" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- LoRA export
+
+
+def saved_run(folder: Path, peft: dict | None) -> Path:
+    """A checkpoint folder as Megatron-Bridge saves it: the tracker and the newest run config."""
+    import yaml
+
+    it = folder / "iter_0000010"
+    it.mkdir(parents=True)
+    (folder / "latest_checkpointed_iteration.txt").write_text("10")
+    doc = {"model": {"num_layers": 4}, "checkpoint": {}, "optimizer": {}, "peft": peft}
+    (it / "run_config.yaml").write_text(yaml.safe_dump(doc))
+    return folder
+
+
+LORA = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 8, "alpha": 16, "target_modules": ["linear_qkv"]}
+
+
+def test_lora_settings_tell_adapter_runs_from_full_ones(tmp_path):
+    assert ck.lora_settings(saved_run(tmp_path / "lora", LORA))["dim"] == 8
+    assert ck.lora_settings(saved_run(tmp_path / "full", None)) is None
+    assert ck.lora_settings(tmp_path) is None  # nothing saved yet
+
+
+def test_lora_checkpoint_export_merges_into_the_template(toys, tmp_path):
+    calls = []
+
+    def record(kind):
+        def convert(megatron, template, out):
+            calls.append((kind, megatron.name, template))
+            (out / "model.safetensors").write_bytes(b"x")
+
+        return convert
+
+    kw = dict(recipe=MOE_RECIPE, scaled=True, progress=False, convert=record("full"), lora_convert=record("lora"))
+    ck.export_checkpoint(saved_run(tmp_path / "lora", LORA), toys / "moe", tmp_path / "o1", **kw)
+    ck.export_checkpoint(saved_run(tmp_path / "full", None), toys / "moe", tmp_path / "o2", **kw)
+    assert [c[:2] for c in calls] == [("lora", "lora"), ("full", "full")]
+
+
+def test_lora_from_settings_keeps_the_saved_fields():
+    pytest.importorskip("megatron.bridge")
+    lora = ck.lora_from_settings({**LORA, "unknown_field": 1, "dropout": None})
+    assert (lora.dim, lora.alpha, list(lora.target_modules)) == (8, 16, ["linear_qkv"])
+
+
+def test_lora_change_report_fails_on_a_changed_frozen_tensor():
+    from bridge_recipes.hf.evidence import lora_change_report
+
+    same = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight"]
+    changed = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.linear_attn.out_proj.weight"]
+    ok = lora_change_report(same, changed)
+    assert ok["passed"] and ok["changed_by_module"] == {"out_proj": 1, "q_proj": 1} and ok["frozen_identical"] == 2
+    bad = lora_change_report(same[1:], [*changed, "model.embed_tokens.weight"])
+    assert not bad["passed"] and bad["frozen_changed"] == ["model.embed_tokens.weight"]
+    assert not lora_change_report(same, [])["passed"]  # an export equal to the base trained nothing
+
+
+def test_identical_names_compares_across_dtypes(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from bridge_recipes.hf.parity import identical_names
+
+    base = {"a": torch.randn(4, dtype=torch.float32).bfloat16(), "b": torch.ones(2, dtype=torch.bfloat16)}
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    save_file(base, str(tmp_path / "x" / "model.safetensors"))
+    save_file({"a": base["a"].float(), "b": base["b"].float() * 2}, str(tmp_path / "y" / "model.safetensors"))
+    assert identical_names(tmp_path / "x", tmp_path / "y") == (["a"], ["b"])

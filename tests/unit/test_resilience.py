@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from bridge_recipes import registry
-from bridge_recipes.runner import checkpoints, checks, launch
+from bridge_recipes import registry, saved_runs
+from bridge_recipes.runner import checks, launch
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 
@@ -161,9 +161,9 @@ def test_fault_tolerance_off_without_ft_launcher(monkeypatch, capsys):
 
 def test_latest_run_config_reads_the_tracker(tmp_path):
     folder = fake_checkpoint(tmp_path / "r", iteration=7)
-    it, doc = checkpoints.latest_run_config(str(folder))
+    it, doc = saved_runs.latest_run_config(str(folder))
     assert it == 7 and doc["model"]["num_layers"] == 40
-    assert checkpoints.latest_run_config(str(tmp_path)) is None
+    assert saved_runs.latest_run_config(str(tmp_path)) is None
 
 
 def test_fields_derived_at_finalize_are_compared_only_when_set(tmp_path):
