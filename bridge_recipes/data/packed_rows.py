@@ -119,14 +119,16 @@ def _packing_of(path: str | None) -> str | None:
 class PackedSFTRowsConfig(DatasetProvider):
     """Dataset config of the SFT recipes on built rows: ``--dataset sft-rows dataset.path=DIR``.
 
-    ``vocab_size`` bounds the token ids (the model's vocabulary); ``tokenizer`` (a tokenizer
-    folder or ``tokenizer.json``), when set, must be the one the rows were built with.
+    ``vocab_size`` bounds the token ids (the model's vocabulary); ``tokenizer_path`` (a tokenizer
+    folder or ``tokenizer.json``), when set, must be the one the rows were built with. (Not named
+    ``tokenizer``: Megatron-Bridge's setup puts its built tokenizer object into a dataset config's
+    ``tokenizer`` field when there is one.)
     """
 
     path: str | None = None
     seq_length: int
     vocab_size: int | None = None
-    tokenizer: str | None = None
+    tokenizer_path: str | None = None
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
     pad_to_max_length: bool = True  # every row is exactly seq_length tokens
@@ -147,13 +149,17 @@ class PackedSFTRowsConfig(DatasetProvider):
     def build_datasets(self, context: DatasetBuildContext):
         if not self.path:
             raise PackedRowsError("dataset.path is not set: point it at a folder built by scripts/build_sft_rows.py")
-        train = PackedRowsDataset(self.path, self.seq_length, context.train_samples, self.vocab_size, self.tokenizer)
+        train = PackedRowsDataset(
+            self.path, self.seq_length, context.train_samples, self.vocab_size, self.tokenizer_path
+        )
         if train.epochs > 1:
             log.warning(epochs_warning(self.path, len(train.ids), context.train_samples))
         valid = None
         val_dir = Path(self.path) / VAL_DIR
         if context.valid_samples and train.manifest.get("validation"):
-            valid = PackedRowsDataset(val_dir, self.seq_length, context.valid_samples, self.vocab_size, self.tokenizer)
+            valid = PackedRowsDataset(
+                val_dir, self.seq_length, context.valid_samples, self.vocab_size, self.tokenizer_path
+            )
         return train, valid, None
 
 
@@ -173,7 +179,7 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
             "--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows "
             "(scripts/build_sft_rows.py --out)"
         ], []
-    tokenizer = d.tokenizer or _local_tokenizer(cfg)
+    tokenizer = d.tokenizer_path or _local_tokenizer(cfg)
     try:
         rows = check_rows(
             d.path, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size, tokenizer=tokenizer

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.data.conversations import SftRowsError
-from bridge_recipes.data.packed_rows import PackedSFTRowsConfig, dry_run_problems
+from bridge_recipes.data.packed_rows import PackedSFTRowsConfig, RowsIntegrityError, dry_run_problems
 from bridge_recipes.data.sft_rows import build_sft_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,6 +80,33 @@ def test_provider_returns_the_validation_rows_when_asked(tmp_path):
     assert {tuple(r) for r in valid.ids.tolist()}.isdisjoint({tuple(r) for r in train.ids.tolist()})
     _, none, _ = cfg.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=0, test_samples=0))
     assert none is None
+
+
+def test_rows_build_after_megatron_bridge_hands_the_dataset_its_tokenizer(tmp_path):
+    """Megatron-Bridge's setup builds the recipe's tokenizer and assigns it to the dataset config's
+    ``tokenizer`` field when one exists: the rows must still build (and still check the tokenizer
+    named by ``tokenizer_path``)."""
+    from megatron.bridge.data.base import DatasetBuildContext
+    from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+
+    import bridge_recipes
+
+    build(write_convs(tmp_path / "c.jsonl", 40), tmp_path / "out")
+    cfg = bridge_recipes.build(
+        "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+        scale_down=4,
+        dataset="sft-rows",
+        flags={"sl": ROW},
+        overrides=[f"dataset.path={tmp_path / 'out'}", f"dataset.tokenizer_path={TOKENIZER}"],
+    )
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    if hasattr(cfg.dataset, "tokenizer"):  # what Megatron-Bridge's setup does
+        cfg.dataset.tokenizer = tokenizer
+    train, _, _ = cfg.dataset.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=0, test_samples=0))
+    assert len(train) == 4
+    cfg.dataset.tokenizer_path = str(REPO / "docs/evidence/sft_rows_synthetic/tokenizer.json")
+    with pytest.raises(RowsIntegrityError, match="different tokenizer"):
+        cfg.dataset.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=0, test_samples=0))
 
 
 def test_sft_rows_selection_turns_validation_on():
