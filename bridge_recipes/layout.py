@@ -23,6 +23,7 @@ class Layout:
     dp: int | None  # None when the world size is not divisible by TP x PP x CP
     world: int
     sp: bool = False  # sequence parallelism (splits the residual stream over TP)
+    moe: bool = True  # the model has routed experts (EP and ETP mean something)
 
     @property
     def model_parallel(self) -> int:
@@ -51,7 +52,7 @@ class Layout:
             parts.append(f"VPP{self.vpp}")
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
-        if self.ep > 1:
+        if self.moe and (self.ep > 1 or self.expert_tp != self.tp):  # experts split otherwise than dense layers
             parts.append(f"EP{self.ep}")
             parts.append(f"ETP{self.expert_tp}")
         parts.append(f"DP{self.dp if self.dp is not None else '?'}")
@@ -74,6 +75,7 @@ def layout_of(cfg: Any, world_size: int) -> Layout:
         dp=world_size // mp if world_size % mp == 0 else None,
         world=world_size,
         sp=bool(getattr(m, "sequence_parallel", False)),
+        moe=bool(getattr(m, "num_moe_experts", None)),
     )
 
 

@@ -84,6 +84,25 @@ def check_policies(reference: Curve, candidate: Curve) -> Check:
     return Check(result.passed, list(result.reasons), result.as_dict())
 
 
+def check_continuation(reference: Curve, candidate: Curve, *, fork_step: int) -> Check:
+    """Two runs continued from one checkpoint (of step ``fork_step``), at two layouts: the same
+    weights, optimizer state and rows, so every step after the fork must agree to
+    ``RESUME_RTOL`` (the run-to-run band of the backward kernels' atomics), over the same steps."""
+    reasons = []
+    if not candidate:
+        return Check(False, ["the continued run logged no step"])
+    first, last = min(candidate), max(candidate)
+    if first != fork_step + 1:
+        reasons.append(f"the continued run began at step {first}, not {fork_step + 1} (after the fork)")
+    if last != max(reference, default=0):
+        reasons.append(f"the continued run ended at step {last}, the reference at {max(reference, default=0)}")
+    rel = {s: _rel(candidate[s], reference[s]) for s in candidate if s in reference}
+    worst = max(rel.values(), default=math.inf)
+    if worst > RESUME_RTOL:
+        reasons.append(f"losses differ from the reference's by up to {worst:.2e} > {RESUME_RTOL}")
+    return Check(not reasons, reasons, {"fork_step": fork_step, "first_step": first, "relative_diff": rel})
+
+
 def check_resume(
     uninterrupted: Curve, killed: Curve, resumed: Curve, *, save_interval: int, same_layout: bool = True
 ) -> Check:
@@ -203,6 +222,17 @@ TWO_GPU_FAMILY_LAYOUTS = {
 # Resume across layouts: save at the first layout, resume at the second, and back; the next
 # step's loss must equal the uninterrupted run's within RESUME_RTOL. DP2 -> DP1 keeps the default
 # (dp_reshardable) optimizer state; the others save it fully reshardable.
+# The layouts start from the same state: a one-GPU run (FORK_RUN) trains TWO_GPU_FORK_STEP steps
+# and saves; the one-GPU reference and every layout continue from that checkpoint to step 10.
+# Started from random initialization instead, the layouts do not train the same model: Megatron
+# seeds each pipeline rank's initialization differently, and expert and tensor-parallel shards
+# from their own streams (docs/evidence/two_gpu/README.md measured the step-1 losses apart).
+TWO_GPU_FORK_STEP = 5
+FORK_RUN = "fork"
+# Resume across layouts from the fork: the first run continues at one layout, saves at step 7 and
+# is killed after step 8; the second resumes at the other layout from step 7.
+TWO_GPU_RESUME_SAVE = 7
+TWO_GPU_RESUME_KILL_AFTER = 8
 TWO_GPU_RESUMES = (("dp2", "dp1"), ("pp2", "dp1"), ("ep2", "dp1"), ("tp2_sp", "dp1"), ("dp1", "ep2"))
 
 
@@ -227,14 +257,132 @@ def two_gpu_world(layout: str | None) -> int:
     return 1 if layout in (None, "dp1") else 2
 
 
-def two_gpu_predictions() -> str:
-    """The memory planner's per-stage peak allocation for every run of the two-GPU plan, written
-    before those runs (docs/evidence/two_gpu_predictions.md; a test rebuilds it): what the
-    measured ``mem-max-allocated-gigabytes`` of each run will be compared with."""
+def _planned(family: str, layout: str | None) -> tuple[Any, Any]:
+    """(the layout, the memory plan) of one run of the two-GPU plan."""
     import bridge_recipes
     from bridge_recipes.layout import layout_of
     from bridge_recipes.plan.memory import plan_memory
 
+    world = two_gpu_world(layout)
+    cfg = bridge_recipes.build(GPU_FAMILIES[family]["recipe"], **two_gpu_request(family, layout))
+    return layout_of(cfg, world), plan_memory(cfg, world, gpu="h200")
+
+
+# A process's logged steps averaged for its step time: all but its first three, which hold kernel
+# compilation, autotuning and the allocator's growth.
+WARMUP_STEPS = 3
+# A planner prediction "holds" within this fraction of the measured peak.
+PLAN_TOLERANCE = 0.05
+
+
+def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
+    """The runs of a two-GPU layouts log (``tests/gpu/test_h200x2_layouts.py``): per layout the
+    steady step time, per-GPU throughput relative to the one-GPU run (same model, same global
+    batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
+    and the loss-curve check against the one-GPU run."""
+    from bridge_recipes.bench.megatron_log import parse_megatron_log, parse_megatron_memory
+    from bridge_recipes.bench.runs import loss_curve, split_runs
+
+    runs = split_runs(log_text)
+    forked = FORK_RUN in runs
+    ref_name = "one_gpu"
+    ref_losses = loss_curve(parse_megatron_log(runs[ref_name]))
+    ref_time = None
+    rows = []
+    for name in (ref_name, *TWO_GPU_FAMILY_LAYOUTS[family]):
+        if name not in runs:
+            continue
+        iterations = parse_megatron_log(runs[name])
+        steady = [it.time_s for it in iterations[WARMUP_STEPS:]]
+        step_s = sum(steady) / len(steady) if steady else None
+        layout = None if name == ref_name else name
+        world = two_gpu_world(layout)
+        if name == ref_name:
+            ref_time = step_s
+        memory = parse_megatron_memory(runs[name])
+        per_rank: dict[int, float] = {}
+        for ranks in memory.values():
+            for rank, values in ranks.items():
+                peak = values.get("mem-max-allocated-gigabytes")
+                if peak is not None:
+                    per_rank[rank] = max(per_rank.get(rank, 0.0), peak)
+        shape, plan = _planned(family, layout)
+        predicted = [st.allocated_gb for st in plan.stages]
+        # ranks are stage-major when the pipeline is split (two GPUs: rank r holds stage r)
+        measured = (
+            [per_rank.get(r) for r in range(len(predicted))]
+            if len(predicted) > 1
+            else [max(per_rank.values(), default=None)]
+        )
+        misses = [
+            i for i, (p, m) in enumerate(zip(predicted, measured)) if m is not None and abs(p - m) > PLAN_TOLERANCE * m
+        ]
+        losses = loss_curve(iterations)
+        if name == ref_name:
+            check = None
+        elif forked:  # both continued from the fork's checkpoint
+            check = check_continuation(ref_losses, losses, fork_step=TWO_GPU_FORK_STEP).as_dict()
+        else:  # each from its own random initialization
+            check = check_policies(ref_losses, losses).as_dict()
+        rows.append(
+            {
+                "layout": name,
+                "parallel": shape.label(show_sp=True),
+                "world": world,
+                "step_s": step_s,
+                "per_gpu_vs_one_gpu": (ref_time / (world * step_s)) if ref_time and step_s else None,
+                "measured_gb": measured,
+                "predicted_gb": predicted,
+                "plan_misses": misses,
+                "first_loss": losses.get(min(losses)) if losses else None,
+                "last_loss": losses.get(max(losses)) if losses else None,
+                "check": check,
+            }
+        )
+    return rows
+
+
+def two_gpu_results_table(family: str, log_text: str) -> str:
+    """:func:`two_gpu_results` as a Markdown table (docs/evidence/two_gpu/README.md; a test rebuilds it)."""
+
+    def gb(values: list) -> str:
+        return " / ".join("-" if v is None else f"{v:.1f}" for v in values)
+
+    def gb4(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    lines = [
+        "| layout | parallel layout | steady s/step | per-GPU vs one GPU | peak GB measured | planned | "
+        "loss first / last | curve vs one GPU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in two_gpu_results(family, log_text):
+        check = r["check"]
+        figures = check["figures"] if check else {}
+        outcome = "agrees" if check and check["passed"] else "DIFFERS"
+        if check is None:
+            verdict = "reference"
+        elif "relative_diff" in figures:  # continued from the fork
+            verdict = f"{outcome}: worst step {max(figures['relative_diff'].values(), default=float('nan')):.2e}"
+        else:
+            verdict = (
+                f"{outcome}: corr {figures.get('correlation', 0):.5f}, "
+                f"final {figures.get('final_loss_difference', 0):.2%}, "
+                f"{figures.get('pointwise_failures', '?')}/{figures.get('points_checked', '?')} points out"
+            )
+        miss = " (miss)" if r["plan_misses"] else ""
+        ratio = "-" if r["per_gpu_vs_one_gpu"] is None else f"{r['per_gpu_vs_one_gpu']:.2f}"
+        lines.append(
+            f"| {r['layout']} | {r['parallel']} | {r['step_s']:.2f} | {ratio} | {gb(r['measured_gb'])} | "
+            f"{gb(r['predicted_gb'])}{miss} | {gb4(r['first_loss'])} / {gb4(r['last_loss'])} | {verdict} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def two_gpu_predictions() -> str:
+    """The memory planner's per-stage peak allocation for every run of the two-GPU plan, written
+    before those runs (docs/evidence/two_gpu_predictions.md; a test rebuilds it): what the
+    measured ``mem-max-allocated-gigabytes`` of each run will be compared with."""
     lines = [
         "# Two-GPU runs: the memory planner's predictions, before the runs",
         "",
@@ -248,11 +396,9 @@ def two_gpu_predictions() -> str:
     ]
     for family, layouts in TWO_GPU_FAMILY_LAYOUTS.items():
         for layout in (None, *layouts):
-            world = two_gpu_world(layout)
-            cfg = bridge_recipes.build(GPU_FAMILIES[family]["recipe"], **two_gpu_request(family, layout))
-            plan = plan_memory(cfg, world, gpu="h200")
+            shape, plan = _planned(family, layout)
             stages = " / ".join(f"{s.allocated_gb:.1f}" for s in plan.stages)
-            label = layout_of(cfg, world).label(show_sp=True)
+            label = shape.label(show_sp=True)
             fits = f"{'yes' if plan.fits else 'NO'} ({plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f})"
             lines.append(f"| {family} | {layout or 'one GPU'} | {label} | {stages} | {fits} |")
     return "\n".join(lines) + "\n"

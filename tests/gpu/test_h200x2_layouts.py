@@ -3,16 +3,20 @@
 Run on the two-GPU host (``nvidia-h200-x2``; stack staged as in the GPU notes):
     OUT=/path/for/logs python3 -m pytest -q -m gpu tests/gpu/test_h200x2_layouts.py [-k FAMILY]
 
-For each family (bridge_recipes.bench.evidence.TWO_GPU_FAMILY_LAYOUTS) the scaled model (8 or 4 layers) trains
-10 steps on one GPU (the reference), then at each two-GPU layout (EP2, PP2 with an even and an
-uneven split, VPP2, TP2 with sequence parallelism, CP2 with Gated DeltaNet, ETP2) on the same
-rows; each curve must agree with the reference by the policies rule. Resume across layouts:
-a run at one layout saves at step 5 and is killed after step 7; the run restarted at another
-layout (Megatron's distributed checkpoint resharding; the optimizer state saved fully
-reshardable where the model-parallel sizes change) must continue from step 6 and agree with the
-uninterrupted reference (``check_resume(..., same_layout=False)``). Logs and
+For each family (bridge_recipes.bench.evidence.TWO_GPU_FAMILY_LAYOUTS) the scaled model (8 or 4
+layers) trains TWO_GPU_FORK_STEP steps on one GPU and saves (the fork; optimizer state fully
+reshardable). The one-GPU reference and each two-GPU layout (EP2, PP2 with an even and an uneven
+split, VPP2, TP2 with sequence parallelism, CP2 with Gated DeltaNet, ETP2) continue from that
+checkpoint to step 10 on the same rows: the same weights, optimizer state and data, so each
+continuation must match the reference's step by step (``check_continuation``). Started from
+random initialization instead, the layouts would not train the same model (Megatron seeds the
+initialization per pipeline, expert and tensor-parallel rank; docs/evidence/two_gpu/README.md).
+Resume across layouts: a run at one layout saves at step 5 and is killed after step 7; the run
+restarted at another layout (Megatron's distributed checkpoint resharding; the optimizer state
+saved fully reshardable where the model-parallel sizes change) must continue from step 6 and agree
+with the uninterrupted reference (``check_resume(..., same_layout=False)``). Logs and
 ``two_gpu_FAMILY.json`` go to $OUT. Finished runs are kept in $EVIDENCE_SCRATCH/runs, so a family
-that outlasts one command completes over several: run the same command again.
+that outlasts one command completes over several on the same host: run the same command again.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ import pytest
 
 from bridge_recipes import runner_args
 from bridge_recipes.bench.evidence import (
+    FORK_RUN,
     GPU_FAMILIES,
-    RESUME_KILL_AFTER,
-    RESUME_SAVE_INTERVAL,
     TWO_GPU_FAMILY_LAYOUTS,
+    TWO_GPU_FORK_STEP,
+    TWO_GPU_RESUME_KILL_AFTER,
+    TWO_GPU_RESUME_SAVE,
     TWO_GPU_RESUMES,
-    check_policies,
+    check_continuation,
     check_resume,
     check_training,
     two_gpu_request,
@@ -43,7 +49,6 @@ pytestmark = pytest.mark.gpu
 
 OUT = Path(os.environ.get("OUT") or ROOT / "gpu-out")
 SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/evidence_x2"))
-NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
 CASES = [(family, layout) for family, layouts in TWO_GPU_FAMILY_LAYOUTS.items() for layout in layouts]
 
 
@@ -77,27 +82,55 @@ def _report(family: str, key: str, data: dict) -> None:
     path.write_text(json.dumps({**old, key: data}, indent=1, default=str))
 
 
+def _fork_dir(family: str) -> Path:
+    return SCRATCH / f"fork_{family}"
+
+
+# the optimizer state the layouts load must reshard over TP, PP, CP and EP (runner.checkpoints)
+RESHARDABLE = ["checkpoint.dist_ckpt_optim_fully_reshardable=true", "checkpoint.async_save=false"]
+
+
+def _fork(family: str):
+    """One GPU, TWO_GPU_FORK_STEP steps, saved: the state every continuation starts from."""
+    kept = SCRATCH / "runs" / f"{family}_{FORK_RUN}.json"
+    if not kept.exists():
+        shutil.rmtree(_fork_dir(family), ignore_errors=True)
+    save = ["--save-dir", str(_fork_dir(family)), "checkpoint.load=null", f"train.exit_interval={TWO_GPU_FORK_STEP}"]
+    run = _run(family, FORK_RUN, None, [*save, *RESHARDABLE])
+    assert run.returncode == 0 and max(run.losses, default=0) == TWO_GPU_FORK_STEP, run.log[-3000:]
+    return run
+
+
+def _continue(family: str, name: str, layout: str | None):
+    """Continue from the fork's checkpoint to step 10 at ``layout``, saving nothing."""
+    _fork(family)
+    load = ["--load-dir", str(_fork_dir(family)), "checkpoint.save=null"]
+    return _run(family, name, layout, [*load, *RESHARDABLE])
+
+
 def _reference(family: str):
-    run = _run(family, "one_gpu", None, NO_SAVE)
+    run = _continue(family, "one_gpu", None)
     assert run.returncode == 0, run.log[-3000:]
-    assert check_training(run.losses).passed
     return run
 
 
 @pytest.mark.parametrize("family", list(TWO_GPU_FAMILY_LAYOUTS))
 def test_one_gpu_reference_trains(family):
-    """The reference alone (one GPU): kept for the layout tests, so it can run on one GPU of the
-    host while the other is busy."""
-    run = _reference(family)
-    _report(family, "one_gpu", {"seconds": round(run.seconds), "peak_allocated_gb": run.peak_allocated_gb})
+    """The fork and the one-GPU continuation (kept for the layout tests, so this can run on one GPU
+    of the host while the other is busy): ten steps in all, the loss falling."""
+    fork, ref = _fork(family), _reference(family)
+    curve = {**fork.losses, **ref.losses}
+    check = check_training(curve)
+    _report(family, "one_gpu", {"training": check.as_dict(), "peak_allocated_gb": ref.peak_allocated_gb})
+    assert check.passed, check.reasons
 
 
 @pytest.mark.parametrize("family,layout", CASES, ids=[f"{f}-{x}" for f, x in CASES])
 def test_two_gpu_layout_agrees_with_one_gpu(family, layout):
     ref = _reference(family)
-    run = _run(family, layout, layout, NO_SAVE)
+    run = _continue(family, layout, layout)
     assert run.returncode == 0, run.log[-3000:]
-    check = check_policies(ref.losses, run.losses)
+    check = check_continuation(ref.losses, run.losses, fork_step=TWO_GPU_FORK_STEP)
     _report(
         family,
         layout,
@@ -112,24 +145,34 @@ def test_two_gpu_layout_agrees_with_one_gpu(family, layout):
     assert check.passed, check.reasons
 
 
+def _fork_copy(family: str, dest: Path) -> None:
+    """``dest`` starts as the fork's checkpoint: its iteration folder hard-linked (Megatron never
+    rewrites a saved iteration), the tracker file copied (it is rewritten at the next save)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    src = _fork_dir(family)
+    it = f"iter_{TWO_GPU_FORK_STEP:07d}"
+    shutil.copytree(src / it, dest / it, copy_function=os.link)
+    shutil.copyfile(src / "latest_checkpointed_iteration.txt", dest / "latest_checkpointed_iteration.txt")
+
+
 @pytest.mark.parametrize("saved,resumed", TWO_GPU_RESUMES, ids=[f"{a}-to-{b}" for a, b in TWO_GPU_RESUMES])
 def test_resume_at_another_layout(saved, resumed):
+    """From the fork: continue at ``saved``, save at step 7, killed after step 8; resume at
+    ``resumed`` from step 7; every step against the one-GPU continuation from the same fork."""
     family = "qwen35_35b_a3b"
     ref = _reference(family)
     ckpt = SCRATCH / f"ckpt_{saved}_to_{resumed}"
-    save = ["--save-dir", str(ckpt), "--load-dir", str(ckpt), "--save-interval", str(RESUME_SAVE_INTERVAL)]
-    save += ["checkpoint.async_save=false"]
-    if not {saved, resumed} <= {"dp1", "dp2"}:
-        # the default dp_reshardable optimizer state reshards only DP; other changes need the
-        # fully reshardable format (the runner refuses them otherwise, bridge_recipes.runner.checkpoints)
-        save += ["checkpoint.dist_ckpt_optim_fully_reshardable=true"]
+    save = ["--save-dir", str(ckpt), "--load-dir", str(ckpt), "--save-interval", str(TWO_GPU_RESUME_SAVE)]
     if not (SCRATCH / "runs" / f"{family}_killed_{saved}_to_{resumed}.json").exists():
-        shutil.rmtree(ckpt, ignore_errors=True)
-    killed = _run(family, f"killed_{saved}_to_{resumed}", saved, save, kill_after_step=RESUME_KILL_AFTER)
-    back = _run(family, f"resumed_{saved}_to_{resumed}", resumed, [*save, "checkpoint.save=null"])
+        _fork_copy(family, ckpt)
+    killed = _run(
+        family, f"killed_{saved}_to_{resumed}", saved, [*save, *RESHARDABLE], kill_after_step=TWO_GPU_RESUME_KILL_AFTER
+    )
+    back = _run(family, f"resumed_{saved}_to_{resumed}", resumed, [*save, *RESHARDABLE, "checkpoint.save=null"])
     assert back.returncode == 0, back.log[-3000:]
     check = check_resume(
-        ref.losses, killed.losses, back.losses, save_interval=RESUME_SAVE_INTERVAL, same_layout=saved == resumed
+        ref.losses, killed.losses, back.losses, save_interval=TWO_GPU_RESUME_SAVE, same_layout=saved == resumed
     )
     _report(family, f"resume_{saved}_to_{resumed}", check.as_dict())
     shutil.rmtree(ckpt, ignore_errors=True)

@@ -138,3 +138,17 @@ def test_policies_that_cannot_be_compared_fail_with_the_reason():
     assert not check.passed and "not finite at steps [8]" in check.reasons[0]
     check = check_policies(CURVE, {1: CURVE[1], 2: CURVE[2]})
     assert not check.passed and "at least 3 common steps" in check.reasons[0]
+
+
+def test_continuation_must_start_after_the_fork_and_follow_the_reference():
+    from bridge_recipes.bench.evidence import check_continuation
+
+    ref = {6: 1.0, 7: 0.5, 8: 0.3, 9: 0.2, 10: 0.1}
+    assert check_continuation(ref, {s: v * 1.005 for s, v in ref.items()}, fork_step=5).passed
+    from_scratch = {s: v for s, v in ref.items()} | {1: 12.0}
+    assert "began at step 1" in check_continuation(ref, from_scratch, fork_step=5).reasons[0]
+    short = {s: v for s, v in ref.items() if s < 9}
+    assert "ended at step 8" in check_continuation(ref, short, fork_step=5).reasons[0]
+    drifted = {**ref, 9: 0.25}
+    assert not check_continuation(ref, drifted, fork_step=5).passed
+    assert check_continuation(ref, {}, fork_step=5).reasons == ["the continued run logged no step"]

@@ -17,6 +17,7 @@ def _cfg(**model):
         virtual_pipeline_model_parallel_size=None,
         sequence_parallel=True,
         num_layers=8,
+        num_moe_experts=256,
     )
     return SimpleNamespace(model=SimpleNamespace(**{**base, **model}))
 
@@ -36,6 +37,12 @@ def test_labels():
     assert lay.label() == "TP2 PP2 CP2 EP4 ETP1 DP2"
     assert lay.label(show_sp=True) == "TP2 SP PP2 CP2 EP4 ETP1 DP2"
     assert Layout(tp=1, pp=4, cp=1, ep=1, etp=None, vpp=2, dp=None, world=6).label() == "TP1 PP4 VPP2 DP?"
+    # experts split by TP alone (EP1 ETP2) are shown; a dense model has no expert sizes to show
+    assert layout_of(_cfg(expert_model_parallel_size=1, expert_tensor_parallel_size=1), 8).label() == (
+        "TP2 PP2 CP2 EP1 ETP1 DP1"
+    )
+    assert layout_of(_cfg(expert_model_parallel_size=1), 8).label() == "TP2 PP2 CP2 DP1"
+    assert layout_of(_cfg(num_moe_experts=None, expert_tensor_parallel_size=1), 8).label() == "TP2 PP2 CP2 DP1"
 
 
 @pytest.mark.parametrize(
