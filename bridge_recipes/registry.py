@@ -193,9 +193,11 @@ def load(name: str) -> Callable:
 
 
 def matches(entry: RecipeEntry, terms: list[str]) -> bool:
-    """Every term (case-insensitive) appears in the name, tree, task, GPU type, precision or status."""
+    """Every term (case-insensitive) appears in the name, tree, task, GPU type, precision or status
+    (the PEFT recipes' scheme, LoRA, counts as part of their task)."""
     m = entry.meta
-    hay = " ".join([entry.name, entry.tree, m.task, m.gpu, m.precision, m.status, f"{m.gpus}gpu", entry.family])
+    task = f"{m.task} lora" if m.task == "peft" else m.task
+    hay = " ".join([entry.name, entry.tree, task, m.gpu, m.precision, m.status, f"{m.gpus}gpu", entry.family])
     hay = hay.lower()
     return all(t.lower() in hay for t in terms)
 

@@ -41,6 +41,13 @@ def test_filter_keeps_rows_matching_every_term(capsys):
     assert rows and all("27b" in r and "h200" in r for r in rows)
 
 
+def test_filter_lora_finds_the_peft_recipes(capsys):
+    assert main(["--list", "--filter", "lora"]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "_config" in line]
+    peft = [e.name for e in registry.entries().values() if e.meta.task == "peft"]
+    assert rows and sorted(rows) == sorted(peft)
+
+
 def test_misspelt_name_exits_2_with_the_closest_names(capsys):
     assert main(["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_confg"]) == 2
     err = capsys.readouterr().err
