@@ -135,6 +135,12 @@ def fit_layout(
     return best
 
 
+def scaled_block_recompute(recomputed: int, old_stage: int, new_stage: int) -> int:
+    """Block recompute of a scaled-down stage: the recomputed fraction of the (largest) stage is
+    kept, at least one layer: 12 of 16 becomes 3 of 4, 30 of 40 becomes 3 of 4."""
+    return min(new_stage, max(1, round(recomputed * new_stage / old_stage)))
+
+
 def scale_down(
     cfg: Any,
     *,
@@ -187,9 +193,8 @@ def scale_down(
     # Sequence parallelism splits the residual stream over TP: kept where TP is.
     _set(m, "sequence_parallel", bool(m.sequence_parallel) and fit.tp > 1, changes, "model.")
     if m.recompute_method == "block" and m.recompute_num_layers:
-        # Keep the recomputed fraction of the (largest) stage: 12 of 16 becomes 3 of 4.
         new_stage = max(stage_layers(cfg) or [num_layers])
-        kept = min(new_stage, max(1, round(m.recompute_num_layers * new_stage / old_stage)))
+        kept = scaled_block_recompute(m.recompute_num_layers, old_stage, new_stage)
         _set(m, "recompute_num_layers", kept, changes, "model.")
 
     if num_experts is not None:

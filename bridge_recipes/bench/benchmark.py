@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bridge_recipes import registry, runner_args
@@ -27,22 +28,43 @@ Exit status 0 on success, 2 on bad input, 1 when a run fails.
 """
 
 
-def planned_run(name: str, opts) -> tuple[dict, object]:
+def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, object]:
     """The bridge_recipes.build keywords of recipe ``name``'s benchmark run and the config they
-    build (scale-down changes printed as the runner prints them)."""
+    build (scale-down changes printed as the runner prints them); ``extra``: this run's own
+    overrides (a candidate's), after the command's."""
     from bridge_recipes.bench import harness
 
+    overrides = [*opts.overrides, *extra]
     request = harness.run_request(
-        build_config(name, overrides=opts.overrides),
+        build_config(name, overrides=overrides),
         steps=opts.steps,
         proxy_layers=opts.proxy_layers,
-        extra=opts.overrides,
+        extra=overrides,
         proxy_global_batch=opts.proxy_global_batch,
     )
     return request, build_config(name, **request)
 
 
-def one(name: str, opts, out: Path, request: dict, cfg) -> tuple[dict, object, dict[int, float]]:
+def runs_of(opts) -> list[tuple[str, str, list[str]]]:
+    """(label, recipe, own overrides) of each run, in order: --recipe and --against, or a
+    --candidate and its published policy (the same recipe without the candidate's overrides).
+    Raises UnknownRecipe or ValueError."""
+    if opts.candidate:
+        from bridge_recipes.bench.candidates import find
+
+        c = find(opts.candidate)
+        if opts.recipe or opts.against:
+            raise ValueError("--candidate names both runs; drop --recipe and --against")
+        return [(c.name, c.mock_recipe, c.proxy_overrides(opts.proxy_layers)), ("published", c.mock_recipe, [])]
+    if not opts.recipe:
+        raise ValueError("--recipe NAME is required (or --candidate NAME)")
+    names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
+    return [(n, n, []) for n in names]
+
+
+def one(
+    name: str, opts, out: Path, request: dict, cfg, label: str | None = None
+) -> tuple[dict, object, dict[int, float]]:
     """Run and measure one recipe (its :func:`planned_run`): its result document, its config and
     its loss curve."""
     from bridge_recipes.bench import harness
@@ -55,7 +77,7 @@ def one(name: str, opts, out: Path, request: dict, cfg) -> tuple[dict, object, d
     step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
     print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
-    run = launch(name, name, args, log_path, nproc=nproc)
+    run = launch(label or name, name, args, log_path, nproc=nproc)
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
     command = f"torchrun --nproc-per-node {nproc} scripts/run_recipe.py --recipe {name} {shlex.join(args)}"
@@ -80,8 +102,12 @@ def one(name: str, opts, out: Path, request: dict, cfg) -> tuple[dict, object, d
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipe", required=True)
+    ap.add_argument("--recipe")
     ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
+    ap.add_argument(
+        "--candidate",
+        help="a candidate policy (bridge_recipes.bench.candidates) measured side by side with its published policy",
+    )
     ap.add_argument("--proxy-layers", type=int, help="one-GPU proxy with this many layers (multiple of 4)")
     ap.add_argument(
         "--proxy-global-batch",
@@ -97,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def argument_problems(opts, names: list[str]) -> tuple[list[str], dict[str, tuple[dict, object]]]:
+def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[list[str], list[tuple[dict, object]]]:
     """Everything wrong with the arguments that can be known before a run starts: step counts,
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
     run would build it (scale-down, overrides and value ranges); and each recipe's
@@ -124,17 +150,17 @@ def argument_problems(opts, names: list[str]) -> tuple[list[str], dict[str, tupl
     problem = output_problem(opts.out, option="--out")
     if problem:
         out.append(problem)
-    plans: dict[str, tuple[dict, object]] = {}
+    plans: list[tuple[dict, object]] = []
     if out:
         return out, plans
-    for name in names:
+    for label, name, extra in runs:
         try:
-            plans[name] = planned_run(name, opts)
+            plans.append(planned_run(name, opts, extra))
         except (OverrideError, ValueError) as exc:
-            out.append(f"{name}: {exc}")
+            out.append(f"{label}: {exc}")
             continue
         nproc = 1 if opts.proxy_layers else registry.find(name).meta.gpus
-        out += [f"{name}: {p}" for p in value_problems(plans[name][1], nproc)]
+        out += [f"{label}: {p}" for p in value_problems(plans[-1][1], nproc)]
     return out, plans
 
 
@@ -142,17 +168,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     opts = ap.parse_intermixed_args(argv)
     try:
-        names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
-    except registry.UnknownRecipe as exc:
+        runs = runs_of(opts)
+    except (registry.UnknownRecipe, ValueError) as exc:
         ap.error(str(exc))
-    problems, plans = argument_problems(opts, names)
+    problems, plans = argument_problems(opts, runs)
     if problems:
         ap.error("; ".join(problems))
     out = Path(opts.out)
+    names = [label for label, _, _ in runs]
     try:
         docs = [
-            one(n, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"), *plans[n])
-            for i, n in enumerate(names)
+            one(name, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"), *plans[i], label=label)
+            for i, (label, name, _) in enumerate(runs)
         ]
     except RuntimeError as exc:
         print(f"benchmark.py: {exc}", file=sys.stderr)

@@ -111,7 +111,7 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
     model, arms = "qwen35_27b", PAIRS["qwen35_27b"]
     runs = {_result(model, arm)["recipe"]: arm for arm in arms}
 
-    def committed_run(name, opts, out, request, cfg):  # cfg: the config benchmark.py planned for the run
+    def committed_run(name, opts, out, request, cfg, label=None):  # cfg: the config benchmark.py planned
         arm = runs[name]
         return _result(model, arm), cfg, _losses(model, arm)
 

@@ -1,0 +1,184 @@
+"""Candidate policies against the published H200 SFT policies: what each changes, the proxy ratio
+predicted before it runs, and the memory planner's verdict at full scale.
+
+A candidate is its published recipe plus a few overrides. It is measured side by side with the
+published policy in one command (``scripts/benchmark.py --candidate NAME --proxy-layers 4``, the
+one-GPU proxy at the recipe's per-GPU shard), and only a candidate that fits at full scale by the
+planner (with its framework overhead) and whose loss curve agrees with the published policy's can
+become a recipe. ``docs/performance_candidates.md`` is :func:`candidates_table` (a test rebuilds it).
+
+Predictions (written 2026-11-30, before any candidate ran) are tokens/s ratios on the proxy,
+candidate over published. Their basis, where it is a measurement, is the one-GPU proxy of the
+35B-A3B H200 policy (4 layers, 32 experts, 8 micro batches of 8,192 tokens): full recompute
+2.74 s a step, no recompute 2.20 s, FP8 block scaling 3.22 s with recompute
+(docs/evidence/README.md and the performance issue's side-by-side runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# the published policies the candidates change (their perf counterparts run on mock data)
+PUBLISHED = {
+    "qwen35_35b_a3b": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+    "qwen35_27b": "qwen35_27b_sft_8gpu_h200_bf16_config",
+}
+# Proxy step times of the 35B-A3B policy (seconds, 4 layers, measured side by side): the basis of
+# the recompute predictions below.
+PROXY_FULL_RECOMPUTE_S = 2.74
+PROXY_NO_RECOMPUTE_S = 2.20
+
+
+def _block_recompute_prediction(recomputed_fraction: float) -> float:
+    """Recompute time scales with the layers recomputed: t = t_none + f x (t_full - t_none)."""
+    t = PROXY_NO_RECOMPUTE_S + recomputed_fraction * (PROXY_FULL_RECOMPUTE_S - PROXY_NO_RECOMPUTE_S)
+    return round(PROXY_FULL_RECOMPUTE_S / t, 3)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    model: str  # key of PUBLISHED
+    overrides: tuple[str, ...]
+    change: str
+    predicted_ratio: float  # proxy tokens/s, candidate / published, written before the run
+    basis: str
+
+    @property
+    def recipe(self) -> str:
+        return PUBLISHED[self.model]
+
+    @property
+    def mock_recipe(self) -> str:
+        return self.recipe.replace("_config", "_mock_config")
+
+    def proxy_overrides(self, proxy_layers: int | None) -> list[str]:
+        """The overrides at the proxy's depth (one GPU, ``proxy_layers`` layers): a block recompute
+        count keeps its fraction of the full recipe's stage, as the scale-down does."""
+        if not proxy_layers:
+            return list(self.overrides)
+        import bridge_recipes
+        from bridge_recipes.layout import stage_layers
+        from bridge_recipes.scaledown import scaled_block_recompute
+
+        stage = max(stage_layers(bridge_recipes.build(self.recipe)))
+        out = []
+        for o in self.overrides:
+            key, _, value = o.partition("=")
+            if key == "model.recompute_num_layers" and value.isdigit():
+                o = f"{key}={scaled_block_recompute(int(value), stage, proxy_layers)}"
+            out.append(o)
+        return out
+
+
+CANDIDATES: tuple[Candidate, ...] = (
+    Candidate(
+        "35b_block30",
+        "qwen35_35b_a3b",
+        ("model.recompute_method=block", "model.recompute_num_layers=30"),
+        "block recompute of the first 30 of 40 layers instead of full uniform recompute of all 40",
+        _block_recompute_prediction(30 / 40),
+        "a quarter of the recompute time saved: 2.20 + 0.75 x (2.74 - 2.20) s",
+    ),
+    Candidate(
+        "35b_selective",
+        "qwen35_35b_a3b",
+        (
+            "model.recompute_granularity=selective",
+            "model.recompute_method=null",
+            "model.recompute_num_layers=null",
+            "model.recompute_modules=[moe_act,layernorm]",
+        ),
+        "selective recompute of the expert activation and the norms instead of full recompute",
+        1.2,
+        "most of full recompute's cost is the attention, Gated DeltaNet and expert GEMMs, which "
+        "selective recompute does not repeat: close to no recompute (1.25x)",
+    ),
+    Candidate(
+        "35b_router_fusion",
+        "qwen35_35b_a3b",
+        ("model.moe_router_fusion=true",),
+        "Transformer Engine's fused router (softmax, top-k, scores) instead of the unfused one",
+        1.01,
+        "the router is a 256-way top-k over 8,192 tokens a layer: a few kernels of a step's hundreds",
+    ),
+    Candidate(
+        "35b_fp8_current",
+        "qwen35_35b_a3b",
+        ("mixed_precision=bf16_with_fp8_current_scaling_mixed",),
+        "FP8 GEMMs with per-tensor current scaling instead of BF16",
+        0.92,
+        "FP8 block scaling measured 0.85x with recompute at these GEMM shapes (32 experts a GPU, "
+        "~1,000 tokens an expert); per-tensor scaling quantizes more cheaply, the shapes stay small",
+    ),
+    Candidate(
+        "27b_fp8_current",
+        "qwen35_27b",
+        ("mixed_precision=bf16_with_fp8_current_scaling_mixed",),
+        "FP8 GEMMs with per-tensor current scaling instead of BF16",
+        1.1,
+        "dense GEMMs of 5,120 x 17,408 over 8,192 tokens gain from FP8 on Hopper, less the "
+        "quantization kernels and the parts that stay BF16 (Gated DeltaNet, attention)",
+    ),
+    Candidate(
+        "27b_block11",
+        "qwen35_27b",
+        ("model.recompute_num_layers=11",),
+        "block recompute of 11 instead of 12 of each stage's 16 layers",
+        1.02,
+        "one layer in 16 not recomputed: 1/16 of a recompute share like the 35B-A3B's 20%",
+    ),
+    Candidate(
+        "27b_vpp2_block6",
+        "qwen35_27b",
+        ("model.virtual_pipeline_model_parallel_size=2", "model.recompute_num_layers=6"),
+        "two virtual stages a GPU (8 layers a chunk), 6 of each chunk's 8 layers recomputed",
+        1.01,
+        "the 1F1B bubble of 3 / 64 micro batches halves (4.7% -> 2.3% of the step), the same "
+        "recomputed share (12 of 16), more pipeline messages",
+    ),
+)
+
+
+def find(name: str) -> Candidate:
+    for c in CANDIDATES:
+        if c.name == name:
+            return c
+    raise ValueError(f"--candidate {name!r} is not known; choose one of {', '.join(c.name for c in CANDIDATES)}")
+
+
+def full_scale_verdict(candidate: Candidate) -> dict[str, Any]:
+    """The planner at the recipe's own GPU count: fits (with its overhead), the peak, and whether
+    the planner can bound the candidate at all (it counts selective recompute as none)."""
+    import bridge_recipes
+    from bridge_recipes.plan.memory import plan_memory
+
+    cfg = bridge_recipes.build(candidate.recipe, overrides=list(candidate.overrides))
+    gpus = bridge_recipes.registry.find(candidate.recipe).meta.gpus
+    plan = plan_memory(cfg, gpus, gpu="h200")
+    bounded = cfg.model.recompute_granularity != "selective"
+    return {
+        "fits": plan.fits,
+        "peak_gb": round(plan.peak_gb, 1),
+        "capacity_gb": round(plan.gpu_memory_gb, 1),
+        "exact": bounded,
+    }
+
+
+def candidates_table() -> str:
+    """docs/performance_candidates.md's table: each candidate, its prediction and its verdict."""
+    lines = [
+        "| candidate | model | change | predicted proxy ratio | basis | full scale (planner) | measured |",
+        "|---|---|---|---:|---|---|---|",
+    ]
+    for c in CANDIDATES:
+        v = full_scale_verdict(c)
+        if not v["exact"]:
+            verdict = f"upper bound {v['peak_gb']} of {v['capacity_gb']} GB (selective counted as none): not known"
+        else:
+            verdict = f"{'fits' if v['fits'] else 'DOES NOT FIT'}: {v['peak_gb']} of {v['capacity_gb']} GB"
+        lines.append(
+            f"| {c.name} | {c.model} | {c.change} | {c.predicted_ratio:.2f}x | {c.basis} | {verdict} | not yet |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,80 @@
+"""Candidate policies (bridge_recipes.bench.candidates): predictions pinned as written before any
+run, the planner's full-scale verdicts in the committed table, the proxy overrides, and
+scripts/benchmark.py --candidate's runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.bench import benchmark as bench
+from bridge_recipes.bench.candidates import CANDIDATES, candidates_table, find, full_scale_verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Written 2026-11-30, before any candidate ran: a change here is a new prediction, not a fix.
+PREDICTED = {
+    "35b_block30": 1.052,
+    "35b_selective": 1.2,
+    "35b_router_fusion": 1.01,
+    "35b_fp8_current": 0.92,
+    "27b_fp8_current": 1.1,
+    "27b_block11": 1.02,
+    "27b_vpp2_block6": 1.01,
+}
+
+
+def test_predictions_are_the_ones_written_before_the_runs():
+    assert {c.name: c.predicted_ratio for c in CANDIDATES} == PREDICTED
+
+
+def test_committed_table_is_the_planners():
+    assert candidates_table() in (ROOT / "docs/performance_candidates.md").read_text()
+
+
+def test_planner_verdicts_decide_what_may_run_at_full_scale():
+    verdicts = {c.name: full_scale_verdict(c) for c in CANDIDATES}
+    assert verdicts["35b_block30"]["fits"] and verdicts["35b_block30"]["exact"]
+    assert not verdicts["27b_block11"]["fits"] and not verdicts["27b_vpp2_block6"]["fits"]
+    assert not verdicts["35b_selective"]["exact"]  # the planner counts selective recompute as none
+
+
+def test_block_recompute_keeps_its_fraction_on_the_proxy():
+    c = find("35b_block30")
+    assert c.proxy_overrides(4) == ["model.recompute_method=block", "model.recompute_num_layers=3"]
+    assert c.proxy_overrides(8)[-1] == "model.recompute_num_layers=6"
+    assert c.proxy_overrides(None) == list(c.overrides)
+
+
+def _opts(*argv):
+    return bench.build_parser().parse_intermixed_args(list(argv))
+
+
+def test_candidate_runs_side_by_side_with_its_published_policy(tmp_path):
+    opts = _opts("--candidate", "35b_block30", "--proxy-layers", "4", "--out", str(tmp_path / "c.yaml"))
+    runs = bench.runs_of(opts)
+    assert [(label, name) for label, name, _ in runs] == [
+        ("35b_block30", "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config"),
+        ("published", "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config"),
+    ]
+    problems, plans = bench.argument_problems(opts, runs)
+    assert problems == []
+    cand, published = (cfg.model for _, cfg in plans)
+    assert (cand.recompute_method, cand.recompute_num_layers) == ("block", 3)
+    assert (published.recompute_method, published.recompute_num_layers) == ("uniform", 1)
+    assert cand.num_layers == published.num_layers == 4
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--candidate", "nope"], "--candidate 'nope' is not known"),
+        (["--candidate", "35b_block30", "--recipe", "x"], "--candidate names both runs"),
+        ([], "--recipe NAME is required"),
+    ],
+)
+def test_bad_candidate_arguments_exit_2(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*argv, "--out", str(tmp_path / "o.yaml")])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
