@@ -118,7 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
-    ap.add_argument("--out", required=True, help="result file (.yaml); logs are written beside it")
+    ap.add_argument("--out", help="result file (.yaml); logs are written beside it (with --predict: a .json)")
+    ap.add_argument("--predict", metavar="RECIPE", help="predict RECIPE's full-scale tokens/s/GPU from two proxies")
+    ap.add_argument("--proxy-results", nargs=2, metavar=("A.yaml", "B.yaml"), help="with --predict: two depths")
+    ap.add_argument(
+        "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds a layer a micro batch (two GPUs)"
+    )
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
 
@@ -164,9 +169,38 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     return out, plans
 
 
+def predict_main(opts, ap: argparse.ArgumentParser) -> int:
+    """--predict RECIPE --proxy-results A B: the full-scale prediction, printed (and written to --out)."""
+    from bridge_recipes.bench import predict as pr
+    from bridge_recipes.outputs import output_problem
+
+    if not opts.proxy_results:
+        ap.error("--predict needs --proxy-results A.yaml B.yaml (benchmark.py --proxy-layers at two depths)")
+    if opts.out and (problem := output_problem(opts.out, option="--out")):
+        ap.error(problem)
+    try:
+        entry = registry.find(opts.predict)
+        points = [pr.proxy_point(p) for p in opts.proxy_results]
+        cfg = build_config(entry.name, overrides=opts.overrides)
+        published = (entry.meta.reference or {}).get("tokens_per_s_per_gpu")
+        prediction = pr.predict(
+            cfg, entry.meta.gpus, points, recipe=entry.name, ep_comm_s=opts.ep_comm_s, published=published
+        )
+    except (registry.UnknownRecipe, ValueError) as exc:
+        ap.error(str(exc))
+    print(pr.report(prediction))
+    if opts.out:
+        write_text_atomic(Path(opts.out), json.dumps(prediction.as_dict(), indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     opts = ap.parse_intermixed_args(argv)
+    if opts.predict:
+        return predict_main(opts, ap)
+    if not opts.out:
+        ap.error("--out FILE is required (the result file)")
     try:
         runs = runs_of(opts)
     except (registry.UnknownRecipe, ValueError) as exc:

@@ -1,0 +1,188 @@
+"""Full-scale tokens/s/GPU of a recipe, predicted from one-GPU proxies of two depths.
+
+    python scripts/benchmark.py --predict RECIPE --proxy-results A.yaml B.yaml [--ep-comm-s S]
+
+The model, per GPU and per micro batch of the recipe's shard (its experts per GPU, its recompute
+fraction; what ``--proxy-layers`` builds):
+
+- two proxy result files of the same recipe at depths d1 < d2 (``benchmark.py --proxy-layers d``)
+  give the time a micro batch takes, t(d) = step time / micro batches a step; the slope
+  s = (t(d2) - t(d1)) / (d2 - d1) is one layer's cost and the intercept c = t(d1) - s d1 the fixed
+  cost (embedding, output layer and loss, MTP; the optimizer step, amortized over the proxy's
+  micro batches, is counted here too);
+- a pipeline stage's micro batch takes s x its layers, the last stage adds c, and the step takes
+  (m + (PP - 1) / VPP) x the slowest stage (1F1B with its warm-up and cool-down bubble), with m
+  micro batches a step per pipeline (global batch / (micro batch x DP));
+- expert-parallel all-to-all is not in a one-GPU proxy: ``ep_comm_s`` (seconds a layer a micro
+  batch, measured on two GPUs) is added per layer when the recipe's EP is above 1; without it the
+  prediction is a bound (no EP communication) and says so;
+- TP and CP split each layer over GPUs with communication a one-GPU proxy cannot see: refused.
+
+The error band propagates each proxy's step-time spread (its CV over the measured window, as a
+standard error of the mean) through the extrapolation: t_full = (1 - k) t(d1) + k t(d2) with
+k = (L - d1) / (d2 - d1), so the band widens with how far L lies beyond d2.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+# A prediction is trusted once it lands within this fraction of the published figures it is
+# calibrated on (the performance issue's rule).
+CALIBRATION_TOLERANCE = 0.15
+
+
+class PredictionError(ValueError):
+    """Inputs the predictor cannot use; the message names the file or field and the fix."""
+
+
+@dataclass(frozen=True)
+class ProxyPoint:
+    layers: int
+    micro_batch_s: float  # step time / micro batches a step
+    sem_fraction: float  # standard error of the mean step time, relative
+    recipe: str
+    source: str
+
+
+@dataclass
+class Prediction:
+    recipe: str
+    gpus: int
+    tokens_per_s_per_gpu: float
+    low: float
+    high: float
+    step_s: float
+    per_layer_s: float
+    fixed_s: float
+    micro_batches: int
+    bubble_micro_batches: float
+    notes: list[str] = field(default_factory=list)
+    published: float | None = None
+
+    @property
+    def calibration(self) -> dict[str, Any] | None:
+        if not self.published:
+            return None
+        ratio = self.tokens_per_s_per_gpu / self.published
+        return {"published": self.published, "ratio": ratio, "within": abs(ratio - 1) <= CALIBRATION_TOLERANCE}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "calibration": self.calibration}
+
+
+def _layers_of(doc: dict[str, Any]) -> int:
+    found = re.search(r"--scale-down (\d+)", doc.get("command") or "")
+    if not found:
+        raise PredictionError(f"{doc.get('recipe')}: not a proxy result (its command has no --scale-down LAYERS)")
+    return int(found.group(1))
+
+
+def proxy_point(path: str | Path) -> ProxyPoint:
+    """One proxy result file (written by ``benchmark.py --proxy-layers``)."""
+    import yaml
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+        result, workload, layout = doc["result"], doc["workload"], doc["layout"]
+        step_s, cv = float(result["step_time_mean_s"]), float(result["step_time_cv_percent"]) / 100
+        first, last = result["window"]
+    except FileNotFoundError:
+        raise PredictionError(f"{path}: no such file") from None
+    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise PredictionError(f"{path}: not a benchmark result file ({type(exc).__name__}: {exc})") from None
+    micro_batches = workload["global_batch"] // (layout["rows_per_microbatch"] * layout["dp"])
+    steps = last - first + 1
+    return ProxyPoint(
+        layers=_layers_of(doc),
+        micro_batch_s=step_s / micro_batches,
+        sem_fraction=cv / math.sqrt(steps),
+        recipe=doc["recipe"],
+        source=str(path),
+    )
+
+
+def predict(
+    cfg: Any,
+    gpus: int,
+    points: list[ProxyPoint],
+    *,
+    recipe: str,
+    ep_comm_s: float | None = None,
+    published: float | None = None,
+) -> Prediction:
+    """The full-scale prediction for ``cfg`` (the recipe as built) on ``gpus`` GPUs."""
+    from bridge_recipes.layout import layout_of, stage_layers
+
+    lay = layout_of(cfg, gpus)
+    if lay.dp is None:
+        raise PredictionError(f"{recipe} does not divide over {gpus} GPUs")
+    if lay.tp > 1 or lay.cp > 1:
+        raise PredictionError(
+            f"{recipe} splits layers over TP{lay.tp} CP{lay.cp}: their communication is not in a one-GPU proxy"
+        )
+    if len(points) != 2:
+        raise PredictionError(f"two proxy results of different depths are needed, got {len(points)}")
+    p1, p2 = sorted(points, key=lambda p: p.layers)
+    if p1.layers == p2.layers:
+        raise PredictionError(f"both proxy results have {p1.layers} layers; measure a second depth")
+    for p in (p1, p2):
+        if p.recipe != recipe.replace("_mock_config", "_config") and p.recipe != recipe:
+            raise PredictionError(f"{p.source} measured {p.recipe}, not {recipe}")
+    slope = (p2.micro_batch_s - p1.micro_batch_s) / (p2.layers - p1.layers)
+    fixed = p1.micro_batch_s - slope * p1.layers
+    notes = []
+    comm = 0.0
+    if lay.ep > 1:
+        if ep_comm_s is None:
+            notes.append("no expert-parallel all-to-all measured: an upper bound on tokens/s")
+        else:
+            comm = ep_comm_s
+    stages = stage_layers(cfg) or [cfg.model.num_layers]
+    stage_times = [n * (slope + comm) + (fixed if i == len(stages) - 1 else 0.0) for i, n in enumerate(stages)]
+    micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * lay.dp)
+    bubble = (lay.pp - 1) / (lay.vpp or 1)
+    step = (micro + bubble) * max(stage_times)
+    tokens = cfg.train.global_batch_size * cfg.model.seq_length / gpus
+    # the error of the slowest stage's extrapolation, from both proxies' standard errors
+    worst = stages[stage_times.index(max(stage_times))]
+    k = (worst - p1.layers) / (p2.layers - p1.layers)
+    sigma = math.hypot((1 - k) * p1.sem_fraction * p1.micro_batch_s, k * p2.sem_fraction * p2.micro_batch_s)
+    rel = 2 * sigma / max(stage_times)  # two standard errors
+    rate = tokens / step
+    return Prediction(
+        recipe=recipe,
+        gpus=gpus,
+        tokens_per_s_per_gpu=rate,
+        low=rate / (1 + rel),
+        high=rate / max(1 - rel, 1e-9),
+        step_s=step,
+        per_layer_s=slope,
+        fixed_s=fixed,
+        micro_batches=micro,
+        bubble_micro_batches=bubble,
+        notes=notes,
+        published=published,
+    )
+
+
+def report(p: Prediction) -> str:
+    lines = [
+        f"[predict] {p.recipe} on {p.gpus} GPUs: {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU "
+        f"({p.low:,.1f} - {p.high:,.1f}), step {p.step_s:.2f} s",
+        f"[predict] per micro batch: {p.per_layer_s * 1000:.1f} ms a layer, {p.fixed_s * 1000:.1f} ms fixed; "
+        f"{p.micro_batches} micro batches + {p.bubble_micro_batches:g} of pipeline bubble",
+    ]
+    lines += [f"[predict] note: {n}" for n in p.notes]
+    if p.calibration:
+        c = p.calibration
+        lines.append(
+            f"[predict] published {c['published']:,.1f}: ratio {c['ratio']:.3f} "
+            f"({'within' if c['within'] else 'OUTSIDE'} +-{CALIBRATION_TOLERANCE:.0%})"
+        )
+    return "\n".join(lines)

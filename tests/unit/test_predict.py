@@ -1,0 +1,114 @@
+"""The full-scale predictor (bridge_recipes.bench.predict, scripts/benchmark.py --predict): the
+slope-and-intercept arithmetic on proxy result files, the pipeline bubble, the error band, the
+calibration against the published figure, and its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge_recipes.bench import benchmark as bench
+from bridge_recipes.bench.predict import PredictionError, predict, proxy_point
+
+ROOT = Path(__file__).resolve().parents[2]
+PROXY = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy.yaml"  # 4 layers, measured 2026-11-29
+RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+
+
+def deeper(tmp_path, layers: int, step_s: float, cv: float = 0.0, name: str = "deep.yaml") -> Path:
+    """The committed proxy result as if measured at another depth (a stand-in for a GPU run)."""
+    doc = yaml.safe_load(PROXY.read_text())
+    doc["command"] = doc["command"].replace("--scale-down 4", f"--scale-down {layers}")
+    doc["result"]["step_time_mean_s"] = step_s
+    doc["result"]["step_time_cv_percent"] = cv
+    out = tmp_path / name
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def test_slope_and_intercept_extrapolate_to_the_recipe(tmp_path):
+    import bridge_recipes
+
+    shallow = proxy_point(deeper(tmp_path, 4, 2.6, name="a.yaml"))
+    deep = proxy_point(deeper(tmp_path, 8, 4.0, name="b.yaml"))
+    cfg = bridge_recipes.build(RECIPE)
+    p = predict(cfg, 8, [deep, shallow], recipe=RECIPE, published=4663.1)
+    # 8 micro batches a proxy step: 0.325 and 0.5 s; 43.75 ms a layer, 150 ms fixed
+    assert p.per_layer_s == pytest.approx((0.5 - 0.325) / 4) and p.fixed_s == pytest.approx(0.325 - 4 * 0.04375)
+    # 128 rows / DP8 = 16 micro batches of 40 layers, no pipeline: 16 x (40 x 43.75 + 150) ms
+    assert p.micro_batches == 16 and p.bubble_micro_batches == 0
+    assert p.step_s == pytest.approx(16 * (40 * 0.04375 + 0.15))
+    assert p.tokens_per_s_per_gpu == pytest.approx(128 * 8192 / 8 / p.step_s)
+    assert p.low == p.high == pytest.approx(p.tokens_per_s_per_gpu)  # no spread measured, no band
+    assert p.calibration["within"] is (abs(p.tokens_per_s_per_gpu / 4663.1 - 1) <= 0.15)
+    assert "no expert-parallel all-to-all measured" in p.notes[0]
+    with_comm = predict(cfg, 8, [deep, shallow], recipe=RECIPE, ep_comm_s=0.005)
+    assert with_comm.step_s == pytest.approx(16 * (40 * (0.04375 + 0.005) + 0.15)) and not with_comm.notes
+
+
+def test_the_band_widens_with_the_extrapolation(tmp_path):
+    import bridge_recipes
+
+    a = proxy_point(deeper(tmp_path, 4, 2.6, cv=5.0, name="a.yaml"))
+    near = proxy_point(deeper(tmp_path, 8, 4.0, cv=5.0, name="b.yaml"))
+    far = proxy_point(deeper(tmp_path, 16, 6.8, cv=5.0, name="c.yaml"))
+    cfg = bridge_recipes.build(RECIPE)
+    narrow, wide = predict(cfg, 8, [a, far], recipe=RECIPE), predict(cfg, 8, [a, near], recipe=RECIPE)
+    assert narrow.low < narrow.tokens_per_s_per_gpu < narrow.high
+    assert (wide.high - wide.low) > (narrow.high - narrow.low)
+
+
+def test_pipeline_recipes_pay_the_bubble_on_the_slowest_stage(tmp_path):
+    import bridge_recipes
+
+    name = "qwen35_27b_sft_8gpu_h200_bf16_config"  # PP4 DP2, 16 layers a stage
+    doc = yaml.safe_load((ROOT / "results/h200_proxy_qwen35_27b_h200_policy.yaml").read_text())
+    points = []
+    for layers, step in ((4, 3.0), (8, 5.0)):
+        d = dict(doc, command=doc["command"].replace("--scale-down 4", f"--scale-down {layers}"))
+        d["result"] = dict(doc["result"], step_time_mean_s=step, step_time_cv_percent=0.0)
+        (tmp_path / f"{layers}.yaml").write_text(yaml.safe_dump(d))
+        points.append(proxy_point(tmp_path / f"{layers}.yaml"))
+    from bridge_recipes.layout import stage_layers
+
+    cfg = bridge_recipes.build(name)
+    p = predict(cfg, 8, points, recipe=name)
+    micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * 2)
+    slope, fixed = (5.0 - 3.0) / 8 / 4, 3.0 / 8 - 4 * (5.0 - 3.0) / 8 / 4
+    *inner, last = stage_layers(cfg)  # the recipe's split: the last stage also holds the head
+    slowest = max(max(inner) * slope, last * slope + fixed)
+    assert p.bubble_micro_batches == 3 and p.step_s == pytest.approx((micro + 3) * slowest)
+
+
+def test_refusals_name_the_problem(tmp_path):
+    import bridge_recipes
+
+    a = proxy_point(deeper(tmp_path, 4, 2.6, name="a.yaml"))
+    cfg = bridge_recipes.build(RECIPE)
+    with pytest.raises(PredictionError, match="both proxy results have 4 layers"):
+        predict(cfg, 8, [a, a], recipe=RECIPE)
+    with pytest.raises(PredictionError, match="not qwen35_27b"):
+        predict(cfg, 8, [a, proxy_point(deeper(tmp_path, 8, 4.0))], recipe="qwen35_27b_sft_8gpu_h200_bf16_config")
+    tp = bridge_recipes.build("qwen35_35b_a3b_sft_8gpu_h100_bf16_config")  # slime's TP2 PP2 CP2 EP4
+    with pytest.raises(PredictionError, match="TP2 CP2"):
+        predict(tp, 8, [a, proxy_point(deeper(tmp_path, 8, 4.0))], recipe="qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
+    with pytest.raises(PredictionError, match="no such file"):
+        proxy_point(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("recipe: x\n")
+    with pytest.raises(PredictionError, match="not a benchmark result file"):
+        proxy_point(tmp_path / "bad.yaml")
+
+
+def test_benchmark_predict_prints_and_writes_the_prediction(tmp_path, capsys):
+    a, b = deeper(tmp_path, 4, 2.6, name="a.yaml"), deeper(tmp_path, 8, 4.0, name="b.yaml")
+    out = tmp_path / "p.json"
+    assert bench.main(["--predict", RECIPE, "--proxy-results", str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s/GPU" in printed and "published 4,663.1" in printed
+    assert json.loads(out.read_text())["micro_batches"] == 16
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--predict", RECIPE])
+    assert exc.value.code == 2 and "--proxy-results" in capsys.readouterr().err
