@@ -690,6 +690,11 @@ def stage_params(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Pa
         p = p + layer_params(d, par, i)
     if stage == 0:
         p = p + embedding_params(d, par)
+    elif stage == par.pp - 1 and d.mtp_layers:
+        # Megatron-Core builds an embedding on every stage that runs MTP (GPTModel: pre_process
+        # or mtp_process), its gradients tied to the first stage's: a trained copy with its own
+        # gradients and optimizer state (measured: the 35B-A3B's PP2 last stage, +9.5 GB)
+        p = p + embedding_params(d, par)
     if stage == par.pp - 1:
         mtp = mtp_params(d, par)
         p = p + output_params(d, par) + Params(mtp.dense * d.mtp_layers, mtp.expert * d.mtp_layers)

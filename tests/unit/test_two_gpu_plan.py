@@ -69,9 +69,9 @@ def test_committed_two_gpu_results_are_rebuilt_from_their_log():
     rows = two_gpu_results("qwen35_35b_a3b", log)
     assert [r["layout"] for r in rows][:2] == ["one_gpu", "ep2"] and all(r["step_s"] for r in rows)
     assert all(r["last_loss"] < 0.1 * r["first_loss"] for r in rows)  # every layout trains
-    # the planner holds within 5% everywhere but the last pipeline stage (README: the miss)
+    # the planner holds within 5% on every stage (its last-stage miss before the runs is fixed)
     misses = {r["layout"]: r["plan_misses"] for r in rows if r["plan_misses"]}
-    assert misses == {"pp2": [1]}, misses
+    assert misses == {}, misses
 
 
 def test_two_gpu_results_report_a_curve_that_differs(tmp_path):

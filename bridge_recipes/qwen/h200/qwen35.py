@@ -233,19 +233,20 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
     batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware distributed
     Adam on the GPU (no offload).
 
-    What each choice buys (planner peaks per stage, GB of 150.8: 124.6 / 124.3 / 129.4):
+    What each choice buys (planner peaks per stage, GB of 150.8: 124.6 / 124.3 / 135.4):
     - EP8 inside a node: the 256 experts of a layer (256 x 3 x 3,072 x 1,024 = 2.42e9 parameters)
       split 32 per GPU over NVLink; the expert-data-parallel group is 24 / (PP3 x EP8) = 1, so each
       rank keeps all 18 bytes per expert parameter it holds (2 weight + 4 FP32 grad + 12 Adam):
       17 layers x 2.42e9 / 8 x 18 = 92 GB on the first stage.
     - PP3: the 116e9 expert parameters need at least 116e9 x 18 / 150.8 GB = 14 GPUs' worth of
-      memory before activations; PP2 x EP8 on 2 nodes plans 169.7 / 201.2 GB (does not fit).
+      memory before activations; PP2 x EP8 on 2 nodes plans 169.7 / 207.2 GB (does not fit).
       The last stage carries the 248K-vocabulary output layer, its FP32 logits (native fused
-      cross entropy: 10 bytes x 8,192 x 248,320 = 20 GB at its peak) and the MTP layer, so it
-      gets 13 layers and the middle stage 18 (an even 16/16/16 plans 149.0 GB on the last stage).
+      cross entropy: 10 bytes x 8,192 x 248,320 = 20 GB at its peak), the MTP layer and the
+      embedding copy MTP needs (Megatron-Core builds one on the MTP stage), so it gets 13 layers
+      and the middle stage 18 (an even 16/16/16 plans 155.0 GB on the last stage).
     - Full uniform recompute of 1 layer: each layer keeps only its input (8,192 x 3,072 BF16 =
       50 MB), as ATTUNE's 35B-A3B recipe (openrecipes-35b-h200).
-    - No optimizer offload: two nodes fit with the optimizer on the host (PP2 EP8: 73.5 / 101.0 GB
+    - No optimizer offload: two nodes fit with the optimizer on the host (PP2 EP8: 73.5 / 105.8 GB
       on the GPU) but each node's host would then hold 122e9 x 16 bytes / 2 nodes = 976 GB of FP32
       state and gradient copies, and the published H200 runs lose throughput to offload
       (openrecipes-35b-h200: 3,466.8 offloaded vs 4,663.1 tokens/s/GPU).
@@ -267,7 +268,7 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
     precision="bf16",
     layout="TP1 PP3 EP8 DP8",
     status="unmeasured",
-    notes="layout sized by the memory planner (peak 129.4 GB, last stage); never run",
+    notes="layout sized by the memory planner (peak 135.4 GB, last stage); never run",
 )
 def qwen35_122b_a10b_sft_24gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-122B-A10B SFT on 3 x 8 H200: PP3 17/18/13, EP8, full recompute, no offload."""
@@ -281,20 +282,21 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
     DP8, one 8,192-token row per micro batch, full uniform recompute of 1 layer, alltoall
     dispatcher, precision-aware distributed Adam on the GPU (no offload).
 
-    What each choice buys (planner peaks per stage, GB of 150.8: 132.7 / 136.3 / 135.8 / 135.4):
+    What each choice buys (planner peaks per stage, GB of 150.8: 132.7 / 136.3 / 135.8 / 139.4):
     - EP16 (two nodes per expert group): the 512 experts of a layer (512 x 3 x 4,096 x 1,024 =
       6.44e9 parameters) split 32 per GPU; with PP4 the expert-data-parallel group is
       64 / (PP4 x EP16) = 1, so a 16-layer stage holds 16 x 6.44e9 / 16 = 6.44e9 expert parameters
       at 18 bytes: 116 GB.
     - TP2 with sequence parallelism: halves the dense part of a rank (attention, Gated DeltaNet,
       shared expert, the 248,320 x 4,096 embedding and output layer) and the logits (vocabulary
-      split over TP); at TP1 the same PP4 EP16 plans 146.6 / 138.2 / 137.2 / 177.1 GB (does not
-      fit), and TP2 with an even 15/15/15/15 split plans 151.8 GB on the last stage.
+      split over TP); at TP1 (no SP) the same PP4 EP16 plans 146.6 / 147.0 / 145.8 / 167.1 GB (does
+      not fit), and TP2 with an even 15/15/15/15 split plans 155.8 GB on the last stage.
     - PP4: 386e9 expert parameters x 18 bytes need 46 GPUs' worth of memory at least; EP64 at
-      PP1 (217.2 GB) and PP2 x EP32 (158.4 / 186.1 GB) do not fit on 8 nodes. The last stage
-      (output layer, logits, MTP layer) gets 13 layers, the first (embedding) 15.
+      PP1 (169.0 GB) and PP2 x EP32 (138.5 / 157.9 GB) do not fit on 8 nodes. The last stage
+      (output layer, logits, MTP layer and its embedding copy) gets 13 layers, the first
+      (embedding) 15.
     - Full uniform recompute of 1 layer; no optimizer offload: four nodes would fit with the
-      optimizer on the host (PP4 EP8: 106.2 / 98.6 / 97.6 / 134.1 GB) but each node's host would
+      optimizer on the host (PP4 EP8: 92.2 / 94.1 / 93.5 / 100.9 GB) but each node's host would
       hold 397e9 x 16 bytes / 4 nodes = 1.59 TB of FP32 state and gradient copies.
     Global batch 128 = 1 row x 16 micro batches x DP8.
     """
@@ -314,7 +316,7 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
     precision="bf16",
     layout="TP2 PP4 EP16 DP8",
     status="unmeasured",
-    notes="layout sized by the memory planner (peak 136.3 GB, stage 1); never run",
+    notes="layout sized by the memory planner (peak 139.4 GB, last stage); never run",
 )
 def qwen35_397b_a17b_sft_64gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B SFT on 8 x 8 H200: TP2 SP, PP4 15/16/16/13, EP16, full recompute, no offload."""
