@@ -203,6 +203,9 @@ TWO_GPU_TRAIN_FLAGS = {**EVIDENCE_TRAIN_FLAGS, "gb": 8}
 # at 8 layers (docs/evidence/two_gpu_predictions.md), so those two run 4 (two stages of 2).
 TWO_GPU_LAYERS = {"qwen35_35b_a3b": 8, "qwen35_27b": 4, "qwen35_vl_35b_a3b": 4}
 TWO_GPU_EXPERTS = 64
+# Megatron's phase timers at level 2 in every run's log (forward-backward, pipeline send and
+# receive, gradient reduction, optimizer): where each layout's step time goes.
+TWO_GPU_TIMERS = ["logger.timing_log_level=2"]
 TWO_GPU_LAYOUTS: dict[str, dict[str, Any]] = {
     "ep2": {"flags": {"ep": 2}},
     "pp2": {"flags": {"pp": 2}},
@@ -245,15 +248,18 @@ def two_gpu_request(family: str, layout: str | None) -> dict[str, Any]:
     base = GPU_FAMILIES[family]["request"]
     experts = TWO_GPU_EXPERTS if base.get("scale_experts") else None
     flags = {**base.get("flags", {}), **TWO_GPU_TRAIN_FLAGS}
-    request = {**base, "scale_down": TWO_GPU_LAYERS[family], "scale_experts": experts, "flags": flags}
+    overrides = [*base.get("overrides", ()), *TWO_GPU_TIMERS]
+    request = {
+        **base,
+        "scale_down": TWO_GPU_LAYERS[family],
+        "scale_experts": experts,
+        "flags": flags,
+        "overrides": overrides,
+    }
     if layout in (None, "dp1", "dp2"):
         return request
     spec = TWO_GPU_LAYOUTS[layout]
-    return {
-        **request,
-        "flags": {**flags, **spec["flags"]},
-        "overrides": [*base.get("overrides", ()), *spec.get("overrides", ())],
-    }
+    return {**request, "flags": {**flags, **spec["flags"]}, "overrides": [*overrides, *spec.get("overrides", ())]}
 
 
 def two_gpu_world(layout: str | None) -> int:
