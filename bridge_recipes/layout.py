@@ -101,3 +101,84 @@ def stage_layers(cfg: Any) -> list[int] | None:
         return None
     mid = [rest // middle_stages] * middle_stages if middle_stages else []
     return ([first] if first is not None else []) + mid + ([last] if last is not None else [])
+
+
+# --- the layout rules -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the layout rules read of a model: the head counts TP splits, the routed experts EP
+    splits, the sequence CP and SP split."""
+
+    heads: tuple[tuple[str, int], ...]
+    experts: int | None
+    seq_length: int
+
+
+def model_shape(model: Any, num_experts: int | None = None) -> ModelShape:
+    """``model``'s shape (``num_experts`` in place of its own, for a scaled-down model)."""
+    heads = (
+        ("attention heads", model.num_attention_heads),
+        ("KV heads (num_query_groups)", model.num_query_groups),
+        ("GDN key heads", getattr(model, "linear_num_key_heads", None)),
+        ("GDN value heads", getattr(model, "linear_num_value_heads", None)),
+    )
+    return ModelShape(
+        heads=tuple((what, n) for what, n in heads if n),
+        experts=num_experts or getattr(model, "num_moe_experts", None),
+        seq_length=model.seq_length,
+    )
+
+
+def divides(a: int, b: int) -> bool:
+    return b > 0 and a % b == 0
+
+
+def rule_problems(shape: ModelShape, lay: Layout, stages: list[int] | None) -> list[str]:
+    """Every layout rule ``lay`` breaks for a model of ``shape`` with ``stages`` layers per
+    pipeline stage, one message each (naming the sizes and the fix); empty when it is valid.
+    Megatron-Core's rules: TP x PP x CP divides the world; VPP needs PP > 1 and divides every
+    stage; TP divides every head count; EP divides the experts and EP x ETP the GPUs of a stage
+    (TP x CP x DP); CP divides the sequence in 2 x CP load-balanced chunks; sequence parallelism
+    divides each CP rank's tokens over TP, and MoE with TP > 1 needs it."""
+    out = []
+    if lay.dp is None:
+        out.append(
+            f"world size {lay.world} is not divisible by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = "
+            f"{lay.model_parallel}; launch a multiple of {lay.model_parallel} GPUs or change -tp/-pp/-cp"
+        )
+    if lay.vpp:
+        if lay.pp == 1:
+            out.append("virtual pipeline stages need PP > 1: unset -vp or raise -pp")
+        elif stages is not None and any(s % lay.vpp for s in stages):
+            out.append(
+                f"layers per stage {stages} are not divisible by VPP={lay.vpp}; choose -vp dividing every stage"
+            )
+    for what, n in shape.heads:
+        if not divides(n, lay.tp):
+            out.append(f"{what} = {n} is not divisible by TP={lay.tp}; use -tp dividing {n}")
+    if shape.experts:
+        if not divides(shape.experts, lay.ep):
+            out.append(f"{shape.experts} experts are not divisible by EP={lay.ep}; use -ep dividing {shape.experts}")
+        if lay.dp is not None and not divides(lay.tp * lay.cp * lay.dp, lay.ep * lay.expert_tp):
+            out.append(
+                f"EP x ETP = {lay.ep} x {lay.expert_tp} must divide TP x CP x DP = {lay.tp} x {lay.cp} x {lay.dp} "
+                f"(the GPUs of one pipeline stage); lower -ep/-etp or raise the data-parallel size"
+            )
+    elif lay.ep > 1:
+        out.append(f"EP={lay.ep} on a dense model: set -ep 1")
+    seq = shape.seq_length
+    if lay.cp > 1 and not divides(seq, 2 * lay.cp):
+        out.append(
+            f"sequence length {seq} is not divisible by 2 x CP = {2 * lay.cp} (load-balanced context parallelism)"
+        )
+    if lay.sp and lay.tp > 1 and not divides(seq // lay.cp, lay.tp):
+        out.append(
+            f"sequence length per CP rank {seq // lay.cp} is not divisible by TP={lay.tp} under sequence parallelism"
+        )
+    if lay.tp > 1 and shape.experts and not lay.sp:
+        out.append(
+            "TP > 1 with MoE needs sequence parallelism (Megatron-Core requires it); set model.sequence_parallel=true"
+        )
+    return out

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.layout import stage_layers
+from bridge_recipes.layout import Layout, model_shape, rule_problems, stage_layers
 
 # What a smaller layout keeps first when not all of the recipe's fits: expert parallelism (the
 # dispatch the MoE policies are built around), then pipeline stages, tensor parallelism (with
@@ -80,22 +80,11 @@ def fit_layout(
 ) -> FittedLayout:
     """The largest part of ``cfg``'s parallel layout that runs ``num_layers`` layers on ``gpus``
     GPUs, preferring the dimensions in :data:`LAYOUT_PRIORITY` order. Each size is a divisor of
-    the recipe's own (1 when the recipe does not use the dimension) that the layout rules allow:
-    TP x PP x CP divides the GPUs, EP x ETP divides the GPUs of one stage, TP divides the
-    attention and GDN heads, EP the experts, CP the sequence (load-balanced: 2 x CP), VPP every
-    stage's layers. Raises ValueError when even the one-GPU layout cannot be placed."""
+    the recipe's own (1 when the recipe does not use the dimension) that the layout rules allow
+    (:func:`bridge_recipes.layout.rule_problems`, the runner's checks too); VPP is kept where it
+    divides every stage's layers. Raises ValueError when even the one-GPU layout cannot be placed."""
     m = cfg.model
-    experts = num_experts or m.num_moe_experts
-    heads = [
-        h
-        for h in (
-            m.num_attention_heads,
-            m.num_query_groups,
-            getattr(m, "linear_num_key_heads", None),
-            getattr(m, "linear_num_value_heads", None),
-        )
-        if h
-    ]
+    shape = model_shape(m, num_experts)
     orig_stages = stages or stage_layers(cfg) or [m.num_layers]  # the recipe's own split
     best, best_key = None, None
     for tp, pp, cp, ep, etp in itertools.product(
@@ -106,13 +95,10 @@ def fit_layout(
         _divisors(m.expert_tensor_parallel_size),
     ):
         mp = tp * pp * cp
-        if gpus % mp or (gpus // pp) % (ep * etp) or num_layers < pp:
-            continue
-        if any(h % tp for h in heads) or (experts and experts % ep) or (not experts and ep > 1):
-            continue
-        if cp > 1 and m.seq_length % (2 * cp):
-            continue
-        if tp > 1 and (m.sequence_parallel or experts) and (m.seq_length // cp) % tp:
+        dp = gpus // mp if gpus % mp == 0 else None
+        sp = tp > 1 and bool(m.sequence_parallel)  # the scale-down keeps it where TP is
+        lay = Layout(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, vpp=None, dp=dp, world=gpus, sp=sp, moe=bool(shape.experts))
+        if num_layers < pp or rule_problems(shape, lay, None):
             continue
         split = _split(orig_stages, num_layers, pp)
         if split is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_recipes.common import is_vlm
-from bridge_recipes.layout import layout_of, stage_layers
+from bridge_recipes.layout import divides, layout_of, model_shape, rule_problems, stage_layers
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.message}"
-
-
-def _div(a: int, b: int) -> bool:
-    return b > 0 and a % b == 0
 
 
 def check(cfg: Any, world_size: int) -> list[Problem]:
@@ -47,14 +43,7 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         problems.append(Problem("warning", msg))
 
     lay = layout_of(cfg, world_size)
-    mp = lay.model_parallel
-    if lay.dp is None:
-        err(
-            f"world size {world_size} is not divisible by TP x PP x CP = {lay.tp} x {lay.pp} x {lay.cp} = {mp}; "
-            f"launch a multiple of {mp} GPUs or change -tp/-pp/-cp"
-        )
-
-    # Layers over pipeline stages (and virtual stages).
+    # Layers over pipeline stages: the split itself (first/last) is the recipe's to fix.
     stages = stage_layers(cfg)
     if stages is None:
         err(
@@ -63,58 +52,18 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
             f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp"
         )
-    if lay.vpp:
-        if lay.pp == 1:
-            err("virtual pipeline stages need PP > 1: unset -vp or raise -pp")
-        elif stages is not None and any(s % lay.vpp for s in stages):
-            err(f"layers per stage {stages} are not divisible by VPP={lay.vpp}; choose -vp dividing every stage")
-
-    # Heads over tensor parallelism.
-    for what, n in (
-        ("attention heads", m.num_attention_heads),
-        ("KV heads (num_query_groups)", m.num_query_groups),
-        ("GDN key heads", getattr(m, "linear_num_key_heads", None)),
-        ("GDN value heads", getattr(m, "linear_num_value_heads", None)),
-    ):
-        if n and not _div(n, lay.tp):
-            err(f"{what} = {n} is not divisible by TP={lay.tp}; use -tp dividing {n}")
-
-    # Experts over expert parallelism; the expert group must tile the data-parallel group.
-    experts = m.num_moe_experts
-    if experts:
-        if lay.etp is None:
-            err(
-                "model.expert_tensor_parallel_size is unset and would silently inherit TP; "
-                "set -etp explicitly (usually 1)"
-            )
-        if not _div(experts, lay.ep):
-            err(f"{experts} experts are not divisible by EP={lay.ep}; use -ep dividing {experts}")
-        etp = lay.expert_tp
-        if lay.dp is not None and not _div(lay.tp * lay.cp * lay.dp, lay.ep * etp):
-            err(
-                f"EP x ETP = {lay.ep} x {etp} must divide TP x CP x DP = {lay.tp} x {lay.cp} x {lay.dp} "
-                f"(the GPUs of one pipeline stage); lower -ep/-etp or raise the data-parallel size"
-            )
-    elif lay.ep > 1:
-        err(f"EP={lay.ep} on a dense model: set -ep 1")
-
-    # Sequence length over context and sequence parallelism.
-    seq = m.seq_length
-    data_seq = getattr(cfg.dataset, "seq_length", seq)
-    if data_seq != seq:
-        err(f"model.seq_length={seq} differs from dataset.seq_length={data_seq}; set both (-sl sets both)")
-    if lay.cp > 1 and not _div(seq, 2 * lay.cp):
-        err(f"sequence length {seq} is not divisible by 2 x CP = {2 * lay.cp} (load-balanced context parallelism)")
-    if m.sequence_parallel:
-        if lay.tp == 1:
-            warn("sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
-        elif not _div(seq // lay.cp, lay.tp):
-            err(
-                f"sequence length per CP rank {seq // lay.cp} is not divisible by TP={lay.tp} "
-                "under sequence parallelism"
-            )
-    elif lay.tp > 1 and experts:
-        err("TP > 1 with MoE needs sequence parallelism (Megatron-Core requires it); set model.sequence_parallel=true")
+    if m.num_moe_experts and lay.etp is None:
+        err(
+            "model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)"
+        )
+    # The parallel sizes against the world, the stages, the heads, the experts and the sequence.
+    for msg in rule_problems(model_shape(m), lay, stages):
+        err(msg)
+    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length)
+    if data_seq != m.seq_length:
+        err(f"model.seq_length={m.seq_length} differs from dataset.seq_length={data_seq}; set both (-sl sets both)")
+    if m.sequence_parallel and lay.tp == 1:
+        warn("sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
 
     problems += [Problem("error", msg) for msg in vision_budget_problems(cfg)]
     data_errors, data_warnings = dataset_findings(cfg)
@@ -131,7 +80,7 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
 
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
-    if lay.dp is not None and not _div(gbs, mbs * lay.dp):
+    if lay.dp is not None and not divides(gbs, mbs * lay.dp):
         err(
             f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
             f"use -gb as a multiple of {mbs * lay.dp} or change -mb"

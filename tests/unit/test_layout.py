@@ -52,3 +52,28 @@ def test_labels():
 def test_stage_layers(first, last, expected):
     cfg = _cfg(num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
     assert stage_layers(cfg) == expected
+
+
+def test_rule_problems_name_each_broken_rule():
+    from bridge_recipes.layout import ModelShape, rule_problems
+
+    moe = ModelShape(heads=(("attention heads", 16), ("GDN value heads", 32)), experts=256, seq_length=8192)
+    ok = Layout(tp=2, pp=2, cp=2, ep=4, etp=1, vpp=2, dp=2, world=16, sp=True)
+    assert rule_problems(moe, ok, [4, 4]) == []
+    bad = Layout(tp=3, pp=1, cp=3, ep=7, etp=1, vpp=2, dp=None, world=16, sp=False)
+    found = " | ".join(rule_problems(moe, bad, [8]))
+    for expected in (
+        "world size 16 is not divisible by TP x PP x CP = 3 x 1 x 3",
+        "virtual pipeline stages need PP > 1",
+        "attention heads = 16 is not divisible by TP=3",
+        "256 experts are not divisible by EP=7",
+        "sequence length 8192 is not divisible by 2 x CP = 6",
+        "TP > 1 with MoE needs sequence parallelism",
+    ):
+        assert expected in found, expected
+    dense = ModelShape(heads=(), experts=None, seq_length=8192)
+    assert rule_problems(dense, Layout(tp=1, pp=1, cp=1, ep=2, etp=1, vpp=None, dp=2, world=2), None) == [
+        "EP=2 on a dense model: set -ep 1"
+    ]
+    tile = Layout(tp=1, pp=1, cp=1, ep=4, etp=2, vpp=None, dp=4, world=4)
+    assert "EP x ETP = 4 x 2 must divide TP x CP x DP = 1 x 1 x 4" in rule_problems(moe, tile, None)[0]
