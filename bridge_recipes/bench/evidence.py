@@ -262,6 +262,28 @@ def two_gpu_request(family: str, layout: str | None) -> dict[str, Any]:
     return {**request, "flags": {**flags, **spec["flags"]}, "overrides": [*overrides, *spec.get("overrides", ())]}
 
 
+# The long-context policy (TP2 with sequence parallelism, CP2, 32,768-token rows) needs four GPUs
+# for both splits at once; on two, each half runs: the scale-down's own choice (TP2 SP, which it
+# keeps before CP) and CP2 alone. 4 layers, 32 routed experts (EP2: 16 a GPU), 10 steps.
+LONG_CONTEXT_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config"
+LONG_CONTEXT_HALVES: dict[str, dict[str, Any]] = {
+    "tp2_sp": {},
+    "cp2": {"flags": {"tp": 1, "cp": 2}, "overrides": ["model.sequence_parallel=false"]},
+}
+
+
+def long_context_request(half: str) -> dict[str, Any]:
+    """The bridge_recipes.build keywords of one half of the long-context policy on two GPUs."""
+    spec = LONG_CONTEXT_HALVES[half]
+    return {
+        "scale_down": 4,
+        "scale_experts": 32,
+        "gpus": 2,
+        "flags": {**EVIDENCE_TRAIN_FLAGS, **spec.get("flags", {})},
+        "overrides": [*TWO_GPU_TIMERS, *spec.get("overrides", ())],
+    }
+
+
 def two_gpu_world(layout: str | None) -> int:
     return 1 if layout in (None, "dp1") else 2
 
@@ -405,11 +427,24 @@ def two_gpu_predictions() -> str:
         "| family | layout | parallel layout | predicted allocated GB per stage | fits (with overhead) |",
         "|---|---|---|---|---|",
     ]
+
+    def row(family: str, layout: str, shape: Any, plan: Any) -> str:
+        stages = " / ".join(f"{s.allocated_gb:.1f}" for s in plan.stages)
+        fits = f"{'yes' if plan.fits else 'NO'} ({plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f})"
+        return f"| {family} | {layout} | {shape.label(show_sp=True)} | {stages} | {fits} |"
+
     for family, layouts in TWO_GPU_FAMILY_LAYOUTS.items():
         for layout in (None, *layouts):
-            shape, plan = _planned(family, layout)
-            stages = " / ".join(f"{s.allocated_gb:.1f}" for s in plan.stages)
-            label = shape.label(show_sp=True)
-            fits = f"{'yes' if plan.fits else 'NO'} ({plan.peak_gb:.1f} of {plan.gpu_memory_gb:.1f})"
-            lines.append(f"| {family} | {layout or 'one GPU'} | {label} | {stages} | {fits} |")
+            lines.append(row(family, layout or "one GPU", *_planned(family, layout)))
+    for half in LONG_CONTEXT_HALVES:
+        lines.append(row("long context, 32K", half, *_planned_long_context(half)))
     return "\n".join(lines) + "\n"
+
+
+def _planned_long_context(half: str) -> tuple[Any, Any]:
+    import bridge_recipes
+    from bridge_recipes.layout import layout_of
+    from bridge_recipes.plan.memory import plan_memory
+
+    cfg = bridge_recipes.build(LONG_CONTEXT_RECIPE, **long_context_request(half))
+    return layout_of(cfg, 2), plan_memory(cfg, 2, gpu="h200")

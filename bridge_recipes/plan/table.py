@@ -206,6 +206,22 @@ def _breakdown_table(rs: list[Row]) -> str:
     return "\n".join(lines)
 
 
+TWO_GPU_LOG = "docs/evidence/two_gpu/h200x2_qwen35_35b_a3b_layouts.log"
+
+
+def _two_gpu_table() -> str:
+    from bridge_recipes.bench.evidence import two_gpu_results
+
+    lines = ["| layout | parallel layout | measured | predicted | error |", "|---|---|---|---|---|"]
+    for r in two_gpu_results("qwen35_35b_a3b", (REPO / TWO_GPU_LOG).read_text()):
+        pairs = [(m, p) for m, p in zip(r["measured_gb"], r["predicted_gb"]) if m is not None]
+        lines.append(
+            f"| {r['layout']} | {r['parallel']} | {' / '.join(f'{m:.1f}' for m, _ in pairs)} | "
+            f"{' / '.join(f'{p:.1f}' for _, p in pairs)} | {' / '.join(f'{100 * (p / m - 1):+.1f}%' for m, p in pairs)} |"
+        )
+    return "\n".join(lines)
+
+
 def _facts_table(fps: list[tuple[Fact, MemoryPlan]]) -> str:
     lines = [
         f"| fact | recipe | change | per-stage total GB (allocated) | peak stage | fits {GPU_MEMORY_GB['h200']:.1f} GB |",
@@ -243,7 +259,7 @@ PP4 layout (fact 2, {fact_plan(fps, "as built: PP4 16/17/17/14, block 12").peak_
 
 | component | bytes |
 |---|---|
-| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last. Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. |
+| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. |
 | gradients | Megatron DDP grad buffer over every local parameter: 4 (FP32, `grad_reduce_in_fp32`, set by the `bf16_mixed` preset) or 2. |
 | optimizer | (master + exp_avg + exp_avg_sq) / sharding group: dense params over DP x CP, expert params over world / (PP x EP x ETP). Master = 4 (FP32, Megatron's own shard; this is what `bf16_mixed` recipes get, because the preset leaves `fp8_recipe="tensorwise"` in the optimizer config), or, when TE's FusedAdam owns it (`use_precision_aware_optimizer_no_fp8_or_ds_fp8`), a 2-byte remainder next to the BF16 weight (FP32 main params) or a 2-byte copy (BF16 main params). CPU offload fraction f moves f of it (and FP32 copies of params and grads) to the host. |
 | saved activations | per layer, the tensors its backward keeps (below), for a micro batch of seq / CP tokens (/ TP in the residual stream under sequence parallelism), times the micro batches in flight: 1F1B min(PP - stage, micro batches), interleaved (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks. Full uniform recompute of n: one input per n layers; block n: the first n layers of each (virtual) stage keep their input, the others everything; none: everything. MTP is checkpointed under uniform full recompute only. |
@@ -296,6 +312,15 @@ Breakdown of the predictions (GB):
 
 {_breakdown_table(rs)}
 
+## Two H200s (GB per pipeline stage, torch max allocated)
+
+{_two_gpu_table()}
+
+From `docs/evidence/two_gpu/h200x2_qwen35_35b_a3b_layouts.log` (2026-11-30, the 35B-A3B SFT
+policy scaled to 8 layers and 64 experts, global batch 8 x 8,192 tokens; `docs/evidence/two_gpu/`).
+Before these runs the planner put the PP2 last stage at 59.3 GB: it did not count the embedding
+copy Megatron-Core builds on the MTP stage. It does now.
+
 ## Published facts (8 x H200, GB per rank, total = allocated + overhead)
 
 {_facts_table(fps)}
@@ -306,8 +331,9 @@ Breakdown of the predictions (GB):
    fits. Keeping block recompute 12 at PP2 leaves 20 layers per stage un-recomputed: both stages
    are far over and the first (two micro batches in flight) is the larger: the source's account
    fits a run that recomputed (nearly) every layer.
-2. openrecipes-27b-h200: block 12 fits with little room on the first stage (four micro batches in flight);
-   block 10 is over there.
+2. openrecipes-27b-h200: block 12 fits with little room, on the first stage (four micro batches in
+   flight) and on the last (output layer, logits, MTP with its embedding copy); block 10 is over on
+   the first stage.
 3. openrecipes-35b-h200: EP8 at 8,192 tokens per GPU fits with the optimizer on the GPU.
 4. opd-35b-h200 reports a peak near 124 GB of 143 for its on-policy-distillation job. The recipe as
    built (plain SFT, optimizer state on the host, no teacher model, no colocated rollout engine)

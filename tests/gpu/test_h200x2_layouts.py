@@ -32,6 +32,9 @@ from bridge_recipes import runner_args
 from bridge_recipes.bench.evidence import (
     FORK_RUN,
     GPU_FAMILIES,
+    LONG_CONTEXT_HALVES,
+    LONG_CONTEXT_RECIPE,
+    PLAN_TOLERANCE,
     TWO_GPU_FAMILY_LAYOUTS,
     TWO_GPU_FORK_STEP,
     TWO_GPU_RESUME_KILL_AFTER,
@@ -40,6 +43,7 @@ from bridge_recipes.bench.evidence import (
     check_continuation,
     check_resume,
     check_training,
+    long_context_request,
     two_gpu_request,
     two_gpu_world,
 )
@@ -177,3 +181,29 @@ def test_resume_at_another_layout(saved, resumed):
     _report(family, f"resume_{saved}_to_{resumed}", check.as_dict())
     shutil.rmtree(ckpt, ignore_errors=True)
     assert check.passed, check.reasons
+
+
+@pytest.mark.parametrize("half", list(LONG_CONTEXT_HALVES))
+def test_long_context_policy_trains_within_its_plan(half):
+    """One half of the long-context policy (32,768-token rows) on two GPUs: the loss falls, and
+    the peak allocation is the planner's within PLAN_TOLERANCE."""
+    import bridge_recipes
+    from bridge_recipes.plan.memory import plan_memory
+
+    request = long_context_request(half)
+    run = launch_kept(
+        SCRATCH / "runs" / f"long_context_{half}.json",
+        f"long_context_{half}",
+        LONG_CONTEXT_RECIPE,
+        [*runner_args(**request), "checkpoint.save=null", "checkpoint.load=null"],
+        OUT / "two_gpu_long_context.log",
+        nproc=2,
+    )
+    assert run.returncode == 0, run.log[-3000:]
+    planned = plan_memory(bridge_recipes.build(LONG_CONTEXT_RECIPE, **request), 2, gpu="h200").peak_allocated_gb
+    check = check_training(run.losses)
+    _report(
+        "long_context", half, {"training": check.as_dict(), "peak_gb": run.peak_allocated_gb, "planned_gb": planned}
+    )
+    assert check.passed, check.reasons
+    assert abs(run.peak_allocated_gb - planned) <= PLAN_TOLERANCE * run.peak_allocated_gb

@@ -130,3 +130,14 @@ def test_every_layout_may_continue_from_the_one_gpu_fork(tmp_path, layout):
     _saved_by(default, tmp_path / "default", 5, 1)
     cfg.checkpoint.load = str(tmp_path / "default")
     assert bool(problems(cfg, two_gpu_world(layout))) == (layout is not None)  # each changes TP/PP/CP/EP/ETP
+
+
+@pytest.mark.parametrize("half", ["tp2_sp", "cp2"])
+def test_long_context_halves_keep_32k_rows_and_are_valid_on_two_gpus(half):
+    from bridge_recipes.bench.evidence import LONG_CONTEXT_RECIPE, long_context_request
+
+    cfg = bridge_recipes.build(LONG_CONTEXT_RECIPE, **long_context_request(half))
+    lay = layout_of(cfg, 2)
+    assert cfg.model.seq_length == 32768 and lay.ep == 2
+    assert (lay.tp, lay.cp, lay.sp) == ((2, 1, True) if half == "tp2_sp" else (1, 2, False))
+    assert checks.errors(checks.check(cfg, 2)) == []
