@@ -41,8 +41,14 @@ def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, objec
         proxy_layers=opts.proxy_layers,
         extra=overrides,
         proxy_global_batch=opts.proxy_global_batch,
+        proxy_gpus=opts.proxy_gpus,
     )
     return request, build_config(name, **request)
+
+
+def gpus_of(name: str, opts) -> int:
+    """GPUs a run takes: the proxy's (--proxy-gpus) or the recipe's own."""
+    return opts.proxy_gpus if opts.proxy_layers else registry.find(name).meta.gpus
 
 
 def runs_of(opts) -> list[tuple[str, str, list[str]]]:
@@ -55,6 +61,10 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
         c = find(opts.candidate)
         if opts.recipe or opts.against:
             raise ValueError("--candidate names both runs; drop --recipe and --against")
+        if opts.proxy_layers and opts.proxy_gpus != c.proxy_gpus:
+            raise ValueError(
+                f"--candidate {c.name} is measured on {c.proxy_gpus} GPU(s): pass --proxy-gpus {c.proxy_gpus}"
+            )
         return [(c.name, c.mock_recipe, c.proxy_overrides(opts.proxy_layers)), ("published", c.mock_recipe, [])]
     if not opts.recipe:
         raise ValueError("--recipe NAME is required (or --candidate NAME)")
@@ -71,7 +81,7 @@ def one(
     from bridge_recipes.bench.runs import launch
 
     entry = registry.find(name)
-    nproc = 1 if opts.proxy_layers else entry.meta.gpus
+    nproc = gpus_of(name, opts)
     args = runner_args(**request)
     log_path = out.with_suffix(".log")
     step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
@@ -115,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=PROXY_GLOBAL_BATCH,
         help=f"micro batches per step in proxy mode, the same for both policies (default {PROXY_GLOBAL_BATCH})",
     )
+    ap.add_argument(
+        "--proxy-gpus",
+        type=int,
+        default=1,
+        help="GPUs of the proxy (2: keeps what fits of the recipe's layout, e.g. EP2, and its per-GPU experts)",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
@@ -150,6 +166,8 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
         out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
     if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):
         out.append(f"--proxy-layers {opts.proxy_layers}: a positive multiple of 4 (the GDN/attention period)")
+    if opts.proxy_gpus < 1 or (opts.proxy_gpus > 1 and not opts.proxy_layers):
+        out.append(f"--proxy-gpus {opts.proxy_gpus}: at least 1, and more than 1 only with --proxy-layers")
     if opts.proxy_global_batch < 1:
         out.append(f"--proxy-global-batch {opts.proxy_global_batch}: at least 1")
     problem = output_problem(opts.out, option="--out")
@@ -164,7 +182,7 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
         except (OverrideError, ValueError) as exc:
             out.append(f"{label}: {exc}")
             continue
-        nproc = 1 if opts.proxy_layers else registry.find(name).meta.gpus
+        nproc = gpus_of(name, opts)
         out += [f"{label}: {p}" for p in value_problems(plans[-1][1], nproc)]
     return out, plans
 

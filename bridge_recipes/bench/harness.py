@@ -31,12 +31,17 @@ BENCHMARK_OVERRIDES = [
 ]
 
 
-def proxy_experts(cfg: Any) -> int | None:
-    """Routed experts one GPU holds under the recipe's expert parallelism (None for dense)."""
+def proxy_experts(cfg: Any, gpus: int = 1) -> int | None:
+    """Routed experts of a proxy on ``gpus`` GPUs that keeps the recipe's experts per GPU: one
+    GPU's share under the recipe's expert parallelism, times the expert-parallel size the proxy
+    keeps (the largest common divisor of the recipe's EP and ``gpus``). None for dense."""
+    import math
+
     m = cfg.model
     if not m.num_moe_experts:
         return None
-    return m.num_moe_experts // (m.expert_model_parallel_size or 1)
+    ep = m.expert_model_parallel_size or 1
+    return m.num_moe_experts // ep * math.gcd(ep, gpus)
 
 
 # Micro batches per proxy step. A recipe's own global batch on one GPU would be 128 micro batches
@@ -56,15 +61,19 @@ def run_request(
     proxy_layers: int | None,
     extra: Sequence[str] = (),
     proxy_global_batch: int = PROXY_GLOBAL_BATCH,
+    proxy_gpus: int = 1,
 ) -> dict[str, Any]:
     """The :func:`bridge_recipes.build` keywords of a benchmark run of the recipe ``cfg`` was
     built from: ``steps`` steps, no checkpoints, a log line every step; in proxy mode its
-    scale-down (layers, per-GPU experts), the proxy global batch and the phase timers.
+    scale-down (layers, per-GPU experts, on ``proxy_gpus`` GPUs), the proxy global batch and the
+    phase timers.
     ``extra``: the user's KEY=VALUE overrides, last (they win)."""
     request: dict[str, Any] = {"flags": {"max_steps": steps}, "overrides": [*BENCHMARK_OVERRIDES]}
     if proxy_layers:
         request["scale_down"] = proxy_layers
-        request["scale_experts"] = proxy_experts(cfg)
+        request["scale_experts"] = proxy_experts(cfg, proxy_gpus)
+        if proxy_gpus > 1:
+            request["gpus"] = proxy_gpus  # the scale-down keeps what fits of the recipe's layout
         request["flags"] = {"gb": proxy_global_batch, **request["flags"]}
         request["overrides"] += PROXY_OVERRIDES
     request["overrides"] += list(extra)

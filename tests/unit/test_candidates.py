@@ -19,6 +19,8 @@ PREDICTED = {
     "35b_selective": 1.2,
     "35b_router_fusion": 1.01,
     "35b_fp8_current": 0.92,
+    "35b_shared_expert_overlap": 1.03,
+    "35b_dispatch_wgrad_overlap": 1.02,
     "27b_fp8_current": 1.1,
     "27b_block11": 1.02,
     "27b_vpp2_block6": 1.01,
@@ -78,3 +80,23 @@ def test_bad_candidate_arguments_exit_2(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main([*argv, "--out", str(tmp_path / "o.yaml")])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_expert_parallel_candidates_run_on_the_two_gpu_proxy(tmp_path):
+    out = str(tmp_path / "c.yaml")
+    opts = _opts("--candidate", "35b_shared_expert_overlap", "--proxy-layers", "4", "--proxy-gpus", "2", "--out", out)
+    problems, plans = bench.argument_problems(opts, bench.runs_of(opts))
+    assert problems == []
+    (cand_request, cand), (_, published) = plans
+    # EP2 kept, 32 experts a GPU as at full scale (256 / EP8), only the candidate's setting differs
+    assert cand_request["gpus"] == 2 and cand.model.expert_model_parallel_size == 2
+    assert cand.model.num_moe_experts == published.model.num_moe_experts == 64
+    assert cand.model.moe_shared_expert_overlap and not published.model.moe_shared_expert_overlap
+    one_gpu = _opts("--candidate", "35b_shared_expert_overlap", "--proxy-layers", "4", "--out", out)
+    with pytest.raises(ValueError, match="pass --proxy-gpus 2"):
+        bench.runs_of(one_gpu)
+    bad = _opts("--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--proxy-gpus", "2", "--out", out)
+    assert (
+        "--proxy-gpus 2: at least 1, and more than 1 only with --proxy-layers"
+        in bench.argument_problems(bad, bench.runs_of(bad))[0][0]
+    )
