@@ -310,8 +310,9 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     """The runs of a two-GPU layouts log (``tests/gpu/test_h200x2_layouts.py``): per layout the
     steady step time, per-GPU throughput relative to the one-GPU run (same model, same global
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
-    and the loss-curve check against the one-GPU run."""
-    from bridge_recipes.bench.megatron_log import parse_megatron_log, parse_megatron_memory
+    Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
+    against the one-GPU run."""
+    from bridge_recipes.bench.megatron_log import parse_megatron_log, parse_megatron_memory, parse_megatron_timers
     from bridge_recipes.bench.runs import loss_curve, split_runs
 
     runs = split_runs(log_text)
@@ -348,6 +349,14 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
         misses = [
             i for i, (p, m) in enumerate(zip(predicted, measured)) if m is not None and abs(p - m) > PLAN_TOLERANCE * m
         ]
+        # Megatron's phase timers (TWO_GPU_TIMERS) over the same steady steps, seconds a step
+        timers = parse_megatron_timers(runs[name])
+        steady_steps = [it.step for it in iterations[WARMUP_STEPS:]]
+        names = sorted({t for s in steady_steps for t in timers.get(s, {})})
+        phases = {
+            t: sum(timers[s][t] for s in steady_steps if t in timers.get(s, {})) / len(steady_steps) / 1000
+            for t in names
+        }
         losses = loss_curve(iterations)
         if name == ref_name:
             check = None
@@ -365,6 +374,7 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
                 "measured_gb": measured,
                 "predicted_gb": predicted,
                 "plan_misses": misses,
+                "phases_s": phases,
                 "first_loss": losses.get(min(losses)) if losses else None,
                 "last_loss": losses.get(max(losses)) if losses else None,
                 "check": check,

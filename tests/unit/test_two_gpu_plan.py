@@ -89,7 +89,13 @@ def test_two_gpu_results_report_a_curve_that_differs(tmp_path):
 
     ref = [12.0, 11.0, 9.0, 7.0, 5.0, 3.0, 2.0, 1.0, 0.8, 0.6]
     off = [x * (1.2 if i > 5 else 1.0) for i, x in enumerate(ref)]
-    rows = two_gpu_results("qwen35_35b_a3b", "\n".join([run("one_gpu", ref, 1), run("ep2", off, 2)]))
+    # a timer block after each iteration line, as Megatron prints it at timing_log_level >= 1
+    timed = "\n".join(
+        line + ("\n    forward-backward ...................: (900.00, 1000.00)" if "iteration" in line else "")
+        for line in run("ep2", off, 2).splitlines()
+    )
+    rows = two_gpu_results("qwen35_35b_a3b", "\n".join([run("one_gpu", ref, 1), timed]))
+    assert rows[1]["phases_s"] == {"forward-backward": 1.0} and rows[0]["phases_s"] == {}
     assert rows[1]["per_gpu_vs_one_gpu"] == 2.0 / (2 * 1.25)
     assert rows[1]["check"]["passed"] is False and rows[1]["measured_gb"] == [None]
     # continued from a fork: step by step against the reference's continuation
