@@ -188,6 +188,34 @@ def launch_kept(kept: Path, name: str, recipe: str, args: list[str], log_path: P
 _RUN_HEADER = re.compile(r"^===== run (\S+): (.*)$", re.M)
 
 
+def compact_log(log_text: str) -> str:
+    """The lines of a :func:`launch` log that its evidence is read from: run headers and exit
+    lines, the runner's own lines, iteration, memory and timer lines, errors; runs kept from an
+    earlier command appear once. Megatron's config dumps make a full log megabytes."""
+    from bridge_recipes.bench.megatron_log import _TIMER, training_iteration
+
+    out, skip = [], False
+    for line in log_text.splitlines():
+        if line.startswith("===== run"):
+            skip = "(kept from an earlier command)" in line
+            if not skip:
+                out.append(line)
+            continue
+        if skip:
+            continue
+        body = line.split("] ", 1)[-1] if line.startswith("[") else line
+        if (
+            line.startswith("=====")
+            or body.startswith("[run_recipe]")
+            or training_iteration(line)
+            or "memory (GB)" in line
+            or _TIMER.match(line)
+            or "Error" in line
+        ):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
 def split_runs(log_text: str) -> dict[str, str]:
     """The runs of a log written by :func:`launch` (several runs appended to one file)."""
     heads = list(_RUN_HEADER.finditer(log_text))

@@ -14,8 +14,9 @@ initialization per pipeline, expert and tensor-parallel rank; docs/evidence/two_
 Resume across layouts: a run at one layout saves at step 5 and is killed after step 7; the run
 restarted at another layout (Megatron's distributed checkpoint resharding; the optimizer state
 saved fully reshardable where the model-parallel sizes change) must continue from step 6 and agree
-with the uninterrupted reference (``check_resume(..., same_layout=False)``). Logs and
-``two_gpu_FAMILY.json`` go to $OUT. Finished runs are kept in $EVIDENCE_SCRATCH/runs, so a family
+with the uninterrupted reference (``check_resume(..., same_layout=False)``). Logs (full, and
+``two_gpu_FAMILY_compact.log``: the lines the evidence is read from, ``bench.runs.compact_log``)
+and ``two_gpu_FAMILY.json`` go to $OUT. Finished runs are kept in $EVIDENCE_SCRATCH/runs, so a family
 that outlasts one command completes over several on the same host: run the same command again.
 """
 
@@ -47,7 +48,7 @@ from bridge_recipes.bench.evidence import (
     two_gpu_request,
     two_gpu_world,
 )
-from bridge_recipes.bench.runs import ROOT, launch_kept
+from bridge_recipes.bench.runs import ROOT, compact_log, launch_kept
 
 pytestmark = pytest.mark.gpu
 
@@ -68,6 +69,13 @@ def _args(family: str, layout: str | None) -> list[str]:
 def _run(family: str, name: str, layout: str | None, extra: list[str], **kw):
     if GPU_FAMILIES[family].get("vl"):
         pytest.importorskip("qwen_vl_utils", reason="Megatron-Bridge's Qwen-VL collate needs qwen-vl-utils")
+    run = _launch(family, name, layout, extra, **kw)
+    log = OUT / f"two_gpu_{family}.log"
+    (OUT / f"two_gpu_{family}_compact.log").write_text(compact_log(log.read_text()))  # what gets committed
+    return run
+
+
+def _launch(family: str, name: str, layout: str | None, extra: list[str], **kw):
     return launch_kept(
         SCRATCH / "runs" / f"{family}_{name}.json",
         name,

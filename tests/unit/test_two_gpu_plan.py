@@ -147,3 +147,27 @@ def test_long_context_halves_keep_32k_rows_and_are_valid_on_two_gpus(half):
     assert cfg.model.seq_length == 32768 and lay.ep == 2
     assert (lay.tp, lay.cp, lay.sp) == ((2, 1, True) if half == "tp2_sp" else (1, 2, False))
     assert checks.errors(checks.check(cfg, 2)) == []
+
+
+def test_compact_log_keeps_what_the_evidence_reads():
+    from bridge_recipes.bench.runs import compact_log, split_runs
+
+    full = "\n".join(
+        [
+            "===== run one_gpu: torch.distributed.run x",
+            "[ 1.0s]   some_config_field: 3",
+            "[ 2.0s] [run_recipe] starting pretrain()",
+            " [2026-11-30 10:00:00] iteration        1/      10 | consumed samples: 8 | "
+            "elapsed time per iteration (ms): 2000.0 | global batch size:     8 | lm loss: 1.0E+01 |",
+            "    forward-backward ...................: (900.00, 1000.00)",
+            "[Rank 0] (after 1 iterations) memory (GB) | mem-max-allocated-gigabytes: 5.0",
+            "===== run one_gpu exit status 0 after 3 s",
+            "===== run one_gpu: (kept from an earlier command) recipe args",
+            " [2026-11-30 10:00:00] iteration        1/      10 | duplicate",
+        ]
+    )
+    compact = compact_log(full)
+    assert "some_config_field" not in compact and "duplicate" not in compact
+    assert compact.count("===== run one_gpu") == 2  # header and exit line, the kept copy dropped
+    assert "forward-backward" in compact and "memory (GB)" in compact and "[run_recipe]" in compact
+    assert list(split_runs(compact)) == ["one_gpu"]
