@@ -140,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds a layer a micro batch (two GPUs)"
     )
+    ap.add_argument(
+        "--intercept-result",
+        metavar="C.yaml",
+        help="with --predict: a proxy at the recipe's real output layer and MTP when the slope proxies shrank them",
+    )
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
 
@@ -201,8 +206,15 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
         points = [pr.proxy_point(p) for p in opts.proxy_results]
         cfg = build_config(entry.name, overrides=opts.overrides)
         published = (entry.meta.reference or {}).get("tokens_per_s_per_gpu")
+        intercept = pr.proxy_point(opts.intercept_result) if opts.intercept_result else None
         prediction = pr.predict(
-            cfg, entry.meta.gpus, points, recipe=entry.name, ep_comm_s=opts.ep_comm_s, published=published
+            cfg,
+            entry.meta.gpus,
+            points,
+            recipe=entry.name,
+            ep_comm_s=opts.ep_comm_s,
+            published=published,
+            intercept=intercept,
         )
     except (registry.UnknownRecipe, ValueError) as exc:
         ap.error(str(exc))

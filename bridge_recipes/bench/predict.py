@@ -1,6 +1,7 @@
 """Full-scale tokens/s/GPU of a recipe, predicted from one-GPU proxies of two depths.
 
-    python scripts/benchmark.py --predict RECIPE --proxy-results A.yaml B.yaml [--ep-comm-s S]
+    python scripts/benchmark.py --predict RECIPE --proxy-results A.yaml B.yaml [--intercept-result C.yaml]
+        [--ep-comm-s S]
 
 The model, per GPU and per micro batch of the recipe's shard (its experts per GPU, its recompute
 fraction; what ``--proxy-layers`` builds):
@@ -16,7 +17,11 @@ fraction; what ``--proxy-layers`` builds):
 - expert-parallel all-to-all is not in a one-GPU proxy: ``ep_comm_s`` (seconds a layer a micro
   batch, measured on two GPUs) is added per layer when the recipe's EP is above 1; without it the
   prediction is a bound (no EP communication) and says so;
-- TP and CP split each layer over GPUs with communication a one-GPU proxy cannot see: refused.
+- TP and CP split each layer over GPUs with communication a one-GPU proxy cannot see: refused;
+- a model whose output layer and MTP leave no room for a deeper one-GPU proxy (the 27B: 8 layers
+  plan 154.5 GB) takes its slope from two proxies with a small vocabulary and no MTP
+  (``model.vocab_size=32768 model.mtp_num_layers=null``, at 4 and 8 layers) and its fixed cost
+  from a third, at the real head (``--intercept-result``).
 
 The error band propagates each proxy's step-time spread (its CV over the measured window, as a
 standard error of the mean) through the extrapolation: t_full = (1 - k) t(d1) + k t(d2) with
@@ -115,8 +120,12 @@ def predict(
     recipe: str,
     ep_comm_s: float | None = None,
     published: float | None = None,
+    intercept: ProxyPoint | None = None,
 ) -> Prediction:
-    """The full-scale prediction for ``cfg`` (the recipe as built) on ``gpus`` GPUs."""
+    """The full-scale prediction for ``cfg`` (the recipe as built) on ``gpus`` GPUs. ``intercept``:
+    a proxy with the recipe's real output layer and MTP when the two slope proxies shrank them
+    (vocabulary, MTP) to fit more layers on one GPU: the slope is theirs, the fixed cost this
+    proxy's time less its layers at that slope."""
     from bridge_recipes.layout import layout_of, stage_layers
 
     lay = layout_of(cfg, gpus)
@@ -131,11 +140,12 @@ def predict(
     p1, p2 = sorted(points, key=lambda p: p.layers)
     if p1.layers == p2.layers:
         raise PredictionError(f"both proxy results have {p1.layers} layers; measure a second depth")
-    for p in (p1, p2):
-        if p.recipe != recipe.replace("_mock_config", "_config") and p.recipe != recipe:
+    for p in (p1, p2, *([intercept] if intercept else [])):
+        if p.recipe not in (recipe, recipe.replace("_mock_config", "_config")):
             raise PredictionError(f"{p.source} measured {p.recipe}, not {recipe}")
     slope = (p2.micro_batch_s - p1.micro_batch_s) / (p2.layers - p1.layers)
-    fixed = p1.micro_batch_s - slope * p1.layers
+    base = intercept or p1
+    fixed = base.micro_batch_s - slope * base.layers
     notes = []
     comm = 0.0
     if lay.ep > 1:
@@ -153,6 +163,14 @@ def predict(
     worst = stages[stage_times.index(max(stage_times))]
     k = (worst - p1.layers) / (p2.layers - p1.layers)
     sigma = math.hypot((1 - k) * p1.sem_fraction * p1.micro_batch_s, k * p2.sem_fraction * p2.micro_batch_s)
+    if intercept is not None:  # the fixed cost's own error, and the slope's carried over to it
+        k0 = (intercept.layers - p1.layers) / (p2.layers - p1.layers)
+        sigma = math.hypot(
+            sigma,
+            intercept.sem_fraction * intercept.micro_batch_s,
+            (1 - k0) * p1.sem_fraction * p1.micro_batch_s,
+            k0 * p2.sem_fraction * p2.micro_batch_s,
+        )
     rel = 2 * sigma / max(stage_times)  # two standard errors
     rate = tokens / step
     return Prediction(

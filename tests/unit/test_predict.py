@@ -112,3 +112,15 @@ def test_benchmark_predict_prints_and_writes_the_prediction(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--predict", RECIPE])
     assert exc.value.code == 2 and "--proxy-results" in capsys.readouterr().err
+
+
+def test_an_intercept_proxy_gives_the_fixed_cost_when_the_slope_proxies_shrank_the_head(tmp_path):
+    import bridge_recipes
+
+    slope_a = proxy_point(deeper(tmp_path, 4, 1.6, name="a.yaml"))  # small head: 0.2 s a micro batch
+    slope_b = proxy_point(deeper(tmp_path, 8, 2.4, name="b.yaml"))  # 0.3 s: 25 ms a layer
+    real_head = proxy_point(deeper(tmp_path, 4, 2.6, name="c.yaml"))  # 0.325 s with the real head
+    cfg = bridge_recipes.build(RECIPE)
+    p = predict(cfg, 8, [slope_a, slope_b], recipe=RECIPE, intercept=real_head)
+    assert p.per_layer_s == pytest.approx(0.025) and p.fixed_s == pytest.approx(0.325 - 4 * 0.025)
+    assert p.step_s == pytest.approx(16 * (40 * 0.025 + 0.225))
