@@ -14,7 +14,11 @@ error and the next one runs):
 4. fine-tune and give back: ``run_recipe.py --hf-checkpoint TOY --export-hf DIR`` trains the
    35B-A3B SFT recipe scaled to the toy for 10 steps on the committed SFT rows (through
    ``finetune()``), then transformers loads the export and its logits are compared with the
-   trained Megatron checkpoint's.
+   trained Megatron checkpoint's;
+5. real width: toys with the released models' own widths (hidden size, heads, experts, vocabulary;
+   :func:`.toy.real_width_sizes`) at 4 layers, imported and compared like the parity arm, so the
+   mapping is checked at the real tensor shapes;
+6. LoRA: :func:`lora_arm`.
 
 OUT_DIR/hf_parity.json gets the list of parity cases; the gates are :func:`.parity.gate_failures`.
 """
@@ -204,6 +208,25 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
             log(parity.log_line(case))
 
     arm("finetune", finetune)
+
+    def real_width() -> None:
+        from bridge_recipes.hf.toy import real_width_sizes
+
+        parity.init_single_gpu()
+        for kind, recipe, routings in (("dense", DENSE_RECIPE, ["dense"]), ("moe", RECIPE, ["all_experts", "topk"])):
+            hf_dir, mcore = scratch / f"real_width_{kind}", scratch / f"mcore_real_width_{kind}"
+            if not (hf_dir / "config.json").exists():
+                make_toy(hf_dir, kind, dtype="float32", max_shard_size="2GB", tokenizer_json=ROWS_TOKENIZER,
+                         **real_width_sizes(kind))  # fmt: skip
+            _convert(
+                log, "import", "--hf", str(hf_dir), "--recipe", recipe, "--scaled", "--out", str(mcore), "--overwrite"
+            )
+            for case in parity.parity_cases(f"real_width_{kind}", kind, mcore, hf_dir, tokens, routings=routings):
+                case["layout"] += ", the released model's widths at 4 layers"
+                summary["cases"].append(case)
+                log(parity.log_line(case))
+
+    arm("real_width", real_width)
 
     def lora() -> None:
         summary["lora"] = lora_arm(log, out, scratch, ft_toy, specs["moe"], tokens)

@@ -61,6 +61,17 @@ def toy_spec(family: str = "moe", vl: bool = False, **sizes: Any) -> Qwen35Spec:
     return replace(vl_variant(spec), vision=sizes.get("vision", TOY_VISION)) if vl else spec
 
 
+def real_width_sizes(family: str) -> dict[str, Any]:
+    """The catalog model's own widths (hidden size, heads, Gated DeltaNet heads, experts and their
+    width, dense FFN, vocabulary) at 4 layers and no MTP: a toy whose every matrix has the shape of
+    the released checkpoint's, so a conversion is checked at the real tensor shapes."""
+    base = FAMILIES[family]
+    names = ["hidden_size", "num_attention_heads", "num_query_groups", "linear_num_key_heads"]
+    names += ["linear_num_value_heads", "vocab_size"]
+    names += list(TOY_MOE_SIZES) if base.is_moe else list(TOY_DENSE_SIZES)
+    return {**{n: getattr(base, n) for n in names}, "num_layers": 4, "mtp_num_layers": 0}
+
+
 def recipe_spec_of(toy: Qwen35Spec) -> Qwen35Spec:
     """The catalog spec a toy was scaled from."""
     return get_spec(toy.name.removeprefix("toy_"))

@@ -64,3 +64,13 @@ def test_lora_trains_adapters_only_resumes_and_merges(summary):
     assert lora["export_vs_base"]["passed"], lora["export_vs_base"]
     assert lora["export_loads"] and lora["export_logits_max_abs_change"] > 0
     assert lora["resume"]["passed"], lora["resume"]
+
+
+def test_real_width_parity(summary):
+    """The released models' widths at 4 layers: the rel_err gate on the FP32 dense and all-experts
+    cases (the top-1 gate is recorded, as for the toys: random weights give flat distributions)."""
+    from bridge_recipes.hf.parity import REL_ERR_MAX, gated
+
+    cases = [c for c in summary["cases"] if c["name"].startswith("real_width_") and gated(c)]
+    assert {c["model"] for c in cases} == {"dense", "moe"}, summary["errors"]
+    assert all(c["rel_err"] <= REL_ERR_MAX for c in cases), cases
