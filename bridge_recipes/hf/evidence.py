@@ -18,7 +18,9 @@ error and the next one runs):
 5. real width: toys with the released models' own widths (hidden size, heads, experts, vocabulary;
    :func:`.toy.real_width_sizes`) at 4 layers, imported and compared like the parity arm, so the
    mapping is checked at the real tensor shapes;
-6. LoRA: :func:`lora_arm`.
+6. multi-GPU (two GPUs): the one-GPU imports loaded at TP2 and EP2 (:mod:`.parity_mp`), compared
+   with transformers' logits like the parity arm;
+7. LoRA: :func:`lora_arm`.
 
 OUT_DIR/hf_parity.json gets the list of parity cases; the gates are :func:`.parity.gate_failures`.
 """
@@ -34,6 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.bench.runs import free_port
 from bridge_recipes.hf import parity
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,11 +44,9 @@ ROWS = ROOT / "docs/evidence/sft_rows_synthetic/rows"
 ROWS_TOKENIZER = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 DENSE_RECIPE = "qwen35_27b_sft_8gpu_h200_bf16_config"
-# Parity tokens (ids below the toy tokenizer's 1,024): 8 x 512 = 4,096 positions, so that the
-# top-1 gate of 0.999 is a rate (4 disagreements allowed), not "none at all". The committed
-# results/hf_parity.json used 2 x 256 = 512 positions (docs/evidence/hf/README.md).
-BATCH, SEQ = 8, 512
 FINETUNE_STEPS = 10
+# The one-GPU imports loaded at two-GPU layouts (Megatron resharding them): (toy, TP, EP, routing).
+MULTI_GPU_CASES = (("dense", 2, 1, "dense"), ("moe", 2, 1, "all_experts"), ("moe", 1, 2, "all_experts"))
 
 
 class Log:
@@ -157,8 +158,7 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
 
     arm("round_trip", round_trip)
 
-    torch.manual_seed(0)
-    tokens = torch.randint(3, 1024, (BATCH, SEQ), device="cuda")
+    tokens = parity.parity_tokens()
 
     def parity_arm() -> None:
         parity.init_single_gpu()
@@ -227,6 +227,30 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
                 log(parity.log_line(case))
 
     arm("real_width", real_width)
+
+    def multi_gpu() -> None:
+        if torch.cuda.device_count() < 2:
+            raise RuntimeError("the multi-GPU parity arm needs two GPUs (nvidia-h200-x2)")
+        from bridge_recipes.hf.checkpoint import is_megatron_checkpoint
+
+        for kind, tp, ep, routing in MULTI_GPU_CASES:
+            if not is_megatron_checkpoint(imported[kind]):
+                raise RuntimeError(f"no one-GPU import in {imported[kind]}: run the round_trip arm first")
+            name = f"{kind}_tp{tp}_ep{ep}"
+            out_json = scratch / f"parity_{name}.json"
+            out_json.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                   str(free_port()), "-m", "bridge_recipes.hf.parity_mp", str(imported[kind]), str(toys[kind]),
+                   str(out_json), "--tp", str(tp), "--ep", str(ep), "--routing", routing, "--name", name]  # fmt: skip
+            log(f"$ {' '.join(cmd[2:])}")
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            for line in (p.stdout + p.stderr).splitlines()[-10:]:
+                log(f"  | {line}")
+            if p.returncode != 0 or not out_json.exists():
+                raise RuntimeError(f"parity at TP{tp} EP{ep} exited {p.returncode}")
+            summary["cases"].append(json.loads(out_json.read_text()))
+
+    arm("multi_gpu", multi_gpu)
 
     def lora() -> None:
         summary["lora"] = lora_arm(log, out, scratch, ft_toy, specs["moe"], tokens)

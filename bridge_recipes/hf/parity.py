@@ -104,12 +104,29 @@ def _unwrap(module: Any) -> Any:
     return module
 
 
-def load_megatron(checkpoint: str | Path, hf_dir: str | Path, *, topk: int | None = None) -> Any:
-    """The newest iter of a Megatron checkpoint on the GPU in FP32, eval mode (``topk``: router override)."""
+# Parity tokens (ids below the toy tokenizer's 1,024): 8 x 512 = 4,096 positions, so that the
+# top-1 gate of 0.999 is a rate (4 disagreements allowed), not "none at all". The committed
+# results/hf_parity.json used 2 x 256 = 512 positions (docs/evidence/hf/README.md).
+BATCH, SEQ = 8, 512
+
+
+def parity_tokens() -> Any:
+    """The token ids every parity case runs, the same on every GPU and process (seed 0)."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.randint(3, 1024, (BATCH, SEQ), device="cuda")
+
+
+def load_megatron(
+    checkpoint: str | Path, hf_dir: str | Path, *, topk: int | None = None, extra: dict[str, Any] | None = None
+) -> Any:
+    """The newest iter of a Megatron checkpoint on the GPU in FP32, eval mode (``topk``: router
+    override; ``extra``: more model overrides, e.g. the parallel sizes to load it at)."""
     import torch
     from megatron.bridge import AutoBridge
 
-    overrides: dict[str, Any] = {"gradient_accumulation_fusion": False}
+    overrides: dict[str, Any] = {"gradient_accumulation_fusion": False, **(extra or {})}
     if topk is not None:
         overrides["moe_router_topk"] = topk
     bridge = AutoBridge.from_hf_pretrained(str(hf_dir))

@@ -74,3 +74,17 @@ def test_real_width_parity(summary):
     cases = [c for c in summary["cases"] if c["name"].startswith("real_width_") and gated(c)]
     assert {c["model"] for c in cases} == {"dense", "moe"}, summary["errors"]
     assert all(c["rel_err"] <= REL_ERR_MAX for c in cases), cases
+
+
+def test_parity_at_two_gpu_layouts(summary):
+    """The one-GPU imports loaded at TP2 (dense, MoE) and EP2 (MoE) on two GPUs: the same rel_err
+    gate as on one GPU (HF_EVIDENCE_ARMS=toys,round_trip,multi_gpu on nvidia-h200-x2)."""
+    import torch
+
+    from bridge_recipes.hf.parity import REL_ERR_MAX
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    cases = [c for c in summary["cases"] if "GPUs), loaded from the one-GPU import" in c["layout"]]
+    assert len(cases) == 3, summary["errors"]
+    assert all(c["rel_err"] <= REL_ERR_MAX for c in cases), cases

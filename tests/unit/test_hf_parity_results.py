@@ -57,7 +57,7 @@ def test_top1_verdict_is_what_the_gates_say(cases):
 
 def test_parity_positions_allow_the_gate_a_margin():
     """The parity run compared enough positions for 0.999 to allow disagreements (8 x 512)."""
-    from bridge_recipes.hf.evidence import BATCH, SEQ
+    from bridge_recipes.hf.parity import BATCH, SEQ
 
     assert BATCH * SEQ * (1 - TOP1_MIN) >= 4
 
