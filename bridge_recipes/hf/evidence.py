@@ -302,11 +302,12 @@ def lora_change_report(same: list[str], changed: list[str]) -> dict[str, Any]:
 
 
 def checkpoint_model_keys(iter_dir: Path) -> list[str]:
-    """The model tensors a torch_dist checkpoint holds (its metadata, read on the CPU)."""
+    """The model weights a torch_dist checkpoint holds (its metadata, read on the CPU): the keys
+    ending in .weight or .bias outside the optimizer state."""
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = FileSystemReader(str(iter_dir)).read_metadata().state_dict_metadata
-    return sorted(k for k in keys if not k.startswith("optimizer") and "_extra_state" not in k and k != "rng_state")
+    return sorted(k for k in keys if not k.startswith("optimizer") and k.endswith((".weight", ".bias")))
 
 
 LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
