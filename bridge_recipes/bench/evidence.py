@@ -206,6 +206,24 @@ TWO_GPU_EXPERTS = 64
 # Megatron's phase timers at level 2 in every run's log (forward-backward, pipeline send and
 # receive, gradient reduction, optimizer): where each layout's step time goes.
 TWO_GPU_TIMERS = ["logger.timing_log_level=2"]
+# One step of each continued run under the torch profiler, its trace summarized by
+# bench.trace_summary (GEMMs, attention, Gated DeltaNet, MoE permute, NCCL hidden or exposed).
+TWO_GPU_PROFILE_STEPS = (8, 9)
+
+
+def two_gpu_profile_overrides(folder: str) -> list[str]:
+    """Overrides that trace TWO_GPU_PROFILE_STEPS on every rank into ``folder``/torch_profile
+    (Megatron-Bridge writes the trace beside its TensorBoard folder)."""
+    start, end = TWO_GPU_PROFILE_STEPS
+    return [
+        "profiling.use_pytorch_profiler=true",
+        f"profiling.profile_step_start={start}",
+        f"profiling.profile_step_end={end}",
+        "profiling.profile_ranks=[0,1]",
+        f"logger.tensorboard_dir={folder}/tb",
+    ]
+
+
 TWO_GPU_LAYOUTS: dict[str, dict[str, Any]] = {
     "ep2": {"flags": {"ep": 2}},
     "pp2": {"flags": {"pp": 2}},

@@ -45,6 +45,7 @@ from bridge_recipes.bench.evidence import (
     check_resume,
     check_training,
     long_context_request,
+    two_gpu_profile_overrides,
     two_gpu_request,
     two_gpu_world,
 )
@@ -113,11 +114,27 @@ def _fork(family: str):
     return run
 
 
+def _profile_dir(family: str, name: str) -> Path:
+    return SCRATCH / "profiles" / f"{family}_{name}"
+
+
 def _continue(family: str, name: str, layout: str | None):
-    """Continue from the fork's checkpoint to step 10 at ``layout``, saving nothing."""
+    """Continue from the fork's checkpoint to step 10 at ``layout``, saving nothing; one step traced."""
     _fork(family)
     load = ["--load-dir", str(_fork_dir(family)), "checkpoint.save=null"]
-    return _run(family, name, layout, [*load, *RESHARDABLE])
+    profile = two_gpu_profile_overrides(str(_profile_dir(family, name)))
+    return _run(family, name, layout, [*load, *RESHARDABLE, *profile])
+
+
+def _time_breakdown(family: str, name: str) -> dict:
+    """The traced step of a continued run on rank 0 (bench.trace_summary), or why there is none."""
+    from bridge_recipes.bench.trace_summary import TraceError, summarize_file
+
+    trace = _profile_dir(family, name) / "torch_profile" / "rank-0.json.gz"
+    try:
+        return summarize_file(trace)
+    except TraceError as exc:
+        return {"missing": str(exc)}
 
 
 def _reference(family: str):
@@ -152,6 +169,8 @@ def test_two_gpu_layout_agrees_with_one_gpu(family, layout):
             "peak_allocated_gb": run.peak_allocated_gb,
             "losses": run.losses,
             "reference_losses": ref.losses,
+            "time_breakdown": _time_breakdown(family, layout),
+            "reference_time_breakdown": _time_breakdown(family, "one_gpu"),
         },
     )
     assert check.passed, check.reasons

@@ -171,3 +171,16 @@ def test_compact_log_keeps_what_the_evidence_reads():
     assert compact.count("===== run one_gpu") == 2  # header and exit line, the kept copy dropped
     assert "forward-backward" in compact and "memory (GB)" in compact and "[run_recipe]" in compact
     assert list(split_runs(compact)) == ["one_gpu"]
+
+
+def test_continued_runs_trace_one_step_beside_their_tensorboard_folder(tmp_path):
+    from bridge_recipes.bench.evidence import TWO_GPU_PROFILE_STEPS, two_gpu_profile_overrides
+
+    cfg = bridge_recipes.build(
+        GPU_FAMILIES["qwen35_35b_a3b"]["recipe"],
+        **{**two_gpu_request("qwen35_35b_a3b", "ep2"), "overrides": two_gpu_profile_overrides(str(tmp_path))},
+    )
+    p = cfg.profiling
+    assert p.use_pytorch_profiler and (p.profile_step_start, p.profile_step_end) == TWO_GPU_PROFILE_STEPS
+    assert p.profile_ranks == [0, 1] and cfg.logger.tensorboard_dir == f"{tmp_path}/tb"
+    assert checks.errors(checks.check(cfg, 2)) == []

@@ -1,0 +1,160 @@
+"""Where a step's GPU time goes, from a torch profiler trace (Megatron-Bridge's
+``profiling.use_pytorch_profiler``: ``{tensorboard_dir}/../torch_profile/rank-N.json.gz``).
+
+    python -m bridge_recipes.bench.trace_summary TRACE.json.gz [--steps N]
+
+Every GPU kernel, copy and memset of the trace is put in one category by its name (first match in
+:data:`CATEGORIES` order), and the summary gives each category's milliseconds, the GPU's busy time
+(the union of all kernel intervals, streams overlapping), the time communication kernels ran
+while a compute kernel also ran (hidden behind it) and the time they ran alone (exposed), and the
+idle time of the traced window. Kernel names are those of the H200 stack (cuBLAS/CUTLASS GEMMs,
+Transformer Engine and cuDNN attention, the FLA Triton kernels of Gated DeltaNet, NCCL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+# (category, pattern on the kernel name), first match wins: optimizer kernels before the FLA
+# patterns (both have norms), communication first of all.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("nccl all-to-all / send-recv", r"nccl.*(alltoall|sendrecv|send|recv)"),
+    ("nccl all-reduce", r"nccl.*allreduce"),
+    ("nccl reduce-scatter", r"nccl.*reducescatter"),
+    ("nccl all-gather", r"nccl.*allgather"),
+    ("nccl other", r"nccl"),
+    ("optimizer", r"multi_tensor|adam"),
+    ("gemm", r"gemm|xmma|cutlass|nvjet|cublas|wgmma"),
+    ("attention", r"flash|fmha|attn|cudnn"),
+    ("gated deltanet (fla)", r"delta|chunk_|causal_conv|l2norm|recompute_w_u|solve_tril|merge_16x16|fused_recurrent"),
+    ("moe routing and permute", r"permute|topk|router|moe|sort|histogram"),
+    ("copy and memset", r"memcpy|memset|copy"),
+)
+OTHER = "other (elementwise, norms, softmax, ...)"
+COMM_PREFIX = "nccl"
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+class TraceError(ValueError):
+    """A file that is not a torch profiler trace with GPU kernels; the message names it."""
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for label, pattern in CATEGORIES:
+        if re.search(pattern, low):
+            return label
+    return OTHER
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        doc = json.loads(raw)
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{path}: not a JSON trace ({type(exc).__name__}: {exc})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: no traceEvents list")
+    return events
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total overlap of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
+    """The breakdown of ``events`` (torch profiler chrome-trace events), per step over ``steps``."""
+    gpu = [
+        e
+        for e in events
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "dur" in e
+    ]
+    if not gpu:
+        raise TraceError("the trace has no GPU kernel events (was the profiler's CUDA activity on?)")
+    per: dict[str, float] = {}
+    comm, compute = [], []
+    for e in gpu:
+        label = category(str(e.get("name", "")))
+        per[label] = per.get(label, 0.0) + float(e["dur"])
+        span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        (comm if label.startswith(COMM_PREFIX) else compute).append(span)
+    comm_u, compute_u = _union(comm), _union(compute)
+    busy = _union(comm + compute)
+    window = max(e for _, e in busy) - min(s for s, _ in busy)
+    hidden = _intersection(comm_u, compute_u)
+    ms = 1e-3 / steps  # trace times are microseconds
+    total = sum(per.values())
+    return {
+        "steps": steps,
+        "window_ms": round(window * ms, 3),
+        "busy_ms": round(_length(busy) * ms, 3),
+        "idle_ms": round((window - _length(busy)) * ms, 3),
+        "communication_ms": round(_length(comm_u) * ms, 3),
+        "communication_hidden_ms": round(hidden * ms, 3),
+        "communication_exposed_ms": round((_length(comm_u) - hidden) * ms, 3),
+        "categories_ms": {k: round(v * ms, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
+        "categories_share": {k: round(v / total, 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
+    }
+
+
+def summarize_file(path: str | Path, steps: int = 1) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        return summarize(_load(path), steps)
+    except TraceError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise TraceError(f"{path}: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace")
+    p.add_argument("--steps", type=int, default=1, help="training steps the trace holds (per-step figures)")
+    args = p.parse_args(argv)
+    if args.steps < 1:
+        print(f"trace_summary: --steps {args.steps}: at least 1", file=sys.stderr)
+        return 2
+    try:
+        print(json.dumps(summarize_file(args.trace, args.steps), indent=1))
+    except TraceError as exc:
+        print(f"trace_summary: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""bridge_recipes.bench.trace_summary on small hand-written traces: categories by kernel name,
+busy and idle time, communication hidden behind compute or exposed, and its refusals."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from bridge_recipes.bench.trace_summary import OTHER, TraceError, category, main, summarize, summarize_file
+
+
+def kernel(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "nccl all-to-all / send-recv"),
+        ("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "nccl reduce-scatter"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+        ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "gemm"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+        ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "gated deltanet (fla)"),
+        ("causal_conv1d_fwd_kernel", "gated deltanet (fla)"),
+        ("multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor>", "optimizer"),
+        ("_permute_kernel", "moe routing and permute"),
+        ("Memcpy DtoD (Device -> Device)", "copy and memset"),
+        ("vectorized_elementwise_kernel<4, BinaryFunctor>", OTHER),
+    ],
+)
+def test_kernels_fall_in_their_category(name, expected):
+    assert category(name) == expected
+
+
+def test_busy_idle_and_hidden_communication():
+    events = [
+        kernel("sm90_xmma_gemm", 0, 100),
+        kernel("ncclDevKernel_SendRecv", 50, 100),  # 50 us under the GEMM, 50 alone
+        kernel("chunk_fwd_kernel_o", 200, 50),  # 50 us idle before it
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1000},  # host side: not counted
+    ]
+    s = summarize(events)
+    assert s["window_ms"] == 0.25 and s["busy_ms"] == 0.2 and s["idle_ms"] == 0.05
+    assert (s["communication_ms"], s["communication_hidden_ms"], s["communication_exposed_ms"]) == (0.1, 0.05, 0.05)
+    assert s["categories_ms"] == {"gemm": 0.1, "nccl all-to-all / send-recv": 0.1, "gated deltanet (fla)": 0.05}
+    assert summarize(events, steps=2)["busy_ms"] == 0.1
+
+
+def test_gzip_file_and_the_command(tmp_path, capsys):
+    path = tmp_path / "rank-0.json.gz"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": [kernel("gemm", 0, 1000)]}).encode()))
+    assert summarize_file(path)["categories_share"] == {"gemm": 1.0}
+    assert main([str(path), "--steps", "1"]) == 0 and '"busy_ms": 1.0' in capsys.readouterr().out
+
+
+def test_refusals_name_the_file(tmp_path, capsys):
+    with pytest.raises(TraceError, match="no such file"):
+        summarize_file(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TraceError, match="not a JSON trace"):
+        summarize_file(bad)
+    cpu_only = tmp_path / "cpu.json"
+    cpu_only.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}]}))
+    assert main([str(cpu_only)]) == 2
+    assert f"{cpu_only}: the trace has no GPU kernel events" in capsys.readouterr().err
