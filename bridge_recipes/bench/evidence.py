@@ -243,9 +243,6 @@ TWO_GPU_FAMILY_LAYOUTS = {
     "qwen35_27b": ("pp2", "pp2_uneven", "vpp2", "tp2_sp", "cp2"),
     "qwen35_vl_35b_a3b": ("ep2", "pp2", "tp2_sp"),
 }
-# Resume across layouts: save at the first layout, resume at the second, and back; the next
-# step's loss must equal the uninterrupted run's within RESUME_RTOL. DP2 -> DP1 keeps the default
-# (dp_reshardable) optimizer state; the others save it fully reshardable.
 # The layouts start from the same state: a one-GPU run (FORK_RUN) trains TWO_GPU_FORK_STEP steps
 # and saves; the one-GPU reference and every layout continue from that checkpoint to step 10.
 # Started from random initialization instead, the layouts do not train the same model: Megatron
@@ -254,7 +251,8 @@ TWO_GPU_FAMILY_LAYOUTS = {
 TWO_GPU_FORK_STEP = 5
 FORK_RUN = "fork"
 # Resume across layouts from the fork: the first run continues at one layout, saves at step 7 and
-# is killed after step 8; the second resumes at the other layout from step 7.
+# is killed after step 8; the second resumes at the other layout from step 7 (optimizer state
+# fully reshardable, as the fork's) and must follow the one-GPU continuation within RESUME_RTOL.
 TWO_GPU_RESUME_SAVE = 7
 TWO_GPU_RESUME_KILL_AFTER = 8
 TWO_GPU_RESUMES = (("dp2", "dp1"), ("pp2", "dp1"), ("ep2", "dp1"), ("tp2_sp", "dp1"), ("dp1", "ep2"))
@@ -306,15 +304,19 @@ def two_gpu_world(layout: str | None) -> int:
     return 1 if layout in (None, "dp1") else 2
 
 
-def _planned(family: str, layout: str | None) -> tuple[Any, Any]:
-    """(the layout, the memory plan) of one run of the two-GPU plan."""
+def _plan_of(recipe: str, request: dict[str, Any], world: int) -> tuple[Any, Any]:
+    """(the layout, the H200 memory plan) of ``recipe`` built with ``request`` on ``world`` GPUs."""
     import bridge_recipes
     from bridge_recipes.layout import layout_of
     from bridge_recipes.plan.memory import plan_memory
 
-    world = two_gpu_world(layout)
-    cfg = bridge_recipes.build(GPU_FAMILIES[family]["recipe"], **two_gpu_request(family, layout))
+    cfg = bridge_recipes.build(recipe, **request)
     return layout_of(cfg, world), plan_memory(cfg, world, gpu="h200")
+
+
+def _planned(family: str, layout: str | None) -> tuple[Any, Any]:
+    """(the layout, the memory plan) of one run of the two-GPU plan."""
+    return _plan_of(GPU_FAMILIES[family]["recipe"], two_gpu_request(family, layout), two_gpu_world(layout))
 
 
 # A process's logged steps averaged for its step time: all but its first three, which hold kernel
@@ -330,7 +332,11 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
     Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
     against the one-GPU run."""
-    from bridge_recipes.bench.megatron_log import parse_megatron_log, parse_megatron_memory, parse_megatron_timers
+    from bridge_recipes.bench.megatron_log import (
+        parse_megatron_log,
+        parse_megatron_timers,
+        peak_allocated_gb_per_rank,
+    )
     from bridge_recipes.bench.runs import loss_curve, split_runs
 
     runs = split_runs(log_text)
@@ -343,19 +349,13 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
         if name not in runs:
             continue
         iterations = parse_megatron_log(runs[name])
-        steady = [it.time_s for it in iterations[WARMUP_STEPS:]]
-        step_s = sum(steady) / len(steady) if steady else None
+        steady = iterations[WARMUP_STEPS:]
+        step_s = sum(it.time_s for it in steady) / len(steady) if steady else None
         layout = None if name == ref_name else name
         world = two_gpu_world(layout)
         if name == ref_name:
             ref_time = step_s
-        memory = parse_megatron_memory(runs[name])
-        per_rank: dict[int, float] = {}
-        for ranks in memory.values():
-            for rank, values in ranks.items():
-                peak = values.get("mem-max-allocated-gigabytes")
-                if peak is not None:
-                    per_rank[rank] = max(per_rank.get(rank, 0.0), peak)
+        per_rank = peak_allocated_gb_per_rank(runs[name])
         shape, plan = _planned(family, layout)
         predicted = [st.allocated_gb for st in plan.stages]
         # ranks are stage-major when the pipeline is split (two GPUs: rank r holds stage r)
@@ -369,7 +369,7 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
         ]
         # Megatron's phase timers (TWO_GPU_TIMERS) over the same steady steps, seconds a step
         timers = parse_megatron_timers(runs[name])
-        steady_steps = [it.step for it in iterations[WARMUP_STEPS:]]
+        steady_steps = [it.step for it in steady]
         names = sorted({t for s in steady_steps for t in timers.get(s, {})})
         phases = {
             t: sum(timers[s][t] for s in steady_steps if t in timers.get(s, {})) / len(steady_steps) / 1000
@@ -439,9 +439,9 @@ def two_gpu_results_table(family: str, log_text: str) -> str:
 
 
 def two_gpu_predictions() -> str:
-    """The memory planner's per-stage peak allocation for every run of the two-GPU plan, written
-    before those runs (docs/evidence/two_gpu_predictions.md; a test rebuilds it): what the
-    measured ``mem-max-allocated-gigabytes`` of each run will be compared with."""
+    """The memory planner's per-stage peak allocation for every run of the two-GPU plan and the
+    long-context halves (docs/evidence/two_gpu_predictions.md; a test rebuilds it from the current
+    planner): what the measured ``mem-max-allocated-gigabytes`` of each run is compared with."""
     lines = [
         "# Two-GPU runs: the memory planner's predictions",
         "",
@@ -470,9 +470,4 @@ def two_gpu_predictions() -> str:
 
 
 def _planned_long_context(half: str) -> tuple[Any, Any]:
-    import bridge_recipes
-    from bridge_recipes.layout import layout_of
-    from bridge_recipes.plan.memory import plan_memory
-
-    cfg = bridge_recipes.build(LONG_CONTEXT_RECIPE, **long_context_request(half))
-    return layout_of(cfg, 2), plan_memory(cfg, 2, gpu="h200")
+    return _plan_of(LONG_CONTEXT_RECIPE, long_context_request(half), 2)

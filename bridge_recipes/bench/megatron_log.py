@@ -106,6 +106,11 @@ _TIMER = re.compile(
 )
 
 
+def is_timer_line(line: str) -> bool:
+    """A line of one of Megatron's timer blocks (``name ....: (min, max)`` or ``name ....: ms``)."""
+    return _TIMER.match(line) is not None
+
+
 def parse_megatron_timers(text: str) -> dict[int, dict[str, float]]:
     """Megatron's timer lines (``logger.timing_log_level >= 1``), each the block printed after an
     iteration line and given to that step: {step: {timer: ms}}, the max over ranks where
@@ -136,15 +141,19 @@ def phase_time_means(text: str, window: tuple[int, int]) -> dict[str, float] | N
     return {name: sum(timers[s][name] for s in steps) / len(steps) / 1000 for name in PHASE_TIMERS}
 
 
+def peak_allocated_gb_per_rank(text: str) -> dict[int, float]:
+    """Each rank's largest ``mem-max-allocated-gigabytes`` over a log's memory lines."""
+    out: dict[int, float] = {}
+    for ranks in parse_megatron_memory(text).values():
+        for rank, values in ranks.items():
+            if "mem-max-allocated-gigabytes" in values:
+                out[rank] = max(out.get(rank, 0.0), values["mem-max-allocated-gigabytes"])
+    return out
+
+
 def peak_allocated_gb(text: str) -> float | None:
     """The largest ``mem-max-allocated-gigabytes`` over a log's memory lines and ranks (None: none logged)."""
-    peaks = [
-        v["mem-max-allocated-gigabytes"]
-        for ranks in parse_megatron_memory(text).values()
-        for v in ranks.values()
-        if "mem-max-allocated-gigabytes" in v
-    ]
-    return max(peaks) if peaks else None
+    return max(peak_allocated_gb_per_rank(text).values(), default=None)
 
 
 def step_records_from_log(text: str, seq_length: int) -> list[StepRecord]:

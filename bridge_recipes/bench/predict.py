@@ -91,17 +91,19 @@ def proxy_point(path: str | Path) -> ProxyPoint:
     """One proxy result file (written by ``benchmark.py --proxy-layers``)."""
     import yaml
 
+    from bridge_recipes.bench.result import read_result
+
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = read_result(path)
         result, workload, layout = doc["result"], doc["workload"], doc["layout"]
         step_s, cv = float(result["step_time_mean_s"]), float(result["step_time_cv_percent"]) / 100
         first, last = result["window"]
+        micro_batches = workload["global_batch"] // (layout["rows_per_microbatch"] * layout["dp"])
     except FileNotFoundError:
         raise PredictionError(f"{path}: no such file") from None
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
         raise PredictionError(f"{path}: not a benchmark result file ({type(exc).__name__}: {exc})") from None
-    micro_batches = workload["global_batch"] // (layout["rows_per_microbatch"] * layout["dp"])
     steps = last - first + 1
     return ProxyPoint(
         layers=_layers_of(doc),

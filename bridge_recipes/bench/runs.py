@@ -192,7 +192,7 @@ def compact_log(log_text: str) -> str:
     """The lines of a :func:`launch` log that its evidence is read from: run headers and exit
     lines, the runner's own lines, iteration, memory and timer lines, errors; runs kept from an
     earlier command appear once. Megatron's config dumps make a full log megabytes."""
-    from bridge_recipes.bench.megatron_log import _TIMER, training_iteration
+    from bridge_recipes.bench.megatron_log import is_timer_line, training_iteration
 
     out, skip = [], False
     for line in log_text.splitlines():
@@ -209,7 +209,7 @@ def compact_log(log_text: str) -> str:
             or body.startswith("[run_recipe]")
             or training_iteration(line)
             or "memory (GB)" in line
-            or _TIMER.match(line)
+            or is_timer_line(line)
             or "Error" in line
         ):
             out.append(line)
