@@ -60,23 +60,29 @@ class Log:
             f.write(line + "\n")
 
 
-def _convert(log: Log, *args: str) -> None:
+def _child(log: Log, cmd: list[str], what: str) -> None:
+    """Run ``cmd`` (offline, no torchrun variables inherited), log it and its output's tail;
+    RuntimeError naming ``what`` when it fails."""
     from bridge_recipes.hf.runner import child_env
 
-    cmd = [sys.executable, str(ROOT / "scripts/convert_checkpoint.py"), *args, "--no-progress"]
     log(f"$ {' '.join(cmd[1:])}")
     p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
     for line in (p.stdout + p.stderr).splitlines()[-25:]:
         log(f"  | {line}")
     if p.returncode != 0:
-        raise RuntimeError(f"convert_checkpoint.py {args[0]} exited {p.returncode}")
+        raise RuntimeError(f"{what} exited {p.returncode}")
+
+
+def _convert(log: Log, *args: str) -> None:
+    cmd = [sys.executable, str(ROOT / "scripts/convert_checkpoint.py"), *args, "--no-progress"]
+    _child(log, cmd, f"convert_checkpoint.py {args[0]}")
 
 
 def run(out: Path, scratch: Path) -> dict[str, Any]:
     import megatron.bridge  # noqa: F401  (before any cuDNN work)
     import torch
 
-    from bridge_recipes.hf.toy import make_toy, model_overrides
+    from bridge_recipes.hf.toy import make_toy
 
     out.mkdir(parents=True, exist_ok=True)
     scratch.mkdir(parents=True, exist_ok=True)
@@ -177,12 +183,8 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
             subprocess.run(["rm", "-rf", str(p)], check=True)
         os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
         args = [
-            "--scale-down", "4", "--scale-experts", str(specs["moe"].num_experts),
-            "-gb", "4", "--max-steps", str(FINETUNE_STEPS), "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1",
-            "--dataset", "sft-rows", f"dataset.path={ROWS}",
-            "--hf-checkpoint", str(ft_toy), "--export-hf", str(export),
-            "--save-dir", str(ckpt), "checkpoint.load=null", "checkpoint.async_save=false",
-            *model_overrides(specs["moe"]),
+            *toy_run_args(ft_toy, specs["moe"]),
+            "--export-hf", str(export), "--save-dir", str(ckpt), "checkpoint.load=null", "checkpoint.async_save=false",
         ]  # fmt: skip
         r = launch("finetune", RECIPE, args, out / "hf_finetune.log", timeout_s=900)
         losses = r.losses
@@ -242,12 +244,9 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                    str(free_port()), "-m", "bridge_recipes.hf.parity_mp", str(imported[kind]), str(toys[kind]),
                    str(out_json), "--tp", str(tp), "--ep", str(ep), "--routing", routing, "--name", name]  # fmt: skip
-            log(f"$ {' '.join(cmd[2:])}")
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            for line in (p.stdout + p.stderr).splitlines()[-10:]:
-                log(f"  | {line}")
-            if p.returncode != 0 or not out_json.exists():
-                raise RuntimeError(f"parity at TP{tp} EP{ep} exited {p.returncode}")
+            _child(log, cmd, f"parity at TP{tp} EP{ep}")
+            if not out_json.exists():
+                raise RuntimeError(f"parity at TP{tp} EP{ep} wrote no case into {out_json}")
             summary["cases"].append(json.loads(out_json.read_text()))
 
     arm("multi_gpu", multi_gpu)
@@ -313,6 +312,20 @@ def checkpoint_model_keys(iter_dir: Path) -> list[str]:
 LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
 
 
+def toy_run_args(toy: Path, spec: Any) -> list[str]:
+    """Runner arguments of a 10-step run from the HF toy ``toy`` (its architecture ``spec``): the
+    recipe scaled to the toy's 4 layers and experts, a raised learning rate, the committed SFT
+    rows, ``--hf-checkpoint``."""
+    from bridge_recipes.hf.toy import model_overrides
+
+    return [
+        "--scale-down", "4", "--scale-experts", str(spec.num_experts),
+        "-gb", "4", "--max-steps", str(FINETUNE_STEPS), "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1",
+        "--dataset", "sft-rows", f"dataset.path={ROWS}", "--hf-checkpoint", str(toy),
+        *model_overrides(spec),
+    ]  # fmt: skip
+
+
 def lora_arm(log: Log, out: Path, scratch: Path, toy: Path, spec: Any, tokens: Any) -> dict[str, Any]:
     """LoRA from the imported toy: 10 steps saving at 5 and 10 with a merged export; a second run
     killed after step 7 and restarted from its step-5 checkpoint (adapters and their optimizer
@@ -323,37 +336,26 @@ def lora_arm(log: Log, out: Path, scratch: Path, toy: Path, spec: Any, tokens: A
 
     from bridge_recipes.bench.evidence import RESUME_KILL_AFTER, RESUME_SAVE_INTERVAL, check_resume
     from bridge_recipes.bench.runs import launch
+    from bridge_recipes.saved_runs import iteration_folder
 
     os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
     full, killed_ckpt, export = scratch / "lora_ckpt", scratch / "lora_killed_ckpt", scratch / "lora_export"
     for p in (full, killed_ckpt, export):
         subprocess.run(["rm", "-rf", str(p)], check=True)
-    from bridge_recipes.hf.toy import model_overrides
-
-    base = [
-        "--scale-down", "4", "--scale-experts", str(spec.num_experts),
-        "-gb", "4", "--max-steps", str(FINETUNE_STEPS), "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1",
-        "--dataset", "sft-rows", f"dataset.path={ROWS}", "--hf-checkpoint", str(toy),
-        "--save-interval", str(RESUME_SAVE_INTERVAL), "checkpoint.async_save=false",
-        *model_overrides(spec),
-    ]  # fmt: skip
+    base = [*toy_run_args(toy, spec), "--save-interval", str(RESUME_SAVE_INTERVAL), "checkpoint.async_save=false"]
     a = launch("lora", LORA_RECIPE, [*base, "--save-dir", str(full), "--export-hf", str(export)], out / "hf_lora.log")
     info: dict[str, Any] = {"returncode": a.returncode, "seconds": round(a.seconds), "steps": len(a.losses)}
     info["losses"] = a.losses
     if a.returncode != 0:
         raise RuntimeError(f"the LoRA run exited {a.returncode}")
-    keys = checkpoint_model_keys(full / f"iter_{FINETUNE_STEPS:07d}")
+    keys = checkpoint_model_keys(iteration_folder(full, FINETUNE_STEPS))
     info["checkpoint_model_tensors"] = len(keys)
     info["checkpoint_non_adapter_tensors"] = [k for k in keys if "adapter" not in k][:10]
     same, changed = parity.identical_names(toy, export)
     info["export_vs_base"] = lora_change_report(same, changed)
 
-    from transformers import AutoModelForCausalLM
-
     def logits(folder: Path) -> Any:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32).cuda().eval()
-        with torch.no_grad():
-            return model(tokens[:2, :128]).logits.float()
+        return parity.hf_logits(parity.load_hf(folder), tokens[:2, :128])
 
     tuned, original = logits(export), logits(toy)
     info["export_loads"] = bool(torch.isfinite(tuned).all())
