@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -217,6 +218,7 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
         parity.init_single_gpu()
         for kind, recipe, routings in (("dense", DENSE_RECIPE, ["dense"]), ("moe", RECIPE, ["all_experts", "topk"])):
             hf_dir, mcore = scratch / f"real_width_{kind}", scratch / f"mcore_real_width_{kind}"
+            log(f"real width {kind}: {shutil.disk_usage(scratch).free / 2**30:.1f} GiB free in {scratch}")
             if not (hf_dir / "config.json").exists():
                 make_toy(hf_dir, kind, dtype="float32", max_shard_size="2GB", tokenizer_json=ROWS_TOKENIZER,
                          **real_width_sizes(kind))  # fmt: skip
@@ -227,6 +229,10 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
                 case["layout"] += ", the released model's widths at 4 layers"
                 summary["cases"].append(case)
                 log(parity.log_line(case))
+            # Each real-width pair is tens of GB (FP32 toy and its import): freed before the next,
+            # so both fit the host's disk.
+            for p in (hf_dir, mcore):
+                shutil.rmtree(p, ignore_errors=True)
 
     arm("real_width", real_width)
 

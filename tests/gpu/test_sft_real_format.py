@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import pytest
 from bridge_recipes import runner_args
 from bridge_recipes.bench.evidence import EVIDENCE_TRAIN_FLAGS, check_training
 from bridge_recipes.bench.runs import ROOT, launch_kept
+from bridge_recipes.data.synthetic_chat import conversations_jsonl
 
 pytestmark = pytest.mark.gpu
 
@@ -34,46 +34,10 @@ ROW = 2048
 # 10 steps x 4 rows of 2,048 tokens, each conversation ~150-400 tokens: 600 conversations fill
 # the 40 training rows with some to spare, and 10% of them make the validation rows.
 CONVERSATIONS = 600
-WORDS = "the a river city light model token layer weight data train north south quick slow".split()
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 FAMILIES = {
     "qwen35_27b": {"recipe": "qwen35_27b_sft_8gpu_h200_bf16_config", "scale_experts": None},
     "qwen35_35b_a3b": {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "scale_experts": 32},
 }
-
-
-def _text(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def conversation(rng: random.Random, i: int) -> dict:
-    city = _text(rng, 2)
-    if i % 2:  # a tool call and its result
-        return {
-            "tools": TOOLS,
-            "messages": [
-                {"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": f"What is the weather in {city}? {_text(rng, 20)}"},
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "reasoning_content": _text(rng, 30),
-                    "tool_calls": [
-                        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
-                    ],
-                },
-                {"role": "tool", "content": json.dumps({"city": city, "temperature": rng.randint(-5, 35)})},
-                {"role": "assistant", "content": _text(rng, 40)},
-            ],
-        }
-    return {
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": _text(rng, 30)}]},
-            {"role": "assistant", "reasoning_content": _text(rng, 40), "content": _text(rng, 60)},
-            {"role": "user", "content": _text(rng, 15)},
-            {"role": "assistant", "reasoning_content": _text(rng, 20), "content": _text(rng, 30)},
-        ]
-    }
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +45,8 @@ def rows() -> Path:
     from bridge_recipes.data.sft_rows import build_sft_rows
 
     SCRATCH.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
     src = SCRATCH / "chat.jsonl"
-    src.write_text("".join(json.dumps(conversation(rng, i)) + "\n" for i in range(CONVERSATIONS)))
+    src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
     out = SCRATCH / "rows"
     manifest = build_sft_rows(src, TOKENIZER, out, row_tokens=ROW, val_fraction=0.1, overwrite=True, progress=False)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -161,6 +161,7 @@ def test_compact_log_keeps_what_the_evidence_reads():
             "elapsed time per iteration (ms): 2000.0 | global batch size:     8 | lm loss: 1.0E+01 |",
             "    forward-backward ...................: (900.00, 1000.00)",
             "[Rank 0] (after 1 iterations) memory (GB) | mem-max-allocated-gigabytes: 5.0",
+            " validation loss at iteration 5 | lm loss value: 5.8E+00 | lm loss PPL: 3.3E+02 | ",
             "===== run one_gpu exit status 0 after 3 s",
             "===== run one_gpu: (kept from an earlier command) recipe args",
             " [2026-11-30 10:00:00] iteration        1/      10 | duplicate",
@@ -170,6 +171,7 @@ def test_compact_log_keeps_what_the_evidence_reads():
     assert "some_config_field" not in compact and "duplicate" not in compact
     assert compact.count("===== run one_gpu") == 2  # header and exit line, the kept copy dropped
     assert "forward-backward" in compact and "memory (GB)" in compact and "[run_recipe]" in compact
+    assert "validation loss at iteration 5" in compact
     assert list(split_runs(compact)) == ["one_gpu"]
 
 

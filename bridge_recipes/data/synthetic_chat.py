@@ -1,0 +1,60 @@
+"""Generated OpenAI-style chat conversations in the shapes real Qwen3.5/3.6 SFT data takes.
+
+Every other conversation is a tool call: a system prompt, a user question, an assistant turn with
+``reasoning_content``, ``content: None`` and a ``tool_calls`` entry, the ``tool`` result and the
+assistant's answer, with a per-conversation ``tools`` list. The others are two-turn reasoning
+chats whose first user turn has list-style content. Words come from a 16-word list, so every
+token is in the committed fixture tokenizer's vocabulary. Used by the GPU evidence (SFT on
+real-format rows, the packed training-step check) and by the row builder's tests, so they all
+read the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+WORDS = "the a river city light model token layer weight data train north south quick slow".split()
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def _text(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def conversation(rng: random.Random, i: int) -> dict[str, Any]:
+    """Conversation ``i``: a tool call and its result when ``i`` is odd, a reasoning chat when even."""
+    city = _text(rng, 2)
+    if i % 2:
+        return {
+            "tools": TOOLS,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": f"What is the weather in {city}? {_text(rng, 20)}"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "reasoning_content": _text(rng, 30),
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}
+                    ],
+                },
+                {"role": "tool", "content": json.dumps({"city": city, "temperature": rng.randint(-5, 35)})},
+                {"role": "assistant", "content": _text(rng, 40)},
+            ],
+        }
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": _text(rng, 30)}]},
+            {"role": "assistant", "reasoning_content": _text(rng, 40), "content": _text(rng, 60)},
+            {"role": "user", "content": _text(rng, 15)},
+            {"role": "assistant", "reasoning_content": _text(rng, 20), "content": _text(rng, 30)},
+        ]
+    }
+
+
+def conversations_jsonl(n: int, seed: int = 0) -> str:
+    """``n`` conversations as JSON lines, the same text for the same ``n`` and ``seed``."""
+    rng = random.Random(seed)
+    return "".join(json.dumps(conversation(rng, i)) + "\n" for i in range(n))
