@@ -7,8 +7,8 @@ error and the next one runs):
 
 1. toys: dense and MoE 4-layer checkpoints from transformers' classes (:mod:`bridge_recipes.hf.toy`),
    FP32 weights, the MoE one with the tokenizer of the committed synthetic SFT rows;
-2. round trip: ``convert_checkpoint.py import`` then ``export`` (no training) of each toy, every
-   tensor compared bit for bit with the original safetensors;
+2. round trip: ``convert_checkpoint.py import`` then ``export`` (no training) of each toy and of a
+   VL MoE toy, every tensor compared bit for bit with the original safetensors;
 3. parity: the imported Megatron checkpoint's logits against transformers' on the same tokens, FP32
    and BF16, dense / MoE with every expert routed / MoE with the real top-k (:mod:`.parity`);
 4. fine-tune and give back: ``run_recipe.py --hf-checkpoint TOY --export-hf DIR`` trains the
@@ -45,6 +45,7 @@ ROWS = ROOT / "docs/evidence/sft_rows_synthetic/rows"
 ROWS_TOKENIZER = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 DENSE_RECIPE = "qwen35_27b_sft_8gpu_h200_bf16_config"
+VL_RECIPE = "qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config"
 FINETUNE_STEPS = 10
 # The one-GPU imports loaded at two-GPU layouts (Megatron resharding them): (toy, TP, EP, routing).
 MULTI_GPU_CASES = (("dense", 2, 1, "dense"), ("moe", 2, 1, "all_experts"), ("moe", 1, 2, "all_experts"))
@@ -113,25 +114,31 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
     # and of the recipe's parameters) for the fine-tune.
     toys = {"dense": scratch / "toy_dense", "moe": scratch / "toy_moe"}
     ft_toy = scratch / "toy_moe_bf16"
+    # The VL MoE toy (transformers' Qwen3_5MoeForConditionalGeneration: the vision tower, the
+    # merger and the MoE language model) takes the round trip only: its logits need images.
+    vl_toy = scratch / "toy_vl_moe"
     specs = {}
 
     def make_toys() -> None:
         from bridge_recipes.hf.toy import toy_spec
 
-        for kind, path, dtype in (*((k, p, "float32") for k, p in toys.items()), ("moe", ft_toy, "bfloat16")):
+        made = (*((k, p, "float32", False) for k, p in toys.items()), ("moe", ft_toy, "bfloat16", False))
+        for kind, path, dtype, vl in (*made, ("moe", vl_toy, "float32", True)):
             if not (path / "config.json").exists():
-                make_toy(path, kind, dtype=dtype, tokenizer_json=ROWS_TOKENIZER)
-            specs[kind] = toy_spec(kind)
+                make_toy(path, kind, vl=vl, dtype=dtype, tokenizer_json=ROWS_TOKENIZER)
+            if not vl:
+                specs[kind] = toy_spec(kind)
             mb = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 1e6
-            log(f"toy {kind} {dtype}: {path} ({mb:.1f} MB)")
+            log(f"toy {kind}{' VL' if vl else ''} {dtype}: {path} ({mb:.1f} MB)")
 
     arm("toys", make_toys)
 
-    imported = {k: scratch / f"mcore_{k}" for k in toys}
+    imported = {k: scratch / f"mcore_{k}" for k in (*toys, "vl")}
 
     def round_trip() -> None:
-        for kind, path in toys.items():
-            recipe = RECIPE if kind == "moe" else DENSE_RECIPE
+        recipes = {"dense": DENSE_RECIPE, "moe": RECIPE, "vl": VL_RECIPE}
+        for kind, path in {**toys, "vl": vl_toy}.items():
+            recipe = recipes[kind]
             _convert(
                 log,
                 "import",

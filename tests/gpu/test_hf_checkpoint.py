@@ -38,7 +38,7 @@ def summary():
 
 
 def test_round_trip_is_bit_identical(summary):
-    assert set(summary["round_trip"]) == {"dense", "moe"}
+    assert set(summary["round_trip"]) == {"dense", "moe", "vl"}
     for kind, result in summary["round_trip"].items():
         assert result["bit_identical"], (kind, result)
 

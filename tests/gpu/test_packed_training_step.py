@@ -21,6 +21,7 @@ Writes ``$OUT/packed_training_step.json``.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -279,3 +280,66 @@ def test_pipeline_step_through_boundaries_is_finite(batches, family, variant):
     print(json.dumps(result, default=str))
     assert result["error"] is None, result
     assert result["nonfinite_main_grads"] == 0, result
+
+
+# The runner itself on the SFT real-format evidence's rows (the 35B-A3B, 3 steps each), where the
+# NaN gradient was seen: as it ran, without the bucket NaN check (does the loss itself go NaN, what
+# grad norm does step 1 report), with the experts as separate GEMMs instead of grouped ones, and on
+# the same conversations packed EOS-joined (no boundaries). Each: (packing, overrides).
+RUNNER_VARIANTS = {
+    "runner_no_nan_check": ("boundaries", ["ddp.check_for_nan_in_grad=false"]),
+    "runner_sequential_experts": ("boundaries", ["model.moe_grouped_gemm=false"]),
+    "runner_eos_joined": ("eos_joined", []),
+}
+RUNNER_STEPS = 3
+NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
+
+
+@pytest.fixture(scope="module")
+def evidence_rows(tmp_path_factory):
+    from bridge_recipes.data.sft_rows import build_sft_rows
+
+    tmp = tmp_path_factory.mktemp("runner_rows")
+    src = tmp / "chat.jsonl"
+    src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
+    rows = {}
+    for packing in ("boundaries", "eos_joined"):
+        build_sft_rows(src, TOKENIZER, tmp / packing, row_tokens=ROW, val_fraction=VAL_FRACTION, packing=packing)
+        rows[packing] = tmp / packing
+    return rows
+
+
+@pytest.mark.parametrize("variant", list(RUNNER_VARIANTS))
+def test_runner_first_steps_on_real_format_rows(evidence_rows, variant):
+    from bridge_recipes import runner_args
+    from bridge_recipes.bench.evidence import EVIDENCE_TRAIN_FLAGS
+    from bridge_recipes.bench.runs import launch
+
+    packing, overrides = RUNNER_VARIANTS[variant]
+    recipe, experts = FAMILIES["qwen35_35b_a3b"]
+    args = runner_args(
+        scale_down=4,
+        scale_experts=experts,
+        dataset="sft-rows",
+        flags={**EVIDENCE_TRAIN_FLAGS, "mb": 1, "sl": ROW, "max_steps": RUNNER_STEPS},
+        overrides=[f"dataset.path={evidence_rows[packing]}", *NO_SAVE, *overrides],
+    )
+    OUT.mkdir(parents=True, exist_ok=True)
+    run = launch(variant, recipe, args, OUT / "packed_training_step_runner.log", timeout_s=900)
+    result = {
+        "family": "qwen35_35b_a3b",
+        "variant": variant,
+        "packing": packing,
+        "overrides": overrides,
+        "returncode": run.returncode,
+        "nan_check_fired": "found NaN in local grad norm" in run.log,
+        "losses": run.losses,
+        "grad_norms": {it.step: it.grad_norm for it in run.iterations},
+    }
+    report = OUT / "packed_training_step.json"
+    old = json.loads(report.read_text()) if report.exists() else {}
+    old[f"qwen35_35b_a3b/{variant}"] = result
+    report.write_text(json.dumps(old, indent=1, default=str) + "\n")
+    print(json.dumps(result, default=str))
+    assert run.returncode == 0 and not result["nan_check_fired"], result
+    assert all(math.isfinite(v) for v in run.losses.values()) and len(run.losses) == RUNNER_STEPS, result
