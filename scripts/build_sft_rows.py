@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--packing",
         choices=sft_rows.PACKING_MODES,
         default=sft_rows.DEFAULT_PACKING,
-        help="boundaries: whole conversations with their boundaries (default); eos_joined: the benchmark workload",
+        help="boundaries: whole conversations with their boundaries (default); one_per_row: one conversation "
+        "per padded row, no boundaries needed; eos_joined: the benchmark workload",
     )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")

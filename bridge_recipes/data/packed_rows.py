@@ -18,7 +18,8 @@ convolution and recurrence, rotary positions and the MTP label shift all restart
 conversation (docs/sft_data.md gives the Megatron-Core source lines). The config then reports
 itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge enforces a
 micro batch of 1 and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
-(the benchmark workload) carry no boundaries; positions run 0..L-1 over the row.
+(the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
+boundaries; positions run 0..L-1 over the row.
 
 Rows are read in file order; the builder already permuted the conversations with its seed, and
 epochs repeat that order, so runs are reproducible and resumable by sample index. A ``val/``
@@ -196,24 +197,24 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         if cfg.train.micro_batch_size != 1:
             errors.append(
                 f"rows in {d.path} carry conversation boundaries (packed THD), which take one row per micro batch; "
-                f"set -mb 1 (micro batch {cfg.train.micro_batch_size}) or build --packing eos_joined rows"
+                f"set -mb 1 (micro batch {cfg.train.micro_batch_size}) or build --packing one_per_row rows"
             )
         if (m.context_parallel_size or 1) > 1:
             errors.append(
                 f"rows in {d.path} carry conversation boundaries; context parallelism splits each conversation and "
                 "needs every conversation length divisible by 2 x CP, which packed rows do not guarantee: "
-                "set --cp 1 or build --packing eos_joined rows"
+                "set --cp 1 or build --packing one_per_row rows"
             )
         if getattr(m, "cuda_graph_impl", "none") not in (None, "none"):
             errors.append(
                 f"rows in {d.path} carry conversation boundaries, whose cu_seqlens change shape from row to row; "
-                "CUDA graphs need fixed shapes: set model.cuda_graph_impl=none or build --packing eos_joined rows"
+                "CUDA graphs need fixed shapes: set model.cuda_graph_impl=none or build --packing one_per_row rows"
             )
         if getattr(m, "deterministic_mode", False):
             errors.append(
                 "Megatron-Core's Gated DeltaNet refuses packed sequences in deterministic mode "
                 "(its torch fallback takes no cu_seqlens): set model.deterministic_mode=false or build "
-                "--packing eos_joined rows"
+                "--packing one_per_row rows"
             )
     return errors, warnings
 

@@ -8,6 +8,12 @@ packed-sequence (THD) parameters, so attention, the Gated DeltaNet recurrence, t
 and the positions restart at each conversation. A conversation longer than a row is skipped
 and counted (``longer_than_row``), never cut.
 
+``one_per_row``: one whole conversation per row, the rest padding (mask 0), no boundaries
+recorded. The padding follows the conversation, so causal attention and the Gated DeltaNet
+recurrence already keep it alone: it trains through the standard (non-THD) path, with any micro
+batch, context parallelism or CUDA graphs, at the cost of the padding (a row per conversation).
+A conversation longer than a row is skipped and counted, as in ``boundaries``.
+
 ``eos_joined`` (the OpenRecipes benchmark workload, kept so published comparisons stay like for
 like): conversations joined with one EOS between consecutive ones and cut into consecutive
 rows; no padding, and a conversation sees the ones before it in its row.
@@ -19,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-PACKING_MODES = ("boundaries", "eos_joined")
+PACKING_MODES = ("boundaries", "one_per_row", "eos_joined")
 OPEN_ROWS = 8  # rows kept open for first-fit placement in boundaries mode
 
 
@@ -154,3 +160,25 @@ class BoundaryPacker:
             row.cu.append(self.row_tokens)
             self.padding_tokens += pad
         return Row(np.concatenate(row.ids), np.concatenate(row.mask), np.asarray(row.cu, dtype=np.int32), pad)
+
+
+class OnePerRowPacker(BoundaryPacker):
+    """One whole conversation per row, padded with ``pad_id`` (mask 0); rows carry no boundaries."""
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> list[Row]:
+        super().add(ids, mask)  # the only open row, closed at once
+        return self.finish()
+
+    def _close(self, row: _OpenRow) -> Row:
+        return super()._close(row)._replace(cu=None)
+
+
+def packer_for(packing: str, row_tokens: int, eos_id: int, supervise_eos: bool = False):
+    """The packer of a mode of ``PACKING_MODES`` (padding and EOS separators are ``eos_id``)."""
+    if packing == "boundaries":
+        return BoundaryPacker(row_tokens, eos_id)
+    if packing == "one_per_row":
+        return OnePerRowPacker(row_tokens, eos_id, open_rows=1)
+    if packing == "eos_joined":
+        return RowPacker(row_tokens, eos_id, supervise_eos)
+    raise ValueError(f"packing {packing!r} is not one of {', '.join(PACKING_MODES)}")

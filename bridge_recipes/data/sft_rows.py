@@ -9,6 +9,7 @@
    (``chat_render``) and tokenize it, with a loss mask.
 4. Pack them into rows of exactly ``row_tokens`` tokens (``packing``): ``boundaries`` places
    whole conversations and records where each starts (``cu_seqlens``), padding the rest;
+   ``one_per_row`` places one conversation per row, padded, with no boundaries to pass;
    ``eos_joined`` (the OpenRecipes workload ``qwen35-tulu3-fixed8192-v1``: seed 42,
    8,192-token rows, 0 padding tokens) joins them with one EOS between consecutive ones and
    cuts the stream, dropping the final partial row. Rows without a supervised token are
@@ -28,7 +29,7 @@ counted as ``conversations.blank_lines``).
 Counts in the manifest obey ``stream_tokens + padding_tokens == (rows +
 rows_skipped_without_targets) * row_tokens + tail_tokens_dropped``: ``stream_tokens`` counts
 every token of the used conversations and EOS separators that were produced,
-``padding_tokens`` the padding of boundaries rows, ``tail_tokens_dropped`` the ones in no row
+``padding_tokens`` the padding of boundaries and one_per_row rows, ``tail_tokens_dropped`` the ones in no row
 (the final partial row of eos_joined rows, or, when ``max_rows`` stopped the build, what was
 read but not written). ``conversations`` holds ``indexed`` (in the source), ``read``, ``used``,
 ``skipped`` (by reason), ``skipped_total``, ``skipped_examples`` and ``blank_lines``.
@@ -90,7 +91,7 @@ from bridge_recipes.data.integrity import (  # noqa: F401
     parquet_rows_sha256,
     update_rows_hash,
 )
-from bridge_recipes.data.packing import PACKING_MODES, BoundaryPacker, RowPacker  # noqa: F401
+from bridge_recipes.data.packing import PACKING_MODES, BoundaryPacker, RowPacker, packer_for  # noqa: F401
 from bridge_recipes.data.row_writer import (
     PARQUET_COMPRESSION,
     ROWS_PER_BATCH,
@@ -216,7 +217,9 @@ def build_sft_rows(
     if val_fraction and val_input is not None:
         raise SftRowsError("give either a validation fraction or a validation input, not both")
     if supervise_eos and packing != "eos_joined":
-        raise SftRowsError("supervise_eos applies to eos_joined rows (boundaries rows have no EOS separators)")
+        raise SftRowsError(
+            f"supervise_eos applies to eos_joined rows ({packing} rows have no EOS separators between conversations)"
+        )
     source = str(source)
     kind = source_kind(source)
     val_kind = source_kind(str(val_input)) if val_input is not None else None
@@ -344,7 +347,7 @@ def _pack_and_write(
 ) -> dict:
     """Conversations in ``order`` -> rendered -> packed -> written. Returns the counts."""
     boundaries = packing == "boundaries"
-    packer = BoundaryPacker(row_tokens, eos_id) if boundaries else RowPacker(row_tokens, eos_id, supervise_eos)
+    packer = packer_for(packing, row_tokens, eos_id, supervise_eos)
     writer = RowWriter(path, row_tokens, rows_per_batch, boundaries=boundaries)
     read, skipped, examples, rows_without_targets = 0, Counter(), [], 0
     padding = 0  # in the rows written or skipped without targets

@@ -285,11 +285,12 @@ def test_pipeline_step_through_boundaries_is_finite(batches, family, variant):
 # The runner itself on the SFT real-format evidence's rows (the 35B-A3B, 3 steps each), where the
 # NaN gradient was seen: as it ran, without the bucket NaN check (does the loss itself go NaN, what
 # grad norm does step 1 report), with the experts as separate GEMMs instead of grouped ones, and on
-# the same conversations packed EOS-joined (no boundaries). Each: (packing, overrides).
+# the same conversations one per padded row (no boundaries needed: the standard path, and the
+# correct mode should packed THD rows not train). Each: (packing, overrides).
 RUNNER_VARIANTS = {
     "runner_no_nan_check": ("boundaries", ["ddp.check_for_nan_in_grad=false"]),
     "runner_sequential_experts": ("boundaries", ["model.moe_grouped_gemm=false"]),
-    "runner_eos_joined": ("eos_joined", []),
+    "runner_one_per_row": ("one_per_row", []),
 }
 RUNNER_STEPS = 3
 NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
@@ -303,7 +304,7 @@ def evidence_rows(tmp_path_factory):
     src = tmp / "chat.jsonl"
     src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
     rows = {}
-    for packing in ("boundaries", "eos_joined"):
+    for packing in ("boundaries", "one_per_row"):
         build_sft_rows(src, TOKENIZER, tmp / packing, row_tokens=ROW, val_fraction=VAL_FRACTION, packing=packing)
         rows[packing] = tmp / packing
     return rows

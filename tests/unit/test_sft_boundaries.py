@@ -1,4 +1,5 @@
-"""Boundaries rows: whole conversations with cu_seqlens, and the packed-sequence keys the dataset returns."""
+"""Boundaries rows: whole conversations with cu_seqlens, and the packed-sequence keys the dataset returns;
+one_per_row rows: one conversation per padded row, on the standard path."""
 
 from __future__ import annotations
 
@@ -150,7 +151,7 @@ def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
     ]
     for kw, fix in cases:
         errors, _ = dry_run_problems(_Cfg(out, **kw))
-        assert len(errors) == 1 and fix in errors[0] and "--packing eos_joined" in errors[0]
+        assert len(errors) == 1 and fix in errors[0] and "--packing one_per_row" in errors[0]
 
 
 def test_eos_joined_template_rows_are_the_benchmark_layout(tmp_path):
@@ -168,3 +169,47 @@ def test_eos_joined_template_rows_are_the_benchmark_layout(tmp_path):
     assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
     with pytest.raises(SftRowsError, match="supervise_eos applies to eos_joined rows"):
         build_sft_rows(src, TOKENIZER, tmp_path / "b", row_tokens=ROW, supervise_eos=True, progress=False)
+
+
+def test_one_per_row_packer_closes_each_conversation_into_its_own_padded_row():
+    from bridge_recipes.data.packing import packer_for
+
+    p = packer_for("one_per_row", row_tokens=10, eos_id=0)
+    (a,) = p.add(np.arange(1, 7), np.ones(6))
+    (b,) = p.add(np.arange(1, 4), np.ones(3))  # would fit beside the first; gets a row of its own
+    assert a.ids.tolist() == [1, 2, 3, 4, 5, 6, 0, 0, 0, 0] and a.mask.tolist() == [1] * 6 + [0] * 4
+    assert a.cu is None and a.padding == 4 and b.padding == 7 and p.finish() == []
+    assert p.padding_tokens == 11 and p.stream_tokens == 9 and p.conversations == 2
+    assert not p.fits(11)
+    with pytest.raises(ValueError, match="not one of"):
+        packer_for("two_per_row", 10, 0)
+
+
+def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(built, tmp_path):
+    _, convs, _ = built
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in convs))
+    m = build_sft_rows(src, TOKENIZER, tmp_path / "one", row_tokens=ROW, packing="one_per_row", progress=False)
+    assert m["packing"] == "one_per_row" and m["rows"] == m["conversations"]["used"] == 40
+    assert m["conversations"]["skipped"] == {"longer_than_row": 1}
+    assert m["stream_tokens"] + m["padding_tokens"] == m["rows"] * ROW and m["tail_tokens_dropped"] == 0
+    r = TemplateRenderer(TOKENIZER)
+    rendered = {tuple(r.render(c["messages"])[0].tolist()) for c in convs[:40]}
+    table = pq.read_table(tmp_path / "one" / "rows.parquet")
+    assert "cu_seqlens" not in table.column_names
+    placed = []
+    for ids, mask in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()):
+        (conv,) = [c for c in rendered if tuple(ids[: len(c)]) == c]  # one conversation from position 0,
+        assert set(ids[len(conv) :]) == {m["eos_token_id"]} and not any(mask[len(conv) :])  # then padding
+        placed.append(conv)
+    assert set(placed) == rendered
+    cfg = PackedSFTRowsConfig(path=str(tmp_path / "one"), seq_length=ROW)
+    assert not cfg.enable_offline_packing  # the standard path: any micro batch, CP, CUDA graphs
+    sample = PackedRowsDataset(tmp_path / "one", ROW, 1)[0]
+    assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
+    for mbs, cp, graphs in ((2, 1, "none"), (1, 2, "none"), (1, 1, "transformer_engine")):
+        assert dry_run_problems(_Cfg(tmp_path / "one", mbs=mbs, cp=cp, graphs=graphs))[0] == []
+    from bridge_recipes.data.conversations import SftRowsError
+
+    with pytest.raises(SftRowsError, match="one_per_row rows have no EOS separators"):
+        build_sft_rows(src, TOKENIZER, tmp_path / "x", row_tokens=ROW, packing="one_per_row", supervise_eos=True)
