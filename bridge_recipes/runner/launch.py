@@ -98,11 +98,12 @@ def prepare_for_registry_install(cfg: Any) -> None:
 
 
 def forward_step_for(cfg: Any) -> Callable:
-    """VL models feed images through vlm_step; text models use gpt_step."""
+    """VL models feed images through vlm_step; text models use gpt_step's step with the loss mask
+    also given to the model, so their MTP loss counts only supervised tokens (bridge_recipes.train_step)."""
     if is_vlm(cfg):
         from megatron.bridge.training.vlm_step import forward_step
     else:
-        from megatron.bridge.training.gpt_step import forward_step
+        from bridge_recipes.train_step import forward_step
     return forward_step
 
 

@@ -67,7 +67,7 @@ def test_flash_attention_falls_back_without_flash_attn(smoke, monkeypatch):
 def test_forward_step_by_model_kind(smoke):
     from bridge_recipes.common import vlm_pretrain_config
 
-    assert launch.forward_step_for(smoke).__module__ == "megatron.bridge.training.gpt_step"
+    assert launch.forward_step_for(smoke).__module__ == "bridge_recipes.train_step"
     vl = vlm_pretrain_config("qwen35_vl_35b_a3b")
     assert launch.forward_step_for(vl).__module__ == "megatron.bridge.training.vlm_step"
 
