@@ -275,8 +275,18 @@ def build_sft_rows(
             (stage / VAL_DIR).mkdir()
             val_stats = _pack_and_write(val_reader, val_order, stage / VAL_DIR / ROWS_FILE, None, **settings)
             if val_stats["rows"] == 0:
+                conv = val_stats["conversations"]
+                skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
                 raise SftRowsError(
-                    f"the validation split gave no rows ({val_stats['conversations']['used']} conversations)"
+                    f"the validation split gave no rows: {conv['read']} conversation(s) read, {conv['used']} used"
+                    + (f", skipped: {skipped}" if skipped else "")
+                    + f", {val_stats['stream_tokens']} tokens; "
+                    + (
+                        f"give a --val-input with usable conversations (now {val_input})"
+                        if val_input is not None
+                        else f"raise --val-fraction (now {val_fraction}) or give --val-input"
+                    )
+                    + (", or fix the skipped conversations" if skipped else "")
                 )
             validation = _manifest(
                 base, val_source, val_reader, val_stats, stage / VAL_DIR / ROWS_FILE, None, "validation"

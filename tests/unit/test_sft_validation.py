@@ -69,6 +69,23 @@ def test_bad_validation_settings_are_refused(tmp_path, kw, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_validation_split_without_rows_says_why_and_the_fix(tmp_path):
+    src = write_convs(tmp_path / "c.jsonl", 30)
+    held = tmp_path / "v.jsonl"
+    held.write_text(json.dumps({"messages": [{"role": "user", "content": [1, 2]}]}) + "\n")
+    with pytest.raises(SftRowsError) as e:
+        build(src, tmp_path / "out", val_input=held)
+    msg = str(e.value)
+    assert "1 conversation(s) read, 0 used, skipped: 1 " in msg
+    assert f"give a --val-input with usable conversations (now {held})" in msg and "fix the skipped" in msg
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    # one held-out conversation of ~30 tokens fills no 4,096-token EOS-joined row
+    with pytest.raises(SftRowsError, match=r"raise --val-fraction \(now 0.01\) or give --val-input$"):
+        build_sft_rows(
+            src, TOKENIZER, tmp_path / "out2", row_tokens=4096, packing="eos_joined", val_fraction=0.01, progress=False
+        )
+
+
 def test_provider_returns_the_validation_rows_when_asked(tmp_path):
     from megatron.bridge.data.base import DatasetBuildContext
 
