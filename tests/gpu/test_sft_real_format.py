@@ -7,8 +7,9 @@ The rows are built by the row builder's library from generated OpenAI-style conv
 (system, user, assistant with ``reasoning_content``, assistant tool calls with ``content: null``,
 ``tool`` results, a per-conversation ``tools`` list) with the committed fixture tokenizer and
 its Qwen3.5-style template, in ``boundaries`` mode, 2,048-token rows, a 10% validation split.
-The 27B and 35B-A3B SFT policies, scaled to 4 layers, train 10 steps on them with a validation
-pass every 5 steps: the loss must fall (``bench.evidence.check_training``) and a validation loss
+The 27B and 35B-A3B SFT policies, scaled to 4 layers, train 10 steps on them (and the 35B-A3B
+also on the same conversations built one per padded row, ``--packing one_per_row``) with a
+validation pass every 5 steps: the loss must fall (``bench.evidence.check_training``) and a validation loss
 must be reported. Logs and ``sft_real_format.json`` go to $OUT.
 """
 
@@ -38,26 +39,49 @@ FAMILIES = {
     "qwen35_27b": {"recipe": "qwen35_27b_sft_8gpu_h200_bf16_config", "scale_experts": None},
     "qwen35_35b_a3b": {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "scale_experts": 32},
 }
+# The same conversations one per padded row (no boundaries needed): the 35B-A3B on the standard
+# path, the mode offered where boundaries rows cannot go.
+ONE_PER_ROW = {"qwen35_35b_a3b_one_per_row": "qwen35_35b_a3b"}
 
 
-@pytest.fixture(scope="module")
-def rows() -> Path:
+def build_rows(packing: str) -> Path:
     from bridge_recipes.data.sft_rows import build_sft_rows
 
     SCRATCH.mkdir(parents=True, exist_ok=True)
     src = SCRATCH / "chat.jsonl"
     src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
-    out = SCRATCH / "rows"
-    manifest = build_sft_rows(src, TOKENIZER, out, row_tokens=ROW, val_fraction=0.1, overwrite=True, progress=False)
+    out = SCRATCH / ("rows" if packing == "boundaries" else f"rows_{packing}")
+    manifest = build_sft_rows(
+        src, TOKENIZER, out, row_tokens=ROW, val_fraction=0.1, packing=packing, overwrite=True, progress=False
+    )
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "sft_real_format_manifest.json").write_text(json.dumps(manifest, indent=1, default=str))
+    name = "sft_real_format_manifest" + ("" if packing == "boundaries" else f"_{packing}")
+    (OUT / f"{name}.json").write_text(json.dumps(manifest, indent=1, default=str))
     assert manifest["conversations"]["skipped_total"] == 0, manifest["conversations"]
     return out
 
 
+@pytest.fixture(scope="module")
+def rows() -> Path:
+    return build_rows("boundaries")
+
+
+@pytest.fixture(scope="module")
+def rows_one_per_row() -> Path:
+    return build_rows("one_per_row")
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_trains_with_boundaries_and_reports_validation_loss(rows, family):
-    spec = FAMILIES[family]
+    train_and_report(rows, family, FAMILIES[family])
+
+
+@pytest.mark.parametrize("name", list(ONE_PER_ROW))
+def test_35b_trains_one_conversation_per_row_and_reports_validation_loss(rows_one_per_row, name):
+    train_and_report(rows_one_per_row, name, FAMILIES[ONE_PER_ROW[name]])
+
+
+def train_and_report(rows: Path, family: str, spec: dict) -> None:
     request = {
         "scale_down": 4,
         "scale_experts": spec["scale_experts"],
