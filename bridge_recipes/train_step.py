@@ -15,7 +15,7 @@ parallelism) goes to the model as ``loss_mask``, and Megatron-Core rolls it with
 conversation by conversation in packed rows. The LM loss is unchanged.
 
 Models without MTP, and the schedule-plan path (which already passes the mask), take
-Megatron-Bridge's step as it is.
+Megatron-Bridge's step as it is; the VL recipes' ``vlm_step`` passes the mask itself.
 """
 
 from __future__ import annotations
