@@ -52,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     toy.add_argument("--family", choices=("moe", "dense"), default="moe")
     toy.add_argument("--vl", action="store_true", help="the vision-language form")
     toy.add_argument("--seed", type=int, default=0)
-    toy.add_argument("--tokenizer-json", help="tokenizer.json to ship (default: a small byte BPE trained here)")
+    toy.add_argument(
+        "--tokenizer-json",
+        help="tokenizer.json to ship, with the chat_template.jinja beside it if there is one "
+        "(default: a small byte BPE trained here, no chat template)",
+    )
     toy.add_argument("--out", required=True, metavar="DIR")
     toy.add_argument("--overwrite", action="store_true")
     return p

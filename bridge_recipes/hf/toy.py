@@ -79,7 +79,9 @@ def recipe_spec_of(toy: Qwen35Spec) -> Qwen35Spec:
 
 def save_tokenizer(out: str | Path, tokenizer_json: str | Path | None = None) -> None:
     """tokenizer.json + tokenizer_config.json in ``out``: a copy of ``tokenizer_json`` or a byte BPE
-    of 1,024 tokens trained here (deterministic) on a fixed text."""
+    of 1,024 tokens trained here (deterministic) on a fixed text. A ``chat_template.jinja`` beside
+    ``tokenizer_json`` is copied too (the fixture tokenizer's Qwen3.5-style template), so rows can
+    be built from the toy folder with its own template."""
     from transformers import PreTrainedTokenizerFast
 
     out = Path(out)
@@ -98,6 +100,9 @@ def save_tokenizer(out: str | Path, tokenizer_json: str | Path | None = None) ->
         # save_pretrained re-serializes tokenizer.json; the given file's own bytes keep the rows
         # built with it usable (their manifest pins its sha256)
         shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+        template = Path(tokenizer_json).parent / "chat_template.jinja"
+        if template.is_file():
+            shutil.copyfile(template, out / "chat_template.jinja")
 
 
 def make_toy(

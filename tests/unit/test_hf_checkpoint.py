@@ -465,3 +465,35 @@ def test_lora_settings_read_back_from_a_peft_recipes_saved_config(tmp_path):
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("10")
     lora = ck.lora_from_settings(ck.lora_settings(tmp_path))
     assert (lora.dim, lora.alpha, list(lora.target_modules)) == (cfg.peft.dim, cfg.peft.alpha, list(LORA_TARGETS))
+
+
+def test_toy_with_the_fixture_tokenizer_builds_rows_with_its_own_template(tmp_path):
+    """The offline road from a toy folder: its tokenizer and chat template render reasoning and
+    tool-call conversations into rows, nothing skipped, and the dry run of the SFT recipe accepts
+    the toy as --hf-checkpoint with its model.* overrides and those rows."""
+    import contextlib
+    import io
+
+    from bridge_recipes.data.sft_rows import build_sft_rows
+    from bridge_recipes.data.synthetic_chat import conversations_jsonl
+    from bridge_recipes.hf.toy import model_overrides
+    from bridge_recipes.runner.cli import main as run_main
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
+    toy = tmp_path / "toy"
+    spec = make_toy(toy, "moe", tokenizer_json=fixture / "tokenizer.json", **TINY, **TINY_MOE)
+    assert (toy / "chat_template.jinja").read_bytes() == (fixture / "chat_template.jinja").read_bytes()
+    src = tmp_path / "chat.jsonl"
+    src.write_text(conversations_jsonl(40, seed=0))
+    m = build_sft_rows(src, toy, tmp_path / "rows", row_tokens=1024, val_fraction=0.1, progress=False)
+    assert m["conversations"]["skipped_total"] == 0 and m["chat_format"].startswith("chat_template")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = run_main(
+            [
+                "--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "--scale-down", "4",
+                "--scale-experts", str(spec.num_experts), "--dataset", "sft-rows", "-sl", "1024", "-gb", "4",
+                "--hf-checkpoint", str(toy), f"dataset.path={tmp_path / 'rows'}", *model_overrides(spec), "--dry-run",
+            ]
+        )  # fmt: skip
+    assert rc == 0, out.getvalue()[-2000:]
