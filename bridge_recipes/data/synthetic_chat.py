@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 WORDS = "the a river city light model token layer weight data train north south quick slow".split()
@@ -58,3 +59,33 @@ def conversations_jsonl(n: int, seed: int = 0) -> str:
     """``n`` conversations as JSON lines, the same text for the same ``n`` and ``seed``."""
     rng = random.Random(seed)
     return "".join(json.dumps(conversation(rng, i)) + "\n" for i in range(n))
+
+
+# The real-format SFT evidence's rows: 10 steps x 4 rows of 2,048 tokens, each conversation
+# ~150-400 tokens, so 600 conversations fill the 40 training rows with some to spare, and 10% of
+# them make the validation rows.
+EVIDENCE_CONVERSATIONS = 600
+EVIDENCE_ROW_TOKENS = 2048
+EVIDENCE_VAL_FRACTION = 0.1
+
+
+def build_evidence_rows(out: str | Path, tokenizer: str | Path, packing: str = "boundaries") -> dict[str, Any]:
+    """Write the evidence's conversations to ``out``'s parent as ``chat.jsonl`` and build them into
+    rows in ``out`` (replacing it) with ``packing``; returns the manifest. One definition for the
+    GPU tests that train on these rows, so their first steps read the same rows."""
+    from bridge_recipes.data.sft_rows import build_sft_rows
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.parent / "chat.jsonl"
+    src.write_text(conversations_jsonl(EVIDENCE_CONVERSATIONS, seed=0))
+    return build_sft_rows(
+        src,
+        tokenizer,
+        out,
+        row_tokens=EVIDENCE_ROW_TOKENS,
+        val_fraction=EVIDENCE_VAL_FRACTION,
+        packing=packing,
+        overwrite=True,
+        progress=False,
+    )

@@ -27,19 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.data.synthetic_chat import conversations_jsonl
+from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows
 
 pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 OUT = Path(os.environ.get("OUT") or REPO / "gpu-out")
-ROW = 2048
+ROW = EVIDENCE_ROW_TOKENS  # the SFT real-format evidence's rows, whose first four are its first step's
 MICRO_BATCHES = 4  # the evidence runs' global batch: 4 rows of 2,048 tokens, one per micro batch
-# The SFT real-format evidence's rows (600 conversations, 10% held out), whose first four training
-# rows are its first step's.
-CONVERSATIONS = 600
-VAL_FRACTION = 0.1
 FAMILIES = {
     "qwen35_35b_a3b": ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", 32),
     "qwen35_27b": ("qwen35_27b_sft_8gpu_h200_bf16_config", None),
@@ -67,20 +63,55 @@ PIPELINE_CASES = [("qwen35_35b_a3b", v) for v in PIPELINE_VARIANTS] + [("qwen35_
 
 
 @pytest.fixture(scope="module")
-def batches(tmp_path_factory):
+def evidence_rows(tmp_path_factory):
+    """The evidence's rows in a packing mode, built once per mode on first use."""
+    tmp = tmp_path_factory.mktemp("evidence_rows")
+    built: dict[str, Path] = {}
+
+    def rows(packing: str) -> Path:
+        if packing not in built:
+            build_evidence_rows(tmp / packing, TOKENIZER, packing)
+            built[packing] = tmp / packing
+        return built[packing]
+
+    return rows
+
+
+def record(key: str, result: dict) -> None:
+    """Add ``result`` under ``key`` to $OUT/packed_training_step.json and print it."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    report = OUT / "packed_training_step.json"
+    old = json.loads(report.read_text()) if report.exists() else {}
+    old[key] = result
+    report.write_text(json.dumps(old, indent=1, default=str) + "\n")
+    print(json.dumps(result, default=str))
+
+
+def forward(model, batch, meta, packed: bool):
+    """The model called as gpt_step calls it: per-token losses, no loss_mask argument."""
+    import torch
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    return model(
+        input_ids=batch["tokens"].cuda(),
+        position_ids=batch["position_ids"].cuda() if packed else torch.arange(ROW, device="cuda")[None],
+        attention_mask=None,
+        labels=batch["labels"].cuda(),
+        packed_seq_params=get_packed_seq_params(dict(meta)) if packed else None,
+    )
+
+
+@pytest.fixture(scope="module")
+def batches(evidence_rows):
     import torch.utils.data
     from megatron.bridge.training.gpt_step import _packed_metadata_for_forward
 
     from bridge_recipes.data.packed_rows import PackedRowsDataset
-    from bridge_recipes.data.sft_rows import build_sft_rows
     from bridge_recipes.hf.parity import init_single_gpu
 
     init_single_gpu()
-    tmp = tmp_path_factory.mktemp("packed_step")
-    src = tmp / "chat.jsonl"
-    src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
-    build_sft_rows(src, TOKENIZER, tmp / "rows", row_tokens=ROW, val_fraction=VAL_FRACTION, progress=False)
-    loader = torch.utils.data.DataLoader(PackedRowsDataset(tmp / "rows", ROW, MICRO_BATCHES), batch_size=1)
+    rows = evidence_rows("boundaries")
+    loader = torch.utils.data.DataLoader(PackedRowsDataset(rows, ROW, MICRO_BATCHES), batch_size=1)
     out = []
     for batch, _ in zip(loader, range(MICRO_BATCHES)):
         meta = {k: (v.cuda() if k.startswith("cu_") else v) for k, v in _packed_metadata_for_forward(batch).items()}
@@ -134,19 +165,12 @@ def first_nonfinite_forward(model) -> tuple[list[str], list]:
 
 def training_step(model, batches, packed: bool) -> dict:
     import torch
-    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
 
     seen, handles = first_nonfinite_forward(model)
     losses = []
     try:
         for batch, meta in batches:
-            out = model(
-                input_ids=batch["tokens"].cuda(),
-                position_ids=batch["position_ids"].cuda() if packed else torch.arange(ROW, device="cuda")[None],
-                attention_mask=None,
-                labels=batch["labels"].cuda(),
-                packed_seq_params=get_packed_seq_params(dict(meta)) if packed else None,
-            )
+            out = forward(model, batch, meta, packed)
             loss = (out.float().view(-1) * batch["loss_mask"].cuda().float().view(-1)).sum()
             losses.append(float(loss))
             loss.backward()
@@ -176,12 +200,7 @@ def test_training_step_through_boundaries_is_finite(batches, family, variant):
     result.update(training_step(model, batches, packed))
     del model
     torch.cuda.empty_cache()
-    OUT.mkdir(parents=True, exist_ok=True)
-    report = OUT / "packed_training_step.json"
-    old = json.loads(report.read_text()) if report.exists() else {}
-    old[f"{family}/{variant}"] = result
-    report.write_text(json.dumps(old, indent=1, default=str) + "\n")
-    print(json.dumps(result, default=str))
+    record(f"{family}/{variant}", result)
     assert all(map(lambda x: x == x and abs(x) != float("inf"), result["losses"])), result
     assert result["nonfinite_grads"] == 0, result
 
@@ -191,7 +210,6 @@ def pipeline_step(recipe: str, experts: int | None, ddp_changes: dict, batches, 
     from functools import partial
 
     import torch
-    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -220,14 +238,7 @@ def pipeline_step(recipe: str, experts: int | None, ddp_changes: dict, batches, 
 
     def forward_step(data_iterator, model):
         batch, meta = next(data_iterator)
-        out = model(
-            input_ids=batch["tokens"].cuda(),
-            position_ids=batch["position_ids"].cuda() if packed else torch.arange(ROW, device="cuda")[None],
-            attention_mask=None,
-            labels=batch["labels"].cuda(),
-            packed_seq_params=get_packed_seq_params(dict(meta)) if packed else None,
-        )
-        return out, partial(loss_func, batch["loss_mask"].cuda())
+        return forward(model, batch, meta, packed), partial(loss_func, batch["loss_mask"].cuda())
 
     error = None
     try:
@@ -272,12 +283,7 @@ def test_pipeline_step_through_boundaries_is_finite(batches, family, variant):
     changes, packed = PIPELINE_VARIANTS[variant]
     result = {"family": family, "variant": variant, "ddp_changes": changes, "boundaries": packed}
     result.update(pipeline_step(recipe, experts, changes, batches, packed))
-    OUT.mkdir(parents=True, exist_ok=True)
-    report = OUT / "packed_training_step.json"
-    old = json.loads(report.read_text()) if report.exists() else {}
-    old[f"{family}/{variant}"] = result
-    report.write_text(json.dumps(old, indent=1, default=str) + "\n")
-    print(json.dumps(result, default=str))
+    record(f"{family}/{variant}", result)
     assert result["error"] is None, result
     assert result["nonfinite_main_grads"] == 0, result
 
@@ -296,20 +302,6 @@ RUNNER_STEPS = 3
 NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
 
 
-@pytest.fixture(scope="module")
-def evidence_rows(tmp_path_factory):
-    from bridge_recipes.data.sft_rows import build_sft_rows
-
-    tmp = tmp_path_factory.mktemp("runner_rows")
-    src = tmp / "chat.jsonl"
-    src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
-    rows = {}
-    for packing in ("boundaries", "one_per_row"):
-        build_sft_rows(src, TOKENIZER, tmp / packing, row_tokens=ROW, val_fraction=VAL_FRACTION, packing=packing)
-        rows[packing] = tmp / packing
-    return rows
-
-
 @pytest.mark.parametrize("variant", list(RUNNER_VARIANTS))
 def test_runner_first_steps_on_real_format_rows(evidence_rows, variant):
     from bridge_recipes import runner_args
@@ -323,7 +315,7 @@ def test_runner_first_steps_on_real_format_rows(evidence_rows, variant):
         scale_experts=experts,
         dataset="sft-rows",
         flags={**EVIDENCE_TRAIN_FLAGS, "mb": 1, "sl": ROW, "max_steps": RUNNER_STEPS},
-        overrides=[f"dataset.path={evidence_rows[packing]}", *NO_SAVE, *overrides],
+        overrides=[f"dataset.path={evidence_rows(packing)}", *NO_SAVE, *overrides],
     )
     OUT.mkdir(parents=True, exist_ok=True)
     run = launch(variant, recipe, args, OUT / "packed_training_step_runner.log", timeout_s=900)
@@ -337,10 +329,6 @@ def test_runner_first_steps_on_real_format_rows(evidence_rows, variant):
         "losses": run.losses,
         "grad_norms": {it.step: it.grad_norm for it in run.iterations},
     }
-    report = OUT / "packed_training_step.json"
-    old = json.loads(report.read_text()) if report.exists() else {}
-    old[f"qwen35_35b_a3b/{variant}"] = result
-    report.write_text(json.dumps(old, indent=1, default=str) + "\n")
-    print(json.dumps(result, default=str))
+    record(f"qwen35_35b_a3b/{variant}", result)
     assert run.returncode == 0 and not result["nan_check_fired"], result
     assert all(math.isfinite(v) for v in run.losses.values()) and len(run.losses) == RUNNER_STEPS, result

@@ -24,17 +24,14 @@ import pytest
 from bridge_recipes import runner_args
 from bridge_recipes.bench.evidence import EVIDENCE_TRAIN_FLAGS, check_training
 from bridge_recipes.bench.runs import ROOT, launch_kept
-from bridge_recipes.data.synthetic_chat import conversations_jsonl
+from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows
 
 pytestmark = pytest.mark.gpu
 
 OUT = Path(os.environ.get("OUT") or ROOT / "gpu-out")
 SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/evidence_sft"))
 TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
-ROW = 2048
-# 10 steps x 4 rows of 2,048 tokens, each conversation ~150-400 tokens: 600 conversations fill
-# the 40 training rows with some to spare, and 10% of them make the validation rows.
-CONVERSATIONS = 600
+ROW = EVIDENCE_ROW_TOKENS
 FAMILIES = {
     "qwen35_27b": {"recipe": "qwen35_27b_sft_8gpu_h200_bf16_config", "scale_experts": None},
     "qwen35_35b_a3b": {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "scale_experts": 32},
@@ -45,15 +42,8 @@ ONE_PER_ROW = {"qwen35_35b_a3b_one_per_row": "qwen35_35b_a3b"}
 
 
 def build_rows(packing: str) -> Path:
-    from bridge_recipes.data.sft_rows import build_sft_rows
-
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    src = SCRATCH / "chat.jsonl"
-    src.write_text(conversations_jsonl(CONVERSATIONS, seed=0))
     out = SCRATCH / ("rows" if packing == "boundaries" else f"rows_{packing}")
-    manifest = build_sft_rows(
-        src, TOKENIZER, out, row_tokens=ROW, val_fraction=0.1, packing=packing, overwrite=True, progress=False
-    )
+    manifest = build_evidence_rows(out, TOKENIZER, packing)
     OUT.mkdir(parents=True, exist_ok=True)
     name = "sft_real_format_manifest" + ("" if packing == "boundaries" else f"_{packing}")
     (OUT / f"{name}.json").write_text(json.dumps(manifest, indent=1, default=str))

@@ -57,3 +57,15 @@ def test_every_conversation_builds_and_the_tool_call_is_supervised(tmp_path):
     assert "get_weather" in supervised  # the assistant's tool call is trained on
     assert "temperature" in unsupervised and "temperature" not in supervised  # the tool result is not
     assert np.mean([m for mask in table["loss_mask"] for m in mask]) > 0.3
+
+
+def test_evidence_rows_are_the_committed_evidence_rows(tmp_path):
+    """build_evidence_rows rebuilds the rows the SFT real-format evidence trained on, byte for byte."""
+    from bridge_recipes.data.synthetic_chat import build_evidence_rows
+
+    committed = json.loads(
+        (TOKENIZER.parents[2] / "docs/evidence/sft_real_format/sft_real_format_manifest.json").read_text()
+    )
+    m = build_evidence_rows(tmp_path / "rows", TOKENIZER)
+    assert (tmp_path / "chat.jsonl").is_file() and m["source_sha256"] == committed["source_sha256"]
+    assert (m["rows"], m["rows_sha256"], m["packing"]) == (committed["rows"], committed["rows_sha256"], "boundaries")
