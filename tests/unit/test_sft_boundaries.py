@@ -41,6 +41,12 @@ def built(tmp_path_factory) -> tuple[Path, list[dict], dict]:
     return tmp / "out", convs, m
 
 
+def rendered_ids(convs: list[dict]) -> set[tuple[int, ...]]:
+    """The token ids of each conversation rendered alone with the fixture's chat template."""
+    r = TemplateRenderer(TOKENIZER)
+    return {tuple(r.render(c["messages"])[0].tolist()) for c in convs}
+
+
 def test_packer_places_whole_conversations_and_pads_the_rest():
     p = BoundaryPacker(row_tokens=10, pad_id=0, open_rows=2)
     assert p.add(np.arange(1, 7), np.ones(6)) == []  # row A: 6
@@ -56,8 +62,7 @@ def test_packer_places_whole_conversations_and_pads_the_rest():
 
 def test_each_row_segment_is_one_whole_conversation(built):
     out, convs, m = built
-    r = TemplateRenderer(TOKENIZER)
-    rendered = {tuple(r.render(c["messages"])[0].tolist()) for c in convs[:40]}
+    rendered = rendered_ids(convs[:40])
     table = pq.read_table(out / "rows.parquet")
     segments = 0
     for ids, mask, cu in zip(*(table.column(k).to_pylist() for k in ("input_ids", "loss_mask", "cu_seqlens"))):
@@ -193,8 +198,7 @@ def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(buil
     assert m["packing"] == "one_per_row" and m["rows"] == m["conversations"]["used"] == 40
     assert m["conversations"]["skipped"] == {"longer_than_row": 1}
     assert m["stream_tokens"] + m["padding_tokens"] == m["rows"] * ROW and m["tail_tokens_dropped"] == 0
-    r = TemplateRenderer(TOKENIZER)
-    rendered = {tuple(r.render(c["messages"])[0].tolist()) for c in convs[:40]}
+    rendered = rendered_ids(convs[:40])
     table = pq.read_table(tmp_path / "one" / "rows.parquet")
     assert "cu_seqlens" not in table.column_names
     placed = []
