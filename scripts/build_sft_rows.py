@@ -4,8 +4,10 @@
     python scripts/build_sft_rows.py --input train.jsonl --tokenizer /models/Qwen3.5 \\
         --out data/sft-rows --row-tokens 8192 --seed 42 --val-fraction 0.01
 
-Conversations are rendered with the tokenizer folder's own chat template and packed whole,
-with their boundaries (``--packing boundaries``, the default for SFT); ``--packing
+Conversations are rendered with the tokenizer folder's own chat template, one whole conversation
+per padded row (``--packing one_per_row``, the default for SFT); ``--packing boundaries`` packs
+several whole conversations per row with their boundaries (training through them needs
+``dataset.allow_thd_training=true``: docs/sft_data.md says why); ``--packing
 eos_joined`` builds the OpenRecipes benchmark workload (qwen35-tulu3-fixed8192-v1: seed 42,
 8,192-token rows, EOS-joined). Writes OUT/rows.parquet, OUT/manifest.json and, with a
 validation split, OUT/val/; all of it appears at once when the build completes. Bad input
@@ -43,8 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--packing",
         choices=sft_rows.PACKING_MODES,
         default=sft_rows.DEFAULT_PACKING,
-        help="boundaries: whole conversations with their boundaries (default); one_per_row: one conversation "
-        "per padded row, no boundaries needed; eos_joined: the benchmark workload",
+        help="one_per_row: one conversation per padded row (default); boundaries: whole conversations packed "
+        "with their boundaries (THD; training through them is opt-in, docs/sft_data.md); eos_joined: the "
+        "benchmark workload",
     )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")

@@ -130,6 +130,9 @@ class PackedSFTRowsConfig(DatasetProvider):
     seq_length: int
     vocab_size: int | None = None
     tokenizer_path: str | None = None
+    # Training through packed rows' boundaries (THD) is refused unless this is set: see
+    # THD_TRAINING_UNVERIFIED for what was measured.
+    allow_thd_training: bool = False
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
     pad_to_max_length: bool = True  # every row is exactly seq_length tokens
@@ -172,6 +175,21 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
     )
 
 
+# Measured on one H200, 2026-12-01 (docs/evidence/sft_real_format/, docs/sft_data.md): on the same
+# 540 generated conversations, the 35B-A3B (4 layers, 32 experts) had a first-step gradient norm of
+# 22.2 on one-conversation-per-row rows and 164.9 on boundaries rows with sequential expert GEMMs
+# (7.4x), and a NaN gradient with the recipe's grouped expert GEMMs; the 27B's first-step norm on
+# boundaries rows was 2,019 (27.2 on the EOS-joined synthetic rows) and its loss rose after step 5.
+# The model-level forward through the boundaries is right (a conversation's logits do not depend on
+# its neighbours); the backward is not yet shown to equal the conversations' own gradients.
+THD_TRAINING_UNVERIFIED = (
+    "training through the boundaries is not verified: on one H200 the first-step gradient norm was 7.4x that of "
+    "the same conversations one per row (35B-A3B), NaN with grouped expert GEMMs, and the 27B's loss rose after "
+    "step 5 (docs/sft_data.md). Build the rows with --packing one_per_row (each conversation alone in its row, "
+    "measured to train), or set dataset.allow_thd_training=true to train through the boundaries anyway"
+)
+
+
 def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
     """Errors and warnings of ``--dataset sft-rows`` for a built config (the runner's dry run)."""
     d = cfg.dataset
@@ -194,6 +212,8 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         warnings.append(epochs_warning(d.path, n_rows, samples))
     if rows.cu is not None:
         m = cfg.model
+        if not getattr(d, "allow_thd_training", False):
+            errors.append(f"rows in {d.path} carry conversation boundaries (packed THD): {THD_TRAINING_UNVERIFIED}")
         if cfg.train.micro_batch_size != 1:
             errors.append(
                 f"rows in {d.path} carry conversation boundaries (packed THD), which take one row per micro batch; "

@@ -261,10 +261,12 @@ def tensors_identical(original: str | Path, exported: str | Path) -> dict[str, A
     """Every tensor of two HF folders compared bit for bit (names, dtypes, shapes, bytes)."""
     a, b = _all_tensors(Path(original)), _all_tensors(Path(exported))
     same = [k for k in a if k in b and _same_bits(a[k], b[k])]
+    recast = sorted({f"{a[k].dtype} -> {b[k].dtype}" for k in a if k in b and a[k].dtype != b[k].dtype})
     return {
         "tensors_original": len(a),
         "tensors_exported": len(b),
         "identical": len(same),
+        "dtype_changes": recast,
         "only_in_original": sorted(set(a) - set(b))[:5],
         "only_in_export": sorted(set(b) - set(a))[:5],
         "bit_identical": len(same) == len(a) == len(b),

@@ -123,7 +123,11 @@ def make_toy(
 
     spec = toy_spec(family, vl, **sizes)
     config = hf_config(spec)
-    config.dtype = dtype
+    # Every sub-config too: Megatron-Bridge builds a VL model's parameters in its text config's
+    # dtype, which otherwise stays transformers' default (BF16) under an FP32 top-level config.
+    for c in (config, getattr(config, "text_config", None), getattr(config, "vision_config", None)):
+        if c is not None:
+            c.dtype = dtype
     # BOS/EOS of the toy tokenizer (<|endoftext|> is id 0), not the released vocabulary's ids.
     for c in (config, getattr(config, "text_config", None)):
         if c is not None:

@@ -315,7 +315,12 @@ def test_runner_first_steps_on_real_format_rows(evidence_rows, variant):
         scale_experts=experts,
         dataset="sft-rows",
         flags={**EVIDENCE_TRAIN_FLAGS, "mb": 1, "sl": ROW, "max_steps": RUNNER_STEPS},
-        overrides=[f"dataset.path={evidence_rows(packing)}", *NO_SAVE, *overrides],
+        overrides=[
+            f"dataset.path={evidence_rows(packing)}",
+            *NO_SAVE,
+            *(["dataset.allow_thd_training=true"] if packing == "boundaries" else []),
+            *overrides,
+        ],
     )
     OUT.mkdir(parents=True, exist_ok=True)
     run = launch(variant, recipe, args, OUT / "packed_training_step_runner.log", timeout_s=900)
@@ -332,3 +337,110 @@ def test_runner_first_steps_on_real_format_rows(evidence_rows, variant):
     record(f"qwen35_35b_a3b/{variant}", result)
     assert run.returncode == 0 and not result["nan_check_fired"], result
     assert all(math.isfinite(v) for v in run.losses.values()) and len(run.losses) == RUNNER_STEPS, result
+
+
+# The gradient of a packed row against the gradients of its conversations run alone. A row with
+# boundaries is, by construction, its conversations side by side: the masked loss of the row is
+# the sum of theirs, so its gradient must be the sum of their gradients (to BF16 noise: the
+# conversations alone go through the kernels' dense paths). The first row of the evidence is run
+# both ways on the recipe's model (4 layers); the MoE aux loss is off, since it balances over
+# every token of a call and so differs by construction, and MTP is on in one case and off in the
+# other. Recorded: the two global gradient norms, their ratio, and the parameters that differ
+# most, grouped by module, so a wrong backward through the boundaries shows where it is.
+NO_AUX = {"moe_aux_loss_coeff": 0.0, "moe_router_load_balancing_type": "none"}
+GRADIENT_CASES = {
+    "qwen35_27b/no_mtp": ("qwen35_27b", {"mtp_num_layers": None}),
+    "qwen35_27b/mtp": ("qwen35_27b", {}),
+    "qwen35_35b_a3b/no_mtp": ("qwen35_35b_a3b", {**NO_AUX, "mtp_num_layers": None}),
+    "qwen35_35b_a3b/mtp_sequential_experts": ("qwen35_35b_a3b", {**NO_AUX, "moe_grouped_gemm": False}),
+}
+GRADIENT_NORM_RATIO = (0.9, 1.1)  # packed over alone; BF16 noise stays well inside
+
+
+def module_group(name: str) -> str:
+    """The part of the model a parameter belongs to, for the per-part report."""
+    for key in ("mtp", "embedding", "output_layer", "experts", "router", "shared_experts", "mlp"):
+        if key in name:
+            return key
+    if "self_attention" in name:
+        return "attention" if ("linear_qkv" in name or "linear_proj" in name) else "gdn"
+    return "other"
+
+
+def row_gradient(model, batch, meta, segments: list[tuple[int, int]] | None) -> dict:
+    """FP32 copies of the gradients of the masked loss of ``batch``'s row: packed (``segments``
+    None) or as each segment's conversation alone, one call each, gradients summed."""
+    import torch
+    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
+
+    model.zero_grad(set_to_none=True)
+    tokens, labels, mask = (batch[k][0].cuda() for k in ("tokens", "labels", "loss_mask"))
+
+    def step(t, lab, m, position_ids, packed_seq_params):
+        out = model(
+            input_ids=t[None],
+            position_ids=position_ids[None],
+            attention_mask=None,
+            labels=lab[None],
+            loss_mask=m[None],
+            packed_seq_params=packed_seq_params,
+        )
+        loss = (out.float().view(-1) * m.float()).sum()
+        loss.backward()
+        return float(loss)
+
+    if segments is None:
+        loss = step(tokens, labels, mask, batch["position_ids"][0].cuda(), get_packed_seq_params(dict(meta)))
+    else:
+        loss = 0.0
+        for s, e in segments:
+            if mask[s:e].sum() > 0:
+                ids = torch.arange(e - s, device="cuda")
+                loss += step(tokens[s:e], labels[s:e], mask[s:e], ids, None)
+    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return {"loss": loss, "grads": grads}
+
+
+@pytest.mark.parametrize("case", list(GRADIENT_CASES))
+def test_packed_row_gradient_is_the_sum_of_its_conversations(batches, case):
+    import torch
+
+    family, changes = GRADIENT_CASES[case]
+    recipe, experts = FAMILIES[family]
+    model = build_model(recipe, experts, changes)
+    batch, meta = batches[0]
+    cu = [int(x) for x in batch["cu_seqlens_q"][0]]
+    segments = list(zip(cu[:-1], cu[1:]))
+    packed = row_gradient(model, batch, meta, None)
+    alone = row_gradient(model, batch, meta, segments)
+    del model
+    torch.cuda.empty_cache()
+
+    def norm(g):
+        return math.sqrt(sum(float(v.pow(2).sum()) for v in g.values()))
+
+    gp, ga = packed["grads"], alone["grads"]
+    rel = {n: float((gp[n] - ga[n]).norm() / ga[n].norm().clamp(min=1e-30)) for n in ga if n in gp}
+    by_group: dict[str, float] = {}
+    for n, r in rel.items():
+        by_group[module_group(n)] = max(by_group.get(module_group(n), 0.0), r)
+    worst = sorted(rel.items(), key=lambda kv: -kv[1])[:10]
+    result = {
+        "family": family,
+        "changes": changes,
+        "segments": segments,
+        "loss_packed": packed["loss"],
+        "loss_alone": alone["loss"],
+        "grad_norm_packed": norm(gp),
+        "grad_norm_alone": norm(ga),
+        "grad_norm_ratio": norm(gp) / norm(ga),
+        "max_rel_err_by_group": by_group,
+        "worst_params": worst,
+        "only_packed": sorted(set(gp) - set(ga))[:5],
+        "only_alone": sorted(set(ga) - set(gp))[:5],
+    }
+    record(f"gradient/{case}", result)
+    assert abs(result["loss_packed"] / result["loss_alone"] - 1) < 0.02, result
+    lo, hi = GRADIENT_NORM_RATIO
+    assert lo <= result["grad_norm_ratio"] <= hi, result

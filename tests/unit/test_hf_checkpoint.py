@@ -497,3 +497,39 @@ def test_toy_with_the_fixture_tokenizer_builds_rows_with_its_own_template(tmp_pa
             ]
         )  # fmt: skip
     assert rc == 0, out.getvalue()[-2000:]
+
+
+def test_vl_toy_is_saved_in_its_dtype_throughout(tmp_path):
+    """The text and vision configs carry the toy's dtype (Megatron-Bridge takes a VL model's
+    parameter dtype from the text config), and every saved tensor has it."""
+    from safetensors import safe_open
+
+    make_toy(tmp_path / "vl", "moe", vl=True, dtype="float32", **TINY, **TINY_MOE)
+    cfg = json.loads((tmp_path / "vl" / "config.json").read_text())
+    assert cfg["dtype"] == cfg["text_config"]["dtype"] == cfg["vision_config"]["dtype"] == "float32"
+    dtypes = set()
+    for shard in (tmp_path / "vl").glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            dtypes |= {str(f.get_slice(k).get_dtype()) for k in f.keys()}
+    assert dtypes == {"F32"}
+
+
+def test_round_trip_comparison_names_a_dtype_change(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from bridge_recipes.hf import parity
+
+    w = {"a": torch.randn(4, 4), "b": torch.arange(6, dtype=torch.float32)}
+    for name, tensors in {
+        "orig": w,
+        "same": {k: v.clone() for k, v in w.items()},
+        "bf16": {k: v.to(torch.bfloat16) for k, v in w.items()},
+    }.items():
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"))
+    same = parity.tensors_identical(tmp_path / "orig", tmp_path / "same")
+    assert same["bit_identical"] and same["identical"] == 2 and same["dtype_changes"] == []
+    cast = parity.tensors_identical(tmp_path / "orig", tmp_path / "bf16")
+    assert not cast["bit_identical"] and cast["identical"] == 0
+    assert cast["dtype_changes"] == ["torch.float32 -> torch.bfloat16"]

@@ -37,7 +37,7 @@ def built(tmp_path_factory) -> tuple[Path, list[dict], dict]:
     convs.append({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "long " * 200}]})
     src = tmp / "c.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in convs))
-    m = build_sft_rows(src, TOKENIZER, tmp / "out", row_tokens=ROW, progress=False)
+    m = build_sft_rows(src, TOKENIZER, tmp / "out", row_tokens=ROW, packing="boundaries", progress=False)
     return tmp / "out", convs, m
 
 
@@ -130,10 +130,10 @@ def test_config_reports_offline_packing_only_for_boundaries_rows(built, tmp_path
 class _Cfg:
     """The parts of a recipe config the dry-run check reads."""
 
-    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1):
+    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1, allow_thd=True):
         from types import SimpleNamespace as NS
 
-        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW)
+        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW, allow_thd_training=allow_thd)
         self.model = NS(
             seq_length=ROW,
             vocab_size=512,
@@ -143,6 +143,15 @@ class _Cfg:
         )
         self.train = NS(micro_batch_size=mbs, train_iters=iters, global_batch_size=gbs)
         self.tokenizer = NS(tokenizer_model=None)
+
+
+def test_dry_run_refuses_training_through_boundaries_unless_allowed(built):
+    """Training through packed rows' boundaries is refused by default (the measured gradients are
+    not those of the conversations alone), naming both ways out; one-per-row rows pass."""
+    out, _, _ = built
+    (error,), _ = dry_run_problems(_Cfg(out, allow_thd=False))
+    assert str(out) in error and "--packing one_per_row" in error and "dataset.allow_thd_training=true" in error
+    assert dry_run_problems(_Cfg(out, allow_thd=True)) == ([], [])
 
 
 def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
@@ -212,7 +221,7 @@ def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(buil
     sample = PackedRowsDataset(tmp_path / "one", ROW, 1)[0]
     assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
     for mbs, cp, graphs in ((2, 1, "none"), (1, 2, "none"), (1, 1, "transformer_engine")):
-        assert dry_run_problems(_Cfg(tmp_path / "one", mbs=mbs, cp=cp, graphs=graphs))[0] == []
+        assert dry_run_problems(_Cfg(tmp_path / "one", mbs=mbs, cp=cp, graphs=graphs, allow_thd=False))[0] == []
     from bridge_recipes.data.conversations import SftRowsError
 
     with pytest.raises(SftRowsError, match="one_per_row rows have no EOS separators"):

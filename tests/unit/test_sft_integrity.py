@@ -36,7 +36,9 @@ def write_convs(path: Path, n: int) -> Path:
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("good")
-    build_sft_rows(write_convs(tmp / "c.jsonl", 30), TOKENIZER, tmp / "rows", row_tokens=ROW, progress=False)
+    build_sft_rows(
+        write_convs(tmp / "c.jsonl", 30), TOKENIZER, tmp / "rows", row_tokens=ROW, packing="boundaries", progress=False
+    )
     return tmp / "rows"
 
 

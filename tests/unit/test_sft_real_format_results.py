@@ -65,3 +65,52 @@ def test_packed_training_step_probes_were_finite(name, cases):
         bad = probe.get("nonfinite_grads", probe.get("nonfinite_main_grads"))
         assert bad == 0 and not probe.get("error"), key
         assert len(probe["losses"]) == 4 and all(math.isfinite(x) and x > 0 for x in probe["losses"]), key
+
+
+def test_35b_one_per_row_result_is_its_log_and_the_loss_fell(result):
+    name = "qwen35_35b_a3b_one_per_row"
+    log = (EVIDENCE / f"sft_real_format_{name}.log").read_text()
+    its = parse_megatron_log(log)
+    losses = {it.step: it.lm_loss for it in its}
+    assert {int(k): v for k, v in result[name]["losses"].items()} == losses and sorted(losses) == list(range(1, 11))
+    assert check_training(losses).passed and result[name]["training"]["passed"]
+    assert all(math.isfinite(it.grad_norm) for it in its)
+    assert "bridge_recipes.train_step.forward_step" in log  # the step that hands the MTP loss its mask
+    validation = [line for line in log.splitlines() if "validation loss at" in line]
+    assert len(validation) == len(result[name]["validation_lines"]) == 3
+    manifest = json.loads((EVIDENCE / "sft_real_format_manifest_one_per_row.json").read_text())
+    assert manifest["packing"] == "one_per_row" and manifest["rows"] == manifest["conversations"]["used"] == 540
+
+
+def first_grad_norm(log: str) -> float:
+    return parse_megatron_log(log)[0].grad_norm
+
+
+def test_runner_probes_are_their_log():
+    """Through the runner on boundaries rows: with the NaN check off, step 1's gradient norm is NaN
+    and the forward loss goes NaN by step 3; with sequential expert GEMMs, 3 finite steps."""
+    probes = json.loads((EVIDENCE / "packed_training_step_runner.json").read_text())
+    log = (EVIDENCE / "packed_training_step_runner.log").read_text()
+    runs = dict(part.split("\n", 1) for part in log.split("===== run ")[1:])
+    no_check = next(v for k, v in runs.items() if k.startswith("runner_no_nan_check:"))
+    sequential = next(v for k, v in runs.items() if k.startswith("runner_sequential_experts:"))
+    assert math.isnan(first_grad_norm(no_check)) and "found NaN in local forward loss calculation" in no_check
+    assert probes["qwen35_35b_a3b/runner_no_nan_check"]["returncode"] == 1
+    seq = probes["qwen35_35b_a3b/runner_sequential_experts"]
+    assert seq["returncode"] == 0 and not seq["nan_check_fired"]
+    assert {int(k): v for k, v in seq["grad_norms"].items()} == {
+        it.step: it.grad_norm for it in parse_megatron_log(sequential)
+    }
+
+
+def test_boundaries_gradient_norm_is_several_times_one_per_row():
+    """The measurement behind refusing training on boundaries rows by default (docs/sft_data.md):
+    the first-step gradient norm on the same conversations, 35B-A3B, THD over one per row."""
+    runner = (EVIDENCE / "packed_training_step_runner.log").read_text()
+    sequential = runner.split("===== run runner_sequential_experts:", 1)[1]
+    one_per_row = (EVIDENCE / "sft_real_format_qwen35_35b_a3b_one_per_row.log").read_text()
+    ratio = first_grad_norm(sequential) / first_grad_norm(one_per_row)
+    assert round(ratio, 1) == 7.4
+    dense_thd = first_grad_norm((EVIDENCE / "sft_real_format_qwen35_27b.log").read_text())
+    dense_eos = first_grad_norm((EVIDENCE.parent / "h200_qwen35_27b_sft_rows.log").read_text())
+    assert dense_thd > 50 * dense_eos

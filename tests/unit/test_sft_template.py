@@ -184,7 +184,7 @@ def test_build_counts_used_and_skipped_conversations_by_reason(tmp_path):
         "{not json",
     ]
     src = write_jsonl(tmp_path / "c.jsonl", conversations(30) + bad)
-    m = build_sft_rows(src, TOKENIZER, tmp_path / "out", row_tokens=256, progress=False)
+    m = build_sft_rows(src, TOKENIZER, tmp_path / "out", row_tokens=256, packing="boundaries", progress=False)
     c = m["conversations"]
     assert c["skipped"] == {"invalid_json": 1, "no_assistant_turn": 1, "non_text_content": 1}
     assert c["used"] == 30 and c["read"] == 33 and m["packing"] == "boundaries"

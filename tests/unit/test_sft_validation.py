@@ -175,9 +175,12 @@ def test_runner_dry_run_passes_megatron_validation_with_boundaries_rows(tmp_path
     from bridge_recipes.runner.cli import main
 
     src = write_convs(tmp_path / "c.jsonl", 20)
-    build_sft_rows(src, TOKENIZER, tmp_path / "rows", row_tokens=8192, progress=False)
+    build_sft_rows(src, TOKENIZER, tmp_path / "rows", row_tokens=8192, packing="boundaries", progress=False)
     args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8"]
-    assert main([*args, "--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}"]) == 0
+    rows = ["--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}"]
+    assert main([*args, *rows]) == 2
+    assert "dataset.allow_thd_training=true" in capsys.readouterr().err
+    assert main([*args, *rows, "dataset.allow_thd_training=true"]) == 0
     assert "checks: ok" in capsys.readouterr().out
-    assert main([*args, "--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}", "-mb", "2"]) == 2
+    assert main([*args, *rows, "dataset.allow_thd_training=true", "-mb", "2"]) == 2
     assert "set -mb 1" in capsys.readouterr().err
