@@ -38,7 +38,7 @@ FAMILIES = {
 }
 # The same conversations one per padded row (no boundaries needed): the 35B-A3B on the standard
 # path, the mode offered where boundaries rows cannot go.
-ONE_PER_ROW = {"qwen35_35b_a3b_one_per_row": "qwen35_35b_a3b"}
+ONE_PER_ROW = {"qwen35_35b_a3b_one_per_row": "qwen35_35b_a3b", "qwen35_27b_one_per_row": "qwen35_27b"}
 
 
 def build_rows(packing: str) -> Path:
