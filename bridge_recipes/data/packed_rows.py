@@ -214,6 +214,11 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         m = cfg.model
         if not getattr(d, "allow_thd_training", False):
             errors.append(f"rows in {d.path} carry conversation boundaries (packed THD): {THD_TRAINING_UNVERIFIED}")
+        else:
+            warnings.append(
+                f"training through the conversation boundaries of {d.path} (dataset.allow_thd_training=true): "
+                "its gradients are not verified (docs/sft_data.md); --packing one_per_row rows are measured to train"
+            )
         if cfg.train.micro_batch_size != 1:
             errors.append(
                 f"rows in {d.path} carry conversation boundaries (packed THD), which take one row per micro batch; "
