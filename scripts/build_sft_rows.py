@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+PADDING_HINT_SHARE = 0.5  # one-per-row rows more than half padding: say what a row length costs
+
+
 def summary(m: dict, out: str) -> str:
     """What was built and what was left out, by reason."""
     c = m["conversations"]
@@ -78,6 +81,14 @@ def summary(m: dict, out: str) -> str:
         f"conversations: {c['used']} used, {c['skipped_total']} skipped, of {c['read']} read",
     ]
     lines += [f"  skipped {n:>8}  {reason}" for reason, n in c["skipped"].items()]
+    padding = m["padding_tokens"] / max(1, m["rows"] * m["row_tokens"])
+    if m["packing"] == "one_per_row" and padding > PADDING_HINT_SHARE:
+        mean = (m["rows"] * m["row_tokens"] - m["padding_tokens"]) / max(1, m["rows"])
+        lines.append(
+            f"note: the rows are {padding:.0%} padding (a conversation averages {mean:.0f} of {m['row_tokens']} "
+            "tokens); a smaller --row-tokens wastes less compute, and skips (and counts) the conversations "
+            "longer than it"
+        )
     v = m.get("validation")
     if v:
         vc = v["conversations"]

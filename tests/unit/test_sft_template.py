@@ -203,3 +203,7 @@ def test_cli_prints_what_was_used_and_skipped(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "20 used, 1 skipped, of 21 read" in p.stdout
     assert "skipped        1  no_assistant_turn" in p.stdout
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["packing"] == "one_per_row"  # the default
+    share = m["padding_tokens"] / (m["rows"] * 256)
+    assert ("rows are" in p.stdout and f"{share:.0%} padding" in p.stdout) == (share > 0.5)
