@@ -352,6 +352,7 @@ GRADIENT_CASES = {
     "qwen35_27b/no_mtp": ("qwen35_27b", {"mtp_num_layers": None}),
     "qwen35_27b/mtp": ("qwen35_27b", {}),
     "qwen35_35b_a3b/no_mtp": ("qwen35_35b_a3b", {**NO_AUX, "mtp_num_layers": None}),
+    "qwen35_35b_a3b/mtp": ("qwen35_35b_a3b", NO_AUX),
     "qwen35_35b_a3b/mtp_sequential_experts": ("qwen35_35b_a3b", {**NO_AUX, "moe_grouped_gemm": False}),
 }
 GRADIENT_NORM_RATIO = (0.9, 1.1)  # packed over alone; BF16 noise stays well inside
