@@ -12,6 +12,7 @@ import pytest
 
 from bridge_recipes.bench.evidence import check_training
 from bridge_recipes.bench.megatron_log import parse_megatron_log
+from bridge_recipes.bench.runs import split_runs
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs/evidence/sft_real_format"
 
@@ -86,14 +87,18 @@ def first_grad_norm(log: str) -> float:
     return parse_megatron_log(log)[0].grad_norm
 
 
-def test_runner_probes_are_their_log():
+@pytest.fixture(scope="module")
+def runner_runs() -> dict[str, str]:
+    """The runner probes' log, run by run."""
+    return split_runs((EVIDENCE / "packed_training_step_runner.log").read_text())
+
+
+def test_runner_probes_are_their_log(runner_runs):
     """Through the runner on boundaries rows: with the NaN check off, step 1's gradient norm is NaN
     and the forward loss goes NaN by step 3; with sequential expert GEMMs, 3 finite steps."""
     probes = json.loads((EVIDENCE / "packed_training_step_runner.json").read_text())
-    log = (EVIDENCE / "packed_training_step_runner.log").read_text()
-    runs = dict(part.split("\n", 1) for part in log.split("===== run ")[1:])
-    no_check = next(v for k, v in runs.items() if k.startswith("runner_no_nan_check:"))
-    sequential = next(v for k, v in runs.items() if k.startswith("runner_sequential_experts:"))
+    assert set(runner_runs) == {"runner_no_nan_check", "runner_sequential_experts"}
+    no_check, sequential = runner_runs["runner_no_nan_check"], runner_runs["runner_sequential_experts"]
     assert math.isnan(first_grad_norm(no_check)) and "found NaN in local forward loss calculation" in no_check
     assert probes["qwen35_35b_a3b/runner_no_nan_check"]["returncode"] == 1
     seq = probes["qwen35_35b_a3b/runner_sequential_experts"]
@@ -103,11 +108,10 @@ def test_runner_probes_are_their_log():
     }
 
 
-def test_boundaries_gradient_norm_is_several_times_one_per_row():
+def test_boundaries_gradient_norm_is_several_times_one_per_row(runner_runs):
     """The measurement behind refusing training on boundaries rows by default (docs/sft_data.md):
     the first-step gradient norm on the same conversations, 35B-A3B, THD over one per row."""
-    runner = (EVIDENCE / "packed_training_step_runner.log").read_text()
-    sequential = runner.split("===== run runner_sequential_experts:", 1)[1]
+    sequential = runner_runs["runner_sequential_experts"]
     one_per_row = (EVIDENCE / "sft_real_format_qwen35_35b_a3b_one_per_row.log").read_text()
     ratio = first_grad_norm(sequential) / first_grad_norm(one_per_row)
     assert round(ratio, 1) == 7.4
