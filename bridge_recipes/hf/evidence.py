@@ -42,11 +42,13 @@ from bridge_recipes.hf import parity
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = ROOT / "docs/evidence/sft_rows_synthetic/rows"
-ROUND_TRIP_KINDS = ("dense", "moe", "vl")  # the toys the round-trip arm imports and exports
 ROWS_TOKENIZER = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 DENSE_RECIPE = "qwen35_27b_sft_8gpu_h200_bf16_config"
 VL_RECIPE = "qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config"
+# The toys the round-trip arm imports and exports, each with the recipe it converts through.
+ROUND_TRIP_RECIPES = {"dense": DENSE_RECIPE, "moe": RECIPE, "vl": VL_RECIPE}
+ROUND_TRIP_KINDS = tuple(ROUND_TRIP_RECIPES)
 FINETUNE_STEPS = 10
 # The one-GPU imports loaded at two-GPU layouts (Megatron resharding them): (toy, TP, EP, routing).
 MULTI_GPU_CASES = (("dense", 2, 1, "dense"), ("moe", 2, 1, "all_experts"), ("moe", 1, 2, "all_experts"))
@@ -134,12 +136,12 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
 
     arm("toys", make_toys)
 
-    imported = {k: scratch / f"mcore_{k}" for k in (*toys, "vl")}
+    trip_toys = {**toys, "vl": vl_toy}
+    imported = {k: scratch / f"mcore_{k}" for k in trip_toys}
 
     def round_trip() -> None:
-        recipes = {"dense": DENSE_RECIPE, "moe": RECIPE, "vl": VL_RECIPE}
-        for kind, path in {**toys, "vl": vl_toy}.items():
-            recipe = recipes[kind]
+        for kind, path in trip_toys.items():
+            recipe = ROUND_TRIP_RECIPES[kind]
             _convert(
                 log,
                 "import",
