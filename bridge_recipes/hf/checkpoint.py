@@ -568,10 +568,21 @@ def convert_lora_to_hf(megatron: Path, template: Path, out: Path) -> None:
         key = "model" if "model" in loaded else next(k for k in loaded if k.startswith("model"))
         if not loaded[key]:
             raise HfCheckpointError(f"{megatron} holds no LoRA adapter weights for this model")
-        result = model[0].load_state_dict(loaded[key], strict=False)
-        if result.unexpected_keys:
-            raise HfCheckpointError(f"adapter weights with no place in the model: {result.unexpected_keys[:5]}")
+        load_adapters(model[0], loaded[key])
         bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
+
+
+def load_adapters(module: Any, adapters: dict[str, Any]) -> None:
+    """Load a LoRA run's adapter weights into ``module`` (the model, or Megatron's Float16Module
+    around it, whose ``load_state_dict`` returns nothing): every saved weight must land in a
+    parameter of the model; the base weights it does not carry stay as they are."""
+    import torch
+
+    while isinstance(getattr(module, "module", None), torch.nn.Module):
+        module = module.module
+    result = module.load_state_dict(adapters, strict=False)
+    if result.unexpected_keys:
+        raise HfCheckpointError(f"adapter weights with no place in the model: {sorted(result.unexpected_keys)[:5]}")
 
 
 def is_megatron_checkpoint(folder: Path) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,20 @@ ROUND_TRIP_KINDS = tuple(ROUND_TRIP_RECIPES)
 FINETUNE_STEPS = 10
 # The one-GPU imports loaded at two-GPU layouts (Megatron resharding them): (toy, TP, EP, routing).
 MULTI_GPU_CASES = (("dense", 2, 1, "dense"), ("moe", 2, 1, "all_experts"), ("moe", 1, 2, "all_experts"))
+
+
+ROUND_TRIP_PREFIX = "round trip "
+
+
+def round_trip_line(kind: str, result: dict) -> str:
+    """The driver log's line for one round trip (``round trip dense: {json}``)."""
+    return f"{ROUND_TRIP_PREFIX}{kind}: {json.dumps(result)}"
+
+
+def round_trips_in_log(text: str) -> dict[str, dict]:
+    """The round trips a driver log records, by kind (a later line for a kind replaces an earlier one)."""
+    pattern = re.escape(ROUND_TRIP_PREFIX) + r"(\w+): (\{.*\})$"
+    return {m.group(1): json.loads(m.group(2)) for m in re.finditer(pattern, text, flags=re.M)}
 
 
 class Log:
@@ -171,7 +186,7 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
             )
             result = parity.tensors_identical(path, back)
             summary["round_trip"][kind] = result
-            log(f"round trip {kind}: {json.dumps(result)}")
+            log(round_trip_line(kind, result))
 
     arm("round_trip", round_trip)
 

@@ -426,6 +426,41 @@ def test_lora_from_settings_keeps_the_saved_fields():
     assert (lora.dim, lora.alpha, list(lora.target_modules)) == (8, 16, ["linear_qkv"])
 
 
+class _Float16ModuleLike:
+    """What Megatron-Core's Float16Module does with a state dict: hands it on, returns nothing."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def load_state_dict(self, state_dict, strict=True):
+        self.module.load_state_dict(state_dict, strict=strict)
+
+
+def _adapter_model():
+    import torch
+
+    model = torch.nn.Module()
+    model.base = torch.nn.Linear(2, 2)
+    model.adapter = torch.nn.Linear(2, 1, bias=False)
+    return model
+
+
+def test_load_adapters_loads_through_a_wrapper_and_keeps_the_base():
+    import torch
+
+    model = _adapter_model()
+    base = model.base.weight.detach().clone()
+    ck.load_adapters(_Float16ModuleLike(model), {"adapter.weight": torch.full((1, 2), 3.0)})
+    assert torch.equal(model.adapter.weight, torch.full((1, 2), 3.0)) and torch.equal(model.base.weight, base)
+
+
+def test_load_adapters_refuses_weights_with_no_place_in_the_model():
+    import torch
+
+    with pytest.raises(ck.HfCheckpointError, match="no place in the model: \\['decoder.lora.weight'\\]"):
+        ck.load_adapters(_Float16ModuleLike(_adapter_model()), {"decoder.lora.weight": torch.zeros(1)})
+
+
 def test_lora_change_report_fails_on_a_changed_frozen_tensor():
     from bridge_recipes.hf.evidence import lora_change_report
 

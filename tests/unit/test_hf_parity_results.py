@@ -131,3 +131,30 @@ def test_vl_round_trip_differed_in_every_tensor():
             trips[kind] = json.loads(payload)
     assert trips["dense"]["bit_identical"] and trips["moe"]["bit_identical"]
     assert trips["vl"]["identical"] == 0 and trips["vl"]["tensors_original"] == trips["vl"]["tensors_exported"] > 0
+
+
+def test_round_trip_with_the_vl_toy_in_fp32_throughout_is_bit_identical():
+    """The round trip of 2026-12-01 05:24 (the VL toy saved in FP32 in every sub-config): dense,
+    MoE and VL MoE toys come back bit-identical, no tensor's dtype changed."""
+    from bridge_recipes.hf.evidence import ROUND_TRIP_KINDS, round_trips_in_log
+
+    trips = round_trips_in_log((EVIDENCE / "hf_evidence_round_trip.log").read_text())
+    assert set(trips) == set(ROUND_TRIP_KINDS) == {"dense", "moe", "vl"}
+    for kind, r in trips.items():
+        assert r["bit_identical"] and r["identical"] == r["tensors_original"] == r["tensors_exported"] > 0, kind
+        assert r["dtype_changes"] == [] and not r["only_in_original"] and not r["only_in_export"], kind
+    assert trips["vl"]["identical"] == 289
+
+
+def test_lora_run_trained_its_adapters_before_the_export_stopped():
+    """The LoRA arm of 2026-12-01: 10 steps of finetune() with adapters, loss falling, adapters
+    saved; its merged export then stopped (the fix, ``checkpoint.load_adapters``, is CPU-tested)."""
+    from bridge_recipes.bench.evidence import check_training
+    from bridge_recipes.bench.megatron_log import parse_megatron_log
+
+    log = (EVIDENCE / "hf_lora_export_failed.log").read_text()
+    losses = {it.step: it.lm_loss for it in parse_megatron_log(log)}
+    assert sorted(losses) == list(range(1, 11)) and check_training(losses).passed
+    assert losses[10] < losses[1] - 1.0
+    assert "[run_recipe] export: /tmp/hf_evidence/lora_ckpt" in log  # training ended and saved
+    assert "arm lora FAILED" in log
