@@ -170,19 +170,21 @@ def find(name: str) -> Candidate:
 
 def full_scale_verdict(candidate: Candidate) -> dict[str, Any]:
     """The planner at the recipe's own GPU count: fits (with its overhead), the peak, and whether
-    the planner can bound the candidate at all (it counts selective recompute as none)."""
+    the planner models every part of the candidate's policy (``exact``), and whether it recomputes
+    selectively (``selective``: counted module by module, checked on one measured pair only)."""
     import bridge_recipes
-    from bridge_recipes.plan.memory import plan_memory
+    from bridge_recipes.plan.memory import SELECTIVE_MODULES, plan_memory, selective_modules
 
     cfg = bridge_recipes.build(candidate.recipe, overrides=list(candidate.overrides))
     gpus = bridge_recipes.registry.find(candidate.recipe).meta.gpus
     plan = plan_memory(cfg, gpus, gpu="h200")
-    bounded = cfg.model.recompute_granularity != "selective"
+    modules = selective_modules(cfg.model)
     return {
         "fits": plan.fits,
         "peak_gb": round(plan.peak_gb, 1),
         "capacity_gb": round(plan.gpu_memory_gb, 1),
-        "exact": bounded,
+        "exact": modules <= SELECTIVE_MODULES,
+        "selective": bool(modules),
     }
 
 
@@ -195,10 +197,11 @@ def candidates_table() -> str:
     ]
     for c in CANDIDATES:
         v = full_scale_verdict(c)
+        verdict = f"{'fits' if v['fits'] else 'DOES NOT FIT'}: {v['peak_gb']} of {v['capacity_gb']} GB"
         if not v["exact"]:
-            verdict = f"upper bound {v['peak_gb']} of {v['capacity_gb']} GB (selective counted as none): not known"
-        else:
-            verdict = f"{'fits' if v['fits'] else 'DOES NOT FIT'}: {v['peak_gb']} of {v['capacity_gb']} GB"
+            verdict = f"not known (recompute modules the planner does not model): {verdict}"
+        elif v["selective"]:
+            verdict += " (selective recompute counted module by module; its one measured check: docs/memory_plan.md)"
         lines.append(
             f"| {c.name} | {c.model} | {c.change} | {c.predicted_ratio:.2f}x | {c.basis} | {verdict} | not yet |"
         )

@@ -37,7 +37,9 @@ routing assumed) and adds, at its peak moment:
   sequence parallelism). Full recompute keeps only the input of each checkpointed chunk and
   rebuilds one chunk during the backward; block recompute of N checkpoints the first N layers
   of every stage (or virtual stage) and the rest keep everything (a rebuild then adds only what
-  exceeds the activations the backward has already released); no recompute keeps all. The
+  exceeds the activations the backward has already released); selective recompute keeps each
+  layer's activations less what its ``recompute_modules`` discard (``selective_saving_elems``)
+  and rebuilds one layer's share during the backward; no recompute keeps all. The
   MTP block is checkpointed under uniform full recompute only (Megatron-Core skips MTP under
   the block method). 1F1B keeps min(PP - stage, micro batches) micro batches in flight on a
   stage; the interleaved schedule (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks.
@@ -400,13 +402,61 @@ def moe_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return sum(terms) + shared
 
 
-def layer_activation_bytes(d: ModelDims, par: Layout, tok: Tokens, index: int) -> float:
+def layer_activation_bytes(
+    d: ModelDims, par: Layout, tok: Tokens, index: int, selective: frozenset[str] = frozenset()
+) -> float:
     """Everything one decoder layer keeps for its backward: its input, the residual after the
-    mixer, the mixer's and the MLP's saved tensors."""
+    mixer, the mixer's and the MLP's saved tensors, less what the ``selective`` recompute
+    modules discard."""
+    gdn, moe = bool(d.layer_pattern[index]), bool(d.moe_pattern[index])
     residuals = 2 * d.hidden * tok.resid
-    mixer = (gdn_activation_elems if d.layer_pattern[index] else attention_activation_elems)(d, par, tok)
-    mlp = (moe_activation_elems if d.moe_pattern[index] else dense_mlp_activation_elems)(d, par, tok)
-    return BF16 * (residuals + mixer + mlp)
+    mixer = (gdn_activation_elems if gdn else attention_activation_elems)(d, par, tok)
+    mlp = (moe_activation_elems if moe else dense_mlp_activation_elems)(d, par, tok)
+    return BF16 * (residuals + mixer + mlp - selective_saving_elems(d, par, tok, gdn, moe, selective))
+
+
+# Selective recompute: Megatron-Core 0.19.2's ``recompute_modules`` (TransformerConfig and the
+# modules that read it). "moe_act", "layernorm" and "gdn_norm_out" discard their output after the
+# forward and rebuild it before the backward; "core_attn", "mlp", "moe" and "shared_experts" are
+# checkpointed (their inputs and outputs stay, what is inside goes).
+SELECTIVE_MODULES = frozenset({"core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts", "gdn_norm_out"})
+
+
+def selective_saving_elems(
+    d: ModelDims, par: Layout, tok: Tokens, gdn: bool, moe: bool, modules: frozenset[str]
+) -> float:
+    """BF16 elements a layer stops keeping under selective recompute of ``modules``, term by
+    term against the ``*_activation_elems`` functions above."""
+    if not modules:
+        return 0.0
+    local = tok.seq / par.tp
+    save = 0.0
+    if gdn and "gdn_norm_out" in modules:
+        save += d.gdn_v * local  # the gated norm's output (out_proj input)
+    if not gdn and "core_attn" in modules:
+        save += 2 * d.heads * local  # the kernel's FP32 softmax statistics; q, k, v and its output stay
+    if not moe:
+        # The dense MLP's norm is fused into fc1 (its input_layernorm / pre_mlp_layernorm are
+        # IdentityOp), so "layernorm" finds nothing to discard; "mlp" keeps only the residual input.
+        return save + (dense_mlp_activation_elems(d, par, tok) if "mlp" in modules else 0.0)
+    norm_out = d.hidden * tok.resid  # the MoE layer's separate pre-MLP norm output (its input)
+    if "layernorm" in modules:
+        save += norm_out
+    if "moe" in modules:  # the whole block checkpointed: its input (the norm output) stays
+        return save + moe_activation_elems(d, par, tok) - norm_out
+    if "moe_act" in modules:  # the fused SwiGLU keeps its input (fc1 output), its output goes
+        act = glu_activation_elems(d, d.moe_ffn) + (0 if d.fused_swiglu else d.moe_ffn)
+        save += (act - (2 if d.gated_linear_unit else 1) * d.moe_ffn) * routed_tokens(d, tok)
+    if "shared_experts" in modules and d.shared_ffn:
+        save += glu_activation_elems(d, d.shared_ffn) * local
+    return save
+
+
+def selective_modules(m: Any) -> frozenset[str]:
+    """The recompute modules of a selective policy (empty for none or full recompute)."""
+    if m.recompute_granularity != "selective":
+        return frozenset()
+    return frozenset(m.recompute_modules if m.recompute_modules is not None else ["core_attn"])
 
 
 def layer_input_bytes(d: ModelDims, tok: Tokens) -> float:
@@ -420,14 +470,19 @@ def dispatch_buffer_bytes(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return BF16 * 2 * d.hidden * routed_tokens(d, tok) * par.expert_tp if d.experts else 0.0
 
 
-def mtp_activation_bytes(d: ModelDims, par: Layout, tok: Tokens, recomputed: bool) -> float:
+def mtp_activation_bytes(
+    d: ModelDims, par: Layout, tok: Tokens, recomputed: bool, selective: frozenset[str] = frozenset()
+) -> float:
     """MTP layer: embedding of the shifted tokens, the concatenated normed pair (eh_proj
-    input, 2h), an attention layer with the model's MLP, its final norm input."""
+    input, 2h), an attention layer with the model's MLP (selective recompute applies to it as
+    to the decoder's layers), its final norm input."""
     if recomputed:
         return BF16 * 2 * d.hidden * tok.resid  # checkpoint inputs: hidden states and embedding
+    moe = bool(d.experts)
     residuals = 2 * d.hidden * tok.resid
-    mlp = moe_activation_elems(d, par, tok) if d.experts else dense_mlp_activation_elems(d, par, tok)
+    mlp = moe_activation_elems(d, par, tok) if moe else dense_mlp_activation_elems(d, par, tok)
     layer = residuals + attention_activation_elems(d, par, tok) + mlp
+    layer -= selective_saving_elems(d, par, tok, False, moe, selective)
     return BF16 * (layer + 4 * d.hidden * tok.resid)
 
 
@@ -506,7 +561,11 @@ def chunk_activations(d: ModelDims, par: Layout, tok: Tokens, m: Any, layers: li
     exceeds those by."""
     full = [layer_activation_bytes(d, par, tok, i) for i in layers]
     method, n = m.recompute_method, m.recompute_num_layers or 0
-    if m.recompute_granularity != "full" or not layers:  # none, or selective (counted as none)
+    modules = selective_modules(m)
+    if modules and layers:  # each layer keeps less; its backward rebuilds what it discarded
+        kept = [layer_activation_bytes(d, par, tok, i, modules) for i in layers]
+        return ChunkActivations(saved=sum(kept), rebuilt=max(f - k for f, k in zip(full, kept)))
+    if m.recompute_granularity != "full" or not layers:  # none
         return ChunkActivations(saved=sum(full), rebuilt=0.0)
     if method == "block":
         k = min(n, len(layers))
@@ -726,9 +785,12 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
     rebuilt = max((a.rebuilt for a in acts), default=0.0)
     logits = 0.0
     if last:
-        saved += head_activation_bytes(d, tok) + d.mtp_layers * mtp_activation_bytes(d, par, tok, mtp_recomputed(m))
+        mtp = mtp_activation_bytes(d, par, tok, mtp_recomputed(m), selective_modules(m))
+        saved += head_activation_bytes(d, tok) + d.mtp_layers * mtp
         if d.mtp_layers and mtp_recomputed(m):
             rebuilt = max(rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False))
+        elif d.mtp_layers and selective_modules(m):
+            rebuilt = max(rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False) - mtp)
         logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m))
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
 
@@ -750,8 +812,14 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
 
 def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
     m, notes = cfg.model, []
-    if m.recompute_granularity == "selective":
-        notes.append("selective recompute is counted as no recompute (an upper bound)")
+    modules = selective_modules(m)
+    if modules:
+        unknown = sorted(modules - SELECTIVE_MODULES)
+        notes.append(
+            f"selective recompute of {', '.join(sorted(modules))}: counted module by module; on the one measured "
+            "pair the plan counted more saving than was measured (docs/memory_plan.md)"
+            + (f"; {', '.join(unknown)} not modelled (counted as kept)" if unknown else "")
+        )
     if effective_precision(cfg)["fp8"]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
     if is_vlm(cfg):

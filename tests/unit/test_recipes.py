@@ -27,7 +27,7 @@ def build(name):
 
 
 # Megatron-Bridge's own 8-GPU MXFP8 benchmark layout (bridge-perf-recipes): the planner's upper
-# bounds (selective recompute counted as none, FP8 counted as BF16) put it over the GB300.
+# bound (FP8 activations and weights counted as BF16) puts it over the GB300.
 PLANNED_OVER_AS_AN_UPPER_BOUND = {"qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config"}
 
 
