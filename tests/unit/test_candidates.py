@@ -21,6 +21,7 @@ PREDICTED = {
     "35b_fp8_current": 0.92,
     "35b_shared_expert_overlap": 1.03,
     "35b_dispatch_wgrad_overlap": 1.02,
+    "35b_no_recompute_cpu_adam": 0.81,
     "27b_fp8_current": 1.1,
     "27b_block11": 1.02,
     "27b_vpp2_block6": 1.01,
