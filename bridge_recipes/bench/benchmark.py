@@ -61,6 +61,11 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
         c = find(opts.candidate)
         if opts.recipe or opts.against:
             raise ValueError("--candidate names both runs; drop --recipe and --against")
+        if opts.proxy_layers and c.full_scale_only:
+            raise ValueError(
+                f"--candidate {c.name} changes the pipeline split, which no proxy has: run it at the recipe's own "
+                "scale (drop --proxy-layers)"
+            )
         if opts.proxy_layers and opts.proxy_gpus != c.proxy_gpus:
             raise ValueError(
                 f"--candidate {c.name} is measured on {c.proxy_gpus} GPU(s): pass --proxy-gpus {c.proxy_gpus}"

@@ -22,6 +22,7 @@ PREDICTED = {
     "35b_shared_expert_overlap": 1.03,
     "35b_dispatch_wgrad_overlap": 1.02,
     "35b_no_recompute_cpu_adam": 0.81,
+    "27b_split_17_18_18_11": 1.10,
     "27b_fp8_current": 1.1,
     "27b_block11": 1.02,
     "27b_vpp2_block6": 1.01,
@@ -102,3 +103,47 @@ def test_expert_parallel_candidates_run_on_the_two_gpu_proxy(tmp_path):
         "--proxy-gpus 2: at least 1, and more than 1 only with --proxy-layers"
         in bench.argument_problems(bad, bench.runs_of(bad))[0][0]
     )
+
+
+def test_stage_split_candidate_balances_the_pipeline_and_runs_only_at_full_scale(tmp_path):
+    """The 27B's published split puts the output layer and MTP on a stage of 14 layers: its slowest
+    stage does 61.0 GFLOPs a token against 54.0 for the candidate's, the 1.13x its basis cites;
+    the candidate fits by the planner and refuses a proxy."""
+    import bridge_recipes
+    from bridge_recipes.bench.stages import balance_ratio, stage_training_flops
+    from bridge_recipes.models.qwen35 import get_spec
+
+    c = find("27b_split_17_18_18_11")
+    spec = get_spec(c.model)
+    published = bridge_recipes.build(c.recipe)
+    candidate = bridge_recipes.build(c.recipe, overrides=list(c.overrides))
+    pub, cand = stage_training_flops(spec, published), stage_training_flops(spec, candidate)
+    assert max(pub) == pub[-1] and round(max(pub) / 1e9, 1) == 61.0 and round(max(cand) / 1e9, 1) == 54.0
+    assert round(balance_ratio(spec, published, candidate), 2) == 1.13 and "1.13x" in c.basis
+    assert c.predicted_ratio < balance_ratio(spec, published, candidate)
+    assert full_scale_verdict(c)["fits"]
+    with pytest.raises(ValueError, match="changes the pipeline split, which no proxy has"):
+        bench.runs_of(_opts("--candidate", c.name, "--proxy-layers", "4", "--out", str(tmp_path / "c.yaml")))
+    assert [
+        label for label, _, _ in bench.runs_of(_opts("--candidate", c.name, "--out", str(tmp_path / "c.yaml")))
+    ] == [
+        c.name,
+        "published",
+    ]
+
+
+def test_stage_flops_count_recompute_and_the_head():
+    """Block recompute adds one forward of a stage's first N layers; the last stage carries the
+    output layer and MTP; without recompute nothing is added."""
+    import bridge_recipes
+    from bridge_recipes.bench import stages
+    from bridge_recipes.models.qwen35 import get_spec
+
+    spec = get_spec("qwen35_27b")
+    cfg = bridge_recipes.build("qwen35_27b_sft_8gpu_h200_bf16_config")
+    none = bridge_recipes.build("qwen35_27b_sft_8gpu_h200_bf16_config", overrides=["model.recompute_granularity=null"])
+    layers = stages.layer_forward_flops(spec, cfg)
+    with_rc, without = stages.stage_training_flops(spec, cfg), stages.stage_training_flops(spec, none)
+    assert with_rc[0] - without[0] == pytest.approx(sum(layers[:12]))  # first stage: 16 layers, 12 recomputed
+    assert without[0] == pytest.approx(3 * sum(layers[:16]))
+    assert without[-1] == pytest.approx(3 * (sum(layers[-14:]) + stages.head_forward_flops(spec, cfg)))
