@@ -7,12 +7,12 @@ one-GPU proxy at the recipe's per-GPU shard), and only a candidate that fits at 
 planner (with its framework overhead) and whose loss curve agrees with the published policy's can
 become a recipe. ``docs/performance_candidates.md`` is :func:`candidates_table` (a test rebuilds it).
 
-Predictions (written 2026-11-30; 35b_te_ce_block20, 35b_no_recompute_cpu_adam and
-27b_split_17_18_18_11 on 2026-12-01; each before any candidate ran) are tokens/s ratios on the proxy,
-candidate over published. Their basis, where it is a measurement, is the one-GPU proxy of the
-35B-A3B H200 policy (4 layers, 32 experts, 8 micro batches of 8,192 tokens): full recompute
-2.74 s a step, no recompute 2.20 s, FP8 block scaling 3.22 s with recompute
-(docs/evidence/README.md and the performance issue's side-by-side runs).
+Predictions (written 2026-11-30; 35b_te_ce_block20, 35b_bf16_moments_te_ce_block10,
+35b_no_recompute_cpu_adam and 27b_split_17_18_18_11 on 2026-12-01; each before any candidate ran)
+are tokens/s ratios on the proxy, candidate over published. Their basis, where it is a
+measurement, is the one-GPU proxy of the 35B-A3B H200 policy (4 layers, 32 experts, 8 micro
+batches of 8,192 tokens): full recompute 2.74 s a step, no recompute 2.20 s, FP8 block scaling
+3.22 s with recompute (side-by-side runs of 2026-11-30; docs/evidence/README.md).
 """
 
 from __future__ import annotations
@@ -98,6 +98,23 @@ CANDIDATES: tuple[Candidate, ...] = (
         "half of the recompute time saved: 2.20 + 0.5 x (2.74 - 2.20) s; the cross entropy taken as equally fast. "
         "Megatron-Core 0.19.2 warns that TE's fused cross entropy has known stability issues: the loss-curve "
         "check decides",
+    ),
+    Candidate(
+        "35b_bf16_moments_te_ce_block10",
+        "qwen35_35b_a3b",
+        (
+            "optimizer.exp_avg_dtype=bfloat16",
+            "optimizer.exp_avg_sq_dtype=bfloat16",
+            "model.cross_entropy_fusion_impl=te",
+            "model.recompute_method=block",
+            "model.recompute_num_layers=10",
+        ),
+        "Adam's two moments in BF16 (the optimizer state 53.3 -> 35.5 GB a GPU) and Transformer Engine's cross "
+        "entropy (16.3 GB), spent on recomputing 10 instead of all 40 layers",
+        _block_recompute_prediction(10 / 40),
+        "three quarters of the recompute time saved: 2.20 + 0.25 x (2.74 - 2.20) s; the optimizer step and the cross "
+        "entropy taken as equally fast. Two numerics changes at once (BF16 moments; TE's cross entropy, which "
+        "Megatron-Core 0.19.2 warns about): the loss-curve check decides",
     ),
     Candidate(
         "35b_selective",
