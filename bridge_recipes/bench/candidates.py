@@ -12,7 +12,9 @@ Predictions (written 2026-11-30; 35b_te_ce_block20, 35b_bf16_moments_te_ce_block
 are tokens/s ratios on the proxy, candidate over published. Their basis, where it is a
 measurement, is the one-GPU proxy of the 35B-A3B H200 policy (4 layers, 32 experts, 8 micro
 batches of 8,192 tokens): full recompute 2.74 s a step, no recompute 2.20 s, FP8 block scaling
-3.22 s with recompute (side-by-side runs of 2026-11-30; docs/evidence/README.md).
+3.22 s with recompute, as reported with the request for these candidates (2026-11-30; not a
+result file of this repository). This repository's own measurement of the recompute pair agrees:
+1.522 against 1.227 s a step, 1.24x (2026-11-29, docs/tuning_notes.md).
 """
 
 from __future__ import annotations
