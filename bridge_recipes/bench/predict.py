@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 # A prediction is trusted once it lands within this fraction of the published figures it is
-# calibrated on (the performance issue's rule).
+# calibrated on (4,663.1 tokens/s/GPU for the 35B-A3B EP8 layout, 2,499.5 for the 27B PP4 one).
 CALIBRATION_TOLERANCE = 0.15
 
 
