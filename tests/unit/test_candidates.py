@@ -24,6 +24,7 @@ PREDICTED = {
     "35b_no_recompute_cpu_adam": 0.81,
     "35b_te_ce_block20": 1.109,
     "35b_bf16_moments_te_ce_block10": 1.173,
+    "27b_fused_swiglu": 1.01,
     "27b_split_17_18_18_11": 1.10,
     "27b_fp8_current": 1.1,
     "27b_block11": 1.02,
