@@ -2,8 +2,9 @@
 # Run a queue of GPU-host commands detached, so a sequence longer than one 10-minute command
 # keeps the GPU busy between commands, and collect what it wrote from later commands.
 #
-#   bash scripts/gpu/detached.sh start QUEUE   # each non-empty, non-# line of QUEUE is one step,
-#                                              # run in order with OUT=$DETACHED_DIR/out
+#   bash scripts/gpu/detached.sh start QUEUE [QUEUE...]
+#                                              # each non-empty, non-# line of the QUEUEs is one
+#                                              # step, run in order with OUT=$DETACHED_DIR/out
 #   bash scripts/gpu/detached.sh wait [SECS]   # wait until the queue is done or SECS pass (540),
 #                                              # then pack its outputs into $OUT (see below)
 #
@@ -34,14 +35,18 @@ run_queue() {  # run_queue QUEUE: the detached worker
 
 case "${1:-}" in
   start)
-    queue=${2:?usage: detached.sh start QUEUE}
-    [ -f "$queue" ] || { echo "detached.sh: no queue file $queue" >&2; exit 2; }
+    shift
+    [ $# -ge 1 ] || { echo "usage: detached.sh start QUEUE [QUEUE...]" >&2; exit 2; }
+    for queue in "$@"; do
+      [ -f "$queue" ] || { echo "detached.sh: no queue file $queue" >&2; exit 2; }
+    done
     if [ -f "$dir/status.log" ] && [ ! -f "$dir/done" ]; then
       echo "detached.sh: a queue is still running in $dir (status.log has no done marker)" >&2; exit 2
     fi
-    rm -rf "$dir" && mkdir -p "$dir/out" && cp "$queue" "$dir/queue" && : >"$dir/status.log"  # running from now
+    rm -rf "$dir" && mkdir -p "$dir/out" && : >"$dir/status.log"  # running from now
+    for queue in "$@"; do cat "$queue"; echo; done >"$dir/queue"  # a queue without a final newline ends its line
     setsid nohup bash scripts/gpu/detached.sh _run "$dir/queue" >"$dir/worker.log" 2>&1 </dev/null &
-    echo "detached.sh: queue of $(grep -cv '^[[:space:]]*\(#\|$\)' "$queue") step(s) started in $dir"
+    echo "detached.sh: queue of $(grep -cv '^[[:space:]]*\(#\|$\)' "$dir/queue") step(s) started in $dir"
     ;;
   _run) run_queue "$2" ;;
   wait)
@@ -55,5 +60,5 @@ case "${1:-}" in
     cat "$dir/status.log"
     if [ -f "$dir/done" ]; then echo "detached.sh: done"; else echo "detached.sh: still running"; fi
     ;;
-  *) echo "usage: detached.sh start QUEUE | wait [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: detached.sh start QUEUE [QUEUE...] | wait [SECONDS]" >&2; exit 2 ;;
 esac

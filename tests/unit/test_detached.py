@@ -48,6 +48,19 @@ def test_queue_runs_detached_and_wait_collects(tmp_path):
     assert (tmp_path / "out/jit.tar.xz.00").read_text() == "part"
 
 
+def test_several_queues_run_one_after_the_other(tmp_path):
+    env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d"), "DETACHED_SETUP": "true", "OUT": str(tmp_path / "o")}
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("# first\necho one >> $OUT/order.txt")  # no final newline
+    second.write_text("echo two >> $OUT/order.txt\n")
+    start = _sh("start", str(first), str(second), env=env)
+    assert start.returncode == 0 and "2 step(s) started" in start.stdout, start.stderr
+    assert _sh("wait", "30", env=env).stdout.rstrip().endswith("detached.sh: done")
+    with tarfile.open(tmp_path / "o/detached.tgz") as tar:
+        assert tar.extractfile("out/order.txt").read() == b"one\ntwo\n"
+    assert _sh("start", str(first), str(tmp_path / "missing"), env=env).returncode == 2
+
+
 def test_bad_use_exits_2(tmp_path):
     env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d")}
     assert _sh("start", str(tmp_path / "missing"), env=env).returncode == 2
@@ -61,6 +74,7 @@ def test_committed_queues_name_existing_recipes_and_scripts():
     import shlex
 
     from bridge_recipes import registry
+    from bridge_recipes.bench.candidates import find
 
     queues = sorted((ROOT / "scripts/gpu/queues").glob("*.txt"))
     assert queues
@@ -72,6 +86,8 @@ def test_committed_queues_name_existing_recipes_and_scripts():
             for flag in ("--recipe", "--against"):
                 if flag in words:
                     registry.find(words[words.index(flag) + 1])  # raises for an unknown name
+            if "--candidate" in words:
+                find(words[words.index("--candidate") + 1])  # raises for an unknown candidate
             for word in words:
                 if re.fullmatch(r"(scripts|tests)/[\w/.-]+\.(py|sh)", word):
                     assert (ROOT / word).is_file(), f"{queue.name}: {word}"
@@ -90,6 +106,7 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
 
     from bridge_recipes import registry
     from bridge_recipes.bench.benchmark import build_parser
+    from bridge_recipes.bench.candidates import find
     from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
 
     parser = build_parser()
@@ -105,9 +122,13 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
             steps, (first, last) = opts.steps, opts.window
             assert 3 <= first < last <= steps, f"{queue.name}: window {first}-{last} of {steps} steps: {step}"
             seconds, cfgs = 0.0, []
-            for name in filter(None, (opts.recipe, opts.against)):
+            runs = [(name, []) for name in filter(None, (opts.recipe, opts.against))]
+            if opts.candidate:  # the candidate and its published policy, in one command
+                candidate = find(opts.candidate)
+                runs = [(candidate.mock_recipe, list(candidate.overrides)), (candidate.mock_recipe, [])]
+            for name, own in runs:
                 entry = registry.find(name)
-                cfgs.append(build_config(entry.name, overrides=opts.overrides))
+                cfgs.append(build_config(entry.name, overrides=[*own, *opts.overrides]))
                 step_s = published_step_seconds(cfgs[-1], entry.meta)
                 assert step_s, f"{queue.name}: {entry.name} has no published rate to size its steps by"
                 seconds += steps * step_s
@@ -115,4 +136,4 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
             if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
                 assert different_training(*cfgs) is None, f"{queue.name}: {step}"
             checked += 1
-    assert checked >= 7  # the 8-GPU queue's five benchmarks and two convergence pairs
+    assert checked >= 8  # the 8-GPU queue's five benchmarks, two convergence pairs and a candidate
