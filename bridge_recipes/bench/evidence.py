@@ -29,6 +29,19 @@ from typing import Any
 from bridge_recipes.bench.convergence import compare
 from bridge_recipes.bench.runs import ROOT
 
+# Megatron-Core's GatedDeltaNet parameters (a layer's ``self_attention`` in a Gated DeltaNet
+# layer); every other ``self_attention`` parameter belongs to a gated-attention layer. Read by the
+# packed-gradient probe's per-part report and by the CPU test of its committed result.
+GDN_PARAMS = ("in_proj", "out_proj", "conv1d", "A_log", "dt_bias", "out_norm")
+
+
+def mixer_of(name: str) -> str | None:
+    """``"gdn"`` or ``"attention"`` for a parameter of a layer's mixer (Megatron names), else None."""
+    if "self_attention" not in name:
+        return None
+    return "gdn" if any(f".{p}" in name for p in GDN_PARAMS) else "attention"
+
+
 MIN_STEPS = 10
 FALL_FRACTION = 0.9
 SAME_STEP_RTOL = 1e-6

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes.bench.evidence import mixer_of
 from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows
 
 pytestmark = pytest.mark.gpu
@@ -367,24 +368,12 @@ UNFUSED_CASES = {f"{case}_unfused_attention": case for case in ("qwen35_27b/no_m
 GRADIENT_NORM_RATIO = (0.9, 1.1)  # packed over alone; BF16 noise stays well inside
 
 
-GDN_PARAMS = (
-    "in_proj",
-    "out_proj",
-    "conv1d",
-    "A_log",
-    "dt_bias",
-    "out_norm",
-)  # the rest of a self_attention is attention
-
-
 def module_group(name: str) -> str:
     """The part of the model a parameter belongs to, for the per-part report."""
     for key in ("mtp", "embedding", "output_layer", "experts", "router", "shared_experts", "mlp"):
         if key in name:
             return key
-    if "self_attention" in name:
-        return "gdn" if any(f".{p}" in name for p in GDN_PARAMS) else "attention"
-    return "other"
+    return mixer_of(name) or "other"
 
 
 def row_gradient(model, batch, meta, segments: list[tuple[int, int]] | None) -> dict:
@@ -424,7 +413,7 @@ def row_gradient(model, batch, meta, segments: list[tuple[int, int]] | None) -> 
 
 def without_padding_segment(batch, meta):
     """``batch``'s first row cut at the end of its last segment with a loss, and its metadata to match."""
-    import torch
+    from bridge_recipes.data.packed_rows import packed_seq_keys
 
     cu = [int(x) for x in batch["cu_seqlens_q"][0]]
     mask = batch["loss_mask"][0]
@@ -432,10 +421,9 @@ def without_padding_segment(batch, meta):
         cu.pop()
     end = cu[-1]
     cut = {k: batch[k][:, :end] for k in ("tokens", "labels", "loss_mask", "position_ids")}
-    cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")[None]
-    longest = torch.tensor([max(b - a for a, b in zip(cu[:-1], cu[1:]))])
-    meta = {"cu_seqlens_q": cu_t, "cu_seqlens_kv": cu_t.clone(), "max_seqlen_q": longest, "max_seqlen_kv": longest}
-    return {**batch, **cut, "cu_seqlens_q": cu_t.cpu()}, meta
+    keys = {k: v[None] for k, v in packed_seq_keys(cu).items()}  # batched, as the loader gives them
+    meta = {k: (v.cuda() if k.startswith("cu_") else v) for k, v in keys.items()}
+    return {**batch, **cut, "cu_seqlens_q": keys["cu_seqlens_q"]}, meta
 
 
 @pytest.mark.parametrize("case", list(GRADIENT_CASES) + list(TRIMMED_CASES) + list(UNFUSED_CASES))

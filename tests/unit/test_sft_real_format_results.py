@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.bench.evidence import check_training
+from bridge_recipes.bench.evidence import check_training, mixer_of
 from bridge_recipes.bench.megatron_log import parse_megatron_log
 from bridge_recipes.bench.runs import split_runs
 
@@ -145,9 +145,6 @@ def gradient_probe() -> dict[str, dict]:
     return {k.removeprefix("gradient/"): v for k, v in probes.items()}
 
 
-GDN_PARAMS = (".in_proj", ".out_proj", ".conv1d", ".A_log", ".dt_bias", ".out_norm")
-
-
 def test_gradient_probe_forward_agrees_and_only_mtp_with_grouped_gemms_blows_up(gradient_probe):
     """One packed row against its conversations alone: the summed losses agree to 1e-5 in every
     case; the gradient norms agree within 1% except the 35B-A3B with MTP and grouped expert GEMMs
@@ -174,9 +171,9 @@ def test_gradient_probe_worst_parameters_are_gated_attention(gradient_probe):
     differs by more than its own norm."""
     for case, p in gradient_probe.items():
         name, err = p["worst_params"][0]
-        assert "self_attention" in name and not any(g in name for g in GDN_PARAMS), (case, name)
+        assert mixer_of(name) == "attention", (case, name)
         assert name.startswith(("decoder.layers.3.", "mtp.layers.0.")), (case, name)
-        gdn = [e for n, e in p["worst_params"] if any(g in n for g in GDN_PARAMS)]
+        gdn = [e for n, e in p["worst_params"] if mixer_of(n) == "gdn"]
         assert all(e < err / 2 for e in gdn), case
     worst_27b = dict(gradient_probe["qwen35_27b/no_mtp"]["worst_params"])
     assert worst_27b["decoder.layers.3.self_attention.linear_qkv.weight"] > 1.0
