@@ -787,10 +787,10 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
     if last:
         mtp = mtp_activation_bytes(d, par, tok, mtp_recomputed(m), selective_modules(m))
         saved += head_activation_bytes(d, tok) + d.mtp_layers * mtp
-        if d.mtp_layers and mtp_recomputed(m):
-            rebuilt = max(rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False))
-        elif d.mtp_layers and selective_modules(m):
-            rebuilt = max(rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False) - mtp)
+        if d.mtp_layers:  # the backward rebuilds what a recomputed or selective MTP layer did not keep
+            rebuilt = max(
+                rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False) - (0.0 if mtp_recomputed(m) else mtp)
+            )
         logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m))
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
 
