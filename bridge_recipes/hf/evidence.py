@@ -392,8 +392,11 @@ def lora_arm(log: Log, out: Path, scratch: Path, toy: Path, spec: Any, tokens: A
     tuned, original = logits(export), logits(toy)
     info["export_loads"] = bool(torch.isfinite(tuned).all())
     info["export_logits_max_abs_change"] = float((tuned - original).abs().max())
+    # each stage's findings reach the log as they come: a host lost during the resume keeps them
+    log(f"lora trained and exported: {json.dumps(info, default=str)}")
     save = ["--save-dir", str(killed_ckpt), "--load-dir", str(killed_ckpt)]
     killed = launch("lora_killed", LORA_RECIPE, [*base, *save], out / "hf_lora.log", kill_after_step=RESUME_KILL_AFTER)
+    log(f"lora killed after step {len(killed.losses)} (exit {killed.returncode}); resuming")
     back = launch("lora_resumed", LORA_RECIPE, [*base, *save, "checkpoint.save=null"], out / "hf_lora.log")
     info["resume"] = check_resume(a.losses, killed.losses, back.losses, save_interval=RESUME_SAVE_INTERVAL).as_dict()
     info["resume"]["resumed_returncode"] = back.returncode

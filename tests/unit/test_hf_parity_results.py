@@ -158,3 +158,25 @@ def test_lora_run_trained_its_adapters_before_the_export_stopped():
     assert losses[10] < losses[1] - 1.0
     assert "[run_recipe] export: /tmp/hf_evidence/lora_ckpt" in log  # training ended and saved
     assert "arm lora FAILED" in log
+
+
+def test_lora_run_merged_its_export_and_the_second_run_was_killed_on_time():
+    """The LoRA arm again on 2026-12-01 (08:31-08:40 UTC), with ``checkpoint.load_adapters``: 10 steps,
+    adapters saved, and the merged export wrote every tensor of the base; the run to be resumed
+    repeated the first run's losses until it was killed after step 7. The host was lost before the
+    resumed run and the in-process checks reported (see docs/evidence/hf/README.md)."""
+    from bridge_recipes.bench.evidence import RESUME_KILL_AFTER, check_training
+    from bridge_recipes.bench.megatron_log import parse_megatron_log
+    from bridge_recipes.bench.runs import split_runs
+
+    runs = split_runs((EVIDENCE / "hf_lora_export_and_kill.log").read_text())
+    assert list(runs) == ["lora", "lora_killed"]
+    first = {it.step: it.lm_loss for it in parse_megatron_log(runs["lora"])}
+    killed = {it.step: it.lm_loss for it in parse_megatron_log(runs["lora_killed"])}
+    assert sorted(first) == list(range(1, 11)) and check_training(first).passed
+    assert "exit status 0" in runs["lora"] and "exit status -9" in runs["lora_killed"]
+    tail = runs["lora"].split("iteration       10/")[1]
+    assert "[run_recipe] export: /tmp/hf_evidence/lora_ckpt -> /tmp/hf_evidence/lora_export" in tail
+    assert "Success: All tensors from the original checkpoint were written." in tail
+    assert sorted(killed) == list(range(1, RESUME_KILL_AFTER + 1))
+    assert max(abs(killed[s] - first[s]) for s in killed) < 0.01  # same run until the kill

@@ -124,3 +124,18 @@ def test_an_intercept_proxy_gives_the_fixed_cost_when_the_slope_proxies_shrank_t
     p = predict(cfg, 8, [slope_a, slope_b], recipe=RECIPE, intercept=real_head)
     assert p.per_layer_s == pytest.approx(0.025) and p.fixed_s == pytest.approx(0.325 - 4 * 0.025)
     assert p.step_s == pytest.approx(16 * (40 * 0.025 + 0.225))
+
+
+def test_committed_35b_calibration_is_what_the_two_committed_depths_give(tmp_path):
+    """results/h200_predict_qwen35_35b_a3b_sft_8gpu.json: the 35B-A3B EP8 shard at 4 layers
+    (2026-11-29) and 16 layers (2026-12-01), 1 x H200 each, extrapolated to 40 layers on 8 GPUs;
+    pinned against the published 4,663.1 tokens/s/GPU."""
+    deep = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy_16_layers.yaml"
+    committed = json.loads((ROOT / "results/h200_predict_qwen35_35b_a3b_sft_8gpu.json").read_text())
+    out = tmp_path / "p.json"
+    argv = ["--predict", committed["recipe"], "--proxy-results", str(PROXY), str(deep), "--out", str(out)]
+    assert bench.main(argv) == 0
+    assert json.loads(out.read_text()) == committed
+    assert (proxy_point(PROXY).layers, proxy_point(deep).layers) == (4, 16)
+    assert round(committed["tokens_per_s_per_gpu"], 1) == 4687.8 and committed["calibration"]["within"]
+    assert round(committed["calibration"]["ratio"], 3) == 1.005

@@ -22,7 +22,8 @@ PAIRS = {  # model: (tuned policy, reference layout)
     "qwen35_35b_a3b": ("h200_policy", "h100_reference"),
     "qwen35_27b": ("h200_policy", "slime_reference"),
 }
-RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms]
+# the predictor's second depth of the 35B-A3B policy (16 layers; its 4-layer point is the pair's)
+RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [("qwen35_35b_a3b", "h200_policy_16_layers")]
 
 
 def _result(model: str, arm: str) -> dict:
