@@ -191,7 +191,8 @@ _RUN_HEADER = re.compile(r"^===== run (\S+): (.*)$", re.M)
 def compact_log(log_text: str) -> str:
     """The lines of a :func:`launch` log that its evidence is read from: run headers and exit
     lines, the runner's own lines, iteration, validation, memory and timer lines, Megatron-Bridge's
-    conversion result (``Success: ...``), errors; runs kept from an earlier command appear once. Megatron's config dumps make a full log megabytes."""
+    conversion result (``Success: ...``), errors; runs kept from an earlier command appear once.
+    Megatron's config dumps make a full log megabytes."""
     from bridge_recipes.bench.megatron_log import is_timer_line, training_iteration
 
     out, skip = [], False
