@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.12) with the training stack and this project in editable mode.
 #
-#   bash scripts/install.sh [--gpu|--cpu] [--wheelhouse DIR] [--python PY] [--dry-run]
+#   bash scripts/install.sh [--gpu|--cpu] [--wheelhouse DIR]... [--reuse-site-packages] [--python PY] [--dry-run]
 #
 # The stack is installed from requirements/cpu.lock with --no-deps: megatron-bridge declares
 # dependencies that cannot be built on a machine without CUDA (flashinfer, fast-hadamard-
@@ -12,24 +12,35 @@
 # --gpu (the default when `nvidia-smi -L` lists a GPU; --cpu turns it off) also installs
 # requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang, and their dependencies),
 # then imports the training entry points and prints the GPU, CUDA and stack versions.
+# --reuse-site-packages makes the packages PY already has (its own site-packages, also when PY
+# belongs to another virtual environment) visible in .venv, so pins they satisfy are kept and only
+# the rest is installed: a GPU machine with a preinstalled torch and CUDA stack and no registry
+# installs from a small wheelhouse (scripts/gpu/wheelhouse.py builds one; PIP_NO_INDEX=1 keeps
+# pip off the network).
 # --dry-run prints the commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-wheelhouse=""
-[ -d ../shared/wheelhouse ] && wheelhouse=../shared/wheelhouse
+wheelhouses=()
+[ -d ../shared/wheelhouse ] && wheelhouses=(../shared/wheelhouse)
+given_wheelhouse=0
+reuse=0
 python=""
 gpu=auto
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --wheelhouse) wheelhouse="$2"; shift 2 ;;
+    --wheelhouse)
+      [ $# -ge 2 ] || { echo "install.sh: --wheelhouse needs a folder" >&2; exit 2; }
+      [ "$given_wheelhouse" = 1 ] || wheelhouses=()
+      given_wheelhouse=1; wheelhouses+=("$2"); shift 2 ;;
+    --reuse-site-packages) reuse=1; shift ;;
     --python) python="$2"; shift 2 ;;
     --gpu) gpu=1; shift ;;
     --cpu) gpu=0; shift ;;
     --dry-run) dry_run=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --wheelhouse DIR, --python PY, --dry-run)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --wheelhouse DIR, --reuse-site-packages, --python PY, --dry-run)" >&2; exit 2 ;;
   esac
 done
 if [ "$gpu" = auto ]; then
@@ -57,15 +68,22 @@ find_python() {
   echo "install.sh: no Python 3.12 found; megatron-bridge needs it. Pass --python /path/to/python3.12" >&2; exit 2; }
 
 find_links=()
-if [ -n "$wheelhouse" ]; then
+for wheelhouse in "${wheelhouses[@]}"; do
   [ -d "$wheelhouse" ] || { echo "install.sh: --wheelhouse '$wheelhouse' is not a folder" >&2; exit 2; }
-  find_links=(--find-links "$wheelhouse")
+  find_links+=(--find-links "$wheelhouse")
   echo "[install] using wheelhouse $wheelhouse"
-fi
+done
 
 echo "[install] creating .venv with $python"
 run "$python" -m venv .venv
-run .venv/bin/python -m pip install -q --upgrade "pip>=25"
+if [ "$reuse" = 1 ]; then
+  # a .pth file puts PY's site-packages after .venv's own: what .venv installs comes first
+  sites=$("$python" -c 'import site; print("\n".join(site.getsitepackages()))')
+  echo "[install] reusing the packages of $python: $(echo $sites)"
+  pth=".venv/lib/python3.12/site-packages/_reused_site_packages.pth"
+  if [ "$dry_run" = 1 ]; then echo "+ write $pth: $(echo $sites)"; else printf '%s\n' "$sites" >"$pth"; fi
+fi
+run .venv/bin/python -m pip install -q --upgrade "${find_links[@]}" "pip>=25"
 echo "[install] installing requirements/cpu.lock (no dependency resolution; a few minutes)"
 run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/cpu.lock
 if [ "$gpu" = 1 ]; then

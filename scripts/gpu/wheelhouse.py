@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""A wheelhouse for a GPU machine without a package registry, carried in parts of a size limit.
+
+    # on a machine with a registry: the pinned wheels the GPU machine lacks, in parts of 60 MiB
+    python3 scripts/gpu/wheelhouse.py build --host-freeze host_freeze.txt --out .wheelhouse \\
+        --extra-wheel ../shared/wheelhouse/transformer_engine_torch-2.20.2-cp312-cp312-linux_x86_64.whl
+    # on the GPU machine, once every part is there: one folder for `install.sh --wheelhouse`
+    python3 scripts/gpu/wheelhouse.py join .wheelhouse/part_* --out /tmp/wheelhouse
+
+``host_freeze.txt`` is ``python3 -m pip list --format=freeze`` as run on the GPU machine: a pin of
+requirements/cpu.lock or gpu.lock that it already satisfies (same public version; a local label
+such as ``+cu130`` is ignored) is not downloaded, because ``install.sh --reuse-site-packages``
+keeps it. A wheel larger than a part is cut into chunks, one part each; ``join`` puts them back
+together and checks every file's SHA-256 against the manifest (``part_01/MANIFEST.json``) before
+anything is written to ``--out``. Standard library only: the GPU machine runs it before anything
+is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCKS = (ROOT / "requirements/cpu.lock", ROOT / "requirements/gpu.lock")
+MANIFEST = "MANIFEST.json"
+# CPython 3.12 on x86-64 Linux, newest glibc tag first (the H200 host has glibc 2.39)
+PLATFORMS = ("manylinux_2_39_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+# published as source only, or built for one CUDA: these come with --extra-wheel
+NOT_DOWNLOADED = {"transformer-engine-torch"}
+PIP = "pip>=25"  # what install.sh upgrades a new venv's pip to
+
+
+class WheelhouseError(Exception):
+    pass
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_pins(text: str) -> dict[str, str]:
+    """``name==version`` lines (a lock file or ``pip list --format=freeze``) by normalized name;
+    comments, blank lines and lines of another form (``pkg @ file://...``) are skipped. A later
+    line replaces an earlier one, as gpu.lock's pins replace cpu.lock's when installed after it."""
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line and " @ " not in line:
+            name, version = line.split("==", 1)
+            out[normalize(name)] = version.strip()
+    return out
+
+
+def public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def unsatisfied(pins: dict[str, str], installed: dict[str, str]) -> dict[str, str]:
+    """The pins the installed set does not satisfy at the same public version."""
+    return {n: v for n, v in pins.items() if public(installed.get(n, "")) != public(v)}
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pack(files: list[Path], out: Path, part_bytes: int) -> dict:
+    """Lay ``files`` out in ``out/part_NN`` folders of at most ``part_bytes`` each (largest first,
+    each into the first part with room); a file larger than a part is cut into chunks
+    ``NAME.chunkNN``, one part each. Returns the manifest, also written into part_01."""
+    if part_bytes < 1024:
+        raise WheelhouseError(f"a part of {part_bytes} bytes is too small")
+    manifest: dict = {"part_bytes": part_bytes, "files": {}}
+    pieces: list[tuple[str, Path, int, int]] = []  # (name in the part, source, offset, length)
+    for f in sorted(files, key=lambda p: (-p.stat().st_size, p.name)):
+        size = f.stat().st_size
+        entry = {"size": size, "sha256": sha256(f), "chunks": []}
+        if size <= part_bytes:
+            pieces.append((f.name, f, 0, size))
+        else:
+            for i, offset in enumerate(range(0, size, part_bytes), start=1):
+                chunk = f"{f.name}.chunk{i:02d}"
+                entry["chunks"].append(chunk)
+                pieces.append((chunk, f, offset, min(part_bytes, size - offset)))
+        manifest["files"][f.name] = entry
+    parts: list[list[tuple[str, Path, int, int]]] = []
+    room: list[int] = []
+    for piece in sorted(pieces, key=lambda p: -p[3]):
+        k = next((i for i, r in enumerate(room) if r >= piece[3]), None)
+        if k is None:
+            parts.append([])
+            room.append(part_bytes)
+            k = len(parts) - 1
+        parts[k].append(piece)
+        room[k] -= piece[3]
+    manifest["parts"] = {f"part_{i:02d}": sorted(p[0] for p in part) for i, part in enumerate(parts, start=1)}
+    for i, part in enumerate(parts, start=1):
+        folder = out / f"part_{i:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, src, offset, length in part:
+            with open(src, "rb") as fin, open(folder / name, "wb") as fout:
+                fin.seek(offset)
+                fout.write(fin.read(length))
+    (out / "part_01").mkdir(parents=True, exist_ok=True)
+    (out / "part_01" / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def join(parts: list[Path], out: Path) -> list[str]:
+    """Rebuild the packed files of ``parts`` into ``out`` (created; must not hold files), checking
+    sizes and SHA-256; nothing lands in ``out`` unless every file checks. Returns the file names."""
+    found = [p / MANIFEST for p in parts if (p / MANIFEST).is_file()]
+    if not found:
+        raise WheelhouseError(f"no {MANIFEST} in {', '.join(map(str, parts))}: pass every part, part_01 included")
+    manifest = json.loads(found[0].read_text())
+    where = {f.name: f for p in parts for f in p.iterdir() if f.name != MANIFEST}
+    missing_parts = sorted(set(manifest["parts"]) - {p.name for p in parts})
+    if missing_parts:
+        raise WheelhouseError(f"parts not given (or not carried here yet): {', '.join(missing_parts)}")
+    if out.exists() and any(out.iterdir()):
+        raise WheelhouseError(f"--out {out} is not empty; pass a new folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".wheelhouse-", dir=out.parent))
+    try:
+        for name, entry in sorted(manifest["files"].items()):
+            sources = [where.get(c) for c in (entry["chunks"] or [name])]
+            if None in sources:
+                lost = [c for c, s in zip(entry["chunks"] or [name], sources) if s is None]
+                raise WheelhouseError(f"{name}: missing {', '.join(lost)} (listed in {manifest['parts']})")
+            with open(tmp / name, "wb") as fout:
+                for s in sources:
+                    with open(s, "rb") as fin:
+                        shutil.copyfileobj(fin, fout)
+            if (tmp / name).stat().st_size != entry["size"] or sha256(tmp / name) != entry["sha256"]:
+                raise WheelhouseError(f"{name}: size or SHA-256 differs from the manifest; carry its part again")
+        out.mkdir(parents=True, exist_ok=True)
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(manifest["files"])
+
+
+def build(host_freeze: Path, out: Path, part_mib: float, extra_wheels: list[Path]) -> dict:
+    installed = read_pins(host_freeze.read_text())
+    pins: dict[str, str] = {}
+    for lock in LOCKS:
+        pins.update(read_pins(lock.read_text()))
+    need = {n: v for n, v in unsatisfied(pins, installed).items() if n not in NOT_DOWNLOADED}
+    if out.exists() and any(out.iterdir()):
+        raise WheelhouseError(f"--out {out} is not empty; pass a new folder")
+    print(f"[wheelhouse] {len(pins) - len(need)} of {len(pins)} pins are on the GPU machine; downloading {len(need)}")
+    with tempfile.TemporaryDirectory() as dl:
+        req = Path(dl) / "need.txt"
+        # install.sh upgrades pip first (a fresh venv's pip may be older than it needs)
+        req.write_text("".join(f"{n}=={v}\n" for n, v in sorted(need.items())) + f"{PIP}\n")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
+        cmd += [a for p in PLATFORMS for a in ("--platform", p)] + ["-d", str(Path(dl) / "w"), "-r", str(req)]
+        subprocess.run(cmd, check=True)
+        wheels = sorted((Path(dl) / "w").glob("*.whl"))
+        manifest = pack(wheels + list(extra_wheels), out, int(part_mib * 2**20))
+    for part, names in manifest["parts"].items():
+        size = sum((out / part / n).stat().st_size for n in names) / 2**20
+        print(f"[wheelhouse] {out / part}: {len(names)} file(s), {size:.1f} MiB")
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="download the pins the GPU machine lacks and pack them in parts")
+    b.add_argument("--host-freeze", type=Path, required=True, help="pip list --format=freeze of the GPU machine")
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--part-mib", type=float, default=60.0, help="largest part (the carry limit less the tree)")
+    b.add_argument("--extra-wheel", type=Path, action="append", default=[], help="a prebuilt wheel to add")
+    j = sub.add_parser("join", help="rebuild the wheelhouse from its parts")
+    j.add_argument("parts", type=Path, nargs="+")
+    j.add_argument("--out", type=Path, required=True)
+    opts = ap.parse_args(argv)
+    try:
+        if opts.cmd == "build":
+            for w in opts.extra_wheel:
+                if not w.is_file():
+                    raise WheelhouseError(f"--extra-wheel {w}: no such file")
+            build(opts.host_freeze, opts.out, opts.part_mib, opts.extra_wheel)
+        else:
+            names = join(opts.parts, opts.out)
+            print(f"[wheelhouse] {len(names)} file(s) checked and joined into {opts.out}")
+    except (WheelhouseError, FileNotFoundError) as exc:
+        print(f"wheelhouse.py: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(f"wheelhouse.py: pip download exited {exc.returncode} (see its output above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""scripts/gpu/wheelhouse.py: which pins a GPU machine lacks, packing wheels into parts under a
+carry limit (a wheel larger than a part cut into chunks) and joining them back with checksums;
+scripts/install.sh --reuse-site-packages and several --wheelhouse folders (dry run)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("wheelhouse", ROOT / "scripts/gpu/wheelhouse.py")
+wh = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wh)
+
+
+def test_pins_a_machine_satisfies_ignore_the_local_label():
+    pins = wh.read_pins(
+        "torch==2.11.0\nTransformers==5.12.1  # note\napache_tvm_ffi==0.1.15\napache-tvm-ffi==0.1.12\n"
+    )
+    assert pins == {"torch": "2.11.0", "transformers": "5.12.1", "apache-tvm-ffi": "0.1.12"}  # the later pin wins
+    host = wh.read_pins("torch==2.11.0+cu130\ntransformers==5.17.0\nmyproj @ file:///src\n")
+    assert host == {"torch": "2.11.0+cu130", "transformers": "5.17.0"}
+    assert wh.unsatisfied(pins, host) == {"transformers": "5.12.1", "apache-tvm-ffi": "0.1.12"}
+
+
+def _files(tmp_path, sizes):
+    src = tmp_path / "src"
+    src.mkdir()
+    out = []
+    for i, size in enumerate(sizes):
+        f = src / f"w{i}-1.0-py3-none-any.whl"
+        f.write_bytes(os.urandom(size))
+        out.append(f)
+    return out
+
+
+def test_pack_keeps_every_part_under_the_limit_and_join_restores_the_bytes(tmp_path):
+    files = _files(tmp_path, [5000, 1500, 700, 300, 2048])
+    manifest = wh.pack(files, tmp_path / "wh", 2048)
+    parts = sorted((tmp_path / "wh").iterdir())
+    assert [p.name for p in parts] == sorted(manifest["parts"])
+    for p in parts:  # the manifest itself is not a carried wheel byte
+        assert sum(f.stat().st_size for f in p.iterdir() if f.name != wh.MANIFEST) <= 2048
+    assert manifest["files"]["w0-1.0-py3-none-any.whl"]["chunks"] == [
+        f"w0-1.0-py3-none-any.whl.chunk{i:02d}" for i in (1, 2, 3)
+    ]
+    # 5000 = 2048 + 2048 + 904 in three parts with the 2048 file; then 1500 + 300 and 904 + 700
+    assert len(parts) == 5
+    names = wh.join(parts, tmp_path / "joined")
+    assert names == sorted(f.name for f in files)
+    for f in files:
+        assert (tmp_path / "joined" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_join_refuses_a_missing_part_a_damaged_chunk_and_a_used_folder(tmp_path):
+    files = _files(tmp_path, [5000, 100])
+    wh.pack(files, tmp_path / "wh", 2048)
+    parts = sorted((tmp_path / "wh").iterdir())
+    with pytest.raises(wh.WheelhouseError, match="parts not given .*part_03"):
+        wh.join(parts[:2], tmp_path / "a")
+    chunk = tmp_path / "wh" / "part_02" / next(n for n in os.listdir(parts[1]) if "chunk" in n)
+    chunk.write_bytes(b"x" + chunk.read_bytes()[1:])
+    with pytest.raises(wh.WheelhouseError, match="w0-1.0-py3-none-any.whl: size or SHA-256 differs"):
+        wh.join(parts, tmp_path / "b")
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())  # nothing half-written
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "mine.txt").write_text("a user's file")
+    with pytest.raises(wh.WheelhouseError, match="is not empty"):
+        wh.join(parts, tmp_path / "c")
+    assert wh.main(["join", str(parts[1]), "--out", str(tmp_path / "d")]) == 2  # no manifest: part_01 left out
+
+
+def test_build_downloads_only_what_the_machine_lacks(tmp_path, monkeypatch, capsys):
+    freeze = tmp_path / "freeze.txt"
+    host = {**wh.read_pins((ROOT / "requirements/cpu.lock").read_text()), "transformers": "0.0.0"}
+    freeze.write_text("".join(f"{n}=={v}+cu130\n" for n, v in host.items()))
+    asked = {}
+
+    def fake_run(cmd, check):
+        req = Path(cmd[cmd.index("-r") + 1]).read_text().split()
+        asked["req"] = req
+        dest = Path(cmd[cmd.index("-d") + 1])
+        dest.mkdir(parents=True)
+        for line in req:
+            (dest / f"{line.split('=')[0].replace('>', '')}-1-py3-none-any.whl").write_bytes(b"w" * 100)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(wh.subprocess, "run", fake_run)
+    te = tmp_path / "transformer_engine_torch-2.20.2-cp312-cp312-linux_x86_64.whl"
+    te.write_bytes(b"t" * 3000)
+    manifest = wh.build(freeze, tmp_path / "wh", 2048 / 2**20, [te])
+    gpu_only = set(wh.read_pins((ROOT / "requirements/gpu.lock").read_text())) - set(host)
+    changed = {
+        n
+        for n, v in wh.read_pins((ROOT / "requirements/gpu.lock").read_text()).items()
+        if host.get(n) not in (None, v)
+    }
+    wanted = {
+        f"{n}=={v}"
+        for n, v in wh.read_pins((ROOT / "requirements/gpu.lock").read_text()).items()
+        if n in gpu_only | changed
+    }
+    assert set(asked["req"]) == wanted | {
+        f"transformers=={wh.read_pins((ROOT / 'requirements/cpu.lock').read_text())['transformers']}",
+        wh.PIP,
+    }
+    assert te.name in manifest["files"] and manifest["files"][te.name]["chunks"]  # 3000 bytes over a 2048 part
+    assert "of" in capsys.readouterr().out
+
+
+def _install(tmp_path, *args):
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts/install.sh"), "--python", sys.executable, "--dry-run", "--cpu", *args],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_install_reuses_site_packages_and_reads_several_wheelhouses(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    p = _install(tmp_path, "--reuse-site-packages", "--wheelhouse", str(a), "--wheelhouse", str(b))
+    assert p.returncode == 0, p.stderr
+    pth = next(line for line in p.stdout.splitlines() if line.startswith("+ write "))
+    import site
+
+    assert "_reused_site_packages.pth" in pth and site.getsitepackages()[0] in pth
+    lock_line = next(line for line in p.stdout.splitlines() if "-r requirements/cpu.lock" in line)
+    assert f"--find-links {a} --find-links {b}" in lock_line
+    pip_line = next(line for line in p.stdout.splitlines() if "pip>=25" in line)
+    assert f"--find-links {a}" in pip_line  # a machine without a registry upgrades pip from the wheelhouse
+    assert "_reused_site" not in _install(tmp_path, "--wheelhouse", str(a)).stdout
+    bad = _install(tmp_path, "--wheelhouse", str(tmp_path / "nope"))
+    assert bad.returncode == 2 and "is not a folder" in bad.stderr
