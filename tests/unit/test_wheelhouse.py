@@ -1,8 +1,7 @@
-"""scripts/gpu/wheelhouse.py: which pins a GPU machine lacks, packing wheels into parts under a
+"""bridge_recipes.wheelhouse: which pins a GPU machine lacks, packing wheels into parts under a
 carry limit (a wheel larger than a part cut into chunks) and joining them back with checksums;
 scripts/install.sh --reuse-site-packages and several --wheelhouse folders (dry run)."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes import wheelhouse as wh
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("wheelhouse", ROOT / "scripts/gpu/wheelhouse.py")
-wh = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wh)
 
 
 def test_pins_a_machine_satisfies_ignore_the_local_label():
@@ -134,3 +132,15 @@ def test_install_reuses_site_packages_and_reads_several_wheelhouses(tmp_path):
     assert "_reused_site" not in _install(tmp_path, "--wheelhouse", str(a)).stdout
     bad = _install(tmp_path, "--wheelhouse", str(tmp_path / "nope"))
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
+
+
+def test_join_runs_on_a_bare_interpreter_from_the_checkout(tmp_path):
+    """The GPU machine joins the parts before anything is installed: `python3 -m
+    bridge_recipes.wheelhouse join` from the checkout's root with the standard library only."""
+    files = _files(tmp_path, [3000, 10])
+    wh.pack(files, tmp_path / "wh", 2048)
+    parts = [str(p) for p in sorted((tmp_path / "wh").iterdir())]
+    cmd = [sys.executable, "-S", "-m", "bridge_recipes.wheelhouse", "join", *parts, "--out", str(tmp_path / "j")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "2 file(s) checked and joined" in p.stdout

@@ -1,19 +1,18 @@
-#!/usr/bin/env python3
 """A wheelhouse for a GPU machine without a package registry, carried in parts of a size limit.
 
     # on a machine with a registry: the pinned wheels the GPU machine lacks, in parts of 60 MiB
-    python3 scripts/gpu/wheelhouse.py build --host-freeze host_freeze.txt --out .wheelhouse \\
+    python3 -m bridge_recipes.wheelhouse build --host-freeze host_freeze.txt --out .wheelhouse \\
         --extra-wheel ../shared/wheelhouse/transformer_engine_torch-2.20.2-cp312-cp312-linux_x86_64.whl
     # on the GPU machine, once every part is there: one folder for `install.sh --wheelhouse`
-    python3 scripts/gpu/wheelhouse.py join .wheelhouse/part_* --out /tmp/wheelhouse
+    python3 -m bridge_recipes.wheelhouse join .wheelhouse/part_* --out /tmp/wheelhouse
 
 ``host_freeze.txt`` is ``python3 -m pip list --format=freeze`` as run on the GPU machine: a pin of
 requirements/cpu.lock or gpu.lock that it already satisfies (same public version; a local label
 such as ``+cu130`` is ignored) is not downloaded, because ``install.sh --reuse-site-packages``
 keeps it. A wheel larger than a part is cut into chunks, one part each; ``join`` puts them back
 together and checks every file's SHA-256 against the manifest (``part_01/MANIFEST.json``) before
-anything is written to ``--out``. Standard library only: the GPU machine runs it before anything
-is installed.
+anything is written to ``--out``. Standard library only: the GPU machine runs it from the checkout's root
+before anything is installed.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 LOCKS = (ROOT / "requirements/cpu.lock", ROOT / "requirements/gpu.lock")
 MANIFEST = "MANIFEST.json"
 # CPython 3.12 on x86-64 Linux, newest glibc tag first (the H200 host has glibc 2.39)
@@ -200,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             names = join(opts.parts, opts.out)
             print(f"[wheelhouse] {len(names)} file(s) checked and joined into {opts.out}")
     except (WheelhouseError, FileNotFoundError) as exc:
-        print(f"wheelhouse.py: {exc}", file=sys.stderr)
+        print(f"wheelhouse: {exc}", file=sys.stderr)
         return 2
     except subprocess.CalledProcessError as exc:
-        print(f"wheelhouse.py: pip download exited {exc.returncode} (see its output above)", file=sys.stderr)
+        print(f"wheelhouse: pip download exited {exc.returncode} (see its output above)", file=sys.stderr)
         return 1
     return 0
 
