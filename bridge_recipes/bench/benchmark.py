@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds a layer a micro batch (two GPUs)"
     )
     ap.add_argument(
+        "--ep-comm-trace",
+        metavar="two_gpu_qwen35_35b_a3b.json",
+        help="with --predict: --ep-comm-s from the two-GPU suite's traced EP2 step (an upper bound)",
+    )
+    ap.add_argument(
         "--intercept-result",
         metavar="C.yaml",
         help="with --predict: a proxy at the recipe's real output layer and MTP when the slope proxies shrank them",
@@ -212,12 +217,18 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
         cfg = build_config(entry.name, overrides=opts.overrides)
         published = (entry.meta.reference or {}).get("tokens_per_s_per_gpu")
         intercept = pr.proxy_point(opts.intercept_result) if opts.intercept_result else None
+        ep_comm_s = opts.ep_comm_s
+        if opts.ep_comm_trace:
+            if ep_comm_s is not None:
+                ap.error("give --ep-comm-s or --ep-comm-trace, not both")
+            ep_comm_s = pr.two_gpu_ep_comm_s(opts.ep_comm_trace, cfg.model.expert_model_parallel_size)
+            print(f"[predict] EP all-to-all from {opts.ep_comm_trace}: {ep_comm_s * 1e3:.2f} ms a layer a micro batch")
         prediction = pr.predict(
             cfg,
             entry.meta.gpus,
             points,
             recipe=entry.name,
-            ep_comm_s=opts.ep_comm_s,
+            ep_comm_s=ep_comm_s,
             published=published,
             intercept=intercept,
         )

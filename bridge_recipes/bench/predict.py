@@ -191,6 +191,33 @@ def predict(
     )
 
 
+def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35b_a3b") -> float:
+    """``--ep-comm-s`` from the two-GPU suite's result file (``two_gpu_FAMILY.json``): the NCCL
+    all-to-all time of the EP2 run's traced step (``bench.trace_summary``) over its layers and the
+    micro batches a GPU runs, scaled from EP2 to ``target_ep`` by the share of a GPU's tokens that
+    leave it, (ep - 1) / ep. An upper bound on what the full layout pays: NCCL kernels also count
+    the time they wait for the other GPU, and part of the all-to-all may hide behind compute."""
+    import json
+
+    from bridge_recipes.bench.evidence import TWO_GPU_LAYERS, TWO_GPU_LAYOUTS, TWO_GPU_TRAIN_FLAGS
+    from bridge_recipes.bench.trace_summary import CATEGORIES
+
+    path = Path(path)
+    try:
+        breakdown = json.loads(path.read_text())["ep2"]["time_breakdown"]
+    except FileNotFoundError:
+        raise PredictionError(f"{path}: no such file") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PredictionError(f"{path}: no EP2 run with a time breakdown ({type(exc).__name__}: {exc})") from None
+    if "categories_ms" not in breakdown:
+        raise PredictionError(f"{path}: the EP2 run has no trace: {breakdown.get('missing', breakdown)}")
+    measured_ep = TWO_GPU_LAYOUTS["ep2"]["flags"]["ep"]
+    micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // measured_ep  # EP2 over two GPUs is DP2, one row a micro batch
+    all_to_all = breakdown["categories_ms"].get(CATEGORIES[0][0], 0.0) / 1e3
+    share = ((target_ep - 1) / target_ep) / ((measured_ep - 1) / measured_ep)
+    return all_to_all / (TWO_GPU_LAYERS[family] * micro_batches) * share
+
+
 def report(p: Prediction) -> str:
     lines = [
         f"[predict] {p.recipe} on {p.gpus} GPUs: {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU "

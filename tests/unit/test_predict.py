@@ -139,3 +139,28 @@ def test_committed_35b_calibration_is_what_the_two_committed_depths_give(tmp_pat
     assert (proxy_point(PROXY).layers, proxy_point(deep).layers) == (4, 16)
     assert round(committed["tokens_per_s_per_gpu"], 1) == 4687.8 and committed["calibration"]["within"]
     assert round(committed["calibration"]["ratio"], 3) == 1.005
+
+
+def test_ep_comm_from_the_two_gpu_trace(tmp_path, capsys):
+    """--ep-comm-trace: the EP2 run's traced all-to-all over its 8 layers x 4 micro batches a GPU
+    (global batch 8 over DP2), scaled to EP8 by the share of tokens leaving a GPU (7/8 against 1/2)."""
+    from bridge_recipes.bench.predict import two_gpu_ep_comm_s
+
+    doc = {"ep2": {"time_breakdown": {"categories_ms": {"nccl all-to-all / send-recv": 64.0, "gemm": 900.0}}}}
+    trace = tmp_path / "two_gpu_qwen35_35b_a3b.json"
+    trace.write_text(json.dumps(doc))
+    assert two_gpu_ep_comm_s(trace, 8) == pytest.approx(0.064 / (8 * 4) * (7 / 8) / (1 / 2))
+    assert two_gpu_ep_comm_s(trace, 2) == pytest.approx(0.002)
+    deep = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy_16_layers.yaml"
+    args = ["--predict", RECIPE.replace("_config", "_mock_config"), "--proxy-results", str(PROXY), str(deep)]
+    assert bench.main([*args, "--ep-comm-trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "3.50 ms a layer a micro batch" in out and "no expert-parallel all-to-all" not in out
+    # a run whose trace was not taken is refused, naming why
+    trace.write_text(json.dumps({"ep2": {"time_breakdown": {"missing": "the trace has no GPU kernel events"}}}))
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*args, "--ep-comm-trace", str(trace)])
+    assert (
+        exc.value.code == 2
+        and "the EP2 run has no trace: the trace has no GPU kernel events" in capsys.readouterr().err
+    )
