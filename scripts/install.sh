@@ -90,6 +90,19 @@ if [ "$gpu" = 1 ]; then
   echo "[install] installing requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang)"
   run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/gpu.lock
 fi
+if [ "$reuse" = 1 ]; then
+  # Transformer Engine looks for the CUDA libraries (cuDNN, cuBLAS, ...) of the nvidia-* wheels only
+  # under the venv's own site-packages: link in each one the reused site has and .venv lacks,
+  # after pip ran, so that nothing is ever installed through a link into the other site.
+  venv_nvidia=.venv/lib/python3.12/site-packages/nvidia
+  for site_dir in $sites; do
+    [ -d "$site_dir/nvidia" ] || continue
+    run mkdir -p "$venv_nvidia"
+    for lib in "$site_dir"/nvidia/*; do
+      [ -e "$venv_nvidia/$(basename "$lib")" ] || run ln -s "$lib" "$venv_nvidia/$(basename "$lib")"
+    done
+  done
+fi
 run .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 echo "[install] checking the stack imports"
 run .venv/bin/python -c "import torch, transformer_engine.pytorch, megatron.core, megatron.bridge.training.config; import bridge_recipes, perf_recipes; print('[install] ok: torch', torch.__version__)"

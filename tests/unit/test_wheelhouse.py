@@ -3,6 +3,8 @@ carry limit (a wheel larger than a part cut into chunks) and joining them back w
 scripts/install.sh --reuse-site-packages and several --wheelhouse folders (dry run)."""
 
 import os
+import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -110,8 +112,13 @@ def test_build_downloads_only_what_the_machine_lacks(tmp_path, monkeypatch, caps
 
 
 def _install(tmp_path, *args):
+    """install.sh --dry-run from a copy of the checkout's script and locks (no .venv there yet)."""
+    checkout = tmp_path / "checkout"
+    for rel in ("scripts/install.sh", "requirements/cpu.lock", "requirements/gpu.lock"):
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, checkout / rel)
     return subprocess.run(
-        ["bash", str(ROOT / "scripts/install.sh"), "--python", sys.executable, "--dry-run", "--cpu", *args],
+        ["bash", str(checkout / "scripts/install.sh"), "--python", sys.executable, "--dry-run", "--cpu", *args],
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
 
@@ -122,13 +129,18 @@ def test_install_reuses_site_packages_and_reads_several_wheelhouses(tmp_path):
     p = _install(tmp_path, "--reuse-site-packages", "--wheelhouse", str(a), "--wheelhouse", str(b))
     assert p.returncode == 0, p.stderr
     pth = next(line for line in p.stdout.splitlines() if line.startswith("+ write "))
-    import site
-
     assert "_reused_site_packages.pth" in pth and site.getsitepackages()[0] in pth
     lock_line = next(line for line in p.stdout.splitlines() if "-r requirements/cpu.lock" in line)
     assert f"--find-links {a} --find-links {b}" in lock_line
     pip_line = next(line for line in p.stdout.splitlines() if "pip>=25" in line)
     assert f"--find-links {a}" in pip_line  # a machine without a registry upgrades pip from the wheelhouse
+    # the CUDA libraries Transformer Engine looks for under the venv itself are linked in after pip ran
+    lines = p.stdout.splitlines()
+    nvidia = Path(site.getsitepackages()[0]) / "nvidia"
+    links = [i for i, line in enumerate(lines) if line.startswith("+ ln -s ") and str(nvidia) in line]
+    assert len(links) == (len(list(nvidia.iterdir())) if nvidia.is_dir() else 0)
+    if links:
+        assert lines.index(lock_line) < links[0] < next(i for i, x in enumerate(lines) if x.endswith("-e ."))
     assert "_reused_site" not in _install(tmp_path, "--wheelhouse", str(a)).stdout
     bad = _install(tmp_path, "--wheelhouse", str(tmp_path / "nope"))
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
