@@ -3,14 +3,17 @@
 ``output_problem`` says why a path cannot take a script's output (a folder, a missing or
 unwritable folder, one of the files the script reads); scripts call it while validating their
 arguments, before they run anything. ``write_text_atomic`` writes beside the target and
-renames, so a reader sees the old file or the new one, never a partial one.
+renames, so a reader sees the old file or the new one, never a partial one; ``staged_output``
+does the same for a folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -44,4 +47,47 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def staged_output(
+    out: str | os.PathLike, overwrite: bool = False, *, error: type[Exception] = OSError
+) -> Iterator[Path]:
+    """A temporary folder next to ``out``, renamed to ``out`` when the block succeeds.
+
+    An existing non-empty ``out`` is refused unless ``overwrite``; then it is kept until the
+    new folder is complete, and swapped out by two renames. On any failure the temporary
+    folder (and parent folders made for it) are removed: nothing is left behind. A refusal is
+    raised as ``error`` (the caller's own error type, which its command line reports)."""
+    out = Path(out).expanduser().absolute()
+    if out.exists() and not out.is_dir():
+        raise error(f"--out {out} is a file; pass a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise error(f"--out {out} exists and is not empty; pass --overwrite to replace it")
+    made, parent = [], out.parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"cannot write under {parent} (read-only or no permission); choose another --out")
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise error(f"cannot create {tmp}: {e.strerror}; choose another --out") from None
+    try:
+        yield tmp
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in made:  # innermost first
+            with contextlib.suppress(OSError):
+                d.rmdir()
         raise

@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bridge_recipes.outputs import staged_output
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = (ROOT / "requirements/cpu.lock", ROOT / "requirements/gpu.lock")
@@ -118,9 +119,10 @@ def pack(files: list[Path], out: Path, part_bytes: int) -> dict:
     return manifest
 
 
-def join(parts: list[Path], out: Path) -> list[str]:
-    """Rebuild the packed files of ``parts`` into ``out`` (created; must not hold files), checking
-    sizes and SHA-256; nothing lands in ``out`` unless every file checks. Returns the file names."""
+def join(parts: list[Path], out: Path, overwrite: bool = False) -> list[str]:
+    """Rebuild the packed files of ``parts`` into ``out``, checking sizes and SHA-256; nothing
+    lands in ``out`` unless every file checks (``outputs.staged_output``: a non-empty ``out`` is
+    refused without ``overwrite``). Returns the file names."""
     found = [p / MANIFEST for p in parts if (p / MANIFEST).is_file()]
     if not found:
         raise WheelhouseError(f"no {MANIFEST} in {', '.join(map(str, parts))}: pass every part, part_01 included")
@@ -129,40 +131,31 @@ def join(parts: list[Path], out: Path) -> list[str]:
     missing_parts = sorted(set(manifest["parts"]) - {p.name for p in parts})
     if missing_parts:
         raise WheelhouseError(f"parts not given (or not carried here yet): {', '.join(missing_parts)}")
-    if out.exists() and any(out.iterdir()):
-        raise WheelhouseError(f"--out {out} is not empty; pass a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".wheelhouse-", dir=out.parent))
-    try:
+    with staged_output(out, overwrite, error=WheelhouseError) as tmp:
         for name, entry in sorted(manifest["files"].items()):
-            sources = [where.get(c) for c in (entry["chunks"] or [name])]
-            if None in sources:
-                lost = [c for c, s in zip(entry["chunks"] or [name], sources) if s is None]
+            pieces = entry["chunks"] or [name]
+            lost = [c for c in pieces if c not in where]
+            if lost:
                 raise WheelhouseError(f"{name}: missing {', '.join(lost)} (listed in {manifest['parts']})")
             with open(tmp / name, "wb") as fout:
-                for s in sources:
-                    with open(s, "rb") as fin:
+                for c in pieces:
+                    with open(where[c], "rb") as fin:
                         shutil.copyfileobj(fin, fout)
             if (tmp / name).stat().st_size != entry["size"] or sha256(tmp / name) != entry["sha256"]:
                 raise WheelhouseError(f"{name}: size or SHA-256 differs from the manifest; carry its part again")
-        out.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return sorted(manifest["files"])
 
 
-def build(host_freeze: Path, out: Path, part_mib: float, extra_wheels: list[Path]) -> dict:
+def build(host_freeze: Path, out: Path, part_mib: float, extra_wheels: list[Path], overwrite: bool = False) -> dict:
     installed = read_pins(host_freeze.read_text())
     pins: dict[str, str] = {}
     for lock in LOCKS:
         pins.update(read_pins(lock.read_text()))
     need = {n: v for n, v in unsatisfied(pins, installed).items() if n not in NOT_DOWNLOADED}
-    if out.exists() and any(out.iterdir()):
-        raise WheelhouseError(f"--out {out} is not empty; pass a new folder")
-    print(f"[wheelhouse] {len(pins) - len(need)} of {len(pins)} pins are on the GPU machine; downloading {len(need)}")
-    with tempfile.TemporaryDirectory() as dl:
+    with staged_output(out, overwrite, error=WheelhouseError) as staged, tempfile.TemporaryDirectory() as dl:
+        print(
+            f"[wheelhouse] {len(pins) - len(need)} of {len(pins)} pins are on the GPU machine; downloading {len(need)}"
+        )
         req = Path(dl) / "need.txt"
         # install.sh upgrades pip first (a fresh venv's pip may be older than it needs)
         req.write_text("".join(f"{n}=={v}\n" for n, v in sorted(need.items())) + f"{PIP}\n")
@@ -170,7 +163,7 @@ def build(host_freeze: Path, out: Path, part_mib: float, extra_wheels: list[Path
         cmd += [a for p in PLATFORMS for a in ("--platform", p)] + ["-d", str(Path(dl) / "w"), "-r", str(req)]
         subprocess.run(cmd, check=True)
         wheels = sorted((Path(dl) / "w").glob("*.whl"))
-        manifest = pack(wheels + list(extra_wheels), out, int(part_mib * 2**20))
+        manifest = pack(wheels + list(extra_wheels), staged, int(part_mib * 2**20))
     for part, names in manifest["parts"].items():
         size = sum((out / part / n).stat().st_size for n in names) / 2**20
         print(f"[wheelhouse] {out / part}: {len(names)} file(s), {size:.1f} MiB")
@@ -185,18 +178,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--part-mib", type=float, default=60.0, help="largest part (the carry limit less the tree)")
     b.add_argument("--extra-wheel", type=Path, action="append", default=[], help="a prebuilt wheel to add")
+    b.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     j = sub.add_parser("join", help="rebuild the wheelhouse from its parts")
     j.add_argument("parts", type=Path, nargs="+")
     j.add_argument("--out", type=Path, required=True)
+    j.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     opts = ap.parse_args(argv)
     try:
         if opts.cmd == "build":
             for w in opts.extra_wheel:
                 if not w.is_file():
                     raise WheelhouseError(f"--extra-wheel {w}: no such file")
-            build(opts.host_freeze, opts.out, opts.part_mib, opts.extra_wheel)
+            build(opts.host_freeze, opts.out, opts.part_mib, opts.extra_wheel, opts.overwrite)
         else:
-            names = join(opts.parts, opts.out)
+            names = join(opts.parts, opts.out, opts.overwrite)
             print(f"[wheelhouse] {len(names)} file(s) checked and joined into {opts.out}")
     except (WheelhouseError, FileNotFoundError) as exc:
         print(f"wheelhouse: {exc}", file=sys.stderr)

@@ -15,7 +15,7 @@
 # --reuse-site-packages makes the packages PY already has (its own site-packages, also when PY
 # belongs to another virtual environment) visible in .venv, so pins they satisfy are kept and only
 # the rest is installed: a GPU machine with a preinstalled torch and CUDA stack and no registry
-# installs from a small wheelhouse (scripts/gpu/wheelhouse.py builds one; PIP_NO_INDEX=1 keeps
+# installs from a small wheelhouse (`python -m bridge_recipes.wheelhouse` builds one; PIP_NO_INDEX=1 keeps
 # pip off the network).
 # --dry-run prints the commands instead of running them.
 set -euo pipefail
@@ -76,11 +76,12 @@ done
 
 echo "[install] creating .venv with $python"
 run "$python" -m venv .venv
+venv_site=.venv/lib/python3.12/site-packages
 if [ "$reuse" = 1 ]; then
   # a .pth file puts PY's site-packages after .venv's own: what .venv installs comes first
   sites=$("$python" -c 'import site; print("\n".join(site.getsitepackages()))')
   echo "[install] reusing the packages of $python: $(echo $sites)"
-  pth=".venv/lib/python3.12/site-packages/_reused_site_packages.pth"
+  pth="$venv_site/_reused_site_packages.pth"
   if [ "$dry_run" = 1 ]; then echo "+ write $pth: $(echo $sites)"; else printf '%s\n' "$sites" >"$pth"; fi
 fi
 run .venv/bin/python -m pip install -q --upgrade "${find_links[@]}" "pip>=25"
@@ -94,7 +95,7 @@ if [ "$reuse" = 1 ]; then
   # Transformer Engine looks for the CUDA libraries (cuDNN, cuBLAS, ...) of the nvidia-* wheels only
   # under the venv's own site-packages: link in each one the reused site has and .venv lacks,
   # after pip ran, so that nothing is ever installed through a link into the other site.
-  venv_nvidia=.venv/lib/python3.12/site-packages/nvidia
+  venv_nvidia=$venv_site/nvidia
   for site_dir in $sites; do
     [ -d "$site_dir/nvidia" ] || continue
     run mkdir -p "$venv_nvidia"

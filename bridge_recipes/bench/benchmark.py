@@ -142,10 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="result file (.yaml); logs are written beside it (with --predict: a .json)")
     ap.add_argument("--predict", metavar="RECIPE", help="predict RECIPE's full-scale tokens/s/GPU from two proxies")
     ap.add_argument("--proxy-results", nargs=2, metavar=("A.yaml", "B.yaml"), help="with --predict: two depths")
-    ap.add_argument(
+    ep_comm = ap.add_mutually_exclusive_group()
+    ep_comm.add_argument(
         "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds a layer a micro batch (two GPUs)"
     )
-    ap.add_argument(
+    ep_comm.add_argument(
         "--ep-comm-trace",
         metavar="two_gpu_qwen35_35b_a3b.json",
         help="with --predict: --ep-comm-s from the two-GPU suite's traced EP2 step (an upper bound)",
@@ -219,8 +220,6 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
         intercept = pr.proxy_point(opts.intercept_result) if opts.intercept_result else None
         ep_comm_s = opts.ep_comm_s
         if opts.ep_comm_trace:
-            if ep_comm_s is not None:
-                ap.error("give --ep-comm-s or --ep-comm-trace, not both")
             ep_comm_s = pr.two_gpu_ep_comm_s(opts.ep_comm_trace, cfg.model.expert_model_parallel_size)
             print(f"[predict] EP all-to-all from {opts.ep_comm_trace}: {ep_comm_s * 1e3:.2f} ms a layer a micro batch")
         prediction = pr.predict(

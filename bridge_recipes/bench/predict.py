@@ -200,7 +200,7 @@ def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35
     import json
 
     from bridge_recipes.bench.evidence import TWO_GPU_LAYERS, TWO_GPU_LAYOUTS, TWO_GPU_TRAIN_FLAGS
-    from bridge_recipes.bench.trace_summary import CATEGORIES
+    from bridge_recipes.bench.trace_summary import ALL_TO_ALL
 
     path = Path(path)
     try:
@@ -213,7 +213,7 @@ def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35
         raise PredictionError(f"{path}: the EP2 run has no trace: {breakdown.get('missing', breakdown)}")
     measured_ep = TWO_GPU_LAYOUTS["ep2"]["flags"]["ep"]
     micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // measured_ep  # EP2 over two GPUs is DP2, one row a micro batch
-    all_to_all = breakdown["categories_ms"].get(CATEGORIES[0][0], 0.0) / 1e3
+    all_to_all = breakdown["categories_ms"].get(ALL_TO_ALL, 0.0) / 1e3
     share = ((target_ep - 1) / target_ep) / ((measured_ep - 1) / measured_ep)
     return all_to_all / (TWO_GPU_LAYERS[family] * micro_batches) * share
 

@@ -23,8 +23,9 @@ from typing import Any
 
 # (category, pattern on the kernel name), first match wins: optimizer kernels before the FLA
 # patterns (both have norms), communication first of all.
+ALL_TO_ALL = "nccl all-to-all / send-recv"
 CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("nccl all-to-all / send-recv", r"nccl.*(alltoall|sendrecv|send|recv)"),
+    (ALL_TO_ALL, r"nccl.*(alltoall|sendrecv|send|recv)"),
     ("nccl all-reduce", r"nccl.*allreduce"),
     ("nccl reduce-scatter", r"nccl.*reducescatter"),
     ("nccl all-gather", r"nccl.*allgather"),

@@ -19,16 +19,17 @@ the fix; the command line turns it into exit status 2.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
-import shutil
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes import outputs
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
 CONFIG_FILE = "config.json"
@@ -399,45 +400,8 @@ def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointE
 
 # --------------------------------------------------------------------------- atomic output
 
-
-@contextlib.contextmanager
-def staged_output(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """A temporary folder next to ``out``, renamed to ``out`` when the block succeeds.
-
-    An existing non-empty ``out`` is refused unless ``overwrite``; then it is kept until the
-    new folder is complete, and swapped out by two renames. On any failure the temporary
-    folder (and parent folders made for it) are removed: nothing is left behind."""
-    out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise HfCheckpointError(f"--out {out} is a file; pass a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise HfCheckpointError(f"--out {out} exists and is not empty; pass --overwrite to replace it")
-    made, parent = [], out.parent
-    while not parent.exists():
-        made.append(parent)
-        parent = parent.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise HfCheckpointError(f"cannot write under {parent} (read-only or no permission); choose another --out")
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise HfCheckpointError(f"cannot create {tmp}: {e.strerror}; choose another --out") from None
-    try:
-        yield tmp
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in made:  # innermost first
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        raise
+# a folder written whole or not at all (bridge_recipes.outputs), its refusals as conversion errors
+staged_output = functools.partial(outputs.staged_output, error=HfCheckpointError)
 
 
 # --------------------------------------------------------------------------- conversions
