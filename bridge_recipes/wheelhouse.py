@@ -49,8 +49,8 @@ def normalize(name: str) -> str:
 
 def read_pins(text: str) -> dict[str, str]:
     """``name==version`` lines (a lock file or ``pip list --format=freeze``) by normalized name;
-    comments, blank lines and lines of another form (``pkg @ file://...``) are skipped. A later
-    line replaces an earlier one, as gpu.lock's pins replace cpu.lock's when installed after it."""
+    comments, blank lines and lines of another form (``pkg @ file://...``) are skipped; a later
+    line replaces an earlier one."""
     out = {}
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()
@@ -146,23 +146,57 @@ def join(parts: list[Path], out: Path, overwrite: bool = False) -> list[str]:
     return sorted(manifest["files"])
 
 
+def build_sources(downloads: Path, out: Path) -> list[Path]:
+    """Wheels built here from the pins published as source only (e.g. antlr4-python3-runtime 4.9.3);
+    only a pure-Python result (``py3-none-any``) is kept, since a compiled one would be for this machine."""
+    sources = sorted(p for p in downloads.glob("*") if p.name.endswith((".tar.gz", ".zip", ".tar.bz2")))
+    for src in sources:
+        print(f"[wheelhouse] {src.name} is published as source only: building a wheel")
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)], check=True)
+        src.unlink()
+    built = sorted(out.glob("*.whl")) if sources else []
+    for wheel in built:
+        if not wheel.name.endswith("-none-any.whl"):
+            raise WheelhouseError(
+                f"{wheel.name}: built from source for this machine, not pure Python; build it on the GPU machine"
+            )
+    return built
+
+
+def needed(installed: dict[str, str], locks: list[dict[str, str]]) -> list[dict[str, str]]:
+    """What each lock needs downloaded when the locks are installed in order over ``installed``:
+    a pin that neither the machine nor an earlier lock provides at that version. install.sh installs
+    cpu.lock, then gpu.lock, each with --no-deps, so each lock's own versions must be in the
+    wheelhouse, also where a later lock pins another version of the same package
+    (apache-tvm-ffi: 0.1.15.post2 in cpu.lock, 0.1.12 in gpu.lock)."""
+    state = dict(installed)
+    out = []
+    for pins in locks:
+        out.append({n: v for n, v in unsatisfied(pins, state).items() if n not in NOT_DOWNLOADED})
+        state.update(pins)
+    return out
+
+
 def build(host_freeze: Path, out: Path, part_mib: float, extra_wheels: list[Path], overwrite: bool = False) -> dict:
-    installed = read_pins(host_freeze.read_text())
-    pins: dict[str, str] = {}
-    for lock in LOCKS:
-        pins.update(read_pins(lock.read_text()))
-    need = {n: v for n, v in unsatisfied(pins, installed).items() if n not in NOT_DOWNLOADED}
+    locks = [read_pins(lock.read_text()) for lock in LOCKS]
+    needs = needed(read_pins(host_freeze.read_text()), locks)
+    total = len({(n, v) for lock in locks for n, v in lock.items()})
+    n_need = sum(len(need) for need in needs)
     with staged_output(out, overwrite, error=WheelhouseError) as staged, tempfile.TemporaryDirectory() as dl:
-        print(
-            f"[wheelhouse] {len(pins) - len(need)} of {len(pins)} pins are on the GPU machine; downloading {len(need)}"
-        )
-        req = Path(dl) / "need.txt"
-        # install.sh upgrades pip first (a fresh venv's pip may be older than it needs)
-        req.write_text("".join(f"{n}=={v}\n" for n, v in sorted(need.items())) + f"{PIP}\n")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
-        cmd += [a for p in PLATFORMS for a in ("--platform", p)] + ["-d", str(Path(dl) / "w"), "-r", str(req)]
-        subprocess.run(cmd, check=True)
-        wheels = sorted((Path(dl) / "w").glob("*.whl"))
+        print(f"[wheelhouse] {total - n_need} of {total} pins are on the GPU machine; downloading {n_need}")
+        downloads = Path(dl) / "w"
+        for i, need in enumerate(needs):
+            req = Path(dl) / f"need_{i}.txt"
+            lines = [f"{n}=={v}\n" for n, v in sorted(need.items())]
+            # install.sh upgrades pip first (a fresh venv's pip may be older than it needs)
+            req.write_text("".join(lines) + (f"{PIP}\n" if i == 0 else ""))
+            if not req.read_text().strip():
+                continue
+            # a wheel where one is published for the GPU machine; else the source, built into a wheel here
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--prefer-binary", "--python-version", "3.12"]
+            cmd += [a for p in PLATFORMS for a in ("--platform", p)] + ["-d", str(downloads), "-r", str(req)]
+            subprocess.run(cmd, check=True)
+        wheels = sorted(downloads.glob("*.whl")) + build_sources(downloads, Path(dl) / "built")
         manifest = pack(wheels + list(extra_wheels), staged, int(part_mib * 2**20))
     for part, names in manifest["parts"].items():
         size = sum((out / part / n).stat().st_size for n in names) / 2**20

@@ -20,8 +20,8 @@ fraction; what ``--proxy-layers`` builds):
 - TP and CP split each layer over GPUs with communication a one-GPU proxy cannot see: refused;
 - a model whose output layer and MTP leave no room for a deeper one-GPU proxy (the 27B: 8 layers
   plan 154.5 GB) takes its slope from two proxies with a small vocabulary and no MTP
-  (``model.vocab_size=32768 model.mtp_num_layers=null``, at 4 and 8 layers) and its fixed cost
-  from a third, at the real head (``--intercept-result``).
+  (``model.vocab_size=32768 tokenizer.vocab_size=32768 model.mtp_num_layers=null``, at 4 and 8
+  layers) and its fixed cost from a third, at the real head (``--intercept-result``).
 
 The error band propagates each proxy's step-time spread (its CV over the measured window, as a
 standard error of the mean) through the extrapolation: t_full = (1 - k) t(d1) + k t(d2) with

@@ -125,9 +125,12 @@ def make_toy(
     config = hf_config(spec)
     # Every sub-config too: Megatron-Bridge builds a VL model's parameters in its text config's
     # dtype, which otherwise stays transformers' default (BF16) under an FP32 top-level config.
+    # A torch.dtype, not its name: on a GPU with flash-linear-attention installed, transformers
+    # 5.12 builds the Gated DeltaNet's fused gated norm with config.dtype as given, and
+    # torch.empty refuses a string.
     for c in (config, getattr(config, "text_config", None), getattr(config, "vision_config", None)):
         if c is not None:
-            c.dtype = dtype
+            c.dtype = getattr(torch, dtype)
     # BOS/EOS of the toy tokenizer (<|endoftext|> is id 0), not the released vocabulary's ids.
     for c in (config, getattr(config, "text_config", None)):
         if c is not None:

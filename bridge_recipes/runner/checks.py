@@ -62,6 +62,14 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     data_seq = getattr(cfg.dataset, "seq_length", m.seq_length)
     if data_seq != m.seq_length:
         err(f"model.seq_length={m.seq_length} differs from dataset.seq_length={data_seq}; set both (-sl sets both)")
+    # Megatron-Bridge stops at setup when the tokenizer's vocabulary outgrows the embedding.
+    tok = getattr(cfg, "tokenizer", None)
+    tok_vocab = getattr(tok, "vocab_size", None) if getattr(tok, "tokenizer_type", None) == "NullTokenizer" else None
+    if tok_vocab and m.vocab_size and tok_vocab > m.vocab_size:
+        err(
+            f"tokenizer.vocab_size={tok_vocab} is larger than model.vocab_size={m.vocab_size}; "
+            f"set tokenizer.vocab_size={m.vocab_size} with the smaller model vocabulary"
+        )
     if m.sequence_parallel and lay.tp == 1:
         warn("sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
 

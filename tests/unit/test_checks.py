@@ -114,3 +114,16 @@ def test_per_token_loss_cannot_average_in_collective(moe):
 def test_summary_describes_the_layout(dense):
     text = checks.summary(dense, 8)
     assert "TP1 PP4 DP2" in text and "[16, 17, 17, 14]" in text and "full block 12" in text
+
+
+def test_mock_tokenizer_vocabulary_must_fit_the_model():
+    from perf_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_mock_config
+
+    mock = qwen35_27b_sft_8gpu_h200_bf16_mock_config()
+    assert mock.tokenizer.tokenizer_type == "NullTokenizer" and messages(mock, 8) == []
+    mock.model.vocab_size = 32768  # a smaller head without the tokenizer's vocabulary
+    one_error(
+        mock, 8, "tokenizer.vocab_size=248320 is larger than model.vocab_size=32768; set tokenizer.vocab_size=32768"
+    )
+    mock.tokenizer.vocab_size = 32768
+    assert messages(mock, 8) == []

@@ -568,3 +568,28 @@ def test_round_trip_comparison_names_a_dtype_change(tmp_path):
     cast = parity.tensors_identical(tmp_path / "orig", tmp_path / "bf16")
     assert not cast["bit_identical"] and cast["identical"] == 0
     assert cast["dtype_changes"] == ["torch.float32 -> torch.bfloat16"]
+
+
+def test_toy_builds_through_the_gpu_path_of_the_gated_norm(tmp_path, monkeypatch):
+    """On a GPU with flash-linear-attention, transformers builds each Gated DeltaNet's norm as
+    FLA's fused module from config.dtype and the current CUDA device; torch.empty refuses a dtype
+    given by name. Simulated on the CPU: the fused module stands in for the GPU's."""
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as dense_mod
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as moe_mod
+
+    seen = []
+
+    class FusedLike(dense_mod.Qwen3_5RMSNormGated):
+        def __init__(self, hidden_size, eps, activation, device, dtype):
+            seen.append(dtype)
+            torch.empty(hidden_size, device=device, dtype=dtype)  # what FLA's module does
+            super().__init__(hidden_size, eps=eps)
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    for mod in (dense_mod, moe_mod):
+        monkeypatch.setattr(mod, "FusedRMSNormGated", FusedLike)
+    make_toy(tmp_path / "moe", "moe", dtype="float32", **TINY, **TINY_MOE)
+    make_toy(tmp_path / "dense", "dense", dtype="bfloat16", ffn_hidden_size=128, **TINY)
+    assert seen and set(seen) == {torch.float32, torch.bfloat16}
+    assert json.loads((tmp_path / "moe" / "config.json").read_text())["dtype"] == "float32"

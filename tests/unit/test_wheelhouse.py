@@ -73,42 +73,84 @@ def test_join_refuses_a_missing_part_a_damaged_chunk_and_a_used_folder(tmp_path)
     assert wh.main(["join", str(parts[1]), "--out", str(tmp_path / "d")]) == 2  # no manifest: part_01 left out
 
 
-def test_build_downloads_only_what_the_machine_lacks(tmp_path, monkeypatch, capsys):
-    freeze = tmp_path / "freeze.txt"
-    host = {**wh.read_pins((ROOT / "requirements/cpu.lock").read_text()), "transformers": "0.0.0"}
-    freeze.write_text("".join(f"{n}=={v}+cu130\n" for n, v in host.items()))
-    asked = {}
+def test_each_lock_gets_its_own_versions_installed_in_order():
+    host = {"torch": "2.11.0+cu130", "transformers": "5.17.0"}
+    cpu = {
+        "torch": "2.11.0",
+        "transformers": "5.12.1",
+        "apache-tvm-ffi": "0.1.15.post2",
+        "transformer-engine-torch": "2",
+    }
+    gpu = {"apache-tvm-ffi": "0.1.12", "transformers": "5.12.1", "tilelang": "0.1.15"}
+    # cpu.lock's tvm-ffi is installed first, then gpu.lock's replaces it: both must be carried;
+    # gpu.lock's transformers is cpu.lock's (installed by then); TE's extension comes with --extra-wheel
+    assert wh.needed(host, [cpu, gpu]) == [
+        {"transformers": "5.12.1", "apache-tvm-ffi": "0.1.15.post2"},
+        {"apache-tvm-ffi": "0.1.12", "tilelang": "0.1.15"},
+    ]
+
+
+def _fake_pip(asked, wheel_name=None):
+    """subprocess.run for build(): `pip download -r` writes a wheel a line (a source archive for
+    the names in asked["sources"]), `pip wheel` writes ``wheel_name``."""
 
     def fake_run(cmd, check):
+        if "wheel" in cmd:
+            out = Path(cmd[cmd.index("-w") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / wheel_name).write_bytes(b"b" * 10)
+            asked.setdefault("built", []).append(Path(cmd[-1]).name)
+            return subprocess.CompletedProcess(cmd, 0)
         req = Path(cmd[cmd.index("-r") + 1]).read_text().split()
-        asked["req"] = req
+        asked.setdefault("req", []).append(req)
         dest = Path(cmd[cmd.index("-d") + 1])
-        dest.mkdir(parents=True)
+        dest.mkdir(parents=True, exist_ok=True)
         for line in req:
-            (dest / f"{line.split('=')[0].replace('>', '')}-1-py3-none-any.whl").write_bytes(b"w" * 100)
+            name = line.split("=")[0].replace(">", "")
+            suffix = ".tar.gz" if name in asked.get("sources", ()) else "-1-py3-none-any.whl"
+            (dest / f"{name}{suffix}").write_bytes(b"w" * 100)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(wh.subprocess, "run", fake_run)
+    return fake_run
+
+
+def test_build_downloads_only_what_the_machine_lacks(tmp_path, monkeypatch, capsys):
+    freeze = tmp_path / "freeze.txt"
+    cpu = wh.read_pins((ROOT / "requirements/cpu.lock").read_text())
+    gpu = wh.read_pins((ROOT / "requirements/gpu.lock").read_text())
+    host = {**cpu, "transformers": "0.0.0"}
+    freeze.write_text("".join(f"{n}=={v}+cu130\n" for n, v in host.items()))
+    asked = {}
+    monkeypatch.setattr(wh.subprocess, "run", _fake_pip(asked))
     te = tmp_path / "transformer_engine_torch-2.20.2-cp312-cp312-linux_x86_64.whl"
     te.write_bytes(b"t" * 3000)
     manifest = wh.build(freeze, tmp_path / "wh", 2048 / 2**20, [te])
-    gpu_only = set(wh.read_pins((ROOT / "requirements/gpu.lock").read_text())) - set(host)
-    changed = {
-        n
-        for n, v in wh.read_pins((ROOT / "requirements/gpu.lock").read_text()).items()
-        if host.get(n) not in (None, v)
-    }
-    wanted = {
-        f"{n}=={v}"
-        for n, v in wh.read_pins((ROOT / "requirements/gpu.lock").read_text()).items()
-        if n in gpu_only | changed
-    }
-    assert set(asked["req"]) == wanted | {
-        f"transformers=={wh.read_pins((ROOT / 'requirements/cpu.lock').read_text())['transformers']}",
-        wh.PIP,
-    }
+    # one download per lock, in install order: cpu.lock's missing transformers and pip, then what
+    # gpu.lock adds or pins at another version than cpu.lock
+    assert asked["req"][0] == [f"transformers=={cpu['transformers']}", wh.PIP]
+    assert set(asked["req"][1]) == {f"{n}=={v}" for n, v in gpu.items() if cpu.get(n) != v}
     assert te.name in manifest["files"] and manifest["files"][te.name]["chunks"]  # 3000 bytes over a 2048 part
     assert "of" in capsys.readouterr().out
+
+
+def test_build_turns_a_source_only_pin_into_a_pure_python_wheel(tmp_path, monkeypatch):
+    freeze = tmp_path / "freeze.txt"
+    cpu = wh.read_pins((ROOT / "requirements/cpu.lock").read_text())
+    gpu = wh.read_pins((ROOT / "requirements/gpu.lock").read_text())
+    freeze.write_text("".join(f"{n}=={v}\n" for n, v in {**cpu, **gpu}.items() if n != "antlr4-python3-runtime"))
+    asked = {"sources": {"antlr4-python3-runtime"}}
+    monkeypatch.setattr(wh.subprocess, "run", _fake_pip(asked, "antlr4_python3_runtime-4.9.3-py3-none-any.whl"))
+    manifest = wh.build(freeze, tmp_path / "wh", 1.0, [])
+    assert asked["built"] == ["antlr4-python3-runtime.tar.gz"]
+    assert "antlr4_python3_runtime-4.9.3-py3-none-any.whl" in manifest["files"]
+    assert not any(n.endswith(".tar.gz") for n in manifest["files"])
+    # a compiled result would be for this machine, not the GPU machine: refused, nothing written
+    monkeypatch.setattr(
+        wh.subprocess, "run", _fake_pip(asked, "antlr4_python3_runtime-4.9.3-cp312-cp312-linux_x86_64.whl")
+    )
+    with pytest.raises(wh.WheelhouseError, match="not pure Python"):
+        wh.build(freeze, tmp_path / "wh2", 1.0, [])
+    assert not (tmp_path / "wh2").exists()
 
 
 def _install(tmp_path, *args):
