@@ -20,7 +20,9 @@ result file of this repository). This repository's own measurement of the recomp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # the published policies the candidates change (their perf counterparts run on mock data)
@@ -274,6 +276,32 @@ def full_scale_verdict(candidate: Candidate) -> dict[str, Any]:
     }
 
 
+# Each measured candidate: NAME.yaml and NAME_against.yaml (the candidate and its published policy,
+# one command), NAME_ratio.json; their logs in docs/evidence/candidates/.
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "candidates"
+
+
+def measured(name: str) -> dict | None:
+    """The ratio file of a candidate's side-by-side proxy measurement, or None before it ran."""
+    path = RESULTS / f"{name}_ratio.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def measured_cell(name: str) -> str:
+    """The table's "measured" cell: the proxy ratio, the loss-curve check and the date."""
+    ratio = measured(name)
+    if ratio is None:
+        return "not yet"
+    from bridge_recipes.bench.result import read_result
+
+    date = read_result(RESULTS / f"{name}.yaml")["result"]["measured"]
+    curves = ratio["loss_curves"]
+    check = (
+        ("loss check passed" if curves["passed"] else "LOSS CHECK FAILED") if curves["compared"] else "no loss check"
+    )
+    return f"{ratio['tokens_per_s_ratio']:.2f}x, {check} ({date})"
+
+
 def candidates_table() -> str:
     """docs/performance_candidates.md's table: each candidate, its prediction and its verdict."""
     lines = [
@@ -291,6 +319,6 @@ def candidates_table() -> str:
         gpus = "full scale" if c.full_scale_only else c.proxy_gpus
         lines.append(
             f"| {c.name} | {c.model} | {c.change} | {c.predicted_ratio:.2f}x | {c.basis} | {gpus} | {verdict} "
-            "| not yet |"
+            f"| {measured_cell(c.name)} |"
         )
     return "\n".join(lines) + "\n"

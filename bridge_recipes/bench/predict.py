@@ -191,6 +191,49 @@ def predict(
     )
 
 
+@dataclass(frozen=True)
+class SideBySide:
+    """One candidate command's two proxy runs (benchmark.py --candidate): the published policy and
+    the candidate at the same depth, with how many of the proxy's layers the candidate stops recomputing."""
+
+    reference_step_s: float
+    candidate_step_s: float
+    layers_not_recomputed: int
+    micro_batches: int
+
+    @property
+    def saved_s(self) -> float:
+        """Seconds a micro batch the candidate saves."""
+        return (self.reference_step_s - self.candidate_step_s) / self.micro_batches
+
+
+def split_saving(a: SideBySide, b: SideBySide) -> tuple[float, float]:
+    """(fixed, per layer) seconds a micro batch: a candidate's saving as a fixed part (its output-layer,
+    loss and optimizer changes, the same in both) plus a part for each layer no longer recomputed,
+    solved from two candidates that share the fixed change and differ in how many layers they recompute."""
+    if a.layers_not_recomputed == b.layers_not_recomputed:
+        raise PredictionError("the two candidates stop recomputing as many layers; nothing separates the parts")
+    per_layer = (b.saved_s - a.saved_s) / (b.layers_not_recomputed - a.layers_not_recomputed)
+    return a.saved_s - a.layers_not_recomputed * per_layer, per_layer
+
+
+def candidate_estimate(
+    base: Prediction, proxy_layers: int, pair: SideBySide, fixed_saved_s: float, per_layer_saved_s: float,
+    layers_not_recomputed: int,
+) -> float:  # fmt: skip
+    """tokens/s/GPU of a candidate at full scale from its one-depth proxy measurement: the published
+    policy's calibrated per-layer and fixed costs (``base``, one pipeline stage), less the saving
+    split by :func:`split_saving`, taken to the calibration's units by how much slower the published
+    policy ran in the candidate's command than the calibration says for that depth (hosts and days
+    differ), with ``layers_not_recomputed`` of the recipe's layers freed of recompute."""
+    if base.bubble_micro_batches:
+        raise PredictionError(f"{base.recipe} has a pipeline: one stage's costs do not describe it")
+    day = pair.reference_step_s / pair.micro_batches / (base.fixed_s + proxy_layers * base.per_layer_s)
+    micro = base.step_s / base.micro_batches
+    candidate = micro - fixed_saved_s / day - layers_not_recomputed * per_layer_saved_s / day
+    return base.tokens_per_s_per_gpu * micro / candidate
+
+
 def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35b_a3b") -> float:
     """``--ep-comm-s`` from the two-GPU suite's result file (``two_gpu_FAMILY.json``): the NCCL
     all-to-all time of the EP2 run's traced step (``bench.trace_summary``) over its layers and the

@@ -22,8 +22,12 @@ PAIRS = {  # model: (tuned policy, reference layout)
     "qwen35_35b_a3b": ("h200_policy", "h100_reference"),
     "qwen35_27b": ("h200_policy", "slime_reference"),
 }
-# the predictor's second depth of the 35B-A3B policy (16 layers; its 4-layer point is the pair's)
-RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [("qwen35_35b_a3b", "h200_policy_16_layers")]
+# the predictor's second depth of the 35B-A3B policy (16 layers; its 4-layer point is the pair's), and
+# the 27B policy's 4-layer point again (2026-12-01, a host installed with install.sh)
+RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
+    ("qwen35_35b_a3b", "h200_policy_16_layers"),
+    ("qwen35_27b", "h200_policy_repeat"),
+]
 
 
 def _result(model: str, arm: str) -> dict:
@@ -141,3 +145,11 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
     assert bench.main() == 0
     written = json.loads((tmp_path / "27b_ratio.json").read_text())
     assert written == json.loads((ROOT / "results" / f"h200_proxy_{model}_ratio.json").read_text())
+
+
+def test_the_27b_policy_repeats_within_two_percent():
+    """The same 4-layer proxy of the 27B policy on two hosts two days apart (2026-11-29 with the
+    staged bundles, 2026-12-01 from the venv install.sh built): 3.890 and 3.834 s a step."""
+    first, repeat = (_result("qwen35_27b", arm)["result"] for arm in ("h200_policy", "h200_policy_repeat"))
+    assert (str(first["measured"]), str(repeat["measured"])) == ("2026-11-29", "2026-12-01")
+    assert repeat["step_time_mean_s"] / first["step_time_mean_s"] == pytest.approx(0.986, abs=0.001)
