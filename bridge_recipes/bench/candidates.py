@@ -122,6 +122,24 @@ CANDIDATES: tuple[Candidate, ...] = (
         "Megatron-Core 0.19.2 warns about): the loss-curve check decides",
     ),
     Candidate(
+        "35b_bf16_moments_te_ce_block8",
+        "qwen35_35b_a3b",
+        (
+            "optimizer.exp_avg_dtype=bfloat16",
+            "optimizer.exp_avg_sq_dtype=bfloat16",
+            "model.cross_entropy_fusion_impl=te",
+            "model.recompute_method=block",
+            "model.recompute_num_layers=8",
+        ),
+        "35b_bf16_moments_te_ce_block10 with 8 instead of 10 layers recomputed, the planner's last step with "
+        "room (149.3 GB; 7 plans at 150.7)",
+        1.40,
+        "on the 4-layer proxy 8 of 40 layers round to the 1 of 4 that 35b_bf16_moments_te_ce_block10 measured "
+        "1.40x with; at full scale two more layers freed of recompute at 15.0 ms a layer a micro batch "
+        "(bench.predict.split_saving of the two measured candidates) give about 6,570 tokens/s/GPU against "
+        "block 10's 6,425 (+2.2%), which only an 8-GPU run can show",
+    ),
+    Candidate(
         "35b_selective",
         "qwen35_35b_a3b",
         (
@@ -228,6 +246,27 @@ CANDIDATES: tuple[Candidate, ...] = (
         1.1,
         "dense GEMMs of 5,120 x 17,408 over 8,192 tokens gain from FP8 on Hopper, less the "
         "quantization kernels and the parts that stay BF16 (Gated DeltaNet, attention)",
+    ),
+    Candidate(
+        "27b_te_ce",
+        "qwen35_27b",
+        ("model.cross_entropy_fusion_impl=te",),
+        "Transformer Engine's fused cross entropy instead of the native kernel (the last stage's loss working "
+        "set 28.5 -> 12.2 GB, 145.8 -> 143.5 GB planned)",
+        1.13,
+        "the 35B-A3B's two measured candidates put TE's cross entropy at 54.2 ms a micro batch saved "
+        "(bench.predict.split_saving) over the same 248,320-entry vocabulary, 8,192-token rows and one MTP "
+        "layer; the 27B's 4-layer proxy spends 479 ms a micro batch (3.834 s / 8, 2026-12-01): 479 / 425. At "
+        "full scale it lands on the last pipeline stage, the slowest",
+    ),
+    Candidate(
+        "27b_te_ce_fused_swiglu",
+        "qwen35_27b",
+        ("model.cross_entropy_fusion_impl=te", "model.bias_activation_fusion=true"),
+        "27b_te_ce and 27b_fused_swiglu together (with both, block recompute of 10 of 16 plans at 149.8 GB at "
+        "full scale, which a 4-layer proxy cannot show)",
+        1.14,
+        "their two predictions multiplied: 1.13 x 1.01",
     ),
     Candidate(
         "27b_block11",

@@ -105,6 +105,9 @@ def test_full_scale_estimate_of_the_best_candidate():
     best = candidate_estimate(base, 4, b, fixed, per_layer, 30)
     assert round(best, 1) == 6424.8 and round(best / 4663.1, 3) == 1.378
     assert round(candidate_estimate(base, 4, a, fixed, per_layer, 20), 1) == 5812.9
+    # 35b_bf16_moments_te_ce_block8 (not measured: on the 4-layer proxy it is block 10's run), 32 freed
+    assert round(candidate_estimate(base, 4, b, fixed, per_layer, 32), 1) == 6569.6
+    assert "about 6,570" in find("35b_bf16_moments_te_ce_block8").basis
 
 
 def test_the_fast_recipe_is_the_published_one_with_the_candidates_overrides():

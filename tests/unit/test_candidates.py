@@ -29,6 +29,10 @@ PREDICTED = {
     "27b_fp8_current": 1.1,
     "27b_block11": 1.02,
     "27b_vpp2_block6": 1.01,
+    # written 2026-12-01, after the two 35B-A3B candidates above had run, before these ran
+    "35b_bf16_moments_te_ce_block8": 1.40,
+    "27b_te_ce": 1.13,
+    "27b_te_ce_fused_swiglu": 1.14,
 }
 
 
