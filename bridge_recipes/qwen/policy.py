@@ -68,8 +68,12 @@ def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: in
 def te_cross_entropy(cfg: ConfigContainer) -> None:
     """Transformer Engine's fused cross entropy instead of Megatron-Core's native kernel: it keeps a
     BF16 copy of the 248K-vocabulary logits instead of an FP32 one (the EP8 shard's loss working set
-    28.5 -> 12.2 GB) and ran faster on the H200 proxy. Megatron-Core 0.19.2 warns that it has known
-    stability issues; the recipes that use it passed the loss-curve check against the native kernel."""
+    28.5 -> 12.2 GB) and ran faster on the H200 proxy. Megatron-Core 0.19.2 still warns of known
+    stability issues: Megatron-LM disabled it in 2026-06 after runs diverged, traced to its backward
+    keeping the gradient in the BF16 logits buffer. Transformer Engine 2.20 (the lock's) saves FP32
+    softmax statistics and rebuilds the gradient in FP32 in the backward (a test checks the installed
+    kernel has that form), which is the fix Megatron-LM's change to re-enable it cites. The recipes
+    that use it also passed the loss-curve check against the native kernel."""
     cfg.model.cross_entropy_loss_fusion = True
     cfg.model.cross_entropy_fusion_impl = "te"
 

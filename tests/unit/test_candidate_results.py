@@ -125,3 +125,16 @@ def test_the_fast_recipe_is_the_published_one_with_the_candidates_overrides():
     for part in ("model", "optimizer", "ddp", "train"):
         assert repr(getattr(fast, part)) == repr(getattr(published, part)), part
     assert fast.model.recompute_num_layers == 10 and fast.model.cross_entropy_fusion_impl == "te"
+
+
+def test_te_cross_entropy_rebuilds_its_gradient_in_fp32():
+    """The premise of te_cross_entropy: the installed Transformer Engine's fused cross entropy keeps
+    FP32 softmax statistics from the forward and rebuilds the derivative from them in FP32 (the form
+    that fixed the divergence Megatron-LM disabled it for), not a BF16 gradient made in the forward."""
+    import inspect
+
+    from transformer_engine.pytorch.triton import cross_entropy as te_ce
+
+    assert "stats" in inspect.signature(te_ce.cross_entropy_backward).parameters
+    assert "FP32" in inspect.getdoc(te_ce.cross_entropy_backward)
+    assert "stats = torch.empty((n_rows, 2), dtype=torch.float32" in inspect.getsource(te_ce.cross_entropy_forward)
