@@ -248,6 +248,18 @@ CANDIDATES: tuple[Candidate, ...] = (
         "quantization kernels and the parts that stay BF16 (Gated DeltaNet, attention)",
     ),
     Candidate(
+        "27b_te_ce_fused_swiglu_block10",
+        "qwen35_27b",
+        ("model.cross_entropy_fusion_impl=te", "model.bias_activation_fusion=true", "model.recompute_num_layers=10"),
+        "27b_te_ce_fused_swiglu spending the memory both free on block recompute of 10 instead of 12 of each "
+        "stage's 16 layers (149.8 GB planned; 9 plans at 158.6)",
+        1.18,
+        "on the 479 ms proxy micro batch (2 of 4 layers recomputed instead of 3): the cross entropy's 54.2 ms "
+        "(the 35B-A3B's, bench.predict.split_saving), the fused SwiGLU's 1% (4.8 ms) and one layer's recompute, "
+        "its forward of 0.79 GFLOPs a token (a third of the 4 layers' 9.51 G of training FLOPs) x 8,192 tokens "
+        "at the proxy's 472 TFLOP/s, 13.8 ms: 479 / 406",
+    ),
+    Candidate(
         "27b_te_ce",
         "qwen35_27b",
         ("model.cross_entropy_fusion_impl=te",),

@@ -138,3 +138,19 @@ def test_te_cross_entropy_rebuilds_its_gradient_in_fp32():
     assert "stats" in inspect.signature(te_ce.cross_entropy_backward).parameters
     assert "FP32" in inspect.getdoc(te_ce.cross_entropy_backward)
     assert "stats = torch.empty((n_rows, 2), dtype=torch.float32" in inspect.getsource(te_ce.cross_entropy_forward)
+
+
+def test_the_27b_block10_prediction_follows_from_the_committed_figures():
+    """27b_te_ce_fused_swiglu_block10's 1.18x: the 27B proxy's micro batch and one layer's recompute
+    from its committed result (2026-12-01), the cross entropy's saving from the 35B-A3B pair."""
+    doc = read_result(ROOT / "results/h200_proxy_qwen35_27b_h200_policy_repeat.yaml")
+    r, b = doc["result"], doc["result"]["flops_per_token"]["breakdown"]
+    layer_keys = ("attention_projections", "gdn_projections", "gdn_conv", "mlp", "attention_core", "gdn_recurrence")
+    forward_per_layer = sum(b[k] for k in layer_keys) / 4 / 3  # training FLOPs are 3 x forward
+    recompute_s = forward_per_layer * doc["workload"]["row_tokens"] / (r["tflops_per_s_per_gpu"] * 1e12)
+    micro = r["step_time_mean_s"] / doc["workload"]["global_batch"]
+    fixed, _ = split_saving(_pair("35b_te_ce_block20"), _pair("35b_bf16_moments_te_ce_block10"))
+    c = find("27b_te_ce_fused_swiglu_block10")
+    assert round(recompute_s * 1000, 1) == 13.8 and "13.8 ms" in c.basis
+    assert round(micro * 1000) == 479 and round(fixed * 1000, 1) == 54.2
+    assert round(micro / (micro - fixed - 0.01 * micro - recompute_s), 2) == c.predicted_ratio == 1.18

@@ -33,6 +33,7 @@ PREDICTED = {
     "35b_bf16_moments_te_ce_block8": 1.40,
     "27b_te_ce": 1.13,
     "27b_te_ce_fused_swiglu": 1.14,
+    "27b_te_ce_fused_swiglu_block10": 1.18,
 }
 
 
