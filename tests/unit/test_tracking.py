@@ -91,3 +91,45 @@ def test_dry_run_refuses_wandb_without_the_package(capsys, wandb_installed, ask)
 
 def test_without_a_project_wandb_is_never_asked_for(wandb_installed):
     assert tracking.problem(bridge_recipes.build(SFT)) is None
+
+
+def _bridge_state(cfg):
+    """Megatron-Bridge's own training state for ``cfg``: what train() logs through (rank 0 of 1)."""
+    from megatron.bridge.training.state import GlobalState
+
+    state = GlobalState()
+    state.cfg = cfg
+    return state
+
+
+def test_megatron_bridge_writes_tensorboard_events_into_the_save_folder(tmp_path):
+    """Not just the field: Megatron-Bridge's TensorBoard writer, built from the recipe's config with a
+    moved save folder, writes its events under DIR/tensorboard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    save = tmp_path / "run1"
+    cfg = bridge_recipes.build(SFT, flags={"save_dir": str(save)})
+    writer = _bridge_state(cfg).tensorboard_logger
+    writer.add_scalar("lm loss", 2.5, 1)
+    writer.close()
+    events = EventAccumulator(str(save / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("lm loss")] == [(1, 2.5)]
+
+
+def test_megatron_bridge_starts_wandb_offline_in_the_save_folder(tmp_path, monkeypatch):
+    """With the extra installed, ``--wandb-project`` starts Megatron-Bridge's W&B run (offline here:
+    no network) named after the recipe, its files under DIR/wandb."""
+    wandb = pytest.importorskip("wandb", reason="the wandb extra is not installed (pip install -e '.[wandb]')")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    save = tmp_path / "run1"
+    cfg = bridge_recipes.build(SFT, flags={"save_dir": str(save), "wandb_project": "qwen"})
+    logger = _bridge_state(cfg).wandb_logger
+    try:
+        assert logger is wandb and wandb.run.name == SFT and wandb.run.project == "qwen"
+        wandb.log({"lm loss": 2.5}, step=1)
+    finally:
+        wandb.finish()
+    runs = list((save / "wandb" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
