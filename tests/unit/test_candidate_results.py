@@ -108,6 +108,9 @@ def test_full_scale_estimate_of_the_best_candidate():
     # 35b_bf16_moments_te_ce_block8 (not measured: on the 4-layer proxy it is block 10's run), 32 freed
     assert round(candidate_estimate(base, 4, b, fixed, per_layer, 32), 1) == 6569.6
     assert "about 6,570" in find("35b_bf16_moments_te_ce_block8").basis
+    # 35b_bf16_moments_te_ce_fused_swiglu_block5: 35 freed (the fused SwiGLU's own ~1% not counted)
+    assert round(candidate_estimate(base, 4, b, fixed, per_layer, 35), -2) == 6800
+    assert "about 6,800" in find("35b_bf16_moments_te_ce_fused_swiglu_block5").basis
 
 
 def test_the_fast_recipe_is_the_published_one_with_the_candidates_overrides():

@@ -34,6 +34,7 @@ PREDICTED = {
     "27b_te_ce": 1.13,
     "27b_te_ce_fused_swiglu": 1.14,
     "27b_te_ce_fused_swiglu_block10": 1.18,
+    "35b_bf16_moments_te_ce_fused_swiglu_block5": 1.41,
 }
 
 
