@@ -174,3 +174,17 @@ def test_the_planner_predicts_each_measured_peak_within_one_percent(name, arm):
     assert cfg.model.recompute_num_layers == doc["layout"]["recompute"]["num_layers"]
     planned = plan_memory(cfg, 1, gpu="h200").peak_allocated_gb
     assert planned == pytest.approx(doc["result"]["peak_allocated_gb"], rel=0.01)
+
+
+def test_the_fast_recipes_evidence_is_a_reduced_scale_run_that_trained():
+    """Its status is functional: the candidate's proxy run (the recipe at 4 layers on one H200) logged
+    16 finite losses that fell (12.83 -> 7.77), by the same check as every recipe's evidence."""
+    from bridge_recipes import registry
+    from bridge_recipes.bench.evidence import check_training
+
+    meta = registry.find("qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config").meta
+    assert meta.status == "functional"
+    losses = log_losses((ROOT / meta.evidence).read_text())
+    check = check_training(losses)
+    assert check.passed and check.figures["steps"] == 16
+    assert round(check.figures["first"], 2) == 12.83 and round(check.figures["last3_min"], 2) == 7.77
