@@ -186,12 +186,13 @@ def build(host_freeze: Path, out: Path, part_mib: float, extra_wheels: list[Path
         print(f"[wheelhouse] {total - n_need} of {total} pins are on the GPU machine; downloading {n_need}")
         downloads = Path(dl) / "w"
         for i, need in enumerate(needs):
-            req = Path(dl) / f"need_{i}.txt"
-            lines = [f"{n}=={v}\n" for n, v in sorted(need.items())]
-            # install.sh upgrades pip first (a fresh venv's pip may be older than it needs)
-            req.write_text("".join(lines) + (f"{PIP}\n" if i == 0 else ""))
-            if not req.read_text().strip():
+            lines = [f"{n}=={v}" for n, v in sorted(need.items())]
+            if i == 0:  # install.sh upgrades pip first (a fresh venv's pip may be older than it needs)
+                lines.append(PIP)
+            if not lines:
                 continue
+            req = Path(dl) / f"need_{i}.txt"
+            req.write_text("".join(f"{line}\n" for line in lines))
             # a wheel where one is published for the GPU machine; else the source, built into a wheel here
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--prefer-binary", "--python-version", "3.12"]
             cmd += [a for p in PLATFORMS for a in ("--platform", p)] + ["-d", str(downloads), "-r", str(req)]

@@ -42,6 +42,14 @@ def _block_recompute_prediction(recomputed_fraction: float) -> float:
     return round(PROXY_FULL_RECOMPUTE_S / t, 3)
 
 
+# What the fast 35B-A3B policy and its variants share: the memory they free, then spend on recompute
+_BF16_MOMENTS_TE_CE = (
+    "optimizer.exp_avg_dtype=bfloat16",
+    "optimizer.exp_avg_sq_dtype=bfloat16",
+    "model.cross_entropy_fusion_impl=te",
+)
+
+
 @dataclass(frozen=True)
 class Candidate:
     name: str
@@ -108,9 +116,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "35b_bf16_moments_te_ce_block10",
         "qwen35_35b_a3b",
         (
-            "optimizer.exp_avg_dtype=bfloat16",
-            "optimizer.exp_avg_sq_dtype=bfloat16",
-            "model.cross_entropy_fusion_impl=te",
+            *_BF16_MOMENTS_TE_CE,
             "model.recompute_method=block",
             "model.recompute_num_layers=10",
         ),
@@ -125,9 +131,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "35b_bf16_moments_te_ce_block8",
         "qwen35_35b_a3b",
         (
-            "optimizer.exp_avg_dtype=bfloat16",
-            "optimizer.exp_avg_sq_dtype=bfloat16",
-            "model.cross_entropy_fusion_impl=te",
+            *_BF16_MOMENTS_TE_CE,
             "model.recompute_method=block",
             "model.recompute_num_layers=8",
         ),
@@ -143,9 +147,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "35b_bf16_moments_te_ce_fused_swiglu_block5",
         "qwen35_35b_a3b",
         (
-            "optimizer.exp_avg_dtype=bfloat16",
-            "optimizer.exp_avg_sq_dtype=bfloat16",
-            "model.cross_entropy_fusion_impl=te",
+            *_BF16_MOMENTS_TE_CE,
             "model.bias_activation_fusion=true",
             "model.recompute_method=block",
             "model.recompute_num_layers=5",
