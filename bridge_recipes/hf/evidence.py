@@ -332,6 +332,26 @@ def lora_change_report(same: list[str], changed: list[str]) -> dict[str, Any]:
     }
 
 
+def lora_failures(info: dict[str, Any]) -> list[str]:
+    """What the LoRA arm's record (:func:`lora_arm`) fails of its checks, empty when it passed: the run
+    trained its 10 steps, its checkpoint holds adapter tensors only, the merged export changed only
+    adapted projections, loads in transformers and moves its logits, and the killed run resumed."""
+    failures = []
+    if info.get("returncode") != 0 or info.get("steps") != FINETUNE_STEPS:
+        failures.append(f"the run exited {info.get('returncode')} after {info.get('steps')} of {FINETUNE_STEPS} steps")
+    if not info.get("checkpoint_model_tensors") or info.get("checkpoint_non_adapter_tensors"):
+        failures.append(f"the checkpoint holds non-adapter tensors: {info.get('checkpoint_non_adapter_tensors')}")
+    export = info.get("export_vs_base") or {}
+    if not export.get("passed"):
+        failures.append(f"the merged export changed frozen tensors or nothing: {export.get('frozen_changed')}")
+    if not info.get("export_loads") or not info.get("export_logits_max_abs_change"):
+        failures.append("the merged export did not load in transformers, or its logits equal the base's")
+    resume = info.get("resume") or {}
+    if not resume.get("passed") or resume.get("resumed_returncode") != 0:
+        failures.append(f"the killed run did not resume: {resume.get('reasons')}")
+    return failures
+
+
 def checkpoint_model_keys(iter_dir: Path) -> list[str]:
     """The model weights a torch_dist checkpoint holds (its metadata, read on the CPU): the keys
     ending in .weight or .bias outside the optimizer state."""

@@ -60,12 +60,11 @@ def test_finetune_through_runner_and_export_loads(summary):
 
 
 def test_lora_trains_adapters_only_resumes_and_merges(summary):
+    from bridge_recipes.hf.evidence import lora_failures
+
     lora = summary.get("lora")
-    assert lora and lora["returncode"] == 0 and lora["steps"] == 10, summary["errors"]
-    assert lora["checkpoint_model_tensors"] > 0 and lora["checkpoint_non_adapter_tensors"] == [], lora
-    assert lora["export_vs_base"]["passed"], lora["export_vs_base"]
-    assert lora["export_loads"] and lora["export_logits_max_abs_change"] > 0
-    assert lora["resume"]["passed"], lora["resume"]
+    assert lora, summary["errors"]
+    assert lora_failures(lora) == [], lora
 
 
 def test_real_width_parity(summary):

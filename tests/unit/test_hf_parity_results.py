@@ -180,3 +180,63 @@ def test_lora_run_merged_its_export_and_the_second_run_was_killed_on_time():
     assert "Success: All tensors from the original checkpoint were written." in tail
     assert sorted(killed) == list(range(1, RESUME_KILL_AFTER + 1))
     assert max(abs(killed[s] - first[s]) for s in killed) < 0.01  # same run until the kill
+
+
+LORA_SUMMARY = EVIDENCE / "hf_lora_summary.json"
+
+
+def test_lora_arm_passed_every_check():
+    """The LoRA arm of 2026-12-01 (11:57-12:08 UTC, 1 x H200): 10 steps of finetune() with adapters
+    (LM loss 9.06 -> 7.70), a checkpoint of 48 adapter tensors and nothing else, a merged export
+    that transformers loads and that differs from the base in adapted projections only (223
+    changed, the 33 frozen tensors identical), and a run killed after step 7 that resumed from its
+    step-5 checkpoint within 6e-5 of the uninterrupted run."""
+    from bridge_recipes.hf.evidence import lora_failures
+
+    lora = json.loads(LORA_SUMMARY.read_text())["lora"]
+    assert lora_failures(lora) == []
+    assert lora["checkpoint_model_tensors"] == 48 and lora["export_vs_base"]["frozen_identical"] == 33
+    assert set(lora["export_vs_base"]["changed_by_module"]) >= {"in_proj_qkv", "q_proj", "gate_proj", "out_proj"}
+    assert max(lora["resume"]["figures"]["relative_diff_to_uninterrupted"].values()) < 1e-4
+
+
+def test_lora_summary_is_what_its_logs_say():
+    """The summary is the driver's last record, and its losses and resume verdict follow from the
+    three runs in the compacted run log (hf_lora.log)."""
+    from bridge_recipes.bench.evidence import RESUME_SAVE_INTERVAL, check_resume
+    from bridge_recipes.bench.megatron_log import parse_megatron_log
+    from bridge_recipes.bench.runs import split_runs
+
+    lora = json.loads(LORA_SUMMARY.read_text())["lora"]
+    records = [ln for ln in (EVIDENCE / "hf_evidence_lora.log").read_text().splitlines() if "] lora: {" in ln]
+    assert json.loads(records[-1].split("] lora: ", 1)[1]) == lora
+    runs = split_runs((EVIDENCE / "hf_lora.log").read_text())
+    assert list(runs) == ["lora", "lora_killed", "lora_resumed"]
+    curves = {name: {it.step: it.lm_loss for it in parse_megatron_log(text)} for name, text in runs.items()}
+    assert curves["lora"] == pytest.approx({int(k): v for k, v in lora["losses"].items()}, abs=1e-6)
+    assert sorted(curves["lora_killed"]) == list(range(1, 8)) and sorted(curves["lora_resumed"]) == list(range(6, 11))
+    check = check_resume(
+        curves["lora"], curves["lora_killed"], curves["lora_resumed"], save_interval=RESUME_SAVE_INTERVAL
+    )
+    got, expected = json.loads(json.dumps(check.as_dict())), lora["resume"]
+    assert (got["passed"], got["reasons"]) == (expected["passed"], expected["reasons"]) == (True, [])
+    assert set(got["figures"]) == set(expected["figures"])
+    for key, value in expected["figures"].items():
+        assert got["figures"][key] == pytest.approx(value, rel=1e-6), key
+    tail = runs["lora"].split("iteration       10/")[1]
+    assert "Success: All tensors from the original checkpoint were written." in tail
+    assert "exit status -9" in runs["lora_killed"] and "exit status 0" in runs["lora_resumed"]
+
+
+def test_lora_failures_names_each_broken_check():
+    from bridge_recipes.hf.evidence import lora_failures
+
+    lora = json.loads(LORA_SUMMARY.read_text())["lora"]
+    broken = json.loads(json.dumps(lora))
+    broken["checkpoint_non_adapter_tensors"] = ["decoder.layers.0.mlp.linear_fc1.weight"]
+    broken["export_vs_base"]["passed"] = False
+    broken["resume"]["passed"] = False
+    broken["export_loads"] = False
+    failures = lora_failures(broken)
+    assert len(failures) == 4 and "linear_fc1" in failures[0]
+    assert lora_failures({}) != []

@@ -439,8 +439,13 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     gpu="h200",
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
-    status="unmeasured",
-    notes="LoRA layout sized by the memory planner (peak 108.8 GB); never run",
+    status="functional",
+    evidence="docs/evidence/hf/hf_lora_summary.json",
+    notes=(
+        "LoRA layout sized by the memory planner (peak 108.8 GB); its reduced-scale run (4 layers, 16 experts, "
+        "toy widths, from an imported Hugging Face toy; 1 x H200) trained, saved adapters only, resumed and "
+        "merged an export that transformers loads; never run at full scale"
+    ),
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 108.8 GB)."""
