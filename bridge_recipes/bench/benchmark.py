@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="C.yaml",
         help="with --predict: a proxy at the recipe's real output layer and MTP when the slope proxies shrank them",
     )
+    ap.add_argument(
+        "--without-mtp",
+        action="store_true",
+        help="with --predict and --intercept-result: the recipe as run without its MTP layer (as the published 27B)",
+    )
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
 
@@ -230,6 +235,7 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
             ep_comm_s=ep_comm_s,
             published=published,
             intercept=intercept,
+            without_mtp=opts.without_mtp,
         )
     except (registry.UnknownRecipe, ValueError) as exc:
         ap.error(str(exc))

@@ -108,7 +108,7 @@ def proxy_config(name: str, steps: int = 20, proxy_layers: int = 4) -> Any:
 
 
 def model_spec(cfg: Any) -> Qwen35Spec:
-    """The catalog spec matching a (possibly scaled) config: layers and experts as configured."""
+    """The catalog spec matching a (possibly scaled) config: layers, experts, MTP and vocabulary as configured."""
     spec = next(
         s
         for s in SPECS.values()
@@ -122,6 +122,7 @@ def model_spec(cfg: Any) -> Qwen35Spec:
         num_experts=cfg.model.num_moe_experts or spec.num_experts,
         moe_router_topk=cfg.model.moe_router_topk or spec.moe_router_topk,
         mtp_num_layers=cfg.model.mtp_num_layers or 0,
+        vocab_size=cfg.model.vocab_size or spec.vocab_size,
     )
 
 

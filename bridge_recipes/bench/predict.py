@@ -11,6 +11,11 @@ fraction; what ``--proxy-layers`` builds):
   s = (t(d2) - t(d1)) / (d2 - d1) is one layer's cost and the intercept c = t(d1) - s d1 the fixed
   cost (embedding, output layer and loss, MTP; the optimizer step, amortized over the proxy's
   micro batches, is counted here too);
+- the proxies recompute the recipe's share of their layers; a stage that recomputes another share
+  f of its layers (block recompute of a fixed count over stages of different depths) takes
+  s x (1 + rho f) / (1 + rho f_proxy) a layer, rho = 1/3 (a recomputed layer repeats its forward, a
+  third of its training FLOPs; the 35B-A3B's measured recompute pair gives more, 16.9 of 22.6 ms,
+  so for a MoE layer this is a floor);
 - a pipeline stage's micro batch takes s x its layers, the last stage adds c, and the step takes
   (m + (PP - 1) / VPP) x the slowest stage (1F1B with its warm-up and cool-down bubble), with m
   micro batches a step per pipeline (global batch / (micro batch x DP));
@@ -21,7 +26,10 @@ fraction; what ``--proxy-layers`` builds):
 - a model whose output layer and MTP leave no room for a deeper one-GPU proxy (the 27B: 8 layers
   plan 154.5 GB) takes its slope from two proxies with a small vocabulary and no MTP
   (``model.vocab_size=32768 tokenizer.vocab_size=32768 model.mtp_num_layers=null``, at 4 and 8
-  layers) and its fixed cost from a third, at the real head (``--intercept-result``).
+  layers) and its fixed cost from a third, at the real head (``--intercept-result``);
+- ``without_mtp`` (``--without-mtp``) predicts the recipe as run without its MTP layer (the published
+  27B run had none): MTP's cost is taken out of the fixed cost as its share, by training FLOPs a
+  token, of what the intercept's real output layer and MTP add over the slope proxies' small head.
 
 The error band propagates each proxy's step-time spread (its CV over the measured window, as a
 standard error of the mean) through the extrapolation: t_full = (1 - k) t(d1) + k t(d2) with
@@ -45,6 +53,10 @@ class PredictionError(ValueError):
     """Inputs the predictor cannot use; the message names the file or field and the fix."""
 
 
+# A recomputed layer repeats its forward: a third of its training FLOPs (forward 1, backward 2).
+RECOMPUTE_FORWARD_SHARE = 1 / 3
+
+
 @dataclass(frozen=True)
 class ProxyPoint:
     layers: int
@@ -52,6 +64,21 @@ class ProxyPoint:
     sem_fraction: float  # standard error of the mean step time, relative
     recipe: str
     source: str
+    recompute_fraction: float = 1.0  # share of its layers the proxy recomputed
+    mtp_num_layers: int = 0
+    head_flops: float = 0.0  # training FLOPs a token of the output layer
+    mtp_flops: float = 0.0  # training FLOPs a token of the MTP layers, their output layer included
+
+
+def recompute_fraction(granularity: str | None, method: str | None, num_layers: int | None, layers: int) -> float:
+    """The share of ``layers`` that full recompute repeats: all under ``uniform``, the first
+    ``num_layers`` under ``block``, none otherwise (selective recompute repeats parts of layers and
+    is not modelled)."""
+    if granularity != "full" or not layers:
+        return 0.0
+    if method == "block":
+        return min(num_layers or 0, layers) / layers
+    return 1.0
 
 
 @dataclass
@@ -68,6 +95,7 @@ class Prediction:
     bubble_micro_batches: float
     notes: list[str] = field(default_factory=list)
     published: float | None = None
+    stage_micro_batch_s: list[float] = field(default_factory=list)  # each pipeline stage's micro batch
 
     @property
     def calibration(self) -> dict[str, Any] | None:
@@ -105,13 +133,43 @@ def proxy_point(path: str | Path) -> ProxyPoint:
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
         raise PredictionError(f"{path}: not a benchmark result file ({type(exc).__name__}: {exc})") from None
     steps = last - first + 1
+    layers = _layers_of(doc)
+    recompute = doc["layout"].get("recompute") or {}
+    flops = result.get("flops_per_token") or {}
+    parts = flops.get("breakdown") or {}
     return ProxyPoint(
-        layers=_layers_of(doc),
+        layers=layers,
         micro_batch_s=step_s / micro_batches,
         sem_fraction=cv / math.sqrt(steps),
         recipe=doc["recipe"],
         source=str(path),
+        recompute_fraction=recompute_fraction(
+            recompute.get("granularity"), recompute.get("method"), recompute.get("num_layers"), layers
+        ),
+        mtp_num_layers=int(flops.get("mtp_num_layers") or 0),
+        head_flops=float(parts.get("lm_head", 0)),
+        mtp_flops=float(sum(v for k, v in parts.items() if k.startswith("mtp_"))),
     )
+
+
+def mtp_share_s(slope_point: ProxyPoint, intercept: ProxyPoint, fixed_small_s: float, fixed_real_s: float) -> float:
+    """Seconds a micro batch of the intercept's fixed cost that its MTP takes: what the real output
+    layer and MTP add over the small head, split by their training FLOPs a token."""
+    if intercept.mtp_num_layers == 0 or slope_point.mtp_num_layers != 0:
+        raise PredictionError(
+            f"--without-mtp needs slope proxies without MTP ({slope_point.source}: {slope_point.mtp_num_layers} "
+            f"layers) and an intercept with it ({intercept.source}: {intercept.mtp_num_layers})"
+        )
+    added = intercept.head_flops - slope_point.head_flops + intercept.mtp_flops
+    if added <= 0:
+        raise PredictionError(f"{intercept.source}: no output-layer or MTP FLOPs recorded in its result")
+    return (fixed_real_s - fixed_small_s) * intercept.mtp_flops / added
+
+
+def stage_recompute_fractions(cfg: Any, stages: list[int]) -> list[float]:
+    """Each pipeline stage's share of recomputed layers (block recompute counts per stage)."""
+    m = cfg.model
+    return [recompute_fraction(m.recompute_granularity, m.recompute_method, m.recompute_num_layers, n) for n in stages]
 
 
 def predict(
@@ -123,6 +181,7 @@ def predict(
     ep_comm_s: float | None = None,
     published: float | None = None,
     intercept: ProxyPoint | None = None,
+    without_mtp: bool = False,
 ) -> Prediction:
     """The full-scale prediction for ``cfg`` (the recipe as built) on ``gpus`` GPUs. ``intercept``:
     a proxy with the recipe's real output layer and MTP when the two slope proxies shrank them
@@ -145,10 +204,21 @@ def predict(
     for p in (p1, p2, *([intercept] if intercept else [])):
         if p.recipe not in (recipe, recipe.replace("_mock_config", "_config")):
             raise PredictionError(f"{p.source} measured {p.recipe}, not {recipe}")
+    if abs(p1.recompute_fraction - p2.recompute_fraction) > 1e-9:
+        raise PredictionError(
+            f"the two proxies recompute different shares of their layers ({p1.recompute_fraction:.3f} and "
+            f"{p2.recompute_fraction:.3f}): their slope mixes recompute into the layer cost"
+        )
     slope = (p2.micro_batch_s - p1.micro_batch_s) / (p2.layers - p1.layers)
     base = intercept or p1
     fixed = base.micro_batch_s - slope * base.layers
     notes = []
+    if without_mtp:
+        if intercept is None:
+            raise PredictionError("--without-mtp needs --intercept-result (a proxy with the real head and MTP)")
+        mtp_s = mtp_share_s(p1, intercept, p1.micro_batch_s - slope * p1.layers, fixed)
+        fixed -= mtp_s
+        notes.append(f"without MTP: {mtp_s * 1e3:.1f} ms a micro batch of the fixed cost taken out (its FLOP share)")
     comm = 0.0
     if lay.ep > 1:
         if ep_comm_s is None:
@@ -156,7 +226,11 @@ def predict(
         else:
             comm = ep_comm_s
     stages = stage_layers(cfg) or [cfg.model.num_layers]
-    stage_times = [n * (slope + comm) + (fixed if i == len(stages) - 1 else 0.0) for i, n in enumerate(stages)]
+    rho, f_proxy = RECOMPUTE_FORWARD_SHARE, p1.recompute_fraction
+    layer_s = [slope * (1 + rho * f) / (1 + rho * f_proxy) for f in stage_recompute_fractions(cfg, stages)]
+    stage_times = [
+        n * (s + comm) + (fixed if i == len(stages) - 1 else 0.0) for i, (n, s) in enumerate(zip(stages, layer_s))
+    ]
     micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * lay.dp)
     bubble = (lay.pp - 1) / (lay.vpp or 1)
     step = (micro + bubble) * max(stage_times)
@@ -188,6 +262,7 @@ def predict(
         bubble_micro_batches=bubble,
         notes=notes,
         published=published,
+        stage_micro_batch_s=stage_times,
     )
 
 
@@ -234,6 +309,29 @@ def candidate_estimate(
     return base.tokens_per_s_per_gpu * micro / candidate
 
 
+def pipeline_candidate_estimate(
+    base: Prediction,
+    fixed_s: float,
+    layers_no_longer_recomputed: list[int],
+    recompute_s: float,
+    layer_scale: float = 1.0,
+    fixed_saved_s: float = 0.0,
+) -> float:
+    """tokens/s/GPU of a candidate on a pipelined recipe from the prediction of the published policy
+    (``base``, with its stage times and ``fixed_s`` on the last stage): each stage's layer time scaled
+    by ``layer_scale`` (a faster kernel in every layer), less ``recompute_s`` for each of the stage's
+    layers no longer recomputed, and the last stage less ``fixed_saved_s`` (its loss)."""
+    stages = base.stage_micro_batch_s
+    if len(layers_no_longer_recomputed) != len(stages):
+        raise PredictionError(f"{len(stages)} stages, {len(layers_no_longer_recomputed)} recompute changes given")
+    times = []
+    for i, (t, freed) in enumerate(zip(stages, layers_no_longer_recomputed)):
+        last = i == len(stages) - 1
+        layers_s = t - (fixed_s if last else 0.0)
+        times.append(layers_s * layer_scale - freed * recompute_s + ((fixed_s - fixed_saved_s) if last else 0.0))
+    return base.tokens_per_s_per_gpu * base.step_s / ((base.micro_batches + base.bubble_micro_batches) * max(times))
+
+
 def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35b_a3b") -> float:
     """``--ep-comm-s`` from the two-GPU suite's result file (``two_gpu_FAMILY.json``): the NCCL
     all-to-all time of the EP2 run's traced step (``bench.trace_summary``) over its layers and the
@@ -268,6 +366,9 @@ def report(p: Prediction) -> str:
         f"[predict] per micro batch: {p.per_layer_s * 1000:.1f} ms a layer, {p.fixed_s * 1000:.1f} ms fixed; "
         f"{p.micro_batches} micro batches + {p.bubble_micro_batches:g} of pipeline bubble",
     ]
+    if len(p.stage_micro_batch_s) > 1:
+        stages = " / ".join(f"{t * 1000:.1f}" for t in p.stage_micro_batch_s)
+        lines.append(f"[predict] pipeline stages, ms a micro batch: {stages}")
     lines += [f"[predict] note: {n}" for n in p.notes]
     if p.calibration:
         c = p.calibration

@@ -78,6 +78,13 @@ def te_cross_entropy(cfg: ConfigContainer) -> None:
     cfg.model.cross_entropy_fusion_impl = "te"
 
 
+def fused_swiglu(cfg: ConfigContainer) -> None:
+    """Megatron-Core's fused SwiGLU kernel instead of the unfused chunk, SiLU and product (Megatron-
+    Bridge's default is off): each layer keeps 2 x FFN-width fewer elements a token for the backward
+    (the 27B: 0.57 GB a layer a micro batch) and moves less memory."""
+    cfg.model.bias_activation_fusion = True
+
+
 def bf16_adam_moments(cfg: ConfigContainer) -> None:
     """Adam's two moments kept in BF16 by the precision-aware optimizer (FP32 by default): 4 of the
     16 bytes a parameter of optimizer state saved (the 35B-A3B EP8 shard: 53.3 -> 35.5 GB a GPU)."""

@@ -120,3 +120,22 @@ def test_loss_curves_in_a_comparison():
     }
     short = harness.comparison(a, b, proxy=True, losses=({1: 3.0, 2: 2.0}, {1: 3.0, 2: 2.0}))["loss_curves"]
     assert not short["compared"] and "at least 3 common steps" in short["why"]
+
+
+def test_model_spec_follows_a_changed_vocabulary_and_mtp():
+    """A small-head proxy (vocabulary 32,768, no MTP) counts its own output layer: 6 x 5,120 x 32,768
+    training FLOPs a token, not the released 248,320 entries'."""
+    import bridge_recipes
+    from bridge_recipes.bench.flops import model_flops_per_token
+
+    cfg = bridge_recipes.build(
+        "qwen35_27b_sft_8gpu_h200_bf16_mock_config",
+        scale_down=4,
+        flags={"gb": 8},
+        overrides=["model.vocab_size=32768", "tokenizer.vocab_size=32768", "model.mtp_num_layers=null"],
+    )
+    spec = harness.model_spec(cfg)
+    assert (spec.vocab_size, spec.mtp_num_layers) == (32768, 0)
+    assert model_flops_per_token(spec, 8192).training["lm_head"] == 6 * 5120 * 32768
+    full = harness.model_spec(bridge_recipes.build("qwen35_27b_sft_8gpu_h200_bf16_mock_config", scale_down=4))
+    assert (full.vocab_size, full.mtp_num_layers) == (248320, 1)

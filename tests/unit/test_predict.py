@@ -70,6 +70,7 @@ def test_pipeline_recipes_pay_the_bubble_on_the_slowest_stage(tmp_path):
     for layers, step in ((4, 3.0), (8, 5.0)):
         d = dict(doc, command=doc["command"].replace("--scale-down 4", f"--scale-down {layers}"))
         d["result"] = dict(doc["result"], step_time_mean_s=step, step_time_cv_percent=0.0)
+        d["layout"] = dict(doc["layout"], recompute=dict(doc["layout"]["recompute"], num_layers=3 * layers // 4))
         (tmp_path / f"{layers}.yaml").write_text(yaml.safe_dump(d))
         points.append(proxy_point(tmp_path / f"{layers}.yaml"))
     from bridge_recipes.layout import stage_layers
@@ -79,7 +80,11 @@ def test_pipeline_recipes_pay_the_bubble_on_the_slowest_stage(tmp_path):
     micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * 2)
     slope, fixed = (5.0 - 3.0) / 8 / 4, 3.0 / 8 - 4 * (5.0 - 3.0) / 8 / 4
     *inner, last = stage_layers(cfg)  # the recipe's split: the last stage also holds the head
-    slowest = max(max(inner) * slope, last * slope + fixed)
+
+    def layer(n: int) -> float:  # block recompute of 12 of the stage's n layers, the proxies' 3 of 4
+        return slope * (1 + min(12, n) / n / 3) / (1 + 0.75 / 3)
+
+    slowest = max(max(n * layer(n) for n in inner), last * layer(last) + fixed)
     assert p.bubble_micro_batches == 3 and p.step_s == pytest.approx((micro + 3) * slowest)
 
 
@@ -164,3 +169,100 @@ def test_ep_comm_from_the_two_gpu_trace(tmp_path, capsys):
         exc.value.code == 2
         and "the EP2 run has no trace: the trace has no GPU kernel events" in capsys.readouterr().err
     )
+
+
+SMALL_HEAD = [ROOT / f"results/h200_proxy_qwen35_27b_small_head_{n}_layers.yaml" for n in (4, 8)]
+REAL_HEAD = ROOT / "results/candidates/27b_te_ce_fused_swiglu_block10_against.yaml"
+R27 = "qwen35_27b_sft_8gpu_h200_bf16_mock_config"
+
+
+@pytest.mark.parametrize(
+    ("flag", "committed", "rate", "stages_ms"),
+    [
+        ("--without-mtp", "h200_predict_qwen35_27b_sft_8gpu.json", 2501.4, [735.2, 772.0, 772.0, 782.1]),
+        (None, "h200_predict_qwen35_27b_sft_8gpu_with_mtp.json", 2064.8, [735.2, 772.0, 772.0, 947.4]),
+    ],
+)
+def test_committed_27b_predictions_are_what_the_committed_proxies_give(tmp_path, flag, committed, rate, stages_ms):
+    """The 27B PP4 layout from three proxies of 1 x H200, 2026-12-01: the small head (vocabulary 32,768,
+    no MTP) at 4 and 8 layers for the slope (45.9 ms a layer), the real head with MTP at 4 layers for
+    the fixed cost (285.8 ms). The published run (slime, no MTP flags) is predicted without MTP:
+    2,501.4 against 2,499.5, the middle stages (17 layers) the slowest. The recipe as shipped keeps
+    Qwen3.5's MTP layer on the last stage: 947 ms a micro batch there, 2,064.8."""
+    doc = json.loads((ROOT / "results" / committed).read_text())
+    out = tmp_path / "p.json"
+    argv = ["--predict", R27, "--proxy-results", *map(str, SMALL_HEAD), "--intercept-result", str(REAL_HEAD)]
+    assert bench.main([*argv, *([flag] if flag else []), "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == doc
+    assert round(doc["tokens_per_s_per_gpu"], 1) == rate and round(doc["per_layer_s"] * 1000, 1) == 45.9
+    assert [round(t * 1000, 1) for t in doc["stage_micro_batch_s"]] == stages_ms
+    assert doc["calibration"]["within"] is (flag is not None)
+
+
+def test_without_mtp_takes_out_mtps_flop_share_of_the_head_cost():
+    """165.4 ms: of the 269.9 ms the real head and MTP add over the small head, MTP's share of their
+    training FLOPs a token (10.48 G of 6.62 G for the larger vocabulary plus 10.48 G)."""
+    from bridge_recipes.bench.predict import mtp_share_s
+
+    small, big = (proxy_point(p) for p in SMALL_HEAD)
+    real = proxy_point(REAL_HEAD)
+    assert (small.mtp_num_layers, real.mtp_num_layers) == (0, 1)
+    assert small.head_flops == 6 * 5120 * 32768 and real.head_flops == 6 * 5120 * 248320
+    slope = (big.micro_batch_s - small.micro_batch_s) / 4
+    fixed_small, fixed_real = small.micro_batch_s - 4 * slope, real.micro_batch_s - 4 * slope
+    assert round((fixed_real - fixed_small) * 1000, 1) == 269.9 and round(real.mtp_flops / 1e9, 2) == 10.48
+    assert round(mtp_share_s(small, real, fixed_small, fixed_real) * 1000, 1) == 165.4
+    with pytest.raises(PredictionError, match="slope proxies without MTP"):
+        mtp_share_s(real, real, fixed_small, fixed_real)
+
+
+def test_block_recompute_is_counted_per_stage():
+    """Block recompute of 12 layers is 12 of 16, 17 or 14 by stage; the proxies recompute 3 of 4. A
+    stage's layer costs (1 + f / 3) / (1 + 0.75 / 3) of the proxy's slope."""
+    import bridge_recipes
+    from bridge_recipes.bench.predict import recompute_fraction
+
+    assert recompute_fraction("full", "block", 12, 17) == pytest.approx(12 / 17)
+    assert recompute_fraction("full", "block", 12, 10) == 1.0
+    assert recompute_fraction("full", "uniform", 1, 40) == 1.0 and recompute_fraction(None, None, None, 4) == 0.0
+    points = [proxy_point(p) for p in SMALL_HEAD]
+    assert [p.recompute_fraction for p in points] == [0.75, 0.75]
+    cfg = bridge_recipes.build(R27)
+    p = predict(cfg, 8, points, recipe=R27)
+    middle = p.stage_micro_batch_s[1]
+    assert middle == pytest.approx(17 * p.per_layer_s * (1 + 12 / 17 / 3) / (1 + 0.75 / 3))
+    fewer = bridge_recipes.build(R27, overrides=["model.recompute_num_layers=10"])
+    assert predict(fewer, 8, points, recipe=R27).stage_micro_batch_s[1] < middle
+
+
+def test_proxies_recomputing_different_shares_are_refused(tmp_path):
+    doc = yaml.safe_load(SMALL_HEAD[1].read_text())
+    doc["layout"]["recompute"]["num_layers"] = 8
+    other = tmp_path / "all.yaml"
+    other.write_text(yaml.safe_dump(doc))
+    import bridge_recipes
+
+    with pytest.raises(PredictionError, match="recompute different shares"):
+        predict(bridge_recipes.build(R27), 8, [proxy_point(SMALL_HEAD[0]), proxy_point(other)], recipe=R27)
+    with pytest.raises(PredictionError, match="--without-mtp needs --intercept-result"):
+        predict(bridge_recipes.build(R27), 8, [proxy_point(p) for p in SMALL_HEAD], recipe=R27, without_mtp=True)
+
+
+@pytest.mark.parametrize("layers", [4, 8])
+def test_small_head_results_are_what_their_logs_give(layers):
+    """The 27B's slope proxies (1 x H200, 2026-12-01): each result file is its committed log's window,
+    and its FLOPs count the small head it ran with (vocabulary 32,768, no MTP)."""
+    from bridge_recipes.bench.megatron_log import step_records_from_log
+    from bridge_recipes.bench.result import read_result
+    from bridge_recipes.bench.stats import summarize
+
+    doc = read_result(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{layers}_layers.yaml")
+    log = (ROOT / f"docs/evidence/proxy/h200_proxy_qwen35_27b_small_head_{layers}_layers.log").read_text()
+    r = doc["result"]
+    assert f"--scale-down {layers} " in doc["command"] and "model.vocab_size=32768" in doc["command"]
+    assert "iteration       16/" in log
+    stats = summarize(step_records_from_log(log, 8192), tuple(r["window"]), 1, r["flops_per_token"]["model"], "H200")
+    assert stats.step_time_mean_s == pytest.approx(r["step_time_mean_s"], abs=1e-4)
+    assert stats.tflops_per_s_per_gpu == pytest.approx(r["tflops_per_s_per_gpu"], abs=0.01)
+    assert r["flops_per_token"]["breakdown"]["lm_head"] == 6 * 5120 * 32768
+    assert r["flops_per_token"]["mtp_num_layers"] == 0
