@@ -1,0 +1,106 @@
+"""GB300 recipes for the large Qwen3.5 / Qwen3.6 text models: SFT of 122B-A10B and 397B-A17B on
+the expert-parallel layouts of Megatron-Bridge's GB300 benchmarks for the same backbones.
+
+Megatron-Bridge 0.6.2 publishes GB300 layouts for these sizes only for the VL models'
+pretraining (bridge-perf-recipes in docs/sources.md): 122B-A10B on 32 GPUs at TP1 PP1 EP32 ETP1,
+397B-A17B on 64 at EP64 ETP1, both with the flex dispatcher's HybridEP backend over one NVL72
+domain. The text model is the VL model's language backbone, so its SFT takes the same layout; what
+changes is the workload (8,192-token SFT rows, global batch 128, the text recipes' numerics) and
+what that costs in memory (the planner, GB300's 288 GiB = 309.2 GB):
+
+- 122B-A10B, EP32 (8 of 256 experts a GPU), no recompute: 288.0 GB planned (the benchmark does
+  not recompute either); full recompute would plan 146.5 GB and cost about a quarter more forward
+  work.
+- 397B-A17B, EP64 (8 of 512 experts a GPU): without recompute 431.6 GB (the benchmark's rows are
+  half as long); block recompute of 40 of the 60 layers plans 290.9 GB, a 6% margin like the
+  122B's 7% (38 layers plan 297.6, 36 304.9: within 1.4% of the capacity; 30 do not fit, 325.7).
+
+CUDA graphs stay off: the benchmarks capture the MoE router and preprocessing, which no run here
+has checked against packed SFT rows. Neither recipe has run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bridge_recipes.common import sft_config
+from bridge_recipes.qwen.policy import (
+    full_recompute,
+    set_layout,
+    set_openrecipes_numerics,
+    shard_optimizer_precision_aware,
+)
+from bridge_recipes.qwen_vl.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
+from bridge_recipes.recipe import recipe
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+__all__ = [
+    "qwen35_122b_a10b_sft_32gpu_gb300_bf16_config",
+    "qwen35_397b_a17b_sft_64gpu_gb300_bf16_config",
+]
+
+
+def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
+    """32 GB300 (one NVL72 domain): TP1 PP1 EP32 ETP1 DP32, one 8,192-token row per micro batch
+    (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute (288.0 of 309.2 GB planned),
+    HybridEP, precision-aware distributed Adam on the GPU."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg, ep=32)
+    # every layer keeps its activations: the memory is there, so no forward is repeated
+    cfg.model.recompute_granularity = None
+    cfg.model.recompute_method = None
+    cfg.model.recompute_num_layers = None
+    cuda_graphs_off(cfg)
+    use_hybridep_dispatcher(cfg)
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**GB300_ENV, **hybridep_env(32)}
+
+
+@recipe(
+    task="sft",
+    gpus=32,
+    gpu="gb300",
+    precision="bf16",
+    layout="TP1 PP1 EP32 DP32",
+    status="unmeasured",
+    notes="Megatron-Bridge's 32 x GB300 layout of this backbone with SFT rows; planner peak 288.0 GB; never run",
+)
+def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
+    """Qwen3.5-122B-A10B SFT on 32 x GB300: EP32, HybridEP, no recompute (planner peak 288.0 GB)."""
+    cfg = sft_config("qwen35_122b_a10b")
+    _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg)
+    return cfg
+
+
+def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
+    """64 GB300 (one NVL72 domain): TP1 PP1 EP64 ETP1 DP64, one 8,192-token row per micro batch
+    (128 rows = 1 row x 2 micro batches x 64 GPUs), block recompute of the first 40 of 60 layers
+    (290.9 of 309.2 GB planned), HybridEP, precision-aware distributed Adam on the GPU."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    set_layout(cfg, ep=64)
+    # the first 40 layers recompute their activations in the backward pass, the last 20 keep them
+    full_recompute(cfg, "block", 40)
+    cuda_graphs_off(cfg)
+    use_hybridep_dispatcher(cfg)
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**GB300_ENV, **hybridep_env(64)}
+
+
+@recipe(
+    task="sft",
+    gpus=64,
+    gpu="gb300",
+    precision="bf16",
+    layout="TP1 PP1 EP64 DP64",
+    status="unmeasured",
+    notes="Megatron-Bridge's 64 x GB300 layout of this backbone with SFT rows; planner peak 290.9 GB; never run",
+)
+def qwen35_397b_a17b_sft_64gpu_gb300_bf16_config() -> ConfigContainer:
+    """Qwen3.5-397B-A17B SFT on 64 x GB300: EP64, HybridEP, block recompute 40 (planner peak 290.9 GB)."""
+    cfg = sft_config("qwen35_397b_a17b")
+    _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg)
+    return cfg

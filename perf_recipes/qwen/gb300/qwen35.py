@@ -1,0 +1,33 @@
+"""GB300 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.qwen.gb300."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bridge_recipes.qwen.gb300 import qwen35 as real
+from bridge_recipes.recipe import recipe
+from perf_recipes._common import benchmark_settings
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+__all__ = [
+    "qwen35_122b_a10b_sft_32gpu_gb300_bf16_mock_config",
+    "qwen35_397b_a17b_sft_64gpu_gb300_bf16_mock_config",
+]
+
+
+@recipe(task="sft", gpus=32, gpu="gb300", precision="bf16", layout="TP1 PP1 EP32 DP32", status="unmeasured")
+def qwen35_122b_a10b_sft_32gpu_gb300_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_122b_a10b_sft_32gpu_gb300_bf16_config (EP32, HybridEP, no recompute)."""
+    cfg = real.qwen35_122b_a10b_sft_32gpu_gb300_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(task="sft", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
+def qwen35_397b_a17b_sft_64gpu_gb300_bf16_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_397b_a17b_sft_64gpu_gb300_bf16_config (EP64, HybridEP, block recompute 40)."""
+    cfg = real.qwen35_397b_a17b_sft_64gpu_gb300_bf16_config()
+    benchmark_settings(cfg)
+    return cfg
