@@ -256,8 +256,10 @@ def test_the_27b_fast_estimates_follow_from_the_committed_figures():
     slope = [proxy_point(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{n}_layers.yaml") for n in (4, 8)]
     head = proxy_point(RESULTS / "27b_te_ce_fused_swiglu_block10_against.yaml")
     name = "qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config"
-    cfg = bridge_recipes.build(name, overrides=["model.bias_activation_fusion=false"])  # the layout's stages
-    split = predict(cfg, 8, slope, recipe="qwen35_27b_sft_8gpu_h200_bf16_mock_config", intercept=head)
+    # the fast recipe's stages and recompute at the published policy's measured costs; its kernels next
+    split = predict(
+        bridge_recipes.build(name), 8, slope, recipe="qwen35_27b_sft_8gpu_h200_bf16_mock_config", intercept=head
+    )
     assert [round(t * 1000, 1) for t in split.stage_micro_batch_s] == [710.7, 784.2, 784.2, 849.4]
     best = pipeline_candidate_estimate(split, split.fixed_s, [0, 0, 0, 0], recompute, 0.99, loss)
     assert round(best, -1) == 2420 and round(best / base.tokens_per_s_per_gpu, 2) == 1.17
