@@ -137,3 +137,27 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
                 assert different_training(*cfgs) is None, f"{queue.name}: {step}"
             checked += 1
     assert checked >= 8  # the 8-GPU queue's five benchmarks, two convergence pairs and a candidate
+
+
+def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
+    """Each benchmark line of every queue gets past the checks benchmark.py makes before a run
+    starts (recipes, overrides, proxy size, candidates, value ranges, the output folder), so no
+    lease spends its device time on a line that stops at once."""
+    import shlex
+
+    from bridge_recipes.bench.benchmark import argument_problems, build_parser, runs_of
+
+    parser = build_parser()
+    checked = 0
+    for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
+        for step in _queue_steps(queue):
+            words = shlex.split(step.replace("$OUT", str(tmp_path)))
+            if "scripts/benchmark.py" not in words:
+                continue
+            opts = parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
+            if opts.predict:
+                continue
+            problems, _ = argument_problems(opts, runs_of(opts))
+            assert problems == [], f"{queue.name}: {step}"
+            checked += 1
+    assert checked >= 20
