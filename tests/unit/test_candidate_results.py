@@ -264,3 +264,26 @@ def test_the_27b_fast_estimates_follow_from_the_committed_figures():
     best = pipeline_candidate_estimate(split, split.fixed_s, [0, 0, 0, 0], recompute, 0.99, loss)
     assert round(best, -1) == 2420 and round(best / base.tokens_per_s_per_gpu, 2) == 1.17
     assert "about 2,420" in bridge_recipes.registry.load(name.replace("_mock", "")).__doc__
+
+
+def test_the_27b_bf16_moments_split_prediction_follows_from_the_calibration():
+    """27b_bf16_moments_fast_split_17_18_18_11's 1.22x: the calibrated predictor at its stages, less the
+    fast policy's measured kernel savings, against the published layout's 2,064.8 with MTP."""
+    import bridge_recipes
+    from bridge_recipes.bench.candidates import full_scale_verdict
+    from bridge_recipes.bench.predict import RECOMPUTE_FORWARD_SHARE, pipeline_candidate_estimate, predict, proxy_point
+
+    c = find("27b_bf16_moments_fast_split_17_18_18_11")
+    base = _prediction("results/h200_predict_qwen35_27b_sft_8gpu_with_mtp.json")
+    slope = [proxy_point(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{n}_layers.yaml") for n in (4, 8)]
+    head = proxy_point(RESULTS / "27b_te_ce_fused_swiglu_block10_against.yaml")
+    cfg = bridge_recipes.build(c.mock_recipe, overrides=list(c.overrides))
+    p = predict(cfg, 8, slope, recipe=c.mock_recipe, intercept=head)
+    assert [round(t * 1000) for t in p.stage_micro_batch_s] == [747, 784, 784, 813]
+    rho = RECOMPUTE_FORWARD_SHARE
+    recompute = base.per_layer_s * rho / (1 + rho * 0.75)
+    loss = _pair("27b_te_ce_fused_swiglu_block10").saved_s - recompute - 0.01 * 4 * base.per_layer_s
+    est = pipeline_candidate_estimate(p, p.fixed_s, [0, 0, 0, 0], recompute, 0.99, loss)
+    assert round(est, -1) == 2520 and round(est / base.tokens_per_s_per_gpu, 2) == c.predicted_ratio == 1.22
+    verdict = full_scale_verdict(c)
+    assert verdict["fits"] and verdict["peak_gb"] == 147.5

@@ -35,6 +35,8 @@ PREDICTED = {
     "27b_te_ce_fused_swiglu": 1.14,
     "27b_te_ce_fused_swiglu_block10": 1.18,
     "35b_bf16_moments_te_ce_fused_swiglu_block5": 1.41,
+    # written 2026-12-01, after 27b_te_ce_fused_swiglu_block10 ran and the 27B was calibrated
+    "27b_bf16_moments_fast_split_17_18_18_11": 1.22,
 }
 
 
