@@ -158,3 +158,23 @@ def test_stage_flops_count_recompute_and_the_head():
     assert with_rc[0] - without[0] == pytest.approx(sum(layers[:12]))  # first stage: 16 layers, 12 recomputed
     assert without[0] == pytest.approx(3 * sum(layers[:16]))
     assert without[-1] == pytest.approx(3 * (sum(layers[-14:]) + stages.head_forward_flops(spec, cfg)))
+
+
+def test_fused_moe_kernels_are_on_and_two_rows_a_micro_batch_do_not_fit():
+    """docs/performance_candidates.md: grouped GEMM and the fused permutation are already on (not
+    candidates); two 8,192-token rows a micro batch plan over the H200 in each H200 SFT layout."""
+    import bridge_recipes
+    from bridge_recipes.plan.memory import plan_memory
+
+    for name in ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config"):
+        m = bridge_recipes.build(name).model
+        assert m.moe_grouped_gemm and m.moe_permute_fusion and not m.moe_router_fusion
+    peaks = {
+        name: round(plan_memory(bridge_recipes.build(name, overrides=["train.micro_batch_size=2"]), 8).peak_gb, 1)
+        for name in (
+            "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
+            "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config",
+            "qwen35_27b_sft_8gpu_h200_bf16_fast_config",
+        )
+    }
+    assert list(peaks.values()) == [162.6, 210.8, 204.8]
