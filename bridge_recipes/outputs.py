@@ -4,12 +4,14 @@
 unwritable folder, one of the files the script reads); scripts call it while validating their
 arguments, before they run anything. ``write_text_atomic`` writes beside the target and
 renames, so a reader sees the old file or the new one, never a partial one; ``staged_output``
-does the same for a folder.
+does the same for a folder. ``file_sha256`` is the hash the written files are checked by. Standard
+library only (the wheelhouse uses it before anything is installed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -91,3 +93,12 @@ def staged_output(
             with contextlib.suppress(OSError):
                 d.rmdir()
         raise
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 16 * 2**20) -> str:
+    """SHA-256 of a file's bytes, read ``chunk`` bytes at a time."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            hasher.update(block)
+    return hasher.hexdigest()

@@ -18,7 +18,6 @@ before anything is installed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import re
 import shutil
@@ -27,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bridge_recipes.outputs import staged_output
+from bridge_recipes.outputs import file_sha256, staged_output
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCKS = (ROOT / "requirements/cpu.lock", ROOT / "requirements/gpu.lock")
@@ -69,14 +68,6 @@ def unsatisfied(pins: dict[str, str], installed: dict[str, str]) -> dict[str, st
     return {n: v for n, v in pins.items() if public(installed.get(n, "")) != public(v)}
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def pack(files: list[Path], out: Path, part_bytes: int) -> dict:
     """Lay ``files`` out in ``out/part_NN`` folders of at most ``part_bytes`` each (largest first,
     each into the first part with room); a file larger than a part is cut into chunks
@@ -87,7 +78,7 @@ def pack(files: list[Path], out: Path, part_bytes: int) -> dict:
     pieces: list[tuple[str, Path, int, int]] = []  # (name in the part, source, offset, length)
     for f in sorted(files, key=lambda p: (-p.stat().st_size, p.name)):
         size = f.stat().st_size
-        entry = {"size": size, "sha256": sha256(f), "chunks": []}
+        entry = {"size": size, "sha256": file_sha256(f), "chunks": []}
         if size <= part_bytes:
             pieces.append((f.name, f, 0, size))
         else:
@@ -141,7 +132,7 @@ def join(parts: list[Path], out: Path, overwrite: bool = False) -> list[str]:
                 for c in pieces:
                     with open(where[c], "rb") as fin:
                         shutil.copyfileobj(fin, fout)
-            if (tmp / name).stat().st_size != entry["size"] or sha256(tmp / name) != entry["sha256"]:
+            if (tmp / name).stat().st_size != entry["size"] or file_sha256(tmp / name) != entry["sha256"]:
                 raise WheelhouseError(f"{name}: size or SHA-256 differs from the manifest; carry its part again")
     return sorted(manifest["files"])
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from bridge_recipes.outputs import file_sha256
+
 ROWS_FILE = "rows.parquet"
 MANIFEST_FILE = "manifest.json"
 VAL_DIR = "val"  # the validation rows: a rows folder of its own inside the training one
@@ -47,14 +49,6 @@ def parquet_rows_sha256(path: str | os.PathLike) -> str:
         cus = table.column(CU_COLUMN).to_pylist() if CU_COLUMN in table.column_names else [None] * table.num_rows
         for ids, mask, cu in zip(table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist(), cus):
             update_rows_hash(hasher, np.asarray(ids), np.asarray(mask), None if cu is None else np.asarray(cu))
-    return hasher.hexdigest()
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 16 * 2**20) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            hasher.update(block)
     return hasher.hexdigest()
 
 
