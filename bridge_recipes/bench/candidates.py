@@ -42,12 +42,12 @@ def _block_recompute_prediction(recomputed_fraction: float) -> float:
     return round(PROXY_FULL_RECOMPUTE_S / t, 3)
 
 
+# The overrides the fast policies combine (each the override form of a block in bridge_recipes.qwen.policy)
+_BF16_MOMENTS = ("optimizer.exp_avg_dtype=bfloat16", "optimizer.exp_avg_sq_dtype=bfloat16")
+_TE_CE = "model.cross_entropy_fusion_impl=te"
+_FUSED_SWIGLU = "model.bias_activation_fusion=true"
 # What the fast 35B-A3B policy and its variants share: the memory they free, then spend on recompute
-_BF16_MOMENTS_TE_CE = (
-    "optimizer.exp_avg_dtype=bfloat16",
-    "optimizer.exp_avg_sq_dtype=bfloat16",
-    "model.cross_entropy_fusion_impl=te",
-)
+_BF16_MOMENTS_TE_CE = (*_BF16_MOMENTS, _TE_CE)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "35b_te_ce_block20",
         "qwen35_35b_a3b",
         (
-            "model.cross_entropy_fusion_impl=te",
+            _TE_CE,
             "model.recompute_method=block",
             "model.recompute_num_layers=20",
         ),
@@ -148,7 +148,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "qwen35_35b_a3b",
         (
             *_BF16_MOMENTS_TE_CE,
-            "model.bias_activation_fusion=true",
+            _FUSED_SWIGLU,
             "model.recompute_method=block",
             "model.recompute_num_layers=5",
         ),
@@ -233,7 +233,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "27b_fused_swiglu",
         "qwen35_27b",
-        ("model.bias_activation_fusion=true",),
+        (_FUSED_SWIGLU,),
         "Megatron-Core's fused SwiGLU kernel instead of the unfused chunk, SiLU and product (the recipes inherit "
         "Megatron-Bridge's default, off)",
         1.01,
@@ -272,7 +272,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "27b_te_ce_fused_swiglu_block10",
         "qwen35_27b",
-        ("model.cross_entropy_fusion_impl=te", "model.bias_activation_fusion=true", "model.recompute_num_layers=10"),
+        (_TE_CE, _FUSED_SWIGLU, "model.recompute_num_layers=10"),
         "27b_te_ce_fused_swiglu spending the memory both free on block recompute of 10 instead of 12 of each "
         "stage's 16 layers (149.8 GB planned; 9 plans at 158.6)",
         1.18,
@@ -284,7 +284,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "27b_te_ce",
         "qwen35_27b",
-        ("model.cross_entropy_fusion_impl=te",),
+        (_TE_CE,),
         "Transformer Engine's fused cross entropy instead of the native kernel (the last stage's loss working "
         "set 28.5 -> 12.2 GB, 145.8 -> 143.5 GB planned)",
         1.13,
@@ -296,7 +296,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "27b_te_ce_fused_swiglu",
         "qwen35_27b",
-        ("model.cross_entropy_fusion_impl=te", "model.bias_activation_fusion=true"),
+        (_TE_CE, _FUSED_SWIGLU),
         "27b_te_ce and 27b_fused_swiglu together (with both, block recompute of 10 of 16 plans at 149.8 GB at "
         "full scale, which a 4-layer proxy cannot show)",
         1.14,
@@ -306,10 +306,9 @@ CANDIDATES: tuple[Candidate, ...] = (
         "27b_bf16_moments_fast_split_17_18_18_11",
         "qwen35_27b",
         (
-            "model.cross_entropy_fusion_impl=te",
-            "model.bias_activation_fusion=true",
-            "optimizer.exp_avg_dtype=bfloat16",
-            "optimizer.exp_avg_sq_dtype=bfloat16",
+            _TE_CE,
+            _FUSED_SWIGLU,
+            *_BF16_MOMENTS,
             "model.recompute_num_layers=10",
             "model.num_layers_in_first_pipeline_stage=17",
             "model.num_layers_in_last_pipeline_stage=11",
