@@ -42,21 +42,27 @@ __all__ = [
 ]
 
 
-def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
-    """32 GB300 (one NVL72 domain): TP1 PP1 EP32 ETP1 DP32, one 8,192-token row per micro batch
-    (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute (288.0 of 309.2 GB planned),
-    HybridEP, precision-aware distributed Adam on the GPU."""
+def _expert_parallel_over_one_nvl72(cfg: ConfigContainer, ep: int) -> None:
+    """What both layouts share: TP1 PP1 EP ``ep`` ETP1 DP ``ep`` within one NVL72 domain, HybridEP,
+    no CUDA graphs, one 8,192-token row per micro batch, the text recipes' numerics and
+    precision-aware distributed Adam on the GPU, the GB300 benchmarks' environment."""
     set_openrecipes_numerics(cfg)
     shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, ep=32)
+    set_layout(cfg, ep=ep)
+    cuda_graphs_off(cfg)
+    use_hybridep_dispatcher(cfg)
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**GB300_ENV, **hybridep_env(ep)}
+
+
+def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
+    """32 GB300: EP32 (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute (288.0 of 309.2
+    GB planned)."""
+    _expert_parallel_over_one_nvl72(cfg, ep=32)
     # every layer keeps its activations: the memory is there, so no forward is repeated
     cfg.model.recompute_granularity = None
     cfg.model.recompute_method = None
     cfg.model.recompute_num_layers = None
-    cuda_graphs_off(cfg)
-    use_hybridep_dispatcher(cfg)
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**GB300_ENV, **hybridep_env(32)}
 
 
 @recipe(
@@ -76,18 +82,11 @@ def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
 
 
 def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
-    """64 GB300 (one NVL72 domain): TP1 PP1 EP64 ETP1 DP64, one 8,192-token row per micro batch
-    (128 rows = 1 row x 2 micro batches x 64 GPUs), block recompute of the first 40 of 60 layers
-    (290.9 of 309.2 GB planned), HybridEP, precision-aware distributed Adam on the GPU."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, ep=64)
+    """64 GB300: EP64 (128 rows = 1 row x 2 micro batches x 64 GPUs), block recompute of the first
+    40 of 60 layers (290.9 of 309.2 GB planned)."""
+    _expert_parallel_over_one_nvl72(cfg, ep=64)
     # the first 40 layers recompute their activations in the backward pass, the last 20 keep them
     full_recompute(cfg, "block", 40)
-    cuda_graphs_off(cfg)
-    use_hybridep_dispatcher(cfg)
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**GB300_ENV, **hybridep_env(64)}
 
 
 @recipe(
