@@ -99,12 +99,16 @@ def _pair(name: str) -> SideBySide:
     )
 
 
+def _prediction(path: str) -> Prediction:
+    doc = json.loads((ROOT / path).read_text())
+    return Prediction(**{f.name: doc[f.name] for f in dataclasses.fields(Prediction) if f.name in doc})
+
+
 def test_full_scale_estimate_of_the_best_candidate():
     """The saving split into a fixed part (Transformer Engine's cross entropy; BF16 moments taken as
     free) and a part a layer no longer recomputed, from the two candidates (2 and 3 of 4 proxy layers
     not recomputed); then on the calibrated 35B-A3B prediction (40 layers, 30 not recomputed)."""
-    doc = json.loads((ROOT / "results/h200_predict_qwen35_35b_a3b_sft_8gpu.json").read_text())
-    base = Prediction(**{f.name: doc[f.name] for f in dataclasses.fields(Prediction) if f.name in doc})
+    base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
     a, b = _pair("35b_te_ce_block20"), _pair("35b_bf16_moments_te_ce_block10")
     assert (a.layers_not_recomputed, b.layers_not_recomputed) == (2, 3)
     fixed, per_layer = split_saving(a, b)
@@ -200,11 +204,6 @@ def test_the_fast_recipes_evidence_is_a_reduced_scale_run_that_trained():
     assert round(check.figures["first"], 2) == 12.83 and round(check.figures["last3_min"], 2) == 7.77
 
 
-def _prediction(path: str) -> Prediction:
-    doc = json.loads((ROOT / path).read_text())
-    return Prediction(**{f.name: doc[f.name] for f in dataclasses.fields(Prediction) if f.name in doc})
-
-
 def test_the_27b_fast_recipe_is_the_candidate_with_the_predictors_split():
     from bridge_recipes import overrides
     from bridge_recipes.qwen.h200 import qwen35 as h200
@@ -218,17 +217,29 @@ def test_the_27b_fast_recipe_is_the_candidate_with_the_predictors_split():
     for part in ("model", "optimizer", "ddp", "train"):
         assert repr(getattr(fast, part)) == repr(getattr(published, part)), part
     assert fast.model.recompute_num_layers == 10 and fast.model.bias_activation_fusion
-    meta = registry_meta("qwen35_27b_sft_8gpu_h200_bf16_fast_config")
-    losses = log_losses((ROOT / meta.evidence).read_text())
+    from bridge_recipes import registry
     from bridge_recipes.bench.evidence import check_training
 
+    meta = registry.find("qwen35_27b_sft_8gpu_h200_bf16_fast_config").meta
+    losses = log_losses((ROOT / meta.evidence).read_text())
     assert meta.status == "functional" and check_training(losses).passed and len(losses) == 16
 
 
-def registry_meta(name: str):
-    from bridge_recipes import registry
+def _fast_27b_parts():
+    """What both 27B full-scale estimates start from: the calibrated prediction of the recipe with MTP,
+    the three proxies it came from (small-head slope, real-head intercept), and the measured 50.2 ms
+    a micro batch split as one layer's recompute at the predictor's forward third, the fused SwiGLU's
+    1% of the 4 layers and the rest on the loss."""
+    from bridge_recipes.bench.predict import RECOMPUTE_FORWARD_SHARE, proxy_point
 
-    return registry.find(name).meta
+    base = _prediction("results/h200_predict_qwen35_27b_sft_8gpu_with_mtp.json")
+    slope = [proxy_point(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{n}_layers.yaml") for n in (4, 8)]
+    head = proxy_point(RESULTS / "27b_te_ce_fused_swiglu_block10_against.yaml")
+    rho = RECOMPUTE_FORWARD_SHARE
+    recompute = base.per_layer_s * rho / (1 + rho * 0.75)
+    swiglu = 0.01 * 4 * base.per_layer_s
+    loss = _pair("27b_te_ce_fused_swiglu_block10").saved_s - recompute - swiglu
+    return base, slope, head, recompute, swiglu, loss
 
 
 def test_the_27b_fast_estimates_follow_from_the_committed_figures():
@@ -238,23 +249,12 @@ def test_the_27b_fast_estimates_follow_from_the_committed_figures():
     published split about 2,220, the 16/18/18/12 split about 2,420 (its stages predicted from the
     same proxies), 1.17x."""
     import bridge_recipes
-    from bridge_recipes.bench.predict import (
-        RECOMPUTE_FORWARD_SHARE,
-        pipeline_candidate_estimate,
-        predict,
-        proxy_point,
-    )
+    from bridge_recipes.bench.predict import pipeline_candidate_estimate, predict
 
-    base = _prediction("results/h200_predict_qwen35_27b_sft_8gpu_with_mtp.json")
-    rho = RECOMPUTE_FORWARD_SHARE
-    recompute = base.per_layer_s * rho / (1 + rho * 0.75)
-    swiglu = 0.01 * 4 * base.per_layer_s
-    loss = _pair("27b_te_ce_fused_swiglu_block10").saved_s - recompute - swiglu
+    base, slope, head, recompute, swiglu, loss = _fast_27b_parts()
     assert [round(x * 1000, 2) for x in (recompute, swiglu)] == [12.25, 1.84] and round(loss * 1000, 1) == 36.1
     same_split = pipeline_candidate_estimate(base, base.fixed_s, [2, 2, 2, 2], recompute, 0.99, loss)
     assert round(same_split, -1) == 2220
-    slope = [proxy_point(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{n}_layers.yaml") for n in (4, 8)]
-    head = proxy_point(RESULTS / "27b_te_ce_fused_swiglu_block10_against.yaml")
     name = "qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config"
     # the fast recipe's stages and recompute at the published policy's measured costs; its kernels next
     split = predict(
@@ -271,18 +271,13 @@ def test_the_27b_bf16_moments_split_prediction_follows_from_the_calibration():
     fast policy's measured kernel savings, against the published layout's 2,064.8 with MTP."""
     import bridge_recipes
     from bridge_recipes.bench.candidates import full_scale_verdict
-    from bridge_recipes.bench.predict import RECOMPUTE_FORWARD_SHARE, pipeline_candidate_estimate, predict, proxy_point
+    from bridge_recipes.bench.predict import pipeline_candidate_estimate, predict
 
     c = find("27b_bf16_moments_fast_split_17_18_18_11")
-    base = _prediction("results/h200_predict_qwen35_27b_sft_8gpu_with_mtp.json")
-    slope = [proxy_point(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{n}_layers.yaml") for n in (4, 8)]
-    head = proxy_point(RESULTS / "27b_te_ce_fused_swiglu_block10_against.yaml")
+    base, slope, head, recompute, _, loss = _fast_27b_parts()
     cfg = bridge_recipes.build(c.mock_recipe, overrides=list(c.overrides))
     p = predict(cfg, 8, slope, recipe=c.mock_recipe, intercept=head)
     assert [round(t * 1000) for t in p.stage_micro_batch_s] == [747, 784, 784, 813]
-    rho = RECOMPUTE_FORWARD_SHARE
-    recompute = base.per_layer_s * rho / (1 + rho * 0.75)
-    loss = _pair("27b_te_ce_fused_swiglu_block10").saved_s - recompute - 0.01 * 4 * base.per_layer_s
     est = pipeline_candidate_estimate(p, p.fixed_s, [0, 0, 0, 0], recompute, 0.99, loss)
     assert round(est, -1) == 2520 and round(est / base.tokens_per_s_per_gpu, 2) == c.predicted_ratio == 1.22
     verdict = full_scale_verdict(c)
