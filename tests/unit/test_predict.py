@@ -249,20 +249,14 @@ def test_proxies_recomputing_different_shares_are_refused(tmp_path):
 
 
 @pytest.mark.parametrize("layers", [4, 8])
-def test_small_head_results_are_what_their_logs_give(layers):
-    """The 27B's slope proxies (1 x H200, 2026-12-01): each result file is its committed log's window,
-    and its FLOPs count the small head it ran with (vocabulary 32,768, no MTP)."""
-    from bridge_recipes.bench.megatron_log import step_records_from_log
+def test_small_head_results_count_their_own_head(layers):
+    """The 27B's slope proxies (1 x H200, 2026-12-01; each checked against its log with the other proxy
+    results, tests/unit/test_proxy_results.py): their FLOPs count the small head they ran with
+    (vocabulary 32,768, no MTP)."""
     from bridge_recipes.bench.result import read_result
-    from bridge_recipes.bench.stats import summarize
 
     doc = read_result(ROOT / f"results/h200_proxy_qwen35_27b_small_head_{layers}_layers.yaml")
-    log = (ROOT / f"docs/evidence/proxy/h200_proxy_qwen35_27b_small_head_{layers}_layers.log").read_text()
     r = doc["result"]
     assert f"--scale-down {layers} " in doc["command"] and "model.vocab_size=32768" in doc["command"]
-    assert "iteration       16/" in log
-    stats = summarize(step_records_from_log(log, 8192), tuple(r["window"]), 1, r["flops_per_token"]["model"], "H200")
-    assert stats.step_time_mean_s == pytest.approx(r["step_time_mean_s"], abs=1e-4)
-    assert stats.tflops_per_s_per_gpu == pytest.approx(r["tflops_per_s_per_gpu"], abs=0.01)
     assert r["flops_per_token"]["breakdown"]["lm_head"] == 6 * 5120 * 32768
     assert r["flops_per_token"]["mtp_num_layers"] == 0
