@@ -97,45 +97,47 @@ def _queue_steps(queue):
     return [s for s in queue.read_text().splitlines() if s.strip() and not s.lstrip().startswith("#")]
 
 
+def _queued_benchmarks(out: str = "$OUT"):
+    """(queue file name, step, parsed options) of each scripts/benchmark.py line of every queue, with
+    ``$OUT`` replaced by ``out``."""
+    import shlex
+
+    from bridge_recipes.bench.benchmark import build_parser
+
+    parser = build_parser()
+    for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
+        for step in _queue_steps(queue):
+            words = shlex.split(step.replace("$OUT", out))
+            if "scripts/benchmark.py" in words:
+                yield queue.name, step, parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
+
+
 def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
     """A full-scale benchmark's steps (both recipes' with --against, at the global batch its
     overrides set) take at most 10 minutes at the published rates, so a 30-minute lease holds two
     with their start-ups; each measures a window of 2+ steps after step 2; a pair trains one model
     on the same rows, so that its loss curves are compared."""
-    import shlex
-
     from bridge_recipes import registry
-    from bridge_recipes.bench.benchmark import build_parser
-    from bridge_recipes.bench.candidates import find
+    from bridge_recipes.bench.benchmark import runs_of
     from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
 
-    parser = build_parser()
     checked = 0
-    for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
-        for step in _queue_steps(queue):
-            words = shlex.split(step)
-            if "scripts/benchmark.py" not in words:
-                continue
-            opts = parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
-            if opts.proxy_layers:
-                continue
-            steps, (first, last) = opts.steps, opts.window
-            assert 3 <= first < last <= steps, f"{queue.name}: window {first}-{last} of {steps} steps: {step}"
-            seconds, cfgs = 0.0, []
-            runs = [(name, []) for name in filter(None, (opts.recipe, opts.against))]
-            if opts.candidate:  # the candidate and its published policy, in one command
-                candidate = find(opts.candidate)
-                runs = [(candidate.mock_recipe, list(candidate.overrides)), (candidate.mock_recipe, [])]
-            for name, own in runs:
-                entry = registry.find(name)
-                cfgs.append(build_config(entry.name, overrides=[*own, *opts.overrides]))
-                step_s = published_step_seconds(cfgs[-1], entry.meta)
-                assert step_s, f"{queue.name}: {entry.name} has no published rate to size its steps by"
-                seconds += steps * step_s
-            assert seconds <= 600, f"{queue.name}: {seconds / 60:.1f} min of steps: {step}"
-            if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
-                assert different_training(*cfgs) is None, f"{queue.name}: {step}"
-            checked += 1
+    for queue, step, opts in _queued_benchmarks():
+        if opts.proxy_layers:
+            continue
+        steps, (first, last) = opts.steps, opts.window
+        assert 3 <= first < last <= steps, f"{queue}: window {first}-{last} of {steps} steps: {step}"
+        seconds, cfgs = 0.0, []
+        for _, name, own in runs_of(opts):  # a candidate runs with its published policy, in one command
+            entry = registry.find(name)
+            cfgs.append(build_config(entry.name, overrides=[*own, *opts.overrides]))
+            step_s = published_step_seconds(cfgs[-1], entry.meta)
+            assert step_s, f"{queue}: {entry.name} has no published rate to size its steps by"
+            seconds += steps * step_s
+        assert seconds <= 600, f"{queue}: {seconds / 60:.1f} min of steps: {step}"
+        if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
+            assert different_training(*cfgs) is None, f"{queue}: {step}"
+        checked += 1
     assert checked >= 8  # the 8-GPU queue's five benchmarks, two convergence pairs and a candidate
 
 
@@ -143,21 +145,13 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
     """Each benchmark line of every queue gets past the checks benchmark.py makes before a run
     starts (recipes, overrides, proxy size, candidates, value ranges, the output folder), so no
     lease spends its device time on a line that stops at once."""
-    import shlex
+    from bridge_recipes.bench.benchmark import argument_problems, runs_of
 
-    from bridge_recipes.bench.benchmark import argument_problems, build_parser, runs_of
-
-    parser = build_parser()
     checked = 0
-    for queue in sorted((ROOT / "scripts/gpu/queues").glob("*.txt")):
-        for step in _queue_steps(queue):
-            words = shlex.split(step.replace("$OUT", str(tmp_path)))
-            if "scripts/benchmark.py" not in words:
-                continue
-            opts = parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
-            if opts.predict:
-                continue
-            problems, _ = argument_problems(opts, runs_of(opts))
-            assert problems == [], f"{queue.name}: {step}"
-            checked += 1
+    for queue, step, opts in _queued_benchmarks(str(tmp_path)):
+        if opts.predict:
+            continue
+        problems, _ = argument_problems(opts, runs_of(opts))
+        assert problems == [], f"{queue}: {step}"
+        checked += 1
     assert checked >= 20
