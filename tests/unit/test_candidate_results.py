@@ -126,20 +126,26 @@ def test_full_scale_estimate_of_the_best_candidate():
     assert "about 6,800" in find("35b_bf16_moments_te_ce_fused_swiglu_block5").basis
 
 
+def _fast_recipe_is_published_with(candidate: str, extra: tuple[str, ...] = ()):
+    """The fast recipe of a candidate's published recipe equals that recipe with the candidate's
+    overrides (and ``extra``) applied, part by part; returns the fast config."""
+    from bridge_recipes import overrides, registry
+
+    c = find(candidate)
+    published = registry.load(c.recipe)()
+    for token in (*c.overrides, *extra):
+        overrides.apply(published, overrides.parse(token))
+    fast = registry.load(c.recipe.replace("_config", "_fast_config"))()
+    for part in ("model", "optimizer", "ddp", "train"):
+        assert repr(getattr(fast, part)) == repr(getattr(published, part)), part
+    return fast
+
+
 def test_the_fast_recipe_is_the_published_one_with_the_candidates_overrides():
     """One definition of the winning policy: the fast recipe builds what the candidate measured,
     at full scale (10 of 40 layers recomputed, the proxy's 1 of 4)."""
-    from bridge_recipes import overrides
-    from bridge_recipes.qwen.h200 import qwen35 as h200
-
-    c = find("35b_bf16_moments_te_ce_block10")
-    assert c.recipe == "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
-    published = h200.qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
-    for token in c.overrides:
-        overrides.apply(published, overrides.parse(token))
-    fast = h200.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config()
-    for part in ("model", "optimizer", "ddp", "train"):
-        assert repr(getattr(fast, part)) == repr(getattr(published, part)), part
+    assert find("35b_bf16_moments_te_ce_block10").recipe == "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+    fast = _fast_recipe_is_published_with("35b_bf16_moments_te_ce_block10")
     assert fast.model.recompute_num_layers == 10 and fast.model.cross_entropy_fusion_impl == "te"
 
 
@@ -205,17 +211,8 @@ def test_the_fast_recipes_evidence_is_a_reduced_scale_run_that_trained():
 
 
 def test_the_27b_fast_recipe_is_the_candidate_with_the_predictors_split():
-    from bridge_recipes import overrides
-    from bridge_recipes.qwen.h200 import qwen35 as h200
-
-    c = find("27b_te_ce_fused_swiglu_block10")
-    published = h200.qwen35_27b_sft_8gpu_h200_bf16_config()
     split = ("model.num_layers_in_first_pipeline_stage=16", "model.num_layers_in_last_pipeline_stage=12")
-    for token in (*c.overrides, *split):
-        overrides.apply(published, overrides.parse(token))
-    fast = h200.qwen35_27b_sft_8gpu_h200_bf16_fast_config()
-    for part in ("model", "optimizer", "ddp", "train"):
-        assert repr(getattr(fast, part)) == repr(getattr(published, part)), part
+    fast = _fast_recipe_is_published_with("27b_te_ce_fused_swiglu_block10", split)
     assert fast.model.recompute_num_layers == 10 and fast.model.bias_activation_fusion
     from bridge_recipes import registry
     from bridge_recipes.bench.evidence import check_training
