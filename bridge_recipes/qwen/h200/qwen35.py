@@ -30,6 +30,7 @@ from bridge_recipes.qwen.policy import (
     bf16_adam_moments,
     cpu_optimizer_offload,
     full_recompute,
+    fused_router,
     fused_swiglu,
     set_layout,
     set_openrecipes_numerics,
@@ -112,35 +113,45 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     layout="TP1 PP1 EP8 DP8",
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_block10.log",
+    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers.log",
     notes=(
-        "one-GPU proxy 1.40x the published policy side by side "
-        "(results/candidates/35b_bf16_moments_te_ce_block10_ratio.json)"
+        "one-GPU proxy at 16 layers 1.21x the published policy side by side without the fused router "
+        "(results/candidates/35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers_ratio.json); the fused "
+        "router 1.05x on its own (35b_router_fusion_ratio.json); together predicted 1.31x, not yet measured"
     ),
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
-    """The published EP8 layout made faster by spending memory it frees on recompute (candidate
-    ``35b_bf16_moments_te_ce_block10``, docs/performance_candidates.md).
+    """The published EP8 layout made faster by spending memory it frees on recompute, with fused
+    kernels (candidate ``35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion``,
+    docs/performance_candidates.md).
 
     - Adam's moments in BF16 free 17.8 GB a GPU of optimizer state, Transformer Engine's cross
-      entropy 16.3 GB of the loss working set; that buys block recompute of the first 10 of the 40
-      layers instead of full recompute of all 40. The planner: 145.9 of 150.8 GB at full scale.
-    - Measured on the one-GPU proxy of the EP8 shard (4 layers, 32 experts, 8 micro batches of
-      8,192 tokens; 1 x H200, 2026-12-01, side by side with the published policy in one command):
-      1.979 against 2.771 s a step, 1.40x; the loss curves agree over steps 4-16 (correlation
-      0.99999990, last-step difference 4.5e-5). Predicted before the run: 1.17x.
-    - Full scale, estimated from that measurement (``bench.predict.candidate_estimate``: the
-      saving split into a fixed 54.2 ms a micro batch and 15.0 ms a layer no longer recomputed,
-      on the calibrated prediction of the published policy): about 6,425 tokens/s/GPU, 1.38x the
-      published 4,663.1; without the expert-parallel all-to-all, which the calibration also lacks.
-      Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt). Functional: the proxy run trained
-      16 steps on the H200, loss 12.83 -> 7.77, every step finite (its log is the evidence).
+      entropy 16.3 GB of the loss working set, the fused SwiGLU part of each expert's saved
+      activation; that buys block recompute of the first 5 of the 40 layers instead of full
+      recompute of all 40. The planner: 145.9 of 150.8 GB at full scale. The fused router changes
+      no memory.
+    - Measured on the one-GPU proxy of the EP8 shard (32 experts, 8 micro batches of 8,192 tokens;
+      1 x H200, 2026-12-01, each side by side with the published policy in one command): without the
+      fused router at 16 layers (2 recomputed against 16) 4.805 against 5.811 s a step, 1.21x, loss
+      curves agreeing (correlation 0.9999964, last step 0.68% apart); at 4 layers the same policy
+      without the fused SwiGLU 1.40x (1 recomputed against 4); the fused router alone on the
+      published policy at 4 layers 2.489 against 2.619 s, 1.05x, losses identical to 1e-4. The
+      whole policy together is predicted 1.31x at 16 layers (queued, not yet measured).
+    - Full scale, estimated (``bench.predict.candidate_estimate`` on the calibrated prediction of the
+      published policy, the saving split by ``bench.predict.split_saving`` into 91.8 ms a micro batch
+      fixed and 2.4 ms a layer no longer recomputed from the 4- and 16-layer pairs, plus the fused
+      router's 1.36 ms a router pass): about 5,745 tokens/s/GPU, 1.23x the published 4,663.1, 12%
+      short of 6,500; without the expert-parallel all-to-all, which the calibration also lacks.
+      Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt). Functional: the 16-layer proxy run
+      trained 16 steps on the H200, loss 12.83 -> 3.42, every step finite (its log is the evidence).
     """
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     bf16_adam_moments(cfg)
     te_cross_entropy(cfg)
-    # the first 10 layers recompute their activations in the backward pass, the other 30 keep them
-    full_recompute(cfg, method="block", num_layers=10)
+    fused_swiglu(cfg)
+    fused_router(cfg)
+    # the first 5 layers recompute their activations in the backward pass, the other 35 keep them
+    full_recompute(cfg, method="block", num_layers=5)
     return cfg
 
 

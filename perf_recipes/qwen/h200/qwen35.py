@@ -69,7 +69,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config (EP8, BF16 moments, TE cross
-    entropy, block recompute of 10 layers)."""
+    entropy, fused SwiGLU and router, block recompute of 5 layers)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config()
     benchmark_settings(cfg)
     return cfg
