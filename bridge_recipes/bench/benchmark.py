@@ -34,15 +34,18 @@ def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, objec
     overrides (a candidate's), after the command's."""
     from bridge_recipes.bench import harness
 
-    overrides = [*opts.overrides, *extra]
+    rows = getattr(opts, "rows", None)
+    data = {"dataset": "sft-rows"} if rows else {}  # --rows: the packed rows replace the recipe's data
+    overrides = [*([f"dataset.path={Path(rows).resolve()}"] if rows else []), *opts.overrides, *extra]
     request = harness.run_request(
-        build_config(name, overrides=overrides),
+        build_config(name, overrides=overrides, **data),
         steps=opts.steps,
         proxy_layers=opts.proxy_layers,
         extra=overrides,
         proxy_global_batch=opts.proxy_global_batch,
         proxy_gpus=opts.proxy_gpus,
     )
+    request.update(data)
     return request, build_config(name, **request)
 
 
@@ -70,7 +73,9 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
             raise ValueError(
                 f"--candidate {c.name} is measured on {c.proxy_gpus} GPU(s): pass --proxy-gpus {c.proxy_gpus}"
             )
-        return [(c.name, c.mock_recipe, c.proxy_overrides(opts.proxy_layers)), ("published", c.mock_recipe, [])]
+        # on chat rows (--rows) both run the recipe itself, whose data the rows replace; else its mock form
+        recipe = c.recipe if getattr(opts, "rows", None) else c.mock_recipe
+        return [(c.name, recipe, c.proxy_overrides(opts.proxy_layers)), ("published", recipe, [])]
     if not opts.recipe:
         raise ValueError("--recipe NAME is required (or --candidate NAME)")
     names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
@@ -136,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="GPUs of the proxy (2: keeps what fits of the recipe's layout, e.g. EP2, and its per-GPU experts)",
     )
+    ap.add_argument(
+        "--rows",
+        metavar="DIR",
+        help="packed SFT rows (scripts/build_sft_rows.py) both runs train on instead of mock data; with "
+        "--candidate, the recipe itself runs instead of its mock form (a loss-curve check on chat rows)",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
@@ -197,6 +208,13 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     plans: list[tuple[dict, object]] = []
     if out:
         return out, plans
+    if opts.rows:
+        from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
+
+        try:
+            check_rows(opts.rows)
+        except (RowsIntegrityError, OSError) as exc:
+            return [f"--rows {opts.rows}: {exc}"], plans
     for label, name, extra in runs:
         try:
             plans.append(planned_run(name, opts, extra))

@@ -87,6 +87,35 @@ def test_candidate_runs_side_by_side_with_its_published_policy(tmp_path):
     assert cand.num_layers == published.num_layers == 4
 
 
+def test_a_candidate_on_chat_rows_runs_the_recipe_itself_on_them(tmp_path):
+    """--rows: both runs train the recipe (not its mock form) on the packed rows, so the loss-curve
+    check sees chat rows; the candidate's overrides stay on its own run."""
+    rows = ROOT / "docs/evidence/sft_rows_synthetic/rows"
+    opts = _opts(
+        "--candidate", "27b_fp8_current", "--proxy-layers", "4", "--rows", str(rows), "--steps", "30",
+        "--window", "4", "29", "--out", str(tmp_path / "c.yaml"),
+    )  # fmt: skip
+    runs = bench.runs_of(opts)
+    assert {name for _, name, _ in runs} == {"qwen35_27b_sft_8gpu_h200_bf16_config"}
+    problems, plans = bench.argument_problems(opts, runs)
+    assert problems == []
+    (cand_request, cand), (ref_request, ref) = plans
+    assert cand_request["dataset"] == ref_request["dataset"] == "sft-rows"
+    assert type(cand.dataset).__name__ == type(ref.dataset).__name__ == "PackedSFTRowsConfig"
+    assert Path(cand.dataset.path) == Path(ref.dataset.path) == rows
+    assert cand.mixed_precision == "bf16_with_fp8_current_scaling_mixed" and ref.mixed_precision == "bf16_mixed"
+
+
+def test_rows_that_are_not_a_rows_folder_exit_2_naming_the_option(tmp_path, capsys):
+    (tmp_path / "rows").mkdir()
+    argv = ["--candidate", "27b_fp8_current", "--proxy-layers", "4", "--rows", str(tmp_path / "rows")]
+    with pytest.raises(SystemExit) as exc:
+        bench.main([*argv, "--out", str(tmp_path / "o.yaml")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"--rows {tmp_path / 'rows'}: " in err and "scripts/build_sft_rows.py" in err
+    assert not (tmp_path / "o.yaml").exists()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
