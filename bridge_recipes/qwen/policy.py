@@ -86,10 +86,10 @@ def fused_swiglu(cfg: ConfigContainer) -> None:
 
 
 def fused_router(cfg: ConfigContainer) -> None:
-    """Transformer Engine's fused MoE router (score function, top-k and the auxiliary-loss scores in
-    one kernel each way) instead of Megatron-Core's unfused kernels (Megatron-Bridge's default is
-    off for the text models). On the H200 proxy of the 35B-A3B EP8 shard it saved 16.3 ms a micro
-    batch over 4 fully recomputed layers, with the same loss curve."""
+    """Transformer Engine's fused MoE router kernels (top-k with the score function, the auxiliary-loss
+    scores and the load-balancing loss) instead of Megatron-Core's unfused ones (Megatron-Bridge's
+    default is off for the text models). On the H200 proxy of the 35B-A3B EP8 shard it saved 16.3 ms
+    a micro batch over 4 fully recomputed layers, with the same loss curve."""
     cfg.model.moe_router_fusion = True
 
 

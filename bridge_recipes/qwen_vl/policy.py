@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bridge_recipes.qwen.policy import fused_router, fused_swiglu
+
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
@@ -70,10 +72,9 @@ def set_vl_layout(cfg: ConfigContainer, *, ep: int) -> None:
 def set_vl_fused_kernels(cfg: ConfigContainer) -> None:
     """Fused bias-activation and router kernels; no fused RoPE, because variable-length image
     inputs use mrope (as Megatron-Bridge's VL recipes)."""
-    m = cfg.model
-    m.apply_rope_fusion = False
-    m.bias_activation_fusion = True
-    m.moe_router_fusion = True
+    cfg.model.apply_rope_fusion = False
+    fused_swiglu(cfg)
+    fused_router(cfg)
 
 
 def set_batch(cfg: ConfigContainer, *, micro_batch: int, global_batch: int) -> None:
