@@ -34,7 +34,7 @@ def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, objec
     overrides (a candidate's), after the command's."""
     from bridge_recipes.bench import harness
 
-    rows = getattr(opts, "rows", None)
+    rows = opts.rows
     data = {"dataset": "sft-rows"} if rows else {}  # --rows: the packed rows replace the recipe's data
     overrides = [*([f"dataset.path={Path(rows).resolve()}"] if rows else []), *opts.overrides, *extra]
     request = harness.run_request(
@@ -74,7 +74,7 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
                 f"--candidate {c.name} is measured on {c.proxy_gpus} GPU(s): pass --proxy-gpus {c.proxy_gpus}"
             )
         # on chat rows (--rows) both run the recipe itself, whose data the rows replace; else its mock form
-        recipe = c.recipe if getattr(opts, "rows", None) else c.mock_recipe
+        recipe = c.recipe if opts.rows else c.mock_recipe
         return [(c.name, recipe, c.proxy_overrides(opts.proxy_layers)), ("published", recipe, [])]
     if not opts.recipe:
         raise ValueError("--recipe NAME is required (or --candidate NAME)")
@@ -208,13 +208,6 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     plans: list[tuple[dict, object]] = []
     if out:
         return out, plans
-    if opts.rows:
-        from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
-
-        try:
-            check_rows(opts.rows)
-        except (RowsIntegrityError, OSError) as exc:
-            return [f"--rows {opts.rows}: {exc}"], plans
     for label, name, extra in runs:
         try:
             plans.append(planned_run(name, opts, extra))
@@ -223,6 +216,12 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
             continue
         nproc = gpus_of(name, opts)
         out += [f"{label}: {p}" for p in value_problems(plans[-1][1], nproc)]
+    if opts.rows:
+        # the runner's own dry-run check of the rows against each run's model (once per distinct message)
+        from bridge_recipes.data.packed_rows import dry_run_problems
+
+        found = dict.fromkeys(p for _, cfg in plans for p in dry_run_problems(cfg)[0])
+        out += [f"--rows {opts.rows}: {p}" for p in found]
     return out, plans
 
 
