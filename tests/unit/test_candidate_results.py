@@ -141,6 +141,12 @@ def _pair(name: str) -> SideBySide:
     )
 
 
+def _router_pass_s() -> float:
+    """The fused router's saving a router pass: its 4 fully recomputed proxy layers run 3 passes each
+    (forward, recomputed forward, backward)."""
+    return _pair("35b_router_fusion").saved_s / (4 * 3)
+
+
 def _prediction(path: str) -> Prediction:
     doc = json.loads((ROOT / path).read_text())
     return Prediction(**{f.name: doc[f.name] for f in dataclasses.fields(Prediction) if f.name in doc})
@@ -191,7 +197,7 @@ def test_the_16_layer_pair_revises_the_full_scale_estimate():
     assert round(fixed * 1000, 1) == 91.8 and round(per_layer * 1000, 1) == 2.4
     assert round(candidate_estimate(base, 16, sixteen, fixed, per_layer, 35), -1) == 5280
     assert round(candidate_estimate(base, 16, sixteen, fixed, per_layer, 30), -1) == 5230
-    router = _pair("35b_router_fusion").saved_s / (4 * 3)
+    router = _router_pass_s()
     assert round(router * 1000, 2) == 1.36
     best = candidate_estimate(base, 16, sixteen, fixed + (5 * 3 + 35 * 2) * router, per_layer, 35)
     assert round(best, -1) == 5750 and round(best / 4663.1, 2) == 1.23
@@ -203,8 +209,7 @@ def test_the_router_candidates_16_layer_prediction_follows_from_the_measurements
     """1.31x: the 16-layer pair's 600.6 ms a micro batch less 46.2 ms of router passes (2 layers x 3 + 14
     x 2 at 1.36 ms), against its published 726.4."""
     c = find("35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion")
-    pair, router = _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers"), _pair("35b_router_fusion")
-    per_pass = router.saved_s / (4 * 3)
+    pair, per_pass = _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers"), _router_pass_s()
     candidate = pair.candidate_step_s / pair.micro_batches - (2 * 3 + 14 * 2) * per_pass
     assert round(candidate * 1000, 1) == 554.4 and round((2 * 3 + 14 * 2) * per_pass * 1000, 1) == 46.2
     assert round(pair.reference_step_s / pair.micro_batches / candidate, 2) == c.predicted_ratio == 1.31
