@@ -313,7 +313,7 @@ CANDIDATES: tuple[Candidate, ...] = (
             "mixed_precision=bf16_with_fp8_current_scaling_mixed",
         ),
         "the fast 27B policy (27b_te_ce_fused_swiglu_block10) with its layers' GEMMs in FP8 with per-tensor current "
-        "scaling (the output layer stays BF16)",
+        "scaling (the output layer and the model's first and last layers stay BF16: 2 of the 4-layer proxy's)",
         1.22,
         "the fast policy measured 1.12x (419 against 470 ms a proxy micro batch); of its ~175 ms in the 4 layers "
         "(the small-head proxy's 200 ms a micro batch less its embedding, head and loss) about three quarters are "
@@ -409,33 +409,39 @@ def full_scale_verdict(candidate: Candidate) -> dict[str, Any]:
     }
 
 
-# Each measured candidate: NAME.yaml and NAME_against.yaml (the candidate and its published policy,
-# one command), NAME_ratio.json; their logs in docs/evidence/candidates/.
+# Each measured candidate: STEM.yaml and STEM_against.yaml (the candidate and its published policy,
+# one command), STEM_ratio.json, with STEM from result_stem (its depth, its data); logs in docs/evidence/candidates/.
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "candidates"
 
 
-def result_stem(name: str, layers: int = 4) -> str:
-    """The file stem of a candidate's measurement at a proxy depth: NAME at 4 layers, NAME_16_layers at 16."""
-    return name if layers == 4 else f"{name}_{layers}_layers"
+def result_stem(name: str, layers: int = 4, rows: bool = False) -> str:
+    """The file stem of a candidate's measurement at a proxy depth: NAME at 4 layers, NAME_16_layers at 16;
+    ``_rows`` after either where both runs trained the recipe itself on packed chat rows (``--rows``)."""
+    stem = name if layers == 4 else f"{name}_{layers}_layers"
+    return f"{stem}_rows" if rows else stem
 
 
-def parse_stem(stem: str) -> tuple[str, int]:
-    """(candidate, proxy layers) of a result stem (:func:`result_stem`'s inverse)."""
+def parse_stem(stem: str) -> tuple[str, int, bool]:
+    """(candidate, proxy layers, on chat rows) of a result stem (:func:`result_stem`'s inverse)."""
+    rows = stem.endswith("_rows")
+    stem = stem.removesuffix("_rows")
     name, sep, layers = stem.rpartition("_layers")[0].rpartition("_")
     if stem.endswith("_layers") and sep and layers.isdigit():
-        return name, int(layers)
-    return stem, 4
+        return name, int(layers), rows
+    return stem, 4, rows
 
 
-def measured_depths(name: str) -> list[int]:
-    """The proxy depths a candidate was measured at (each a ratio file), shallowest first."""
-    depths = [parse_stem(p.name.removesuffix("_ratio.json")) for p in RESULTS.glob(f"{name}*_ratio.json")]
-    return sorted(layers for n, layers in depths if n == name)
+def measured_arms(name: str) -> list[tuple[int, bool]]:
+    """The (proxy layers, on chat rows) a candidate was measured at (each a ratio file), shallowest and
+    mock rows first."""
+    stems = [parse_stem(p.name.removesuffix("_ratio.json")) for p in RESULTS.glob(f"{name}*_ratio.json")]
+    return sorted((layers, rows) for n, layers, rows in stems if n == name)
 
 
-def measured(name: str, layers: int = 4) -> dict | None:
-    """The ratio file of a candidate's side-by-side proxy measurement at ``layers``, or None before it ran."""
-    path = RESULTS / f"{result_stem(name, layers)}_ratio.json"
+def measured(name: str, layers: int = 4, rows: bool = False) -> dict | None:
+    """The ratio file of a candidate's side-by-side proxy measurement at ``layers`` (on chat rows where
+    ``rows``), or None before it ran."""
+    path = RESULTS / f"{result_stem(name, layers, rows)}_ratio.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -444,9 +450,9 @@ def measured_cell(name: str) -> str:
     from bridge_recipes.bench.result import read_result
 
     cells = []
-    for layers in measured_depths(name):
-        ratio = measured(name, layers)
-        date = read_result(RESULTS / f"{result_stem(name, layers)}.yaml")["result"]["measured"]
+    for layers, rows in measured_arms(name):
+        ratio = measured(name, layers, rows)
+        date = read_result(RESULTS / f"{result_stem(name, layers, rows)}.yaml")["result"]["measured"]
         curves = ratio["loss_curves"]
         check = (
             ("loss check passed" if curves["passed"] else "LOSS CHECK FAILED")
@@ -454,7 +460,8 @@ def measured_cell(name: str) -> str:
             else "no loss check"
         )
         depth = "" if layers == 4 else f" at {layers} layers"
-        cells.append(f"{ratio['tokens_per_s_ratio']:.2f}x{depth}, {check} ({date})")
+        data = " on chat rows" if rows else ""
+        cells.append(f"{ratio['tokens_per_s_ratio']:.2f}x{depth}{data}, {check} ({date})")
     return "; ".join(cells) or "not yet"
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,19 +317,25 @@ def pipeline_candidate_estimate(
     recompute_s: float,
     layer_scale: float = 1.0,
     fixed_saved_s: float = 0.0,
+    stage_saved_s: Sequence[float] = (),
 ) -> float:
     """tokens/s/GPU of a candidate on a pipelined recipe from the prediction of the published policy
     (``base``, with its stage times and ``fixed_s`` on the last stage): each stage's layer time scaled
     by ``layer_scale`` (a faster kernel in every layer), less ``recompute_s`` for each of the stage's
-    layers no longer recomputed, and the last stage less ``fixed_saved_s`` (its loss)."""
+    layers no longer recomputed, the last stage less ``fixed_saved_s`` (its loss), and each stage less
+    its ``stage_saved_s`` (seconds a micro batch, for a change whose share differs by stage)."""
     stages = base.stage_micro_batch_s
     if len(layers_no_longer_recomputed) != len(stages):
         raise PredictionError(f"{len(stages)} stages, {len(layers_no_longer_recomputed)} recompute changes given")
+    saved = list(stage_saved_s) or [0.0] * len(stages)
+    if len(saved) != len(stages):
+        raise PredictionError(f"{len(stages)} stages, {len(saved)} stage savings given")
     times = []
     for i, (t, freed) in enumerate(zip(stages, layers_no_longer_recomputed)):
         last = i == len(stages) - 1
         layers_s = t - (fixed_s if last else 0.0)
-        times.append(layers_s * layer_scale - freed * recompute_s + ((fixed_s - fixed_saved_s) if last else 0.0))
+        own = layers_s * layer_scale - freed * recompute_s - saved[i]
+        times.append(own + ((fixed_s - fixed_saved_s) if last else 0.0))
     return base.tokens_per_s_per_gpu * base.step_s / ((base.micro_batches + base.bubble_micro_batches) * max(times))
 
 

@@ -93,6 +93,16 @@ def fused_router(cfg: ConfigContainer) -> None:
     cfg.model.moe_router_fusion = True
 
 
+def fp8_current_scaling(cfg: ConfigContainer) -> None:
+    """The transformer layers' GEMMs in FP8 with per-tensor current scaling (Megatron-Bridge's
+    ``bf16_with_fp8_current_scaling_mixed``: each tensor scaled from its own amax when it is cast,
+    parameters gathered in FP8). The model's first and last layers, the embedding, the output layer
+    and the loss stay BF16; the MTP layer runs FP8. On the 27B's H200 proxy (2 of 4 layers and the MTP
+    layer in FP8) it saved 29.4 ms a micro batch of 8,192 tokens, net of an optimizer step 86.8 ms
+    longer."""
+    cfg.mixed_precision = "bf16_with_fp8_current_scaling_mixed"
+
+
 def bf16_adam_moments(cfg: ConfigContainer) -> None:
     """Adam's two moments kept in BF16 by the precision-aware optimizer (FP32 by default): 4 of the
     16 bytes a parameter of optimizer state saved (the 35B-A3B EP8 shard: 53.3 -> 35.5 GB a GPU)."""

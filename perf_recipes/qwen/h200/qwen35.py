@@ -24,6 +24,7 @@ __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config",
     "qwen35_27b_sft_8gpu_h200_bf16_mock_config",
     "qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config",
+    "qwen35_27b_sft_8gpu_h200_fp8cs_fast_mock_config",
     "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config",
     "qwen35_122b_a10b_sft_24gpu_h200_bf16_mock_config",
     "qwen35_397b_a17b_sft_64gpu_h200_bf16_mock_config",
@@ -144,6 +145,23 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_fast_config (PP4 16/18/18/12, TE cross entropy,
     fused SwiGLU, block recompute 10)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_fast_config()
+    benchmark_settings(cfg)
+    return cfg
+
+
+@recipe(
+    task="sft",
+    gpus=8,
+    gpu="h200",
+    precision="fp8cs",
+    layout="TP1 PP4 DP2",
+    status="unmeasured",
+    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
+)
+def qwen35_27b_sft_8gpu_h200_fp8cs_fast_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_27b_sft_8gpu_h200_fp8cs_fast_config (the BF16 fast recipe with FP8 GEMMs,
+    per-tensor current scaling)."""
+    cfg = real.qwen35_27b_sft_8gpu_h200_fp8cs_fast_config()
     benchmark_settings(cfg)
     return cfg
 
