@@ -140,12 +140,32 @@ def _nearest(obj: Any, name: str, prefix: str) -> str:
     return " Nearest valid keys: " + ", ".join(f"{prefix}{n}" for n in near) + "."
 
 
+# A top-level field a recipe may set to the name of a Megatron-Bridge preset instead of its config
+PRESET_FIELDS = ("mixed_precision",)
+
+
+def mixed_precision_preset(name: str, token: str) -> Any:
+    """Megatron-Bridge's mixed-precision config registered as ``name`` (e.g. ``bf16_mixed``), or an
+    OverrideError naming the value and the presets there are."""
+    from megatron.bridge.training.mixed_precision import MIXED_PRECISION_RECIPES, get_mixed_precision_config
+
+    try:
+        return get_mixed_precision_config(name)
+    except ValueError:
+        names = ", ".join(sorted(n for n in MIXED_PRECISION_RECIPES if "-" not in n))
+        raise OverrideError(f"{token!r}: no mixed-precision preset {name!r}; choose one of {names}") from None
+
+
 def _walk(cfg: Any, parts: list[str], token: str) -> Any:
     obj, path = cfg, ""
     for part in parts:
         if not _has(obj, part):
             raise OverrideError(f"unknown key {path + part!r} in {token!r}.{_nearest(obj, part, path)}")
-        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+        parent, obj = obj, (obj[part] if isinstance(obj, dict) else getattr(obj, part))
+        if not path and part in PRESET_FIELDS and isinstance(obj, str):
+            # a preset named by a string becomes its config, so that its fields can be set one by one
+            obj = mixed_precision_preset(obj, token)
+            setattr(parent, part, obj)
         path += part + "."
         if obj is None:
             raise OverrideError(f"{token!r}: {path[:-1]!r} is null in this recipe, so it has no sub-keys to set")
@@ -262,12 +282,16 @@ def apply(cfg: Any, override: Override) -> None:
     if override.kind == "delete":
         setattr(parent, leaf, _coerce(None, current, allowed, override.token, override.key))
         return
-    if dataclasses.is_dataclass(current) and not isinstance(override.value, type(current)):
+    named_preset = override.key in PRESET_FIELDS and isinstance(override.value, str)
+    if dataclasses.is_dataclass(current) and not isinstance(override.value, type(current)) and not named_preset:
         raise OverrideError(
             f"{override.token!r}: {override.key!r} is a section ({type(current).__name__}); set its fields, "
             f"e.g. {override.key}.{_children(current)[0]}=..."
         )
-    setattr(parent, leaf, _coerce(override.value, current, allowed, override.token, override.key))
+    value = _coerce(override.value, current, allowed, override.token, override.key)
+    if override.key in PRESET_FIELDS and isinstance(value, str):
+        mixed_precision_preset(value, override.token)  # a misspelt preset fails here, not at launch
+    setattr(parent, leaf, value)
 
 
 def apply_all(cfg: Any, flags: dict[str, Any], tokens: list[str]) -> list[Override]:

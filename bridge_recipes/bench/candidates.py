@@ -9,8 +9,8 @@ become a recipe. ``docs/performance_candidates.md`` is :func:`candidates_table` 
 
 Predictions (written 2026-11-30; 35b_te_ce_block20, 35b_bf16_moments_te_ce_block10,
 35b_no_recompute_cpu_adam, 27b_fused_swiglu, 27b_split_17_18_18_11,
-27b_te_ce_fused_swiglu_block10_fp8_current and 35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion
-on 2026-12-01; each before it ran)
+27b_te_ce_fused_swiglu_block10_fp8_current, 35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion
+and 27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params on 2026-12-01; each before it ran)
 are tokens/s ratios on the proxy, candidate over published. Their basis, where it is a
 measurement, is the one-GPU proxy of the 35B-A3B H200 policy (4 layers, 32 experts, 8 micro
 batches of 8,192 tokens): full recompute 2.74 s a step, no recompute 2.20 s, FP8 block scaling
@@ -48,6 +48,12 @@ _BF16_MOMENTS = ("optimizer.exp_avg_dtype=bfloat16", "optimizer.exp_avg_sq_dtype
 _TE_CE = "model.cross_entropy_fusion_impl=te"
 _FUSED_SWIGLU = "model.bias_activation_fusion=true"
 _ROUTER_FUSION = "model.moe_router_fusion=true"
+# FP8 with per-tensor current scaling, parameters in BF16 (bridge_recipes.qwen.policy.fp8_current_scaling)
+_FP8_CURRENT_BF16_PARAMS = (
+    "mixed_precision=bf16_with_fp8_current_scaling_mixed",
+    "mixed_precision.fp8_param_gather=false",
+    "model.disable_parameter_transpose_cache=true",
+)
 # What the fast 35B-A3B policy and its variants share: the memory they free, then spend on recompute
 _BF16_MOMENTS_TE_CE = (*_BF16_MOMENTS, _TE_CE)
 
@@ -319,6 +325,25 @@ CANDIDATES: tuple[Candidate, ...] = (
         "(the small-head proxy's 200 ms a micro batch less its embedding, head and loss) about three quarters are "
         "GEMMs, taken 1.3x faster in FP8 net of the amax and cast kernels: ~30 ms saved, and ~8 ms in the MTP "
         "layer; the head, the loss, Gated DeltaNet's recurrence and the attention core unchanged: 470 / 381",
+    ),
+    Candidate(
+        "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params",
+        "qwen35_27b",
+        (
+            _TE_CE,
+            _FUSED_SWIGLU,
+            "model.recompute_num_layers=10",
+            *_FP8_CURRENT_BF16_PARAMS,
+        ),
+        "27b_te_ce_fused_swiglu_block10_fp8_current with the parameters in BF16 (the preset stores them in FP8, "
+        "from which a fine-tuning run's master weights would be filled) and each weight cast to FP8 when it is "
+        "used instead of cached between micro batches (the cache would add 2 bytes a parameter): the FP8 fast "
+        "recipe's precision",
+        1.23,
+        "the FP8-parameter form measured 401.1 against 482.9 ms a proxy micro batch (1.20x on mock rows); its "
+        "optimizer step's 86.8 ms more (the FP8 cast of the parameters), 10.8 ms a micro batch, goes; casting "
+        "the 3 FP8 layers' ~1.1 G weights in each forward and recomputed forward (4 bytes a parameter moved, "
+        "~1.6 ms) comes: 482.9 / 391.9",
     ),
     Candidate(
         "27b_te_ce",

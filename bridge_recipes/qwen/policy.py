@@ -95,12 +95,22 @@ def fused_router(cfg: ConfigContainer) -> None:
 
 def fp8_current_scaling(cfg: ConfigContainer) -> None:
     """The transformer layers' GEMMs in FP8 with per-tensor current scaling (Megatron-Bridge's
-    ``bf16_with_fp8_current_scaling_mixed``: each tensor scaled from its own amax when it is cast,
-    parameters gathered in FP8). The model's first and last layers, the embedding, the output layer
-    and the loss stay BF16; the MTP layer runs FP8. On the 27B's H200 proxy (2 of 4 layers and the MTP
-    layer in FP8) it saved 29.4 ms a micro batch of 8,192 tokens, net of an optimizer step 86.8 ms
-    longer."""
-    cfg.mixed_precision = "bf16_with_fp8_current_scaling_mixed"
+    ``bf16_with_fp8_current_scaling_mixed``: each tensor scaled from its own amax when it is cast;
+    the model's first and last layers, the embedding, the output layer and the loss stay BF16, the
+    MTP layer runs FP8), with the parameters kept in BF16.
+
+    The preset also stores the parameters in FP8 (``fp8_param_gather``), which a fine-tuning run must
+    not: Megatron-Core 0.19.2 then fills the optimizer's master weights from the FP8 parameters after a
+    checkpoint load without optimizer state (``DistributedOptimizer._copy_model_params_to_main_params``
+    dequantizes them), so the Hugging Face weights would start, and be exported, rounded to FP8. With
+    BF16 parameters Transformer Engine would keep an FP8 copy of every weight between micro batches
+    (2 bytes a parameter, which the memory planner does not count); ``disable_parameter_transpose_cache``
+    casts each weight when it is used instead."""
+    from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
+
+    cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
+    cfg.mixed_precision.fp8_param_gather = False  # also clears fp8_param (the two are kept in step)
+    cfg.model.disable_parameter_transpose_cache = True
 
 
 def bf16_adam_moments(cfg: ConfigContainer) -> None:

@@ -116,12 +116,31 @@ def test_delete_sets_an_optional_section_to_null(build):
         ("model.params_dtype=float33", "torch dtype name"),
         ("train=3", "is a section"),
         ("model.hidden_size=null", "model.hidden_size cannot be null"),
+        ("mixed_precision=bf16_with_fp8_curent", "no mixed-precision preset 'bf16_with_fp8_curent'.*bf16_mixed"),
+        ("mixed_precision.fp8_parm=true", "unknown key 'mixed_precision.fp8_parm'.*fp8_param"),
     ],
 )
 def test_bad_overrides_name_the_token(build, token, message):
     cfg = build()
     with pytest.raises(OverrideError, match=message):
         apply_all(cfg, {}, [token])
+
+
+def test_a_named_mixed_precision_preset_takes_field_overrides(build):
+    """A recipe names its precision by a Megatron-Bridge preset (a string); a dotted override below it
+    first turns the name into that preset's config, then sets the field, whatever came before."""
+    cfg = build()
+    assert cfg.mixed_precision == "bf16_mixed"
+    apply_all(
+        cfg, {}, ["mixed_precision=bf16_with_fp8_current_scaling_mixed", "mixed_precision.fp8_param_gather=false"]
+    )
+    mp = cfg.mixed_precision
+    assert (mp.fp8, mp.fp8_recipe, mp.fp8_param_gather, mp.fp8_param) == ("hybrid", "tensorwise", False, False)
+    cfg = build()
+    apply_all(cfg, {}, ["mixed_precision.grad_reduce_in_fp32=false"])
+    assert cfg.mixed_precision.bf16 and cfg.mixed_precision.grad_reduce_in_fp32 is False
+    apply_all(cfg, {}, ["mixed_precision=bf16_mixed"])  # a name again replaces the config
+    assert cfg.mixed_precision == "bf16_mixed"
 
 
 def test_a_failed_override_leaves_the_earlier_ones_visible_and_raises(build):
