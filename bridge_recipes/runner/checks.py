@@ -86,6 +86,9 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             "set ddp.average_in_collective=false"
         )
 
+    for msg in fp8_parameter_problems(cfg):
+        err(msg)
+
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
     if lay.dp is not None and not divides(gbs, mbs * lay.dp):
@@ -94,6 +97,29 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
         )
     return problems
+
+
+def fp8_parameter_problems(cfg: Any) -> list[str]:
+    """A full fine-tune from pretrained weights with FP8 parameters: Megatron-Core fills the master weights
+    from the parameters after a load without optimizer state, dequantizing FP8 ones, so the run would
+    start from (and export) the pretrained weights rounded to FP8. LoRA keeps the base weights frozen
+    and exports the adapters, so it is not refused."""
+    from bridge_recipes.plan.memory import mixed_precision_config
+
+    mp = mixed_precision_config(cfg)
+    fp8_params = (
+        mp is not None
+        and bool(getattr(mp, "fp8", None))
+        and bool(getattr(mp, "fp8_param", None) or getattr(mp, "fp8_param_gather", False))
+    )
+    if not (fp8_params and cfg.checkpoint.pretrained_checkpoint and cfg.peft is None):
+        return []
+    return [
+        "mixed_precision keeps the parameters in FP8 (fp8_param_gather=true) while fine-tuning from "
+        f"checkpoint.pretrained_checkpoint={cfg.checkpoint.pretrained_checkpoint}: the master weights would be "
+        "filled from the FP8-rounded parameters and the export would read them; set "
+        "mixed_precision.fp8_param_gather=false (FP8 GEMMs, BF16 parameters)"
+    ]
 
 
 def vision_patches_per_micro_batch(cfg: Any) -> int | None:

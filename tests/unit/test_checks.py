@@ -111,6 +111,27 @@ def test_per_token_loss_cannot_average_in_collective(moe):
     one_error(moe, 8, "set ddp.average_in_collective=false")
 
 
+def test_fp8_parameters_are_refused_for_a_fine_tune_from_weights(dense, tmp_path):
+    from bridge_recipes.overrides import apply_all
+
+    apply_all(dense, {}, ["mixed_precision=bf16_with_fp8_current_scaling_mixed"])
+    assert not checks.fp8_parameter_problems(dense)  # from random init: the master weights are its own
+    dense.checkpoint.pretrained_checkpoint = str(tmp_path)
+    (problem,) = checks.fp8_parameter_problems(dense)
+    assert "set mixed_precision.fp8_param_gather=false" in problem and str(tmp_path) in problem
+    assert f"error: {problem}" in messages(dense, 8)
+    apply_all(dense, {}, ["mixed_precision.fp8_param_gather=false"])
+    assert not checks.fp8_parameter_problems(dense)
+
+
+def test_the_fp8_fast_recipe_may_fine_tune_from_weights(tmp_path):
+    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
+
+    cfg = qwen35_27b_sft_8gpu_h200_fp8cs_fast_config()
+    cfg.checkpoint.pretrained_checkpoint = str(tmp_path)
+    assert not checks.fp8_parameter_problems(cfg)
+
+
 def test_summary_describes_the_layout(dense):
     text = checks.summary(dense, 8)
     assert "TP1 PP4 DP2" in text and "[16, 17, 17, 14]" in text and "full block 12" in text
