@@ -760,6 +760,32 @@ def stage_params(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Pa
     return p
 
 
+def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int], stage: int) -> float:
+    """Transformer Engine's FP8 copies of BF16 weights, kept between micro batches: with FP8 GEMMs, BF16
+    parameters and Megatron-Core's parameter transpose cache on (its default), each TE linear of an FP8
+    layer caches its weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes a parameter) from
+    the first micro batch of a step. Layers the preset keeps in BF16 (``first_last_layers_bf16``, by
+    global index) hold none; MTP layers run FP8. With FP8 parameters the parameter is that copy, and with
+    ``disable_parameter_transpose_cache`` each weight is cast when used: nothing to add. From Transformer
+    Engine 2.20's ``Linear.forward`` and Megatron-Core 0.19.2's TE wrappers, not measured."""
+    mp = mixed_precision_config(cfg)
+    if mp is None or not getattr(mp, "fp8", None) or getattr(mp, "fp8_param", None) or mp.fp8_param_gather:
+        return 0.0
+    if getattr(cfg.model, "disable_parameter_transpose_cache", False):
+        return 0.0
+    bf16_ends = getattr(mp, "first_last_layers_bf16", False)
+    start = mp.num_layers_at_start_in_bf16 if bf16_ends else 0
+    end = len(d.layer_pattern) - (mp.num_layers_at_end_in_bf16 if bf16_ends else 0)
+    fp8 = Params()
+    for i in layers:
+        if start <= i < end:
+            fp8 = fp8 + layer_params(d, par, i)
+    if stage == par.pp - 1:
+        mtp = mtp_params(d, par)
+        fp8 = fp8 + Params(mtp.dense * d.mtp_layers, mtp.expert * d.mtp_layers)
+    return 2 * fp8.total
+
+
 def mtp_recomputed(m: Any) -> bool:
     """Megatron-Core checkpoints MTP layers under uniform full recompute only."""
     return m.recompute_granularity == "full" and m.recompute_method == "uniform"
@@ -794,7 +820,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
         logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m))
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
 
-    weights = BF16 * params.total
+    weights = BF16 * params.total + fp8_weight_cache_bytes(cfg, d, par, layers, stage)
     grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * trained.total
     return StageMemory(
         stage=stage,
@@ -822,6 +848,12 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
         )
     if effective_precision(cfg)["fp8"]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
+        d, layers = model_dims(m), [i for chunks in stage_chunks(cfg, par) for c in chunks for i in c]
+        if fp8_weight_cache_bytes(cfg, d, par, layers, par.pp - 1):
+            notes.append(
+                "FP8 with BF16 parameters: Transformer Engine's cached FP8 weight copies counted (2 bytes a "
+                "parameter of the FP8 layers; model.disable_parameter_transpose_cache=true drops them)"
+            )
     if is_vlm(cfg):
         notes.append("vision tower not counted (language model only)")
     if par.ep > 1:

@@ -301,7 +301,7 @@ PP4 layout (fact 2, {fact_plan(fps, "as built: PP4 16/17/17/14, block 12").peak_
 
 | component | bytes |
 |---|---|
-| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. |
+| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. With FP8 GEMMs on BF16 parameters and the parameter transpose cache on, + 2 x the parameters of the FP8 layers (Transformer Engine's cached FP8 weight and transpose; the preset's first and last layers stay BF16, MTP layers count), from TE's source, not measured. |
 | gradients | Megatron DDP grad buffer over every local parameter: 4 (FP32, `grad_reduce_in_fp32`, set by the `bf16_mixed` preset) or 2. |
 | optimizer | (master + exp_avg + exp_avg_sq) / sharding group: dense params over DP x CP, expert params over world / (PP x EP x ETP). Master = 4 (FP32, Megatron's own shard; this is what `bf16_mixed` recipes get, because the preset leaves `fp8_recipe="tensorwise"` in the optimizer config), or, when TE's FusedAdam owns it (`use_precision_aware_optimizer_no_fp8_or_ds_fp8`), a 2-byte remainder next to the BF16 weight (FP32 main params) or a 2-byte copy (BF16 main params). CPU offload fraction f moves f of it (and FP32 copies of params and grads) to the host. |
 | saved activations | per layer, the tensors its backward keeps (below), for a micro batch of seq / CP tokens (/ TP in the residual stream under sequence parallelism), times the micro batches in flight: 1F1B min(PP - stage, micro batches), interleaved (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks. Full uniform recompute of n: one input per n layers; block n: the first n layers of each (virtual) stage keep their input, the others everything; none: everything. MTP is checkpointed under uniform full recompute only. |
@@ -398,7 +398,7 @@ fits by less than that margin is not known to fit.
 ## Limits
 
 Balanced expert routing (a hot EP rank holds more dispatched tokens); FP8 recipes counted in
-BF16; selective recompute checked on one measured pair (above); VL recipes: the vision tower is not counted; VPP with uneven first/last stages approximated by
+BF16 (besides the FP8 weight cache above); selective recompute checked on one measured pair (above); VL recipes: the vision tower is not counted; VPP with uneven first/last stages approximated by
 splitting each stage's layers evenly; the first iteration (optimizer state created lazily,
 kernel autotuning) is not modelled.
 """

@@ -370,3 +370,38 @@ def test_selective_saving_against_its_one_measured_pair():
     assert f"a saving of {sel['measured_saving_gb']:.2f} GB; planned saving {sel['planned_saving_gb']:.2f} GB" in (
         REPO / "docs/memory_plan.md"
     ).read_text().replace("\n", " ")
+
+
+def test_fp8_with_bf16_parameters_counts_transformer_engines_weight_cache():
+    """With FP8 GEMMs and BF16 parameters TE keeps an FP8 copy and transpose of each FP8 layer's weights
+    between micro batches (2 bytes a parameter): on the fast 27B layout 9.2-13.7 GB a stage more, and it
+    no longer fits; FP8 parameters (the preset as it is) or the transpose cache off (the FP8 fast recipe)
+    add nothing. The model's first and last layers stay BF16 and cache nothing."""
+    import bridge_recipes
+    from bridge_recipes.plan.memory import (
+        fp8_weight_cache_bytes,
+        model_dims,
+        parallel_layout,
+        plan_memory,
+        stage_chunks,
+    )
+
+    def plan(name, overrides=()):
+        return plan_memory(bridge_recipes.build(name, overrides=list(overrides)), 8, gpu="h200")
+
+    fast = "qwen35_27b_sft_8gpu_h200_fp8cs_fast_config"
+    cached = plan(fast, ["model.disable_parameter_transpose_cache=false"])
+    recipe, fp8_params = (
+        plan(fast),
+        plan("qwen35_27b_sft_8gpu_h200_bf16_fast_config", ["mixed_precision=bf16_with_fp8_current_scaling_mixed"]),
+    )
+    assert recipe.fits and round(recipe.peak_gb, 1) == round(fp8_params.peak_gb, 1) == 149.8
+    extra = [round(c.weights_gb - r.weights_gb, 1) for c, r in zip(cached.stages, recipe.stages)]
+    assert extra == [11.4, 13.7, 13.7, 9.2] and not cached.fits
+    assert any("cached FP8 weight copies" in n for n in cached.notes) and not any("cached" in n for n in recipe.notes)
+    cfg = bridge_recipes.build(fast, overrides=["model.disable_parameter_transpose_cache=false"])
+    par = parallel_layout(cfg, 8)
+    d, first = model_dims(cfg.model), stage_chunks(cfg, par)[0][0]
+    # the first stage's 16 layers less layer 0 (BF16), at 2 bytes a parameter
+    assert fp8_weight_cache_bytes(cfg, d, par, first, 0) == fp8_weight_cache_bytes(cfg, d, par, first[1:], 0)
+    assert fp8_weight_cache_bytes(cfg, d, par, first[:1], 0) == 0
