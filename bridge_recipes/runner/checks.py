@@ -99,6 +99,25 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     return problems
 
 
+def precision_summary(cfg: Any) -> str:
+    """The mixed-precision preset in a line: its name where the recipe names one, the FP8 recipe and
+    where the parameters live (e.g. ``bf16_mixed``; ``FP8 tensorwise GEMMs, first 1 and last 1 layers
+    BF16, BF16 parameters``)."""
+    from bridge_recipes.plan.memory import mixed_precision_config
+
+    mp, named = mixed_precision_config(cfg), cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else None
+    if mp is None or not getattr(mp, "fp8", None):
+        base = named or ("bf16" if getattr(mp, "bf16", False) else "fp16" if getattr(mp, "fp16", False) else "fp32")
+        return base
+    ends = (
+        f", first {mp.num_layers_at_start_in_bf16} and last {mp.num_layers_at_end_in_bf16} layers BF16"
+        if getattr(mp, "first_last_layers_bf16", False)
+        else ""
+    )
+    params = "FP8 parameters" if (getattr(mp, "fp8_param", None) or mp.fp8_param_gather) else "BF16 parameters"
+    return f"{named + ': ' if named else ''}FP8 {mp.fp8_recipe} GEMMs{ends}, {params}"
+
+
 def fp8_parameter_problems(cfg: Any) -> list[str]:
     """A full fine-tune from pretrained weights with FP8 parameters: Megatron-Core fills the master weights
     from the parameters after a load without optimizer state, dequantizing FP8 ones, so the run would
@@ -224,9 +243,6 @@ def summary(cfg: Any, world_size: int) -> str:
         f"optimizer         {opt.optimizer}, distributed={opt.use_distributed_optimizer}, "
         f"precision-aware={getattr(opt, 'use_precision_aware_optimizer', False)}, {offload}"
     )
-    lines.append(
-        f"precision         "
-        f"{cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else type(cfg.mixed_precision).__name__}"
-    )
+    lines.append(f"precision         {precision_summary(cfg)}")
     lines.append(f"train             {t.train_iters} steps, lr {opt.lr:g} -> {opt.min_lr:g}")
     return "\n".join(lines)

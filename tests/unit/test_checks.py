@@ -124,6 +124,18 @@ def test_fp8_parameters_are_refused_for_a_fine_tune_from_weights(dense, tmp_path
     assert not checks.fp8_parameter_problems(dense)
 
 
+def test_summary_names_the_precision(dense):
+    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
+
+    assert "precision         bf16_mixed\n" in checks.summary(dense, 8)
+    apply_all(dense, {}, ["mixed_precision=bf16_with_fp8_current_scaling_mixed"])
+    line = "bf16_with_fp8_current_scaling_mixed: FP8 tensorwise GEMMs, first 1 and last 1 layers BF16, FP8 parameters"
+    assert line in checks.summary(dense, 8)
+    fast = checks.summary(qwen35_27b_sft_8gpu_h200_fp8cs_fast_config(), 8)
+    assert "precision         FP8 tensorwise GEMMs, first 1 and last 1 layers BF16, BF16 parameters" in fast
+
+
 def test_the_fp8_fast_recipe_may_fine_tune_from_weights(tmp_path):
     from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
 
