@@ -118,11 +118,12 @@ def precision_summary(cfg: Any) -> str:
     return f"{named + ': ' if named else ''}FP8 {mp.fp8_recipe} GEMMs{ends}, {params}"
 
 
-def fp8_parameter_problems(cfg: Any) -> list[str]:
-    """A full fine-tune from pretrained weights with FP8 parameters: Megatron-Core fills the master weights
-    from the parameters after a load without optimizer state, dequantizing FP8 ones, so the run would
-    start from (and export) the pretrained weights rounded to FP8. LoRA keeps the base weights frozen
-    and exports the adapters, so it is not refused."""
+def fp8_parameter_problems(cfg: Any, weights: str | None = None) -> list[str]:
+    """A full fine-tune from pretrained weights (``checkpoint.pretrained_checkpoint``, or ``weights``: the
+    ``--hf-checkpoint`` folder the launch converts and attaches later) with FP8 parameters: Megatron-Core
+    fills the master weights from the parameters after a load without optimizer state, dequantizing FP8
+    ones, so the run would start from (and export) the pretrained weights rounded to FP8. LoRA keeps the
+    base weights frozen and exports the adapters, so it is not refused."""
     from bridge_recipes.plan.memory import mixed_precision_config
 
     mp = mixed_precision_config(cfg)
@@ -131,11 +132,14 @@ def fp8_parameter_problems(cfg: Any) -> list[str]:
         and bool(getattr(mp, "fp8", None))
         and bool(getattr(mp, "fp8_param", None) or getattr(mp, "fp8_param_gather", False))
     )
-    if not (fp8_params and cfg.checkpoint.pretrained_checkpoint and cfg.peft is None):
+    source = f"--hf-checkpoint {weights}" if weights else None
+    if cfg.checkpoint.pretrained_checkpoint:
+        source = f"checkpoint.pretrained_checkpoint={cfg.checkpoint.pretrained_checkpoint}"
+    if not (fp8_params and source and cfg.peft is None):
         return []
     return [
-        "mixed_precision keeps the parameters in FP8 (fp8_param_gather=true) while fine-tuning from "
-        f"checkpoint.pretrained_checkpoint={cfg.checkpoint.pretrained_checkpoint}: the master weights would be "
+        f"mixed_precision keeps the parameters in FP8 (fp8_param_gather=true) while fine-tuning from {source}: "
+        "the master weights would be "
         "filled from the FP8-rounded parameters and the export would read them; set "
         "mixed_precision.fp8_param_gather=false (FP8 GEMMs, BF16 parameters)"
     ]

@@ -327,6 +327,26 @@ def test_runner_refuses_checkpoint_that_does_not_fit_the_model(toys, capsys):
     assert "model.hidden_size=64" in err  # the fix for a scaled-down checkpoint
 
 
+def test_runner_refuses_fp8_parameters_for_a_fine_tune_from_hf_weights(toys, capsys, tmp_path, monkeypatch):
+    """The launch attaches the converted weights after the layout checks, so --hf-checkpoint is checked for
+    FP8 parameters when it is read; BF16 parameters with FP8 GEMMs pass."""
+    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--scale-experts", "4"]
+    argv += [
+        "--hf-checkpoint",
+        str(toys / "moe"),
+        *toy_overrides(),
+        "mixed_precision=bf16_with_fp8_current_scaling_mixed",
+    ]
+    assert runner(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"fine-tuning from --hf-checkpoint {toys / 'moe'}" in err and "mixed_precision.fp8_param_gather=false" in err
+    )
+    assert runner([*argv, "mixed_precision.fp8_param_gather=false"]) == 0
+    assert not (tmp_path / "cache").exists()
+
+
 def test_runner_warns_of_random_init_for_sft_without_weights(capsys):
     assert runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4"]) == 0
     assert "it would train from random initialization" in capsys.readouterr().err
