@@ -140,8 +140,8 @@ def _nearest(obj: Any, name: str, prefix: str) -> str:
     return " Nearest valid keys: " + ", ".join(f"{prefix}{n}" for n in near) + "."
 
 
-# A top-level field a recipe may set to the name of a Megatron-Bridge preset instead of its config
-PRESET_FIELDS = ("mixed_precision",)
+# The top-level field a recipe may set to the name of a Megatron-Bridge preset instead of its config
+PRESET_FIELD = "mixed_precision"
 
 
 def mixed_precision_preset(name: str, token: str) -> Any:
@@ -162,7 +162,7 @@ def _walk(cfg: Any, parts: list[str], token: str) -> Any:
         if not _has(obj, part):
             raise OverrideError(f"unknown key {path + part!r} in {token!r}.{_nearest(obj, part, path)}")
         parent, obj = obj, (obj[part] if isinstance(obj, dict) else getattr(obj, part))
-        if not path and part in PRESET_FIELDS and isinstance(obj, str):
+        if not path and part == PRESET_FIELD and isinstance(obj, str):
             # a preset named by a string becomes its config, so that its fields can be set one by one
             obj = mixed_precision_preset(obj, token)
             setattr(parent, part, obj)
@@ -282,14 +282,14 @@ def apply(cfg: Any, override: Override) -> None:
     if override.kind == "delete":
         setattr(parent, leaf, _coerce(None, current, allowed, override.token, override.key))
         return
-    named_preset = override.key in PRESET_FIELDS and isinstance(override.value, str)
+    named_preset = override.key == PRESET_FIELD and isinstance(override.value, str)
     if dataclasses.is_dataclass(current) and not isinstance(override.value, type(current)) and not named_preset:
         raise OverrideError(
             f"{override.token!r}: {override.key!r} is a section ({type(current).__name__}); set its fields, "
             f"e.g. {override.key}.{_children(current)[0]}=..."
         )
     value = _coerce(override.value, current, allowed, override.token, override.key)
-    if override.key in PRESET_FIELDS and isinstance(value, str):
+    if override.key == PRESET_FIELD and isinstance(value, str):
         mixed_precision_preset(value, override.token)  # a misspelt preset fails here, not at launch
     setattr(parent, leaf, value)
 

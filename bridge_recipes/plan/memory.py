@@ -760,19 +760,34 @@ def stage_params(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Pa
     return p
 
 
-def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int], stage: int) -> float:
-    """Transformer Engine's FP8 copies of BF16 weights, kept between micro batches: with FP8 GEMMs, BF16
-    parameters and Megatron-Core's parameter transpose cache on (its default), each TE linear of an FP8
-    layer caches its weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes a parameter) from
-    the first micro batch of a step. Layers the preset keeps in BF16 (``first_last_layers_bf16``, by
-    global index) hold none; MTP layers run FP8. With FP8 parameters the parameter is that copy, and with
-    ``disable_parameter_transpose_cache`` each weight is cast when used: nothing to add. From Transformer
-    Engine 2.20's ``Linear.forward`` and Megatron-Core 0.19.2's TE wrappers, not measured."""
+def fp8_parameters(mp: Any) -> bool:
+    """Whether a mixed-precision config trains in FP8 with the parameters stored in FP8 (``fp8_param``,
+    which ``fp8_param_gather`` sets at finalize)."""
+    return bool(getattr(mp, "fp8", None)) and bool(getattr(mp, "fp8_param", None) or mp.fp8_param_gather)
+
+
+def caches_fp8_weights(cfg: Any) -> bool:
+    """Transformer Engine keeps FP8 copies of BF16 weights between micro batches: FP8 GEMMs, BF16
+    parameters and Megatron-Core's parameter transpose cache on (its default). With FP8 parameters the
+    parameter is that copy, and with ``disable_parameter_transpose_cache`` each weight is cast when used."""
     mp = mixed_precision_config(cfg)
-    if mp is None or not getattr(mp, "fp8", None) or getattr(mp, "fp8_param", None) or mp.fp8_param_gather:
+    return (
+        mp is not None
+        and bool(getattr(mp, "fp8", None))
+        and not fp8_parameters(mp)
+        and not getattr(cfg.model, "disable_parameter_transpose_cache", False)
+    )
+
+
+def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int], stage: int) -> float:
+    """What :func:`caches_fp8_weights` keeps on a stage: each TE linear of an FP8 layer caches its
+    weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes a parameter) from the first micro
+    batch of a step. Layers the preset keeps in BF16 (``first_last_layers_bf16``, by global index) hold
+    none; MTP layers run FP8. From Transformer Engine 2.20's ``Linear.forward`` and Megatron-Core
+    0.19.2's TE wrappers, not measured."""
+    if not caches_fp8_weights(cfg):
         return 0.0
-    if getattr(cfg.model, "disable_parameter_transpose_cache", False):
-        return 0.0
+    mp = mixed_precision_config(cfg)
     bf16_ends = getattr(mp, "first_last_layers_bf16", False)
     start = mp.num_layers_at_start_in_bf16 if bf16_ends else 0
     end = len(d.layer_pattern) - (mp.num_layers_at_end_in_bf16 if bf16_ends else 0)
@@ -848,8 +863,7 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
         )
     if effective_precision(cfg)["fp8"]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
-        d, layers = model_dims(m), [i for chunks in stage_chunks(cfg, par) for c in chunks for i in c]
-        if fp8_weight_cache_bytes(cfg, d, par, layers, par.pp - 1):
+        if caches_fp8_weights(cfg):
             notes.append(
                 "FP8 with BF16 parameters: Transformer Engine's cached FP8 weight copies counted (2 bytes a "
                 "parameter of the FP8 layers; model.disable_parameter_transpose_cache=true drops them)"

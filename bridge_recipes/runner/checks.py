@@ -103,7 +103,7 @@ def precision_summary(cfg: Any) -> str:
     """The mixed-precision preset in a line: its name where the recipe names one, the FP8 recipe and
     where the parameters live (e.g. ``bf16_mixed``; ``FP8 tensorwise GEMMs, first 1 and last 1 layers
     BF16, BF16 parameters``)."""
-    from bridge_recipes.plan.memory import mixed_precision_config
+    from bridge_recipes.plan.memory import fp8_parameters, mixed_precision_config
 
     mp, named = mixed_precision_config(cfg), cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else None
     if mp is None or not getattr(mp, "fp8", None):
@@ -114,7 +114,7 @@ def precision_summary(cfg: Any) -> str:
         if getattr(mp, "first_last_layers_bf16", False)
         else ""
     )
-    params = "FP8 parameters" if (getattr(mp, "fp8_param", None) or mp.fp8_param_gather) else "BF16 parameters"
+    params = "FP8 parameters" if fp8_parameters(mp) else "BF16 parameters"
     return f"{named + ': ' if named else ''}FP8 {mp.fp8_recipe} GEMMs{ends}, {params}"
 
 
@@ -124,14 +124,9 @@ def fp8_parameter_problems(cfg: Any, weights: str | None = None) -> list[str]:
     fills the master weights from the parameters after a load without optimizer state, dequantizing FP8
     ones, so the run would start from (and export) the pretrained weights rounded to FP8. LoRA keeps the
     base weights frozen and exports the adapters, so it is not refused."""
-    from bridge_recipes.plan.memory import mixed_precision_config
+    from bridge_recipes.plan.memory import fp8_parameters, mixed_precision_config
 
-    mp = mixed_precision_config(cfg)
-    fp8_params = (
-        mp is not None
-        and bool(getattr(mp, "fp8", None))
-        and bool(getattr(mp, "fp8_param", None) or getattr(mp, "fp8_param_gather", False))
-    )
+    fp8_params = fp8_parameters(mixed_precision_config(cfg))
     source = f"--hf-checkpoint {weights}" if weights else None
     if cfg.checkpoint.pretrained_checkpoint:
         source = f"checkpoint.pretrained_checkpoint={cfg.checkpoint.pretrained_checkpoint}"

@@ -196,8 +196,8 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
 
         args.hf_folder = hf_runner.inspect(args.hf_checkpoint)
         # the launch attaches the converted weights after the layout checks: what depends on them is checked now
-        for problem in fp8_parameter_problems(cfg, weights=str(args.hf_checkpoint)):
-            raise ValueError(problem)
+        if problems := fp8_parameter_problems(cfg, weights=str(args.hf_checkpoint)):
+            raise ValueError(problems[0])
     if args.export_hf:
         from bridge_recipes.hf import runner as hf_runner
 

@@ -468,24 +468,19 @@ def test_the_fp8_recipe_keeps_the_first_and_last_layers_in_bf16():
     from megatron.core import fp8_utils
     from megatron.core.transformer import multi_token_prediction
 
+    import bridge_recipes
     from bridge_recipes.plan.memory import mixed_precision_config
 
     for name in (
         "27b_te_ce_fused_swiglu_block10_fp8_current",
         "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params",
     ):
-        cfg = bridge_recipes_build(find(name).mock_recipe, find(name).overrides)
+        cfg = bridge_recipes.build(find(name).mock_recipe, overrides=list(find(name).overrides))
         mp = mixed_precision_config(cfg)
         assert (mp.fp8, mp.fp8_recipe, mp.first_last_layers_bf16) == ("hybrid", "tensorwise", True)
         assert (mp.num_layers_at_start_in_bf16, mp.num_layers_at_end_in_bf16) == (1, 1)
     assert "layer_no >= config.num_layers - num_bf16_layers_at_end" in inspect.getsource(fp8_utils)
     assert "get_fp8_context(self.config)" in inspect.getsource(multi_token_prediction)
-
-
-def bridge_recipes_build(recipe: str, overrides) -> object:
-    import bridge_recipes
-
-    return bridge_recipes.build(recipe, overrides=list(overrides))
 
 
 def test_the_fp8_recipe_keeps_its_parameters_in_bf16():
@@ -499,7 +494,8 @@ def test_the_fp8_recipe_keeps_its_parameters_in_bf16():
     from megatron.core.optimizer import distrib_optimizer, optimizer_config
     from transformer_engine.pytorch.module import linear
 
-    from bridge_recipes.plan.memory import mixed_precision_config
+    import bridge_recipes
+    from bridge_recipes.plan.memory import fp8_parameters, mixed_precision_config
 
     split = ("model.num_layers_in_first_pipeline_stage=16", "model.num_layers_in_last_pipeline_stage=12")
     fast = _fast_recipe_is_published_with(
@@ -517,12 +513,10 @@ def test_the_fp8_recipe_keeps_its_parameters_in_bf16():
         linear
     )
     # the preset itself stores FP8 parameters: the candidates measured on 2026-12-01 ran that form
-    preset = mixed_precision_config(
-        bridge_recipes_build(
-            "qwen35_27b_sft_8gpu_h200_bf16_config", ["mixed_precision=bf16_with_fp8_current_scaling_mixed"]
-        )
-    )
-    assert preset.fp8_param_gather
+    published = "qwen35_27b_sft_8gpu_h200_bf16_config"
+    preset = bridge_recipes.build(published, overrides=["mixed_precision=bf16_with_fp8_current_scaling_mixed"])
+    assert mixed_precision_config(preset).fp8_param_gather and fp8_parameters(mixed_precision_config(preset))
+    assert not fp8_parameters(mp)
 
 
 def test_the_bf16_params_prediction_follows_from_the_fp8_parameter_run():
