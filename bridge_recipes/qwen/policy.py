@@ -105,7 +105,9 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     dequantizes them), so the Hugging Face weights would start, and be exported, rounded to FP8. With
     BF16 parameters Transformer Engine would keep an FP8 copy of every weight between micro batches
     (2 bytes a parameter, ``plan.memory.fp8_weight_cache_bytes``: 13.7 GB on an 18-layer 27B stage);
-    ``disable_parameter_transpose_cache`` casts each weight when it is used instead."""
+    ``disable_parameter_transpose_cache`` casts each weight when it is used instead, and a layer that
+    keeps its activations keeps that cast copy for its backward, one a micro batch in flight
+    (``plan.memory.fp8_weight_copies``: more recompute than the BF16 policy to fit)."""
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()

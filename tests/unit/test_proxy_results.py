@@ -23,13 +23,17 @@ PAIRS = {  # model: (tuned policy, reference layout)
     "qwen35_27b": ("h200_policy", "slime_reference"),
 }
 # the predictor's second depth of the 35B-A3B policy (16 layers; its 4-layer point is the pair's),
-# the 27B policy's 4-layer point again (2026-12-01, a host installed with install.sh), and the 27B's
-# small-head slope proxies (2026-12-01)
+# the 27B policy's 4-layer point again (2026-12-01, a host installed with install.sh), the 27B's
+# small-head slope proxies (2026-12-01), the FP8 share probe on the 8-layer small head with its BF16
+# arm, and the 27B's real head without MTP (both 2026-12-01, a later lease)
 RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_35b_a3b", "h200_policy_16_layers"),
     ("qwen35_27b", "h200_policy_repeat"),
     ("qwen35_27b", "small_head_4_layers"),
     ("qwen35_27b", "small_head_8_layers"),
+    ("qwen35_27b", "fp8_small_head_8_layers"),
+    ("qwen35_27b", "fp8_small_head_8_layers_against"),
+    ("qwen35_27b", "no_mtp_4_layers"),
 ]
 
 

@@ -159,8 +159,8 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
 )
 def qwen35_27b_sft_8gpu_h200_fp8cs_fast_mock_config() -> ConfigContainer:
-    """Benchmark of qwen35_27b_sft_8gpu_h200_fp8cs_fast_config (the BF16 fast recipe with FP8 GEMMs,
-    per-tensor current scaling)."""
+    """Benchmark of qwen35_27b_sft_8gpu_h200_fp8cs_fast_config (the BF16 fast policy with FP8 GEMMs,
+    per-tensor current scaling, on BF16 parameters; its own split and recompute)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_fp8cs_fast_config()
     benchmark_settings(cfg)
     return cfg
