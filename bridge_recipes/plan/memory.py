@@ -840,15 +840,15 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
     if not casts_fp8_weights_per_use(cfg):
         return ChunkActivations(saved=0.0, rebuilt=0.0)
     m, in_fp8 = cfg.model, _fp8_layer(cfg, d)
+    # uniform recompute of n rebuilds n layers at once, block recompute one at a time
+    group = max(m.recompute_num_layers or 1, 1) if m.recompute_method == "uniform" else 1
     saved, rebuilt = 0.0, 0.0
     for chunk in chunks:
-        again = set(recomputed_layers(m, chunk))
-        for i in filter(in_fp8, chunk):
-            b = 2 * layer_params(d, par, i).total
-            if i in again:
-                rebuilt = max(rebuilt, b)
-            else:
-                saved += b
+        again = recomputed_layers(m, chunk)
+        copy = {i: 2 * layer_params(d, par, i).total if in_fp8(i) else 0.0 for i in chunk}
+        saved += sum(b for i, b in copy.items() if i not in again)
+        for g in range(0, len(again), group):
+            rebuilt = max(rebuilt, sum(copy[i] for i in again[g : g + group]))
     if stage == par.pp - 1 and d.mtp_layers:
         b = 2 * _mtp_layer_params(d, par).total
         if mtp_recomputed(m):
@@ -925,7 +925,8 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
         if caches_fp8_weights(cfg):
             notes.append(
                 "FP8 with BF16 parameters: Transformer Engine's cached FP8 weight copies counted (2 bytes a "
-                "parameter of the FP8 layers; model.disable_parameter_transpose_cache=true drops them)"
+                "parameter of the FP8 layers; model.disable_parameter_transpose_cache=true casts each weight when "
+                "used instead)"
             )
         if casts_fp8_weights_per_use(cfg):
             notes.append(

@@ -453,6 +453,12 @@ def test_fp8_weights_cast_when_used_are_kept_once_a_micro_batch_in_flight():
     # the MTP layer on the last stage keeps its copy (MTP is recomputed only under uniform recompute)
     last = fp8_weight_copies(cfg, d, par, chunks[3], 3)
     assert last.saved > sum(2 * layer_params(d, par, i).total for i in chunks[3][0][14:])
+    # uniform recompute of 2 keeps nothing and rebuilds two layers at once (the MTP layer is recomputed too)
+    uniform = bridge_recipes.build(fast, overrides=["model.recompute_method=uniform", "model.recompute_num_layers=2"])
+    two = fp8_weight_copies(uniform, d, par, second, 1)
+    pair = [2 * layer_params(d, par, i).total for i in second[0]]
+    assert two.saved == 0 and two.rebuilt == max(a + b for a, b in zip(pair[::2], pair[1::2]))
+    assert fp8_weight_copies(uniform, d, par, chunks[3], 3).saved == 0
     for other in (
         bridge_recipes.build(fast, overrides=["model.disable_parameter_transpose_cache=false"]),
         bridge_recipes.build("qwen35_27b_sft_8gpu_h200_bf16_fast_config"),
