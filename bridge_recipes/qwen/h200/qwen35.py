@@ -352,7 +352,7 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
       calibrated predictor moves two more layers off the last stage: 16/19/19/10.
     - Full scale, estimated (``bench.predict.pipeline_candidate_estimate`` on the calibrated stages of
       this split and recompute, with the BF16 fast policy's kernel savings): FP8 saved 36.7 ms a proxy
-      micro batch over the BF16 fast policy (1.2271x against 1.1196x, both at the published 469.6 ms),
+      micro batch over the BF16 fast policy (1.2271x against 1.1196x, at the latter's published 469.6 ms),
       12.3 ms for each of its 3 FP8 layers, and the optimizer step took 0.8 ms longer; at that rate on
       each stage's FP8 layers the estimate is about 3,115 tokens/s/GPU (1.51x the published layout
       trained with MTP, 2,064.8; 1.25x the published 2,499.5, which trained none). Not run on 8 GPUs yet.
