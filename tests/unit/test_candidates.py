@@ -44,6 +44,8 @@ PREDICTED = {
     "35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion": 1.31,
     # written 2026-12-01, after the FP8-parameter form ran on mock and chat rows, before it ran
     "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params": 1.23,
+    # written 2026-12-01, after the BF16-parameter form ran on chat rows, before it ran
+    "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached": 1.24,
 }
 
 
