@@ -356,14 +356,14 @@ CANDIDATES: tuple[Candidate, ...] = (
             "model.disable_parameter_transpose_cache=false",
         ),
         "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params with Transformer Engine's FP8 weight cache on: "
-        "each weight cast once a step (the first micro batch) instead of in every forward and recomputed "
+        "each weight cast in the first micro batch of a step only instead of in every forward and recomputed "
         "forward; the same FP8 weights, so the same numerics. 2 bytes a parameter of the FP8 layers held for "
         "the step instead of a copy a micro batch in flight: at the FP8 fast recipe's 16/19/19/10 with block "
         "recompute of 14, 145.2 GB planned against 142.8",
         1.24,
         "the two chat-rows pairs' forward-backward micro batches (each optimizer step's extra taken out): FP8 "
         "parameters 377.6 ms, BF16 parameters cast when used 382.3, 1.18 ms for each of the 4 casts a micro "
-        "batch (3 FP8 layers, one of them recomputed); cached, 4 casts a step instead of 32: 4.1 ms a micro "
+        "batch (3 FP8 layers, one of them recomputed); cached, at most 4 casts a step instead of 32: 4.1 ms a micro "
         "batch less: 469.3 / 378.2",
     ),
     Candidate(

@@ -835,8 +835,9 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
     every micro batch (Transformer Engine 2.20's ``Linear.forward`` saves ``weightmat``; Megatron-Core
     0.19.2 passes ``is_first_microbatch=None`` with the cache off). A layer that keeps its activations
     holds one a micro batch in flight (``saved``); a recomputed layer holds one while the backward
-    rebuilds it (``rebuilt``). Measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01): 100.78 GB
-    allocated against 99.48 planned without it, 1.3 GB for its 2 FP8 layers that keep their activations."""
+    rebuilds it (``rebuilt``: one layer at a time under block recompute, n under uniform recompute of
+    n). Measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01): 100.78 GB allocated against 99.48
+    planned without it, 1.3 GB for its 2 FP8 layers that keep their activations."""
     if not casts_fp8_weights_per_use(cfg):
         return ChunkActivations(saved=0.0, rebuilt=0.0)
     m, in_fp8 = cfg.model, _fp8_layer(cfg, d)

@@ -446,10 +446,11 @@ def test_fp8_weights_cast_when_used_are_kept_once_a_micro_batch_in_flight():
     assert plan.stages[1].in_flight == 3
     assert round(plan.stages[1].activations_gb - bf16.stages[1].activations_gb, 1) == 11.4
     assert any("cast when used" in n for n in plan.notes)
-    old = bridge_recipes.build(
+    bf16_layout = bridge_recipes.build(
         fast, overrides=["model.num_layers_in_last_pipeline_stage=12", "model.recompute_num_layers=10"]
     )
-    assert round(plan_memory(old, 8, gpu="h200").peak_gb, 1) == 169.7 and not plan_memory(old, 8, gpu="h200").fits
+    at_bf16_layout = plan_memory(bf16_layout, 8, gpu="h200")
+    assert round(at_bf16_layout.peak_gb, 1) == 169.7 and not at_bf16_layout.fits
     # the MTP layer on the last stage keeps its copy (MTP is recomputed only under uniform recompute)
     last = fp8_weight_copies(cfg, d, par, chunks[3], 3)
     assert last.saved > sum(2 * layer_params(d, par, i).total for i in chunks[3][0][14:])

@@ -346,8 +346,8 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     - Memory: each FP8 layer that keeps its activations also keeps the FP8 weight it cast for its
       backward, a copy for every micro batch in flight (``plan.memory.fp8_weight_copies``; the proxy
       allocated 100.78 GB, 1.3 GB above the plan without them, 101.1 with them). On the BF16 fast
-      recipe's 16/18/18/12 with block recompute of 10 that plans 169.7 GB; this recipe recomputes 14
-      layers of each stage: 142.8 of 150.8 GB, on the second stage.
+      recipe's 16/18/18/12 with block recompute of 10 that plans 169.7 GB; this recipe recomputes the
+      first 14 layers of each stage (all 10 of the last): 142.8 of 150.8 GB, on the second stage.
     - The split: FP8 makes the layers cheaper, not the last stage's output layer, loss and MTP, so the
       calibrated predictor moves two more layers off the last stage: 16/19/19/10.
     - Full scale, estimated (``bench.predict.pipeline_candidate_estimate`` on the calibrated stages of
@@ -363,7 +363,7 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     # (BF16 but for the MTP layer) are a larger share of a micro batch; the predictor's best split
     set_layout(cfg, pp=4, first=16, last=10)
     # each layer that keeps its activations also keeps its FP8 weight copy (0.77 GB) per micro batch in
-    # flight: recomputing the first 14 layers of each stage keeps 2-5 layers (second stage: 142.8 GB)
+    # flight: recomputing the first 14 layers of each stage keeps 0-5 layers (second stage: 142.8 GB)
     full_recompute(cfg, "block", 14)
     return cfg
 
