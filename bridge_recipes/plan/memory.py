@@ -66,7 +66,6 @@ overhead); what must fit the GPU is ``total_gb``. Measured checks: ``docs/memory
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from math import ceil
 from typing import Any
@@ -554,27 +553,40 @@ class ChunkActivations:
     rebuilt: float  # bytes a backward rebuild adds on top of ``saved`` at its worst
 
 
+def recompute_groups(m: Any, chunk: list[int]) -> list[list[int]]:
+    """The layers of a model chunk that full recompute checkpoints, in the groups its backward rebuilds
+    at once: block recompute of n, the chunk's first n one by one; uniform recompute of n, every layer in
+    groups of n; none under selective recompute or no recompute."""
+    if m.recompute_granularity != "full" or selective_modules(m):
+        return []
+    n = m.recompute_num_layers or 0
+    if m.recompute_method == "block":
+        return [[i] for i in chunk[:n]]
+    size = max(n, 1)
+    return [chunk[g : g + size] for g in range(0, len(chunk), size)]
+
+
 def chunk_activations(d: ModelDims, par: Layout, tok: Tokens, m: Any, layers: list[int]) -> ChunkActivations:
-    """Saved activations of one model chunk under its recompute policy. Uniform recompute of
-    n checkpoints groups of n layers and rebuilds a whole group at once. Block recompute of
-    n checkpoints the chunk's first n layers one by one; the backward reaches them after the
-    layers behind them have released their activations, so a rebuild only adds what it
-    exceeds those by."""
+    """Saved activations of one model chunk under its recompute policy (:func:`recompute_groups`).
+    Uniform recompute of n checkpoints groups of n layers and rebuilds a whole group at once. Block
+    recompute of n checkpoints the chunk's first n layers one by one; the backward reaches them after
+    the layers behind them have released their activations, so a rebuild only adds what it exceeds
+    those by."""
     full = [layer_activation_bytes(d, par, tok, i) for i in layers]
-    method, n = m.recompute_method, m.recompute_num_layers or 0
     modules = selective_modules(m)
     if modules and layers:  # each layer keeps less; its backward rebuilds what it discarded
         kept = [layer_activation_bytes(d, par, tok, i, modules) for i in layers]
         return ChunkActivations(saved=sum(kept), rebuilt=max(f - k for f, k in zip(full, kept)))
-    if m.recompute_granularity != "full" or not layers:  # none
+    groups = recompute_groups(m, layers)
+    if not groups:  # none
         return ChunkActivations(saved=sum(full), rebuilt=0.0)
-    if method == "block":
-        k = min(n, len(layers))
+    if m.recompute_method == "block":
+        k = len(groups)
         rebuilt = max(max(full[:k], default=0.0) - sum(full[k:]), 0.0)
         return ChunkActivations(saved=k * layer_input_bytes(d, tok) + sum(full[k:]), rebuilt=rebuilt)
-    size = max(n, 1)
-    groups = [full[i : i + size] for i in range(0, len(full), size)]
-    return ChunkActivations(saved=len(groups) * layer_input_bytes(d, tok), rebuilt=max(map(sum, groups)))
+    by_layer = dict(zip(layers, full))
+    rebuilt = max(sum(by_layer[i] for i in g) for g in groups)
+    return ChunkActivations(saved=len(groups) * layer_input_bytes(d, tok), rebuilt=rebuilt)
 
 
 def num_microbatches(cfg: Any, par: Layout) -> int:
@@ -786,14 +798,15 @@ def casts_fp8_weights_per_use(cfg: Any) -> bool:
     return _fp8_bf16_parameters(cfg) and bool(getattr(cfg.model, "disable_parameter_transpose_cache", False))
 
 
-def _fp8_layer(cfg: Any, d: ModelDims) -> Callable[[int], bool]:
-    """Whether a decoder layer (by global index) runs FP8: the preset keeps ``num_layers_at_start_in_bf16``
-    and ``num_layers_at_end_in_bf16`` in BF16 when ``first_last_layers_bf16`` is set."""
+def _fp8_weight_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]) -> dict[int, float]:
+    """An FP8 copy of each layer's weights, data and transpose (2 bytes a parameter), by global layer
+    index; none for the layers the preset keeps in BF16 (``num_layers_at_start_in_bf16`` and
+    ``num_layers_at_end_in_bf16`` when ``first_last_layers_bf16`` is set)."""
     mp = mixed_precision_config(cfg)
     bf16_ends = getattr(mp, "first_last_layers_bf16", False)
     start = mp.num_layers_at_start_in_bf16 if bf16_ends else 0
     end = len(d.layer_pattern) - (mp.num_layers_at_end_in_bf16 if bf16_ends else 0)
-    return lambda i: start <= i < end
+    return {i: 2 * layer_params(d, par, i).total if start <= i < end else 0.0 for i in layers}
 
 
 def _mtp_layer_params(d: ModelDims, par: Layout) -> Params:
@@ -809,24 +822,8 @@ def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int
     0.19.2's TE wrappers, not measured."""
     if not caches_fp8_weights(cfg):
         return 0.0
-    in_fp8 = _fp8_layer(cfg, d)
-    fp8 = Params()
-    for i in layers:
-        if in_fp8(i):
-            fp8 = fp8 + layer_params(d, par, i)
-    if stage == par.pp - 1:
-        fp8 = fp8 + _mtp_layer_params(d, par)
-    return 2 * fp8.total
-
-
-def recomputed_layers(m: Any, chunk: list[int]) -> list[int]:
-    """The layers of a model chunk that full recompute checkpoints (block: the chunk's first n;
-    uniform: all); none under selective recompute or none."""
-    if m.recompute_granularity != "full" or selective_modules(m):
-        return []
-    if m.recompute_method == "block":
-        return chunk[: min(m.recompute_num_layers or 0, len(chunk))]
-    return list(chunk)
+    mtp = 2 * _mtp_layer_params(d, par).total if stage == par.pp - 1 else 0.0
+    return sum(_fp8_weight_bytes(cfg, d, par, layers).values()) + mtp
 
 
 def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int]], stage: int) -> ChunkActivations:
@@ -840,16 +837,13 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
     planned without it, 1.3 GB for its 2 FP8 layers that keep their activations."""
     if not casts_fp8_weights_per_use(cfg):
         return ChunkActivations(saved=0.0, rebuilt=0.0)
-    m, in_fp8 = cfg.model, _fp8_layer(cfg, d)
-    # uniform recompute of n rebuilds n layers at once, block recompute one at a time
-    group = max(m.recompute_num_layers or 1, 1) if m.recompute_method == "uniform" else 1
+    m = cfg.model
     saved, rebuilt = 0.0, 0.0
     for chunk in chunks:
-        again = recomputed_layers(m, chunk)
-        copy = {i: 2 * layer_params(d, par, i).total if in_fp8(i) else 0.0 for i in chunk}
+        copy, groups = _fp8_weight_bytes(cfg, d, par, chunk), recompute_groups(m, chunk)
+        again = {i for g in groups for i in g}
         saved += sum(b for i, b in copy.items() if i not in again)
-        for g in range(0, len(again), group):
-            rebuilt = max(rebuilt, sum(copy[i] for i in again[g : g + group]))
+        rebuilt = max([rebuilt, *(sum(copy[i] for i in g) for g in groups)])
     if stage == par.pp - 1 and d.mtp_layers:
         b = 2 * _mtp_layer_params(d, par).total
         if mtp_recomputed(m):

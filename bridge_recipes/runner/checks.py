@@ -134,8 +134,7 @@ def fp8_parameter_problems(cfg: Any, weights: str | None = None) -> list[str]:
         return []
     return [
         f"mixed_precision keeps the parameters in FP8 (fp8_param_gather=true) while fine-tuning from {source}: "
-        "the master weights would be "
-        "filled from the FP8-rounded parameters and the export would read them; set "
+        "the master weights would be filled from the FP8-rounded parameters and the export would read them; set "
         "mixed_precision.fp8_param_gather=false (FP8 GEMMs, BF16 parameters)"
     ]
 

@@ -626,6 +626,20 @@ def test_stage_savings_must_name_every_stage():
         pipeline_candidate_estimate(base, base.fixed_s, [0, 0, 0, 0], 0.0, stage_saved_s=[0.0] * 3)
 
 
+def _fp8_share_readings(micro: float) -> tuple[float, float]:
+    """The FP8 share probe's two readings at an 8-layer BF16 micro batch of ``micro`` seconds, from
+    27b_fp8_current at 4 layers: its saving going with the 6 FP8 layers (each its 4-layer share, less the
+    optimizer's extra for 6 FP8 layers over 8 micro batches), or its net saving spread over every layer."""
+    pair = _pair("27b_fp8_current")
+    opt = measured("27b_fp8_current")["optimizer_s_per_step"]
+    extra = opt["candidate"] - opt["reference"]
+    a_layer = (pair.saved_s + extra / pair.micro_batches) / 3
+    assert round(pair.saved_s * 1000, 1) == 34.2 and round(extra * 1000, 1) == 85.9
+    assert round(a_layer * 1000, 1) == 15.0
+    with_layers = micro / (micro - (6 * a_layer - extra * 6 / 3 / 8))
+    return with_layers, micro / (micro - 8 * pair.saved_s / 5)
+
+
 def test_the_fp8_share_probe_predictions_follow_from_the_committed_figures():
     """Written before the 8-layer small-head FP8 pair runs (scripts/gpu/queues/h200_1gpu.txt): 27b_fp8_current
     at 4 layers saved 34.2 ms a micro batch net and its optimizer step took 85.9 ms longer, so each of its 3
@@ -634,16 +648,9 @@ def test_the_fp8_share_probe_predictions_follow_from_the_committed_figures():
     every layer instead (the 4-layer net over its 5), 8 layers save 54.7 ms: 1.17x."""
     from bridge_recipes.bench.predict import proxy_point
 
-    pair = _pair("27b_fp8_current")
-    opt = measured("27b_fp8_current")["optimizer_s_per_step"]
-    extra = opt["candidate"] - opt["reference"]
-    a_layer = (pair.saved_s + extra / pair.micro_batches) / 3
-    assert round(pair.saved_s * 1000, 1) == 34.2 and round(extra * 1000, 1) == 85.9
-    assert round(a_layer * 1000, 1) == 15.0
     micro = proxy_point(ROOT / "results/h200_proxy_qwen35_27b_small_head_8_layers.yaml").micro_batch_s
     assert round(micro * 1000, 1) == 383.5
-    per_fp8_layer = micro / (micro - (6 * a_layer - extra * 6 / 3 / 8))
-    spread = micro / (micro - 8 * pair.saved_s / 5)
+    per_fp8_layer, spread = _fp8_share_readings(micro)
     assert (round(per_fp8_layer, 2), round(spread, 2)) == (1.22, 1.17)
     notes = " ".join((ROOT / "docs/performance_candidates.md").read_text().split())
     assert "**1.22x** if the saving goes with the FP8 layers, **1.17x** if the 4-layer saving is spread" in notes
@@ -670,12 +677,7 @@ def test_the_fp8_share_probe_finds_the_saving_going_with_the_fp8_layers():
     a_layer = (micro - fast + extra / 8) / 6
     assert round(micro * 1000, 1) == 393.8 and round(extra * 1000, 1) == 164.5
     assert round(a_layer * 1000, 1) == 14.7 and round(extra / 6 * 1000, 1) == 27.4
-    pair = _pair("27b_fp8_current")
-    opt = measured("27b_fp8_current")["optimizer_s_per_step"]
-    four_extra = opt["candidate"] - opt["reference"]
-    four_a_layer = (pair.saved_s + four_extra / pair.micro_batches) / 3
-    with_layers = micro / (micro - (6 * four_a_layer - four_extra * 6 / 3 / 8))
-    spread = micro / (micro - 8 * pair.saved_s / 5)
+    with_layers, spread = _fp8_share_readings(micro)
     assert (round(with_layers, 2), round(spread, 2)) == (1.21, 1.16)
     assert abs(ratio["tokens_per_s_ratio"] - with_layers) < 0.005 < abs(ratio["tokens_per_s_ratio"] - spread)
     curves = ratio["loss_curves"]
