@@ -39,6 +39,8 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 )
 OTHER = "other (elementwise, norms, softmax, ...)"
 COMM_PREFIX = "nccl"
+TOP_KERNELS = 20  # the kernels a summary lists by their time, longest first
+TOP_NAME_CHARS = 120  # templated kernel names run to thousands of characters
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -106,10 +108,15 @@ def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
     if not gpu:
         raise TraceError("the trace has no GPU kernel events (was the profiler's CUDA activity on?)")
     per: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}  # kernel name -> [microseconds, launches]
     comm, compute = [], []
     for e in gpu:
-        label = category(str(e.get("name", "")))
+        name = str(e.get("name", ""))
+        label = category(name)
         per[label] = per.get(label, 0.0) + float(e["dur"])
+        tally = by_name.setdefault(name, [0.0, 0])
+        tally[0] += float(e["dur"])
+        tally[1] += 1
         span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
         (comm if label.startswith(COMM_PREFIX) else compute).append(span)
     comm_u, compute_u = _union(comm), _union(compute)
@@ -128,6 +135,18 @@ def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
         "communication_exposed_ms": round((_length(comm_u) - hidden) * ms, 3),
         "categories_ms": {k: round(v * ms, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
         "categories_share": {k: round(v / total, 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
+        # many short kernels with idle gaps between them point at launch overhead, few long ones at the kernels
+        "kernels_per_step": round(len(gpu) / steps, 1),
+        "mean_kernel_us": round(total / len(gpu), 2),
+        "top_kernels": [
+            {
+                "name": n[:TOP_NAME_CHARS],
+                "category": category(n),
+                "ms": round(us * ms, 3),
+                "launches": round(k / steps, 1),
+            }
+            for n, (us, k) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+        ],
     }
 
 

@@ -47,6 +47,21 @@ def test_busy_idle_and_hidden_communication():
     assert (s["communication_ms"], s["communication_hidden_ms"], s["communication_exposed_ms"]) == (0.1, 0.05, 0.05)
     assert s["categories_ms"] == {"gemm": 0.1, "nccl all-to-all / send-recv": 0.1, "gated deltanet (fla)": 0.05}
     assert summarize(events, steps=2)["busy_ms"] == 0.1
+    assert (s["kernels_per_step"], s["mean_kernel_us"]) == (3, 83.33)
+    assert [(k["name"], k["ms"], k["launches"]) for k in s["top_kernels"]][:2] == [
+        ("sm90_xmma_gemm", 0.1, 1),
+        ("ncclDevKernel_SendRecv", 0.1, 1),
+    ]
+
+
+def test_top_kernels_add_launches_of_one_name_and_cut_long_names():
+    long = "void at::native::elementwise_kernel<" + "x" * 500 + ">"
+    events = [kernel(long, 10 * i, 5) for i in range(4)] + [kernel("chunk_fwd_kernel_o", 100, 12)]
+    s = summarize(events, steps=2)
+    top = s["top_kernels"]
+    assert top[0]["launches"] == 2 and top[0]["ms"] == 0.01 and len(top[0]["name"]) == 120
+    assert top[1] == {"name": "chunk_fwd_kernel_o", "category": "gated deltanet (fla)", "ms": 0.006, "launches": 0.5}
+    assert s["kernels_per_step"] == 2.5
 
 
 def test_gzip_file_and_the_command(tmp_path, capsys):
