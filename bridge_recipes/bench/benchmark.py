@@ -75,7 +75,10 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
             )
         # on chat rows (--rows) both run the recipe itself, whose data the rows replace; else its mock form
         recipe = c.recipe if opts.rows else c.mock_recipe
-        return [(c.name, recipe, c.proxy_overrides(opts.proxy_layers)), ("published", recipe, [])]
+        return [
+            (c.name, recipe, c.proxy_overrides(opts.proxy_layers)),
+            ("published", recipe, list(c.published_overrides)),
+        ]
     if not opts.recipe:
         raise ValueError("--recipe NAME is required (or --candidate NAME)")
     names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]

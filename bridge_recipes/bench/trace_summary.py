@@ -31,8 +31,9 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("nccl all-gather", r"nccl.*allgather"),
     ("nccl other", r"nccl"),
     ("optimizer", r"multi_tensor|adam"),
+    # before the GEMMs: cuDNN's attention kernels name their wgmma tiles
+    ("attention", r"sdpa|flash|fmha|attn|cudnn"),
     ("gemm", r"gemm|xmma|cutlass|nvjet|cublas|wgmma"),
-    ("attention", r"flash|fmha|attn|cudnn"),
     ("gated deltanet (fla)", r"delta|chunk_|causal_conv|l2norm|recompute_w_u|solve_tril|merge_16x16|fused_recurrent"),
     ("moe routing and permute", r"permute|topk|router|moe|sort|histogram"),
     ("copy and memset", r"memcpy|memset|copy"),

@@ -819,7 +819,8 @@ def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int
     weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes a parameter) from the first micro
     batch of a step. Layers the preset keeps in BF16 (``first_last_layers_bf16``, by global index) hold
     none; MTP layers run FP8. From Transformer Engine 2.20's ``Linear.forward`` and Megatron-Core
-    0.19.2's TE wrappers, not measured."""
+    0.19.2's TE wrappers; measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 101.55 GB
+    allocated against 101.87 planned."""
     if not caches_fp8_weights(cfg):
         return 0.0
     mtp = 2 * _mtp_layer_params(d, par).total if stage == par.pp - 1 else 0.0

@@ -6,7 +6,8 @@ here when it applies and reported in one log line:
   megatron-core wheel ships the compiled ``helpers_cpp`` and no Makefile: the compile step is
   skipped when the compiled module imports.
 - ``gradient_accumulation_fusion`` (on by default) needs APEX's
-  ``fused_weight_gradient_mlp_cuda``: without APEX it is turned off.
+  ``fused_weight_gradient_mlp_cuda`` for Megatron-Core's own linear layers: without APEX
+  ``bridge_recipes.te_wgrad`` serves it with Transformer Engine's GEMM.
 """
 
 from __future__ import annotations
@@ -50,11 +51,18 @@ def skip_helper_compile_if_prebuilt() -> bool:
     return True
 
 
-def disable_grad_fusion_without_apex(cfg: Any) -> bool:
+def grad_fusion_without_apex(cfg: Any) -> bool:
+    """Keep the recipe's ``gradient_accumulation_fusion`` where APEX is missing: Transformer Engine's
+    GEMM stands in for APEX's kernel (``bridge_recipes.te_wgrad``). True when the stand-in was installed."""
     if not getattr(cfg.model, "gradient_accumulation_fusion", False) or apex_grad_fusion_available():
         return False
-    cfg.model.gradient_accumulation_fusion = False
-    _log("gradient_accumulation_fusion: off (needs APEX's fused_weight_gradient_mlp_cuda, not installed)")
+    from bridge_recipes import te_wgrad
+
+    te_wgrad.install()
+    _log(
+        "gradient_accumulation_fusion: on, Megatron's own linear layers through Transformer Engine's GEMM "
+        "(APEX's fused_weight_gradient_mlp_cuda is not installed)"
+    )
     return True
 
 
@@ -92,7 +100,7 @@ def fault_tolerance_off_without_ft_launcher(cfg: Any) -> bool:
 def prepare_for_registry_install(cfg: Any) -> None:
     """Apply the registry-install adjustments that apply (each logs one line)."""
     fault_tolerance_off_without_ft_launcher(cfg)
-    disable_grad_fusion_without_apex(cfg)
+    grad_fusion_without_apex(cfg)
     fall_back_from_flash_without_flash_attn(cfg)
     skip_helper_compile_if_prebuilt()
 

@@ -46,6 +46,8 @@ PREDICTED = {
     "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params": 1.23,
     # written 2026-12-01, after the BF16-parameter form ran on chat rows, before it ran
     "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached": 1.24,
+    # written 2026-12-01, after the 16-layer traces of the 35B-A3B policies, before it ran
+    "35b_grad_accum_fusion": 1.05,
 }
 
 
@@ -89,6 +91,22 @@ def test_candidate_runs_side_by_side_with_its_published_policy(tmp_path):
     assert (cand.recompute_method, cand.recompute_num_layers) == ("block", 3)
     assert (published.recompute_method, published.recompute_num_layers) == ("uniform", 1)
     assert cand.num_layers == published.num_layers == 4
+
+
+def test_a_candidate_names_what_the_published_arm_keeps_as_it_ran(tmp_path):
+    """Gradient-accumulation fusion now stays on without APEX (bridge_recipes.te_wgrad), so its candidate's
+    published arm turns it off as every earlier proxy run had it; the candidate's arm sets it on."""
+    opts = _opts("--candidate", "35b_grad_accum_fusion", "--proxy-layers", "16", "--out", str(tmp_path / "c.yaml"))
+    runs = bench.runs_of(opts)
+    assert [own for *_, own in runs] == [
+        ["model.gradient_accumulation_fusion=true"],
+        ["model.gradient_accumulation_fusion=false"],
+    ]
+    problems, plans = bench.argument_problems(opts, runs)
+    assert problems == []
+    cand, published = (cfg.model for _, cfg in plans)
+    assert cand.gradient_accumulation_fusion and not published.gradient_accumulation_fusion
+    assert cand.num_layers == published.num_layers == 16
 
 
 def test_a_candidate_on_chat_rows_runs_the_recipe_itself_on_them(tmp_path):

@@ -40,19 +40,64 @@ def test_helper_compile_is_kept_where_a_makefile_exists(tmp_path, monkeypatch):
     assert not launch.dataset_helpers_prebuilt()
 
 
-def test_grad_fusion_off_without_apex(smoke, capsys, monkeypatch):
+def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys, monkeypatch):
+    import sys
+
+    from megatron.core.tensor_parallel import layers
+
+    from bridge_recipes import te_wgrad
+
     smoke.model.gradient_accumulation_fusion = True
     monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
-    assert launch.disable_grad_fusion_without_apex(smoke)
-    assert smoke.model.gradient_accumulation_fusion is False
-    assert "gradient_accumulation_fusion: off" in capsys.readouterr().out
+    monkeypatch.delitem(sys.modules, te_wgrad.APEX_MODULE, raising=False)
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
+    monkeypatch.delattr(layers, "fused_weight_gradient_mlp_cuda", raising=False)
+    assert launch.grad_fusion_without_apex(smoke)
+    assert smoke.model.gradient_accumulation_fusion is True
+    assert "gradient_accumulation_fusion: on" in capsys.readouterr().out
+    # Megatron-Core's own linear layers find the stand-in where they look for APEX's kernel
+    assert layers._grad_accum_fusion_available and layers.fused_weight_gradient_mlp_cuda is te_wgrad
+    assert sys.modules[te_wgrad.APEX_MODULE] is te_wgrad
+    import fused_weight_gradient_mlp_cuda  # the import Megatron-Core makes at call time
+
+    assert fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is te_wgrad.wgrad_gemm_accum_fp32
 
 
-def test_grad_fusion_kept_with_apex(smoke, monkeypatch):
+def test_grad_fusion_left_alone_with_apex_or_when_off(smoke, monkeypatch):
     smoke.model.gradient_accumulation_fusion = True
     monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: True)
-    assert not launch.disable_grad_fusion_without_apex(smoke)
+    assert not launch.grad_fusion_without_apex(smoke)
     assert smoke.model.gradient_accumulation_fusion is True
+    smoke.model.gradient_accumulation_fusion = False
+    monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
+    assert not launch.grad_fusion_without_apex(smoke)
+    assert smoke.model.gradient_accumulation_fusion is False
+
+
+def test_the_stand_in_makes_transformer_engines_fused_wgrad_call(monkeypatch):
+    """The stand-in's GEMM is the one Transformer Engine's linear layers make for a fused weight gradient:
+    x and dy in, layout NT, accumulating into main_grad in its dtype (the numerics run on the GPU:
+    tests/gpu/test_te_wgrad.py)."""
+    import inspect
+
+    import torch
+    from transformer_engine.pytorch.cpp_extensions import gemm
+    from transformer_engine.pytorch.module import linear
+
+    from bridge_recipes import te_wgrad
+
+    calls = []
+    monkeypatch.setattr(gemm, "general_gemm", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr("transformer_engine.pytorch.cpp_extensions.general_gemm", gemm.general_gemm)
+    x, dy, main_grad = torch.ones(4, 3), torch.ones(4, 2), torch.zeros(2, 3)
+    te_wgrad.wgrad_gemm_accum_fp32(x, dy, main_grad)
+    ((args, kwargs),) = calls
+    assert args[0] is x and args[1] is dy and kwargs["out"] is main_grad
+    assert (
+        kwargs["layout"] == "NT" and kwargs["accumulate"] and kwargs["grad"] and kwargs["out_dtype"] == torch.float32
+    )
+    source = inspect.getsource(linear)
+    assert '"layout": "NT",' in source and '"out": main_grad if bwd_args.fuse_wgrad_accumulation else None,' in source
 
 
 def test_flash_attention_falls_back_without_flash_attn(smoke, monkeypatch):

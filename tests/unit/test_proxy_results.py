@@ -16,6 +16,7 @@ from bridge_recipes.bench.megatron_log import step_records_from_log
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.bench.runs import log_losses
 from bridge_recipes.bench.stats import summarize
+from bridge_recipes.bench.trace_summary import category
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = {  # model: (tuned policy, reference layout)
@@ -25,7 +26,9 @@ PAIRS = {  # model: (tuned policy, reference layout)
 # the predictor's second depth of the 35B-A3B policy (16 layers; its 4-layer point is the pair's),
 # the 27B policy's 4-layer point again (2026-12-01, a host installed with install.sh), the 27B's
 # small-head slope proxies (2026-12-01), the FP8 share probe on the 8-layer small head with its BF16
-# arm, and the 27B's real head without MTP (both 2026-12-01, a later lease)
+# arm, and the 27B's real head without MTP (both 2026-12-01, a later lease); the FP8 fast 27B recipe
+# against the BF16 fast one on the chat rows, and the fast and published 35B-A3B policies at 16 layers
+# with one step traced (2026-12-01, a later lease again)
 RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_35b_a3b", "h200_policy_16_layers"),
     ("qwen35_27b", "h200_policy_repeat"),
@@ -34,6 +37,10 @@ RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_27b", "fp8_small_head_8_layers"),
     ("qwen35_27b", "fp8_small_head_8_layers_against"),
     ("qwen35_27b", "no_mtp_4_layers"),
+    ("qwen35_27b", "fp8cs_fast_vs_bf16_fast_rows"),
+    ("qwen35_27b", "fp8cs_fast_vs_bf16_fast_rows_against"),
+    ("qwen35_35b_a3b", "fast_16_layers_traced"),
+    ("qwen35_35b_a3b", "h200_policy_16_layers_traced"),
 ]
 
 
@@ -160,3 +167,70 @@ def test_the_27b_policy_repeats_within_two_percent():
     first, repeat = (_result("qwen35_27b", arm)["result"] for arm in ("h200_policy", "h200_policy_repeat"))
     assert (str(first["measured"]), str(repeat["measured"])) == ("2026-11-29", "2026-12-01")
     assert repeat["step_time_mean_s"] / first["step_time_mean_s"] == pytest.approx(0.986, abs=0.001)
+
+
+def _traced(arm: str) -> tuple[dict, dict, str]:
+    """(trace summary, result, log) of a traced 16-layer 35B-A3B run (1 x H200, 2026-12-01)."""
+    summary = json.loads((ROOT / f"results/h200_trace_qwen35_35b_a3b_{arm}_16_layers.json").read_text())
+    name = f"h200_proxy_qwen35_35b_a3b_{arm}_16_layers_traced"
+    return summary, read_result(ROOT / f"results/{name}.yaml"), (ROOT / f"docs/evidence/proxy/{name}.log").read_text()
+
+
+def test_the_35b_proxy_waits_on_the_host_for_half_of_its_step():
+    """The fast and published 35B-A3B policies at 16 layers, step 10 of each traced (bench.trace_summary).
+    Written before the runs (scripts/gpu/queues/h200_1gpu.txt): the GPU busy for at least 90% of the fast
+    policy's step, GEMMs 35-50% of the busy time, Gated DeltaNet 10-20%, routing and permutation 5-15%,
+    the optimizer under 5%. Missed where it matters: the GPU was busy for 2.30 s of the fast policy's
+    4.70 s step (3.17 of 6.10 for the published one), idle about half of it. The traced step ran 1.2 s
+    longer than the others, so the profiler's host-side cost went straight into the step: the host sets
+    the pace. Both steps take about 75 and 72 us a kernel launched (62,488 and 84,392 kernels a step), and
+    the fast policy's 21,904 fewer kernels came with 1.40 s less a step, 64 us each, where its GPU time fell
+    by 0.87 s. GEMMs were 53.2% of the busy time (predicted 35-50%), Gated DeltaNet 8.2% (10-20%), routing
+    5.25% and the optimizer 1.7% (both as predicted)."""
+    fast, fast_result, fast_log = _traced("fast")
+    published, published_result, published_log = _traced("h200_policy")
+    for summary, log in ((fast, fast_log), (published, published_log)):
+        traced = [r for r in step_records_from_log(log, 8192) if r.step == 10][0]
+        assert summary["window_ms"] == pytest.approx(traced.time_s * 1000, rel=0.001)
+    steps = {a: r["result"]["step_time_mean_s"] for a, r in (("fast", fast_result), ("published", published_result))}
+    assert steps == {"fast": 4.704, "published": 6.1026}
+    busy = {"fast": fast["busy_ms"] / 1000, "published": published["busy_ms"] / 1000}
+    assert {a: round(b / steps[a], 2) for a, b in busy.items()} == {"fast": 0.49, "published": 0.52}
+    assert busy["fast"] / steps["fast"] < 0.9  # the prediction, missed
+    per_kernel = {a: steps[a] / s["kernels_per_step"] * 1e6 for a, s in (("fast", fast), ("published", published))}
+    assert {a: round(us, 1) for a, us in per_kernel.items()} == {"fast": 75.3, "published": 72.3}
+    fewer = published["kernels_per_step"] - fast["kernels_per_step"]
+    assert fewer == 21904 and round((steps["published"] - steps["fast"]) / fewer * 1e6) == 64
+    assert round(busy["published"] - busy["fast"], 2) == 0.87
+    shares = fast["categories_share"]
+    assert shares["gated deltanet (fla)"] == 0.0822
+    assert shares["moe routing and permute"] == 0.0525 and shares["optimizer"] == 0.0171
+    # the committed summaries predate the split of cuDNN's attention kernels (named with their wgmma
+    # tiles) from the GEMMs: taken out by name, the GEMMs are 53.2% of the busy time
+    total = sum(fast["categories_ms"].values())
+    sdpa = sum(k["ms"] for k in fast["top_kernels"] if category(k["name"]) == "attention" and k["category"] == "gemm")
+    assert round(sdpa, 1) == 175.6 and round((fast["categories_ms"]["gemm"] - sdpa) / total, 3) == 0.532
+
+
+def test_the_gradient_accumulation_adds_are_a_sixth_of_the_35b_proxys_launches():
+    """Without gradient-accumulation fusion (no APEX on the host, so the runner turns it off) each
+    parameter's BF16 weight gradient is added into its FP32 main gradient by its own kernel: an unrolled
+    FP32 add, 10,312 launches a step (1,289 a micro batch, one for each weight of the 16-layer proxy with
+    its 32 experts' separate weights) in both policies, 16.5% of the fast policy's kernels for 124 ms of GPU
+    time. At the host's 75 us a launch they hold the step for about 0.78 s."""
+    fast, fast_result, fast_log = _traced("fast")
+    published, *_ = _traced("h200_policy")
+    adds = []
+    for summary in (fast, published):
+        add = [
+            k
+            for k in summary["top_kernels"]
+            if "unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>" in k["name"]
+        ]
+        assert len(add) == 1
+        adds.append(add[0])
+    assert [a["launches"] for a in adds] == [10312, 10312] and 10312 / 8 == 1289
+    assert round(adds[0]["launches"] / fast["kernels_per_step"], 3) == 0.165 and round(adds[0]["ms"]) == 124
+    assert "gradient_accumulation_fusion: off" in fast_log
+    per_launch = fast_result["result"]["step_time_mean_s"] / fast["kernels_per_step"]
+    assert round(adds[0]["launches"] * per_launch, 2) == 0.78

@@ -23,6 +23,7 @@ def kernel(name, ts, dur, cat="kernel"):
         ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
         ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "gemm"),
         ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", "attention"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x256_1x4x1_cga1x1", "attention"),
         ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "gated deltanet (fla)"),
         ("causal_conv1d_fwd_kernel", "gated deltanet (fla)"),
         ("multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor>", "optimizer"),

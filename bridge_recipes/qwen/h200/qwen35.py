@@ -313,57 +313,61 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     layout="TP1 PP4 DP2",
     status="functional",
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
-    evidence="docs/evidence/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_rows.log",
+    evidence="docs/evidence/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows.log",
     notes=(
-        "one-GPU proxy 1.23x the published policy side by side on chat rows, loss check passed "
-        "(results/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_rows_ratio.json); the "
-        "16/19/19/10 split and block recompute of 14 are the calibrated predictor's and the planner's, not "
+        "one-GPU proxy 1.24x the published policy side by side on chat rows, loss check passed "
+        "(results/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows_ratio.json), "
+        "1.10x the BF16 fast recipe side by side "
+        "(results/h200_proxy_qwen35_27b_fp8cs_fast_vs_bf16_fast_rows_ratio.json); "
+        "the 16/19/19/10 split and block recompute of 14 are the calibrated predictor's and the planner's, not "
         "measurable on one GPU"
     ),
 )
 def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     """The fast 27B recipe with its layers' GEMMs in FP8, per-tensor current scaling, parameters in
-    BF16 (candidate ``27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params``, on a split and recompute
-    of its own; docs/performance_candidates.md).
+    BF16 and Transformer Engine's FP8 weight cache (candidate
+    ``27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached``, on a split and recompute of its
+    own; docs/performance_candidates.md).
 
     - ``bridge_recipes.qwen.policy.fp8_current_scaling``: every transformer layer but the model's first
       and last, and the MTP layer, in FP8; the embedding, output layer, loss, Gated DeltaNet's
       recurrence and the attention core stay BF16. The parameters stay BF16 so that a run from Hugging
       Face weights starts from, and exports, them at full precision (the preset's FP8 parameters would
-      round both to FP8), and each weight is cast to FP8 when used.
+      round both to FP8); each FP8 layer's weight is cast once a step, in its first micro batch, and
+      the FP8 copy kept for the step.
     - Measured on the one-GPU proxy (4 layers with the real head and MTP, 8 micro batches of 8,192
-      tokens; 1 x H200, 2026-12-01, side by side with the published policy in one command), on the
-      committed chat rows through the recipe itself (30 steps at its learning rate): 3.060 against
-      3.754 s a step, 1.23x (predicted 1.23x before the run); the loss curves agree (correlation
-      0.99973, no point outside tolerance; last step 0.40% below BF16's, inside the 1% written down
-      before the run as the condition for this recipe). The preset as it is (FP8 parameters) ran 1.21x
-      on the same rows, and 1.20x on mock rows, where the loss check failed: FP8 stays 0.4-5.8% above
-      BF16 once the mock loss falls to about 0.2.
+      tokens; 1 x H200, 2026-12-01, each pair side by side in one command), on the committed chat rows
+      through the recipe itself (30 steps at its learning rate): 3.031 against 3.753 s a step, 1.24x
+      the published policy (predicted 1.24x before the run), loss curves agreeing (correlation 0.99973,
+      no point outside tolerance, last step 0.52% apart); this recipe at the proxy's recompute against
+      the BF16 fast recipe, 3.040 against 3.331 s, 1.10x (predicted 1.10x), loss curves agreeing (last
+      step 0.39% apart). Casting each weight in every forward instead measured 1.23x (1.01 ms a cast).
+      The preset as it is (FP8 parameters) ran 1.21x on the same rows, and 1.20x on mock rows, where
+      the loss check failed: FP8 stays 0.4-5.8% above BF16 once the mock loss falls to about 0.2.
     - The proxy runs 2 of its 4 layers (and the MTP layer) in FP8, a full-scale run 62 of 64: the
       chat-rows check covers a model half in FP8, and the 8-GPU run queued in
       scripts/gpu/queues/h200_8gpu.txt is the check at the full share. An 8-layer proxy with 6 of 8
       layers in FP8 measured 1.21x, the saving going with the FP8 layers (14.7 ms each a micro batch).
-    - Memory: each FP8 layer that keeps its activations also keeps the FP8 weight it cast for its
-      backward, a copy for every micro batch in flight (``plan.memory.fp8_weight_copies``; the proxy
-      allocated 100.78 GB, 1.3 GB above the plan without them, 101.1 with them). On the BF16 fast
-      recipe's 16/18/18/12 with block recompute of 10 that plans 169.7 GB; this recipe recomputes the
-      first 14 layers of each stage (all 10 of the last): 142.8 of 150.8 GB, on the second stage.
+    - Memory: the weight cache holds 2 bytes a parameter of the FP8 layers for the step
+      (``plan.memory.fp8_weight_cache_bytes``; the proxy allocated 101.55 GB, 101.87 planned). This
+      recipe recomputes the first 14 layers of each stage (all 10 of the last): 145.2 of 150.8 GB, on
+      the second stage.
     - The split: FP8 makes the layers cheaper, not the last stage's output layer, loss and MTP, so the
       calibrated predictor moves two more layers off the last stage: 16/19/19/10.
     - Full scale, estimated (``bench.predict.pipeline_candidate_estimate`` on the calibrated stages of
       this split and recompute, with the BF16 fast policy's kernel savings): FP8 saved 36.7 ms a proxy
-      micro batch over the BF16 fast policy (1.2271x against 1.1196x, at the latter's published 469.6 ms),
-      12.3 ms for each of its 3 FP8 layers, and the optimizer step took 0.8 ms longer; at that rate on
-      each stage's FP8 layers the estimate is about 3,115 tokens/s/GPU (1.51x the published layout
-      trained with MTP, 2,064.8; 1.25x the published 2,499.5, which trained none). Not run on 8 GPUs yet.
+      micro batch over the BF16 fast policy with its 4 weight casts a micro batch (12.3 ms for each of
+      its 3 FP8 layers, 13.6 without the casts); on each stage's FP8 layers, with one cast a layer a
+      step, the estimate is about 3,245 tokens/s/GPU (1.57x the published layout trained with MTP,
+      2,064.8; 1.30x the published 2,499.5, which trained none). Not run on 8 GPUs yet.
     """
     cfg = qwen35_27b_sft_8gpu_h200_bf16_fast_config()
     fp8_current_scaling(cfg)
     # 64 layers as 16/19/19/10: with the layers in FP8 the last stage's output layer, loss and MTP
     # (BF16 but for the MTP layer) are a larger share of a micro batch; the predictor's best split
     set_layout(cfg, pp=4, first=16, last=10)
-    # each layer that keeps its activations also keeps its FP8 weight copy (0.77 GB) per micro batch in
-    # flight: recomputing the first 14 layers of each stage keeps 0-5 layers (second stage: 142.8 GB)
+    # the FP8 weight cache (0.77 GB a layer) is held for the step: recomputing the first 14 layers of
+    # each stage keeps 0-5 layers' activations (second stage: 145.2 GB)
     full_recompute(cfg, "block", 14)
     return cfg
 

@@ -1,0 +1,53 @@
+"""Gradient-accumulation fusion without APEX: Transformer Engine's GEMM in place of APEX's
+``fused_weight_gradient_mlp_cuda``.
+
+With ``gradient_accumulation_fusion`` each weight-gradient GEMM accumulates into the parameter's FP32
+``main_grad`` (cuBLAS with beta = 1) instead of writing a BF16 gradient that Megatron-Core's DDP hook
+then adds into ``main_grad`` with a kernel of its own. Megatron-Core 0.19.2 takes that path in two
+ways: its Transformer Engine layers pass ``fuse_wgrad_accumulation`` to TE, which does the GEMM itself;
+its own linear layers (``tensor_parallel.ColumnParallelLinear``, the GPT output layer among them, and
+the deferred embedding gradient) call APEX's kernel and refuse to build without it. This module gives
+them the same two functions on Transformer Engine's ``general_gemm``, the call TE's own linear layers
+make for their fused weight gradient (``layout="NT"``, ``accumulate=True``, ``out=main_grad``).
+
+Why it matters: measured on the one-GPU proxy of the 35B-A3B EP8 shard (16 layers, 1 x H200,
+2026-12-01; results/h200_trace_qwen35_35b_a3b_*_16_layers.json), the unfused adds were 10,312 kernel
+launches a step, one per weight a micro batch (each of the 32 experts' weights is its own parameter),
+16.5% of the launches of a step whose pace the host sets.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+APEX_MODULE = "fused_weight_gradient_mlp_cuda"
+
+
+def wgrad_gemm_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) -> None:
+    """``main_grad += grad_output^T @ total_input`` in ``main_grad``'s precision (FP32), one GEMM;
+    ``total_input`` is [tokens, in], ``grad_output`` [tokens, out], ``main_grad`` [out, in]."""
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+
+    general_gemm(
+        total_input, grad_output, out_dtype=main_grad.dtype, accumulate=True, layout="NT", out=main_grad, grad=True
+    )
+
+
+# APEX's FP16/BF16 form: the same GEMM, accumulating in main_grad's own dtype
+wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+
+
+def install() -> ModuleType:
+    """Make this module Megatron-Core's ``fused_weight_gradient_mlp_cuda``: under that name for the
+    imports Megatron-Core makes at call time, and in ``megatron.core.tensor_parallel.layers``, which
+    tried the import once when it was first imported. Returns the module now serving the name."""
+    module = sys.modules[__name__]
+    sys.modules.setdefault(APEX_MODULE, module)
+    from megatron.core.tensor_parallel import layers
+
+    if not layers._grad_accum_fusion_available:
+        layers.fused_weight_gradient_mlp_cuda = sys.modules[APEX_MODULE]
+        layers._grad_accum_fusion_available = True
+    return sys.modules[APEX_MODULE]
