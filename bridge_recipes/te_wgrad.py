@@ -39,6 +39,40 @@ def wgrad_gemm_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) ->
 wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
 
 
+# BF16 inputs, FP32 accumulation: against FP32 of the same BF16 values only the summation order differs
+SELF_CHECK_TOLERANCE = 1e-3
+
+
+def self_check() -> str | None:
+    """Why the stand-in cannot serve on this machine's GPU, or None when it accumulates as it should: one
+    small GEMM into an FP32 buffer, twice, against PyTorch in FP32 on the process's own GPU (LOCAL_RANK).
+    None without a GPU (nothing to check; nothing trains there)."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(64, 32, device=device, generator=gen).to(torch.bfloat16)
+        dy = torch.randn(64, 16, device=device, generator=gen).to(torch.bfloat16)
+        main_grad = torch.randn(16, 32, device=device, generator=gen)
+        expected = main_grad + 2 * (dy.float().t() @ x.float())
+        wgrad_gemm_accum_fp32(x, dy, main_grad)
+        wgrad_gemm_accum_fp32(x, dy, main_grad)
+        error = ((main_grad - expected).abs().max() / expected.abs().max()).item()
+    except Exception as exc:  # any failure of the GEMM means: do not rely on it
+        return f"Transformer Engine's GEMM failed ({type(exc).__name__}: {exc})"
+    if not error < SELF_CHECK_TOLERANCE:
+        return (
+            f"Transformer Engine's GEMM accumulated {error:.2e} off an FP32 reference "
+            f"(tolerance {SELF_CHECK_TOLERANCE})"
+        )
+    return None
+
+
 def install() -> ModuleType:
     """Make this module Megatron-Core's ``fused_weight_gradient_mlp_cuda``: under that name for the
     imports Megatron-Core makes at call time, and in ``megatron.core.tensor_parallel.layers``, which

@@ -132,7 +132,7 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
         mb_config.validate_flex_dispatcher_backend = lambda model_config: None
     try:
         probe = copy.deepcopy(cfg)
-        probe.model.gradient_accumulation_fusion = False  # needs APEX, decided at launch
+        probe.model.gradient_accumulation_fusion = False  # APEX or its stand-in, decided at launch
         with tempfile.TemporaryDirectory() as stand_in:
             if probe.peft is not None and not probe.checkpoint.pretrained_checkpoint:
                 # LoRA needs starting weights, which --hf-checkpoint supplies at launch (the dry-run

@@ -53,11 +53,20 @@ def skip_helper_compile_if_prebuilt() -> bool:
 
 def grad_fusion_without_apex(cfg: Any) -> bool:
     """Keep the recipe's ``gradient_accumulation_fusion`` where APEX is missing: Transformer Engine's
-    GEMM stands in for APEX's kernel (``bridge_recipes.te_wgrad``). True when the stand-in was installed."""
+    GEMM stands in for APEX's kernel (``bridge_recipes.te_wgrad``), after a check of it on this GPU;
+    should the check fail, fusion is turned off as without a stand-in. True when the stand-in was
+    installed."""
     if not getattr(cfg.model, "gradient_accumulation_fusion", False) or apex_grad_fusion_available():
         return False
     from bridge_recipes import te_wgrad
 
+    problem = te_wgrad.self_check()
+    if problem:
+        cfg.model.gradient_accumulation_fusion = False
+        _log(
+            f"gradient_accumulation_fusion: off (APEX's fused_weight_gradient_mlp_cuda is not installed and {problem})"
+        )
+        return False
     te_wgrad.install()
     _log(
         "gradient_accumulation_fusion: on, Megatron's own linear layers through Transformer Engine's GEMM "

@@ -52,6 +52,7 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys,
     monkeypatch.delitem(sys.modules, te_wgrad.APEX_MODULE, raising=False)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.delattr(layers, "fused_weight_gradient_mlp_cuda", raising=False)
+    monkeypatch.setattr(te_wgrad, "self_check", lambda: None)
     assert launch.grad_fusion_without_apex(smoke)
     assert smoke.model.gradient_accumulation_fusion is True
     assert "gradient_accumulation_fusion: on" in capsys.readouterr().out
@@ -61,6 +62,47 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys,
     import fused_weight_gradient_mlp_cuda  # the import Megatron-Core makes at call time
 
     assert fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is te_wgrad.wgrad_gemm_accum_fp32
+
+
+def test_grad_fusion_off_when_the_stand_in_fails_its_check(smoke, capsys, monkeypatch):
+    from bridge_recipes import te_wgrad
+
+    smoke.model.gradient_accumulation_fusion = True
+    monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
+    monkeypatch.setattr(te_wgrad, "self_check", lambda: "Transformer Engine's GEMM failed (RuntimeError: x)")
+    monkeypatch.setattr(te_wgrad, "install", lambda: pytest.fail("installed after a failed check"))
+    assert not launch.grad_fusion_without_apex(smoke)
+    assert smoke.model.gradient_accumulation_fusion is False
+    out = capsys.readouterr().out
+    assert "gradient_accumulation_fusion: off" in out and "GEMM failed (RuntimeError: x)" in out
+
+
+def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(monkeypatch):
+    """No GPU: nothing to check. With one, a GEMM that raises or accumulates wrong fails the check (the
+    check's own arithmetic run here on the CPU, the device faked)."""
+    import torch
+
+    from bridge_recipes import te_wgrad
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert te_wgrad.self_check() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "device", lambda *a, **k: "cpu")
+    monkeypatch.setattr(torch, "Generator", lambda device=None: torch._C.Generator())
+
+    def right(x, dy, g):
+        g += dy.float().t() @ x.float()
+
+    monkeypatch.setattr(te_wgrad, "wgrad_gemm_accum_fp32", right)
+    assert te_wgrad.self_check() is None
+    monkeypatch.setattr(te_wgrad, "wgrad_gemm_accum_fp32", lambda x, dy, g: g.mul_(2))
+    assert "off an FP32 reference" in te_wgrad.self_check()
+
+    def broken(*a):
+        raise RuntimeError("no cuBLAS")
+
+    monkeypatch.setattr(te_wgrad, "wgrad_gemm_accum_fp32", broken)
+    assert te_wgrad.self_check() == "Transformer Engine's GEMM failed (RuntimeError: no cuBLAS)"
 
 
 def test_grad_fusion_left_alone_with_apex_or_when_off(smoke, monkeypatch):
