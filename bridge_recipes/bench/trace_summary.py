@@ -40,6 +40,10 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
 )
 OTHER = "other (elementwise, norms, softmax, ...)"
 COMM_PREFIX = "nccl"
+# the host's calls into the CUDA runtime and driver (kernel launches, copies, synchronizations)
+HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
+SYNC = re.compile(r"synchronize|memcpy(?!.*async)", re.IGNORECASE)  # calls that wait for the GPU
+LAUNCH = re.compile(r"launchkernel|launch_kernel|culaunch", re.IGNORECASE)
 TOP_KERNELS = 20  # the kernels a summary lists by their time, longest first
 TOP_NAME_CHARS = 120  # templated kernel names run to thousands of characters
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -148,6 +152,34 @@ def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
             }
             for n, (us, k) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
         ],
+        "host": _host(events, steps),
+    }
+
+
+def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """The host's side of the window: its calls into the CUDA runtime and driver by name (milliseconds
+    and calls a step), the time it spent launching kernels and the time it waited for the GPU
+    (synchronizations and blocking copies). A host that launches slower than the GPU runs shows long
+    launch time and short waits; one held by synchronizations, the reverse."""
+    calls: dict[str, list[float]] = {}
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES and "dur" in e:
+            tally = calls.setdefault(str(e.get("name", "")), [0.0, 0])
+            tally[0] += float(e["dur"])
+            tally[1] += 1
+    ms = 1e-3 / steps
+    launch = sum(us for n, (us, _) in calls.items() if LAUNCH.search(n))
+    wait = sum(us for n, (us, _) in calls.items() if SYNC.search(n))
+    return {
+        "runtime_ms": round(sum(us for us, _ in calls.values()) * ms, 3),
+        "launch_ms": round(launch * ms, 3),
+        "launches": round(sum(k for n, (_, k) in calls.items() if LAUNCH.search(n)) / steps, 1),
+        "wait_ms": round(wait * ms, 3),
+        "waits": round(sum(k for n, (_, k) in calls.items() if SYNC.search(n)) / steps, 1),
+        "calls": {
+            n: {"ms": round(us * ms, 3), "calls": round(k / steps, 1)}
+            for n, (us, k) in sorted(calls.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+        },
     }
 
 

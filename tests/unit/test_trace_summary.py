@@ -83,3 +83,22 @@ def test_refusals_name_the_file(tmp_path, capsys):
     cpu_only.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 1}]}))
     assert main([str(cpu_only)]) == 2
     assert f"{cpu_only}: the trace has no GPU kernel events" in capsys.readouterr().err
+
+
+def test_the_host_side_counts_launches_and_waits():
+    """The runtime and driver calls: launches (cudaLaunchKernel, Triton's cuLaunchKernel) and what waits for
+    the GPU (synchronizations, blocking copies; an async copy does not wait)."""
+    host = [
+        kernel("cudaLaunchKernel", 0, 4, cat="cuda_runtime"),
+        kernel("cudaLaunchKernel", 10, 6, cat="cuda_runtime"),
+        kernel("cuLaunchKernel", 20, 6, cat="cuda_driver"),
+        kernel("cudaStreamSynchronize", 30, 100, cat="cuda_runtime"),
+        kernel("cudaMemcpyAsync", 140, 2, cat="cuda_runtime"),
+        kernel("cudaMemcpy", 150, 20, cat="cuda_runtime"),
+        kernel("aten::add_", 0, 50, cat="cpu_op"),  # the host's own work: not a runtime call
+    ]
+    s = summarize([kernel("gemm", 0, 10), *host], steps=2)["host"]
+    assert (s["launches"], s["launch_ms"]) == (1.5, 0.008)
+    assert (s["waits"], s["wait_ms"]) == (1, 0.06)
+    assert s["runtime_ms"] == 0.069 and s["calls"]["cudaLaunchKernel"] == {"ms": 0.005, "calls": 1}
+    assert list(s["calls"])[0] == "cudaStreamSynchronize"
