@@ -317,7 +317,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     notes=(
         "one-GPU proxy 1.24x the published policy side by side on chat rows, loss check passed "
         "(results/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows_ratio.json), "
-        "1.10x the BF16 fast recipe side by side "
+        "1.10x the BF16 fast recipe side by side before it took the weight cache "
         "(results/h200_proxy_qwen35_27b_fp8cs_fast_vs_bf16_fast_rows_ratio.json); "
         "the 16/19/19/10 split and block recompute of 14 are the calibrated predictor's and the planner's, not "
         "measurable on one GPU"
@@ -339,11 +339,12 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
       tokens; 1 x H200, 2026-12-01, each pair side by side in one command), on the committed chat rows
       through the recipe itself (30 steps at its learning rate): 3.031 against 3.753 s a step, 1.24x
       the published policy (predicted 1.24x before the run), loss curves agreeing (correlation 0.99973,
-      no point outside tolerance, last step 0.52% apart); this recipe at the proxy's recompute against
-      the BF16 fast recipe, 3.040 against 3.331 s, 1.10x (predicted 1.10x), loss curves agreeing (last
-      step 0.39% apart). Casting each weight in every forward instead measured 1.23x (1.01 ms a cast).
-      The preset as it is (FP8 parameters) ran 1.21x on the same rows, and 1.20x on mock rows, where
-      the loss check failed: FP8 stays 0.4-5.8% above BF16 once the mock loss falls to about 0.2.
+      no point outside tolerance, last step 0.52% apart); this recipe before it took the cache (each
+      weight cast in every forward), at the proxy's recompute, against the BF16 fast recipe, 3.040
+      against 3.331 s, 1.10x (predicted 1.10x), loss curves agreeing (last step 0.39% apart); that
+      form measured 1.23x against the published policy (1.01 ms a cast). The preset as it is (FP8
+      parameters) ran 1.21x on the same rows, and 1.20x on mock rows, where the loss check failed:
+      FP8 stays 0.4-5.8% above BF16 once the mock loss falls to about 0.2.
     - The proxy runs 2 of its 4 layers (and the MTP layer) in FP8, a full-scale run 62 of 64: the
       chat-rows check covers a model half in FP8, and the 8-GPU run queued in
       scripts/gpu/queues/h200_8gpu.txt is the check at the full share. An 8-layer proxy with 6 of 8
