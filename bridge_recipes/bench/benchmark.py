@@ -103,6 +103,12 @@ def one(
     run = launch(label or name, name, args, log_path, nproc=nproc)
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
+    fusion = harness.fusion_note(cfg, run.log)
+    if cfg.model.gradient_accumulation_fusion and fusion != f"{harness.FUSION_NOTE}on":
+        # a run that asked for fusion and went without measured another policy than it names
+        raise RuntimeError(
+            f"{name} asked for gradient-accumulation fusion and ran without it: {fusion}; see {log_path}"
+        )
     command = f"torchrun --nproc-per-node {nproc} scripts/run_recipe.py --recipe {name} {shlex.join(args)}"
     doc = harness.write(
         out,

@@ -159,7 +159,7 @@ def write(
     from bridge_recipes.bench.result import write_result
 
     stats, flops = measure(log_text, cfg, world_size, gpu, window)
-    notes = list(notes or [])
+    notes = [*(notes or []), fusion_note(cfg, log_text)]
     if proxy:
         notes.insert(
             0,
@@ -178,6 +178,22 @@ def write(
         command=command,
         notes=notes,
     )
+
+
+FUSION_NOTE = "gradient-accumulation fusion: "
+
+
+def fusion_note(cfg: Any, log_text: str) -> str:
+    """How a run accumulated its weight gradients: its config's ``gradient_accumulation_fusion``, unless
+    the runner's log says it went without (no APEX and the stand-in failed its check)."""
+    from bridge_recipes.te_wgrad import FUSION_OFF
+
+    if not getattr(cfg.model, "gradient_accumulation_fusion", False):
+        return f"{FUSION_NOTE}off (the config)"
+    said = [line for line in log_text.splitlines() if FUSION_OFF in line]
+    if said:
+        return f"{FUSION_NOTE}off (the runner: {said[-1].split(FUSION_OFF, 1)[1].strip()})"
+    return f"{FUSION_NOTE}on"
 
 
 def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:

@@ -36,14 +36,15 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     ("gemm", r"gemm|xmma|cutlass|nvjet|cublas|wgmma"),
     ("gated deltanet (fla)", r"delta|chunk_|causal_conv|l2norm|recompute_w_u|solve_tril|merge_16x16|fused_recurrent"),
     ("moe routing and permute", r"permute|topk|router|moe|sort|histogram"),
-    ("copy and memset", r"memcpy|memset|copy"),
+    # copies and memsets by their own names, not Inductor's fused kernels that happen to copy
+    ("copy and memset", r"^memcpy|^memset|copy_kernel"),
 )
 OTHER = "other (elementwise, norms, softmax, ...)"
 COMM_PREFIX = "nccl"
 # the host's calls into the CUDA runtime and driver (kernel launches, copies, synchronizations)
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
 SYNC = re.compile(r"synchronize|memcpy(?!.*async)", re.IGNORECASE)  # calls that wait for the GPU
-LAUNCH = re.compile(r"launchkernel|launch_kernel|culaunch", re.IGNORECASE)
+LAUNCH = re.compile(r"(?:cuda|cu)Launch(?:Cooperative)?Kernel|GraphLaunch", re.IGNORECASE)
 TOP_KERNELS = 20  # the kernels a summary lists by their time, longest first
 TOP_NAME_CHARS = 120  # templated kernel names run to thousands of characters
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -140,7 +141,8 @@ def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
         "communication_exposed_ms": round((_length(comm_u) - hidden) * ms, 3),
         "categories_ms": {k: round(v * ms, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
         "categories_share": {k: round(v / total, 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
-        # many short kernels with idle gaps between them point at launch overhead, few long ones at the kernels
+        # GPU activities (kernels, copies, memsets) a step and their mean length: many short ones with idle
+        # gaps between them point at the host's launches, few long ones at the kernels
         "kernels_per_step": round(len(gpu) / steps, 1),
         "mean_kernel_us": round(total / len(gpu), 2),
         "top_kernels": [

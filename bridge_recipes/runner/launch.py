@@ -63,9 +63,7 @@ def grad_fusion_without_apex(cfg: Any) -> bool:
     problem = te_wgrad.self_check()
     if problem:
         cfg.model.gradient_accumulation_fusion = False
-        _log(
-            f"gradient_accumulation_fusion: off (APEX's fused_weight_gradient_mlp_cuda is not installed and {problem})"
-        )
+        _log(f"{te_wgrad.FUSION_OFF} (APEX's fused_weight_gradient_mlp_cuda is not installed and {problem})")
         return False
     te_wgrad.install()
     _log(

@@ -46,6 +46,8 @@ def test_result_file_from_the_committed_h200_log(tmp_path):
     back = read_result(tmp_path / "r.yaml")
     r = back["result"]
     assert back["notes"][0].startswith("proxy run") and r["window"] == [3, 8]
+    # that log's runner turned fusion off (no APEX on the host then): the result says so
+    assert back["notes"][-1].startswith("gradient-accumulation fusion: off (the runner: (needs APEX")
     assert r["window_tokens"] == 6 * 4 * 8192
     assert 2000 < r["tokens_per_s_per_gpu"] < 60000 and 0 < r["mfu"] < 1
 
@@ -139,3 +141,38 @@ def test_model_spec_follows_a_changed_vocabulary_and_mtp():
     assert model_flops_per_token(spec, 8192).training["lm_head"] == 6 * 5120 * 32768
     full = harness.model_spec(bridge_recipes.build("qwen35_27b_sft_8gpu_h200_bf16_mock_config", scale_down=4))
     assert (full.vocab_size, full.mtp_num_layers) == (248320, 1)
+
+
+def test_the_fusion_note_reads_the_config_and_the_runners_line():
+    cfg = registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")()
+    assert cfg.model.gradient_accumulation_fusion
+    assert harness.fusion_note(cfg, "[run_recipe] gradient_accumulation_fusion: on, ...") == (
+        "gradient-accumulation fusion: on"
+    )
+    line = "[run_recipe] gradient_accumulation_fusion: off (APEX's kernel is not installed and X failed)"
+    assert harness.fusion_note(cfg, f"a\n{line}\nb") == (
+        "gradient-accumulation fusion: off (the runner: (APEX's kernel is not installed and X failed))"
+    )
+    cfg.model.gradient_accumulation_fusion = False
+    assert harness.fusion_note(cfg, line) == "gradient-accumulation fusion: off (the config)"
+
+
+def test_a_run_that_asked_for_fusion_and_went_without_writes_nothing(tmp_path, monkeypatch):
+    """The benchmark stops, naming why, before it writes a result that would name another policy."""
+    import argparse
+
+    import pytest
+
+    from bridge_recipes.bench import benchmark as bench
+    from bridge_recipes.bench import runs
+
+    cfg = registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")()
+    log = "[run_recipe] gradient_accumulation_fusion: off (APEX's kernel is not installed and X failed)"
+    monkeypatch.setattr(runs, "launch", lambda *a, **k: argparse.Namespace(returncode=0, log=log, losses={}))
+    opts = argparse.Namespace(proxy_layers=4, proxy_gpus=1, steps=5, window=[3, 5], gpu="h200")
+    out = tmp_path / "r.yaml"
+    request = {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "steps": 5}
+    monkeypatch.setattr(bench, "runner_args", lambda **k: ["--recipe", "x"])
+    with pytest.raises(RuntimeError, match="asked for gradient-accumulation fusion and ran without it"):
+        bench.one("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", opts, out, request, cfg)
+    assert not out.exists()

@@ -1,5 +1,6 @@
 """Hand-off to Megatron-Bridge: registry-install adjustments, forward step, entry point."""
 
+import contextlib
 import importlib.util
 from types import SimpleNamespace
 
@@ -49,7 +50,8 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys,
 
     smoke.model.gradient_accumulation_fusion = True
     monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
-    monkeypatch.delitem(sys.modules, te_wgrad.APEX_MODULE, raising=False)
+    monkeypatch.setitem(sys.modules, te_wgrad.APEX_MODULE, None)  # so that the undo removes the name
+    monkeypatch.delitem(sys.modules, te_wgrad.APEX_MODULE)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.delattr(layers, "fused_weight_gradient_mlp_cuda", raising=False)
     monkeypatch.setattr(te_wgrad, "self_check", lambda: None)
@@ -62,6 +64,10 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys,
     import fused_weight_gradient_mlp_cuda  # the import Megatron-Core makes at call time
 
     assert fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is te_wgrad.wgrad_gemm_accum_fp32
+    # the stand-in is not APEX: the probe still says so (the export's model build turns fusion off)
+    from bridge_recipes.installed import apex_grad_fusion_available
+
+    assert not apex_grad_fusion_available()
 
 
 def test_grad_fusion_off_when_the_stand_in_fails_its_check(smoke, capsys, monkeypatch):
@@ -88,6 +94,8 @@ def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(mo
     assert te_wgrad.self_check() is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch, "device", lambda *a, **k: "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch, "Generator", lambda device=None: torch._C.Generator())
 
     def right(x, dy, g):

@@ -29,6 +29,12 @@ def kernel(name, ts, dur, cat="kernel"):
         ("multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor>", "optimizer"),
         ("_permute_kernel", "moe routing and permute"),
         ("Memcpy DtoD (Device -> Device)", "copy and memset"),
+        ("Memset (Device)", "copy and memset"),
+        (
+            "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda>",
+            "copy and memset",
+        ),
+        ("triton_red_fused_copy__exp_sub_sum_unsqueeze_2", OTHER),
         ("vectorized_elementwise_kernel<4, BinaryFunctor>", OTHER),
     ],
 )
@@ -92,6 +98,7 @@ def test_the_host_side_counts_launches_and_waits():
         kernel("cudaLaunchKernel", 0, 4, cat="cuda_runtime"),
         kernel("cudaLaunchKernel", 10, 6, cat="cuda_runtime"),
         kernel("cuLaunchKernel", 20, 6, cat="cuda_driver"),
+        kernel("cuLaunchHostFunc", 28, 2, cat="cuda_driver"),  # runs host code: not a kernel launch
         kernel("cudaStreamSynchronize", 30, 100, cat="cuda_runtime"),
         kernel("cudaMemcpyAsync", 140, 2, cat="cuda_runtime"),
         kernel("cudaMemcpy", 150, 20, cat="cuda_runtime"),
@@ -100,5 +107,5 @@ def test_the_host_side_counts_launches_and_waits():
     s = summarize([kernel("gemm", 0, 10), *host], steps=2)["host"]
     assert (s["launches"], s["launch_ms"]) == (1.5, 0.008)
     assert (s["waits"], s["wait_ms"]) == (1, 0.06)
-    assert s["runtime_ms"] == 0.069 and s["calls"]["cudaLaunchKernel"] == {"ms": 0.005, "calls": 1}
+    assert s["runtime_ms"] == 0.07 and s["calls"]["cudaLaunchKernel"] == {"ms": 0.005, "calls": 1}
     assert list(s["calls"])[0] == "cudaStreamSynchronize"
