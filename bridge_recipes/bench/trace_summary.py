@@ -104,25 +104,34 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
+def _complete(events: list[dict[str, Any]], categories: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The trace's complete events (with a duration) of ``categories``."""
+    return [
+        e for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in categories and "dur" in e
+    ]
+
+
+def _by_name(events: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each event name's [microseconds, count] over ``events``."""
+    tally: dict[str, list[float]] = {}
+    for e in events:
+        t = tally.setdefault(str(e.get("name", "")), [0.0, 0])
+        t[0] += float(e["dur"])
+        t[1] += 1
+    return tally
+
+
 def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
     """The breakdown of ``events`` (torch profiler chrome-trace events), per step over ``steps``."""
-    gpu = [
-        e
-        for e in events
-        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "dur" in e
-    ]
+    gpu = _complete(events, GPU_CATEGORIES)
     if not gpu:
         raise TraceError("the trace has no GPU kernel events (was the profiler's CUDA activity on?)")
     per: dict[str, float] = {}
-    by_name: dict[str, list[float]] = {}  # kernel name -> [microseconds, launches]
+    by_name = _by_name(gpu)
     comm, compute = [], []
     for e in gpu:
-        name = str(e.get("name", ""))
-        label = category(name)
+        label = category(str(e.get("name", "")))
         per[label] = per.get(label, 0.0) + float(e["dur"])
-        tally = by_name.setdefault(name, [0.0, 0])
-        tally[0] += float(e["dur"])
-        tally[1] += 1
         span = (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
         (comm if label.startswith(COMM_PREFIX) else compute).append(span)
     comm_u, compute_u = _union(comm), _union(compute)
@@ -163,12 +172,7 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     and calls a step), the time it spent launching kernels and the time it waited for the GPU
     (synchronizations and blocking copies). A host that launches slower than the GPU runs shows long
     launch time and short waits; one held by synchronizations, the reverse."""
-    calls: dict[str, list[float]] = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in HOST_CATEGORIES and "dur" in e:
-            tally = calls.setdefault(str(e.get("name", "")), [0.0, 0])
-            tally[0] += float(e["dur"])
-            tally[1] += 1
+    calls = _by_name(_complete(events, HOST_CATEGORIES))
     ms = 1e-3 / steps
     launch = sum(us for n, (us, _) in calls.items() if LAUNCH.search(n))
     wait = sum(us for n, (us, _) in calls.items() if SYNC.search(n))
