@@ -28,6 +28,11 @@ APEX_MODULE = "fused_weight_gradient_mlp_cuda"
 FUSION_OFF = "gradient_accumulation_fusion: off"
 
 
+def turned_off_in(log_text: str) -> bool:
+    """Whether a run's log says the runner turned fusion off (a config that asked for none logs nothing)."""
+    return FUSION_OFF in log_text
+
+
 def wgrad_gemm_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) -> None:
     """``main_grad += grad_output^T @ total_input`` in ``main_grad``'s precision (FP32), one GEMM;
     ``total_input`` is [tokens, in], ``grad_output`` [tokens, out], ``main_grad`` [out, in]."""

@@ -317,19 +317,22 @@ def two_gpu_world(layout: str | None) -> int:
     return 1 if layout in (None, "dp1") else 2
 
 
-def _plan_of(recipe: str, request: dict[str, Any], world: int) -> tuple[Any, Any]:
-    """(the layout, the H200 memory plan) of ``recipe`` built with ``request`` on ``world`` GPUs."""
+def _plan_of(recipe: str, request: dict[str, Any], world: int, fused: bool | None = None) -> tuple[Any, Any]:
+    """(the layout, the H200 memory plan) of ``recipe`` built with ``request`` on ``world`` GPUs; ``fused``
+    sets gradient-accumulation fusion as a run had it (None: as built)."""
     import bridge_recipes
     from bridge_recipes.layout import layout_of
     from bridge_recipes.plan.memory import plan_memory
 
     cfg = bridge_recipes.build(recipe, **request)
+    if fused is not None:
+        cfg.model.gradient_accumulation_fusion = fused
     return layout_of(cfg, world), plan_memory(cfg, world, gpu="h200")
 
 
-def _planned(family: str, layout: str | None) -> tuple[Any, Any]:
+def _planned(family: str, layout: str | None, fused: bool | None = None) -> tuple[Any, Any]:
     """(the layout, the memory plan) of one run of the two-GPU plan."""
-    return _plan_of(GPU_FAMILIES[family]["recipe"], two_gpu_request(family, layout), two_gpu_world(layout))
+    return _plan_of(GPU_FAMILIES[family]["recipe"], two_gpu_request(family, layout), two_gpu_world(layout), fused)
 
 
 # A process's logged steps averaged for its step time: all but its first three, which hold kernel
@@ -345,6 +348,7 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
     Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
     against the one-GPU run."""
+    from bridge_recipes import te_wgrad
     from bridge_recipes.bench.megatron_log import (
         parse_megatron_log,
         parse_megatron_timers,
@@ -369,7 +373,8 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
         if name == ref_name:
             ref_time = step_s
         per_rank = peak_allocated_gb_per_rank(runs[name])
-        shape, plan = _planned(family, layout)
+        # every committed run logs whether the runner turned gradient-accumulation fusion off
+        shape, plan = _planned(family, layout, fused=not te_wgrad.turned_off_in(runs[name]))
         predicted = [st.allocated_gb for st in plan.stages]
         # ranks are stage-major when the pipeline is split (two GPUs: rank r holds stage r)
         measured = (

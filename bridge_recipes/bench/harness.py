@@ -196,6 +196,14 @@ def fusion_note(cfg: Any, log_text: str) -> str:
     return f"{FUSION_NOTE}on"
 
 
+def ran_fused(doc: dict[str, Any]) -> bool:
+    """Whether a benchmark result's run accumulated its weight gradients fused (its ``notes`` say so, see
+    :func:`fusion_note`). Results written before runs noted it ran without: on a host without APEX the
+    runner turned fusion off until ``bridge_recipes.te_wgrad`` stood in for it."""
+    notes = doc.get("notes") or []
+    return f"{FUSION_NOTE}on" in ([notes] if isinstance(notes, str) else notes)
+
+
 def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     """Why two runs' loss curves cannot be compared (they train different models or read
     different rows), or None. A proxy keeps each layout's per-GPU expert count, so two MoE

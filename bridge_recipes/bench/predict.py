@@ -293,21 +293,36 @@ def split_saving(a: SideBySide, b: SideBySide) -> tuple[float, float]:
     return a.saved_s - a.layers_not_recomputed * per_layer, per_layer
 
 
+def proxy_day(base: Prediction, proxy_layers: int, pair: SideBySide) -> float:
+    """How much slower (above 1) or faster the published policy ran in a pair's command than the
+    calibration (``base``) says for that depth: hosts and days differ, and a saving measured in the
+    pair is divided by this to take it to the calibration's units."""
+    return pair.reference_step_s / pair.micro_batches / (base.fixed_s + proxy_layers * base.per_layer_s)
+
+
 def candidate_estimate(
     base: Prediction, proxy_layers: int, pair: SideBySide, fixed_saved_s: float, per_layer_saved_s: float,
-    layers_not_recomputed: int,
+    layers_not_recomputed: int, calibrated_saved_s: float = 0.0,
 ) -> float:  # fmt: skip
     """tokens/s/GPU of a candidate at full scale from its one-depth proxy measurement: the published
     policy's calibrated per-layer and fixed costs (``base``, one pipeline stage), less the saving
-    split by :func:`split_saving`, taken to the calibration's units by how much slower the published
-    policy ran in the candidate's command than the calibration says for that depth (hosts and days
-    differ), with ``layers_not_recomputed`` of the recipe's layers freed of recompute."""
+    split by :func:`split_saving`, taken to the calibration's units by :func:`proxy_day` of the
+    candidate's command, with ``layers_not_recomputed`` of the recipe's layers freed of recompute, and
+    less ``calibrated_saved_s`` (seconds a micro batch at full scale, already in the calibration's
+    units: a change measured by another pair)."""
     if base.bubble_micro_batches:
         raise PredictionError(f"{base.recipe} has a pipeline: one stage's costs do not describe it")
-    day = pair.reference_step_s / pair.micro_batches / (base.fixed_s + proxy_layers * base.per_layer_s)
+    day = proxy_day(base, proxy_layers, pair)
     micro = base.step_s / base.micro_batches
-    candidate = micro - fixed_saved_s / day - layers_not_recomputed * per_layer_saved_s / day
+    candidate = micro - fixed_saved_s / day - layers_not_recomputed * per_layer_saved_s / day - calibrated_saved_s
     return base.tokens_per_s_per_gpu * micro / candidate
+
+
+def scaled_saving(base: Prediction, proxy_layers: int, pair: SideBySide, proxy_count: int, full_count: int) -> float:
+    """Seconds a micro batch at full scale, in the calibration's units, of a saving that goes with a
+    count of things (kernels, weights) rather than with layers: the pair's saving a micro batch over its
+    ``proxy_count``, times the recipe's ``full_count``."""
+    return pair.saved_s / proxy_day(base, proxy_layers, pair) / proxy_count * full_count
 
 
 def pipeline_candidate_estimate(

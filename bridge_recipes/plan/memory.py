@@ -66,6 +66,7 @@ overhead); what must fit the GPU is ``total_gb``. Measured checks: ``docs/memory
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from math import ceil
 from typing import Any
@@ -854,6 +855,72 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
     return ChunkActivations(saved=saved, rebuilt=rebuilt)
 
 
+def _mixer_weight_shapes(d: ModelDims, par: Layout, gdn: bool) -> list[tuple[int, int]]:
+    """(out, in) of a layer's attention or Gated DeltaNet projections on one rank."""
+    if gdn:
+        return [
+            ((2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads) // par.tp, d.hidden),
+            (d.hidden, d.gdn_v // par.tp),
+        ]
+    return [
+        ((d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim) // par.tp, d.hidden),
+        (d.hidden, d.q_dim // par.tp),
+    ]
+
+
+def _mlp_weight_shapes(d: ModelDims, par: Layout, moe: bool) -> list[tuple[int, int]]:
+    """(out, in) of a layer's MLP matrices on one rank: each routed expert's, the shared expert's, or the
+    dense MLP's."""
+    glu = 2 if d.gated_linear_unit else 1
+    if not moe:
+        return [(d.ffn * glu // par.tp, d.hidden), (d.hidden, d.ffn // par.tp)]
+    shapes = [(d.moe_ffn * glu // par.expert_tp, d.hidden), (d.hidden, d.moe_ffn // par.expert_tp)]
+    if d.shared_ffn:
+        shapes += [(d.shared_ffn * glu // par.tp, d.hidden), (d.hidden, d.shared_ffn // par.tp)]
+    return shapes
+
+
+def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Counter[tuple[int, int]]:
+    """The weights on a stage whose gradient a GEMM computes, counted by (out, in) shape on one rank: each
+    layer's two mixer projections, each routed expert's two matrices (Transformer Engine's grouped
+    linear keeps one weight an expert), the shared expert's or the dense MLP's two; on the last stage
+    the output layer and each MTP layer's 2h -> h projection, attention and MLP. The 35B-A3B's
+    16-layer proxy with 32 experts has 1,158 (its log lists them among the 1,289 parameters)."""
+    weights: Counter[tuple[int, int]] = Counter()
+    local_experts = d.experts // par.ep
+
+    def layer(gdn: bool, moe: bool) -> None:
+        weights.update(_mixer_weight_shapes(d, par, gdn))
+        mlp = _mlp_weight_shapes(d, par, moe)
+        for i, shape in enumerate(mlp):
+            weights[shape] += local_experts if moe and i < 2 else 1
+
+    for i in layers:
+        layer(bool(d.layer_pattern[i]), bool(d.moe_pattern[i]))
+    if stage == par.pp - 1:
+        if not (d.tied_embeddings and par.pp == 1):
+            weights[(padded_vocab(d, par) // par.tp, d.hidden)] += 1
+        for _ in range(d.mtp_layers):  # the 2h -> h projection, an attention layer and the model's MLP kind
+            weights[(d.hidden // par.tp, 2 * d.hidden)] += 1
+            layer(gdn=False, moe=bool(d.experts))
+    return weights
+
+
+def fused_wgrad_placeholder_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int], stage: int) -> float:
+    """What gradient-accumulation fusion keeps on a stage: a weight-gradient GEMM that accumulates into
+    ``main_grad`` hands autograd a placeholder instead of the gradient, and Transformer Engine's
+    ``get_dummy_wgrad`` (2.20, ``module/base.py``) keeps one such BF16 tensor for every distinct weight
+    shape (:func:`stage_weight_gemms`), for the life of the process: Transformer Engine's own layers and
+    Megatron-Core 0.19.2's ``ColumnParallelLinear`` (the output layer) alike. The output layer's is the
+    big one (248,320 x 2,048 on the 35B-A3B, 1.02 GB); with the decoder's, MTP's and the experts'
+    shapes 1.128 GB, which is what the 35B-A3B's proxies measured over the same run without fusion at 4
+    and at 16 layers (1 x H200, 2026-12-01: 60.776 against 59.647 GB, 90.592 against 89.464). None with
+    LoRA (the frozen base weights have no ``main_grad``; the adapters' placeholders are small)."""
+    if not getattr(cfg.model, "gradient_accumulation_fusion", False) or lora_targets(cfg) is not None:
+        return 0.0
+    return BF16 * sum(out * inp for out, inp in stage_weight_gemms(d, par, layers, stage))
+
+
 def mtp_recomputed(m: Any) -> bool:
     """Megatron-Core checkpoints MTP layers under uniform full recompute only."""
     return m.recompute_granularity == "full" and m.recompute_method == "uniform"
@@ -890,7 +957,11 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
     saved += copies.saved
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
 
-    weights = BF16 * params.total + fp8_weight_cache_bytes(cfg, d, par, layers, stage)
+    weights = (
+        BF16 * params.total
+        + fp8_weight_cache_bytes(cfg, d, par, layers, stage)
+        + fused_wgrad_placeholder_bytes(cfg, d, par, layers, stage)
+    )
     grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * trained.total
     return StageMemory(
         stage=stage,

@@ -12,7 +12,7 @@ way. Nothing is fitted here: this only reads.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,15 @@ class MeasuredRun:
     run: str | None = None  # run name inside a multi-run log
     # the bridge_recipes.build keywords of the runner arguments it ran with (its log's '===== run' header)
     request: Mapping[str, Any] = field(default_factory=dict)
+    # every run here predates bridge_recipes.te_wgrad: on the GPU host without APEX the runner turned
+    # gradient-accumulation fusion off (each log says so)
+    fused: bool = False
+
+    def config(self) -> Any:
+        """The config as the run had it."""
+        cfg = build(self.recipe, self.request)
+        cfg.model.gradient_accumulation_fusion = self.fused
+        return cfg
 
 
 SCALED_35B = {"scale_down": 4, "scale_experts": 32, "flags": {"gb": 4}}
@@ -115,9 +124,7 @@ SELECTIVE_PAIR = (
 def selective_saving() -> dict[str, float]:
     """What selective recompute saves on the measured pair: measured and planned, GB."""
     measured_selective, measured_off = (measured_peak_gb(r) for r in SELECTIVE_PAIR)
-    planned_selective, planned_off = (
-        plan_memory(build(r.recipe, r.request), 1).peak_allocated_gb for r in SELECTIVE_PAIR
-    )
+    planned_selective, planned_off = (plan_memory(r.config(), 1).peak_allocated_gb for r in SELECTIVE_PAIR)
     return {
         "measured_selective_gb": measured_selective,
         "measured_off_gb": measured_off,
@@ -165,7 +172,7 @@ class Row:
 
 
 def rows() -> list[Row]:
-    return [Row(r, measured_peak_gb(r), plan_memory(build(r.recipe, r.request), 1, gpu="h200")) for r in MEASURED_RUNS]
+    return [Row(r, measured_peak_gb(r), plan_memory(r.config(), 1, gpu="h200")) for r in MEASURED_RUNS]
 
 
 # --- published facts (8 x H200) --------------------------------------------------------------
@@ -280,7 +287,7 @@ def _facts_table(fps: list[tuple[Fact, MemoryPlan]]) -> str:
 def render(rs: list[Row] | None = None, fps: list[tuple[Fact, MemoryPlan]] | None = None) -> str:
     rs = rows() if rs is None else rs
     fps = fact_plans() if fps is None else fps
-    smoke_native = plan_memory(build(MEASURED_RUNS[0].recipe), 1).peak_allocated_gb
+    smoke_native = plan_memory(replace(MEASURED_RUNS[0], request={}).config(), 1).peak_allocated_gb
     sel = selective_saving()
     capacities = ", ".join(f"{k} {v:.1f}" for k, v in GPU_MEMORY_GB.items())
     return f"""# Memory plan: per-GPU memory of a recipe before launch
@@ -301,7 +308,7 @@ PP4 layout (fact 2, {fact_plan(fps, "as built: PP4 16/17/17/14, block 12").peak_
 
 | component | bytes |
 |---|---|
-| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. With FP8 GEMMs on BF16 parameters and the parameter transpose cache on, + 2 x the parameters of the FP8 layers (Transformer Engine's cached FP8 weight and transpose; the preset's first and last layers stay BF16, MTP layers count): measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 101.55 GB allocated against 101.87 planned. |
+| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. With FP8 GEMMs on BF16 parameters and the parameter transpose cache on, + 2 x the parameters of the FP8 layers (Transformer Engine's cached FP8 weight and transpose; the preset's first and last layers stay BF16, MTP layers count): measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 101.55 GB allocated against 101.87 planned. With gradient-accumulation fusion (`gradient_accumulation_fusion`, on unless turned off), + 2 x the elements of each distinct weight shape of the stage (Transformer Engine's `get_dummy_wgrad` keeps one BF16 placeholder gradient a shape for the life of the process; the output layer's is the largest): 1.128 GB on the 35B-A3B, measured as the difference between its proxies with and without fusion at 4 and at 16 layers (1 x H200, 2026-12-01). The runs measured here before 2026-12-01 ran without fusion and are planned so. |
 | gradients | Megatron DDP grad buffer over every local parameter: 4 (FP32, `grad_reduce_in_fp32`, set by the `bf16_mixed` preset) or 2. |
 | optimizer | (master + exp_avg + exp_avg_sq) / sharding group: dense params over DP x CP, expert params over world / (PP x EP x ETP). Master = 4 (FP32, Megatron's own shard; this is what `bf16_mixed` recipes get, because the preset leaves `fp8_recipe="tensorwise"` in the optimizer config), or, when TE's FusedAdam owns it (`use_precision_aware_optimizer_no_fp8_or_ds_fp8`), a 2-byte remainder next to the BF16 weight (FP32 main params) or a 2-byte copy (BF16 main params). CPU offload fraction f moves f of it (and FP32 copies of params and grads) to the host. |
 | saved activations | per layer, the tensors its backward keeps (below), for a micro batch of seq / CP tokens (/ TP in the residual stream under sequence parallelism), times the micro batches in flight: 1F1B min(PP - stage, micro batches), interleaved (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks. Full uniform recompute of n: one input per n layers; block n: the first n layers of each (virtual) stage keep their input, the others everything; none: everything. MTP is checkpointed under uniform full recompute only. With FP8 GEMMs on BF16 parameters and the transpose cache off (`disable_parameter_transpose_cache`, each weight cast when used), + 2 x the parameters of each FP8 layer that keeps its activations (the FP8 weight and transpose its TE linears cast and save for the backward, a new copy every micro batch), and the copies of the recomputed layers being rebuilt in the backward working set (one layer under block recompute, n under uniform recompute of n): measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 100.78 GB allocated against 101.1 planned with the copies, 99.48 without. |

@@ -48,6 +48,8 @@ PREDICTED = {
     "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached": 1.24,
     # written 2026-12-01, after the 16-layer traces of the 35B-A3B policies, before it ran
     "35b_grad_accum_fusion": 1.05,
+    # written 2026-12-01, after 35b_grad_accum_fusion ran, before it ran
+    "35b_te_op_fuser": 1.02,
 }
 
 
@@ -235,4 +237,4 @@ def test_fused_moe_kernels_are_on_and_two_rows_a_micro_batch_do_not_fit():
             "qwen35_27b_sft_8gpu_h200_bf16_fast_config",
         )
     }
-    assert list(peaks.values()) == [162.6, 210.9, 204.8]
+    assert list(peaks.values()) == [163.8, 212.1, 205.8]

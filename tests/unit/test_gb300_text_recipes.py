@@ -18,13 +18,13 @@ PAIRS = [
         "qwen35_122b_a10b_sft_32gpu_gb300_bf16_config",
         "qwen35_vl_122b_a10b_pretrain_32gpu_gb300_bf16_config",
         32,
-        288.0,
+        290.0,
     ),
     (
         "qwen35_397b_a17b_sft_64gpu_gb300_bf16_config",
         "qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config",
         64,
-        290.9,
+        293.4,
     ),
 ]
 FIELDS = (
@@ -68,9 +68,9 @@ def test_layout_is_the_published_benchmarks(name, published, gpus, peak):
 
 
 def test_the_397b_recompute_is_the_fewest_layers_with_a_margin():
-    """Block recompute of 40 of 60 layers keeps the 6% margin; 30 does not fit at all."""
+    """Block recompute of 40 of 60 layers keeps a 5% margin; 30 does not fit at all."""
     over = bridge_recipes.build(
         "qwen35_397b_a17b_sft_64gpu_gb300_bf16_config", overrides=["model.recompute_num_layers=30"]
     )
     plan = plan_memory(over, 64, gpu="gb300")
-    assert not plan.fits and round(plan.peak_gb, 1) == 325.7
+    assert not plan.fits and round(plan.peak_gb, 1) == 328.3

@@ -8,12 +8,15 @@ domain. The text model is the VL model's language backbone, so its SFT takes the
 changes is the workload (8,192-token SFT rows, global batch 128, the text recipes' numerics) and
 what that costs in memory (the planner, GB300's 288 GiB = 309.2 GB):
 
-- 122B-A10B, EP32 (8 of 256 experts a GPU), no recompute: 288.0 GB planned (the benchmark does
-  not recompute either); full recompute would plan 146.5 GB and cost about a quarter more forward
+- 122B-A10B, EP32 (8 of 256 experts a GPU), no recompute: 290.0 GB planned (the benchmark does
+  not recompute either); full recompute would plan 148.5 GB and cost about a quarter more forward
   work.
-- 397B-A17B, EP64 (8 of 512 experts a GPU): without recompute 431.6 GB (the benchmark's rows are
-  half as long); block recompute of 40 of the 60 layers plans 290.9 GB, a 6% margin like the
-  122B's 7% (38 layers plan 297.6, 36 304.9: within 1.4% of the capacity; 30 do not fit, 325.7).
+- 397B-A17B, EP64 (8 of 512 experts a GPU): without recompute 434.2 GB (the benchmark's rows are
+  half as long); block recompute of 40 of the 60 layers plans 293.4 GB, a 5% margin like the
+  122B's 6% (38 layers plan 300.2, 36 307.5: within 0.6% of the capacity; 30 do not fit, 328.3).
+
+Each plan counts gradient-accumulation fusion's placeholder gradients (one BF16 tensor a weight
+shape, the output layer's the largest: 2.0 GB at the 397B's hidden 4,096).
 
 CUDA graphs stay off: the benchmarks capture the MoE router and preprocessing, which no run here
 has checked against packed SFT rows. Neither recipe has run.
@@ -56,7 +59,7 @@ def _expert_parallel_over_one_nvl72(cfg: ConfigContainer, ep: int) -> None:
 
 
 def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
-    """32 GB300: EP32 (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute (288.0 of 309.2
+    """32 GB300: EP32 (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute (290.0 of 309.2
     GB planned)."""
     _expert_parallel_over_one_nvl72(cfg, ep=32)
     # every layer keeps its activations: the memory is there, so no forward is repeated
@@ -72,10 +75,10 @@ def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -
     precision="bf16",
     layout="TP1 PP1 EP32 DP32",
     status="unmeasured",
-    notes="Megatron-Bridge's 32 x GB300 layout of this backbone with SFT rows; planner peak 288.0 GB; never run",
+    notes="Megatron-Bridge's 32 x GB300 layout of this backbone with SFT rows; planner peak 290.0 GB; never run",
 )
 def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
-    """Qwen3.5-122B-A10B SFT on 32 x GB300: EP32, HybridEP, no recompute (planner peak 288.0 GB)."""
+    """Qwen3.5-122B-A10B SFT on 32 x GB300: EP32, HybridEP, no recompute (planner peak 290.0 GB)."""
     cfg = sft_config("qwen35_122b_a10b")
     _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg)
     return cfg
@@ -83,7 +86,7 @@ def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
 
 def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
     """64 GB300: EP64 (128 rows = 1 row x 2 micro batches x 64 GPUs), block recompute of the first
-    40 of 60 layers (290.9 of 309.2 GB planned)."""
+    40 of 60 layers (293.4 of 309.2 GB planned)."""
     _expert_parallel_over_one_nvl72(cfg, ep=64)
     # the first 40 layers recompute their activations in the backward pass, the last 20 keep them
     full_recompute(cfg, "block", 40)
@@ -96,10 +99,10 @@ def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -
     precision="bf16",
     layout="TP1 PP1 EP64 DP64",
     status="unmeasured",
-    notes="Megatron-Bridge's 64 x GB300 layout of this backbone with SFT rows; planner peak 290.9 GB; never run",
+    notes="Megatron-Bridge's 64 x GB300 layout of this backbone with SFT rows; planner peak 293.4 GB; never run",
 )
 def qwen35_397b_a17b_sft_64gpu_gb300_bf16_config() -> ConfigContainer:
-    """Qwen3.5-397B-A17B SFT on 64 x GB300: EP64, HybridEP, block recompute 40 (planner peak 290.9 GB)."""
+    """Qwen3.5-397B-A17B SFT on 64 x GB300: EP64, HybridEP, block recompute 40 (planner peak 293.4 GB)."""
     cfg = sft_config("qwen35_397b_a17b")
     _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg)
     return cfg

@@ -130,7 +130,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     - Adam's moments in BF16 free 17.8 GB a GPU of optimizer state, Transformer Engine's cross
       entropy 16.3 GB of the loss working set, the fused SwiGLU part of each expert's saved
       activation; that buys block recompute of the first 5 of the 40 layers instead of full
-      recompute of all 40. The planner: 145.9 of 150.8 GB at full scale. The fused router changes
+      recompute of all 40. The planner: 147.1 of 150.8 GB at full scale. The fused router changes
       no memory.
     - Measured on the one-GPU proxy of the EP8 shard (32 experts, 8 micro batches of 8,192 tokens;
       1 x H200, 2026-12-01, each side by side with the published policy in one command): this policy
@@ -142,9 +142,15 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     - Full scale, estimated (``bench.predict.candidate_estimate`` on the calibrated prediction of the
       published policy, the saving split by ``bench.predict.split_saving`` into 91.8 ms a micro batch
       fixed and 2.4 ms a layer no longer recomputed from the 4- and 16-layer pairs, plus the fused
-      router's 0.52 ms a router pass, which the two 16-layer ratios give): about 5,445 tokens/s/GPU,
-      1.17x the published 4,663.1, 16% short of 6,500; without the expert-parallel all-to-all, which
-      the calibration also lacks. Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
+      router's 0.52 ms a router pass, which the two 16-layer ratios give): about 5,445 tokens/s/GPU
+      (1.17x the published) without gradient-accumulation fusion, as those pairs ran.
+    - With fusion, on in every run since ``bridge_recipes.te_wgrad`` (measured 1.10x at 16 layers
+      against the published policy without it: 62.4 ms a micro batch for its 1,158 GEMM weights,
+      carried to the recipe's 2,790 by ``bench.predict.scaled_saving``): about 6,165 tokens/s/GPU,
+      1.32x the published 4,663.1 (whose run had APEX's fusion), 5% short of 6,500. The published
+      layout itself on this stack with fusion is estimated at 5,210, so 1.18x of it. Both without the
+      expert-parallel all-to-all, which the calibration also lacks. Not run on 8 GPUs yet
+      (scripts/gpu/queues/h200_8gpu.txt).
       Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.83 -> 3.42, every step
       finite (its log is the evidence).
     """
@@ -277,7 +283,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
 
     - The fused SwiGLU frees 0.57 GB a layer a micro batch, which buys block recompute of 10 instead
       of 12 layers of each stage (the published first stage ran out of memory at 10 without it); the
-      planner: 149.8 of 150.8 GB at full scale, on the first stage. Transformer Engine's cross
+      planner: 150.7 of 150.8 GB at full scale, on the first stage. Transformer Engine's cross
       entropy shrinks the last stage's loss working set (28.5 -> 12.2 GB) and is faster.
     - Measured on the one-GPU proxy (4 layers with the real head and MTP, 8 micro batches of 8,192
       tokens; 1 x H200, 2026-12-01, side by side with the published policy in one command): 3.355
@@ -351,7 +357,7 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
       layers in FP8 measured 1.21x, the saving going with the FP8 layers (14.7 ms each a micro batch).
     - Memory: the weight cache holds 2 bytes a parameter of the FP8 layers for the step
       (``plan.memory.fp8_weight_cache_bytes``; the proxy allocated 101.55 GB, 101.87 planned). This
-      recipe recomputes the first 14 layers of each stage (all 10 of the last): 145.2 of 150.8 GB, on
+      recipe recomputes the first 14 layers of each stage (all 10 of the last): 146.1 of 150.8 GB, on
       the second stage.
     - The split: FP8 makes the layers cheaper, not the last stage's output layer, loss and MTP, so the
       calibrated predictor moves two more layers off the last stage: 16/19/19/10.
@@ -368,7 +374,7 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     # (BF16 but for the MTP layer) are a larger share of a micro batch; the predictor's best split
     set_layout(cfg, pp=4, first=16, last=10)
     # the FP8 weight cache (0.77 GB a layer) is held for the step: recomputing the first 14 layers of
-    # each stage keeps 0-5 layers' activations (second stage: 145.2 GB)
+    # each stage keeps 0-5 layers' activations (second stage: 146.1 GB)
     full_recompute(cfg, "block", 14)
     return cfg
 
@@ -410,20 +416,20 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
     batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware distributed
     Adam on the GPU (no offload).
 
-    What each choice buys (planner peaks per stage, GB of 150.8: 124.6 / 124.3 / 135.4):
+    What each choice buys (planner peaks per stage, GB of 150.8: 124.9 / 124.6 / 137.4):
     - EP8 inside a node: the 256 experts of a layer (256 x 3 x 3,072 x 1,024 = 2.42e9 parameters)
       split 32 per GPU over NVLink; the expert-data-parallel group is 24 / (PP3 x EP8) = 1, so each
       rank keeps all 18 bytes per expert parameter it holds (2 weight + 4 FP32 grad + 12 Adam):
       17 layers x 2.42e9 / 8 x 18 = 92 GB on the first stage.
     - PP3: the 116e9 expert parameters need at least 116e9 x 18 / 150.8 GB = 14 GPUs' worth of
-      memory before activations; PP2 x EP8 on 2 nodes plans 169.7 / 207.2 GB (does not fit).
+      memory before activations; PP2 x EP8 on 2 nodes plans 170.0 / 209.1 GB (does not fit).
       The last stage carries the 248K-vocabulary output layer, its FP32 logits (native fused
       cross entropy: 10 bytes x 8,192 x 248,320 = 20 GB at its peak), the MTP layer and the
       embedding copy MTP needs (Megatron-Core builds one on the MTP stage), so it gets 13 layers
-      and the middle stage 18 (an even 16/16/16 plans 155.0 GB on the last stage).
+      and the middle stage 18 (an even 16/16/16 plans 157.0 GB on the last stage).
     - Full uniform recompute of 1 layer: each layer keeps only its input (8,192 x 3,072 BF16 =
       50 MB), as ATTUNE's 35B-A3B recipe (openrecipes-35b-h200).
-    - No optimizer offload: two nodes fit with the optimizer on the host (PP2 EP8: 73.5 / 105.8 GB
+    - No optimizer offload: two nodes fit with the optimizer on the host (PP2 EP8: 73.8 / 107.8 GB
       on the GPU) but each node's host would then hold 122e9 x 16 bytes / 2 nodes = 976 GB of FP32
       state and gradient copies, and the published H200 runs lose throughput to offload
       (openrecipes-35b-h200: 3,466.8 offloaded vs 4,663.1 tokens/s/GPU).
@@ -445,7 +451,7 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
     precision="bf16",
     layout="TP1 PP3 EP8 DP8",
     status="unmeasured",
-    notes="layout sized by the memory planner (peak 135.4 GB, last stage); never run",
+    notes="layout sized by the memory planner (peak 137.4 GB, last stage); never run",
 )
 def qwen35_122b_a10b_sft_24gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-122B-A10B SFT on 3 x 8 H200: PP3 17/18/13, EP8, full recompute, no offload."""
@@ -459,21 +465,21 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
     DP8, one 8,192-token row per micro batch, full uniform recompute of 1 layer, alltoall
     dispatcher, precision-aware distributed Adam on the GPU (no offload).
 
-    What each choice buys (planner peaks per stage, GB of 150.8: 132.7 / 136.3 / 135.8 / 139.4):
+    What each choice buys (planner peaks per stage, GB of 150.8: 132.9 / 136.6 / 136.0 / 140.8):
     - EP16 (two nodes per expert group): the 512 experts of a layer (512 x 3 x 4,096 x 1,024 =
       6.44e9 parameters) split 32 per GPU; with PP4 the expert-data-parallel group is
       64 / (PP4 x EP16) = 1, so a 16-layer stage holds 16 x 6.44e9 / 16 = 6.44e9 expert parameters
       at 18 bytes: 116 GB.
     - TP2 with sequence parallelism: halves the dense part of a rank (attention, Gated DeltaNet,
       shared expert, the 248,320 x 4,096 embedding and output layer) and the logits (vocabulary
-      split over TP); at TP1 (no SP) the same PP4 EP16 plans 146.6 / 147.0 / 145.8 / 167.1 GB (does
-      not fit), and TP2 with an even 15/15/15/15 split plans 155.8 GB on the last stage.
+      split over TP); at TP1 (no SP) the same PP4 EP16 plans 147.0 / 147.4 / 146.3 / 169.6 GB (does
+      not fit), and TP2 with an even 15/15/15/15 split plans 157.1 GB on the last stage.
     - PP4: 386e9 expert parameters x 18 bytes need 46 GPUs' worth of memory at least; EP64 at
-      PP1 (169.0 GB) and PP2 x EP32 (138.5 / 157.9 GB) do not fit on 8 nodes. The last stage
+      PP1 (170.4 GB) and PP2 x EP32 (138.7 / 159.2 GB) do not fit on 8 nodes. The last stage
       (output layer, logits, MTP layer and its embedding copy) gets 13 layers, the first
       (embedding) 15.
     - Full uniform recompute of 1 layer; no optimizer offload: four nodes would fit with the
-      optimizer on the host (PP4 EP8: 92.2 / 94.1 / 93.5 / 100.9 GB) but each node's host would
+      optimizer on the host (PP4 EP8: 92.5 / 94.3 / 93.7 / 102.2 GB) but each node's host would
       hold 397e9 x 16 bytes / 4 nodes = 1.59 TB of FP32 state and gradient copies.
     Global batch 128 = 1 row x 16 micro batches x DP8.
     """
@@ -493,7 +499,7 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
     precision="bf16",
     layout="TP2 PP4 EP16 DP8",
     status="unmeasured",
-    notes="layout sized by the memory planner (peak 139.4 GB, last stage); never run",
+    notes="layout sized by the memory planner (peak 140.8 GB, last stage); never run",
 )
 def qwen35_397b_a17b_sft_64gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B SFT on 8 x 8 H200: TP2 SP, PP4 15/16/16/13, EP16, full recompute, no offload."""
@@ -637,7 +643,7 @@ def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     """One node: TP2 with sequence parallelism, PP1, EP8 ETP1, DP4, full uniform recompute of 1
     layer, alltoall dispatcher. The frozen BF16 experts are 386e9 x 2 / 8 = 97 GB a GPU; TP2
     halves the dense part and the logits. Planner: 133.8 GB of 150.8; TP1 EP8 plans 161.4 GB and
-    PP2 EP4 150.3 GB on its last stage (too close), so TP2 it is."""
+    PP2 EP4 152.5 GB on its last stage (does not fit), so TP2 it is."""
     set_openrecipes_numerics(cfg)
     shard_optimizer_precision_aware(cfg)
     set_layout(cfg, tp=2, sp=True, ep=8)
