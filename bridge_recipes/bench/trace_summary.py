@@ -43,6 +43,9 @@ OTHER = "other (elementwise, norms, softmax, ...)"
 COMM_PREFIX = "nccl"
 # the host's calls into the CUDA runtime and driver (kernel launches, copies, synchronizations)
 HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# the host's own work the profiler records: PyTorch operators and, where stacks were recorded, Python
+# functions; each is charged its self time (its duration less that of the events nested in it on its thread)
+HOST_WORK_CATEGORIES = ("cpu_op", "python_function")
 SYNC = re.compile(r"synchronize|memcpy(?!.*async)", re.IGNORECASE)  # calls that wait for the GPU
 LAUNCH = re.compile(r"(?:cuda|cu)Launch(?:Cooperative)?Kernel|GraphLaunch", re.IGNORECASE)
 TOP_KERNELS = 20  # the kernels a summary lists by their time, longest first
@@ -174,6 +177,7 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     launch time and short waits; one held by synchronizations, the reverse."""
     calls = _by_name(_complete(events, HOST_CATEGORIES))
     ms = 1e-3 / steps
+    work = _self_times(_complete(events, HOST_CATEGORIES + HOST_WORK_CATEGORIES))
     launch = sum(us for n, (us, _) in calls.items() if LAUNCH.search(n))
     wait = sum(us for n, (us, _) in calls.items() if SYNC.search(n))
     return {
@@ -186,7 +190,45 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
             n: {"ms": round(us * ms, 3), "calls": round(k / steps, 1)}
             for n, (us, k) in sorted(calls.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
         },
+        # where the rest of the host's time goes: operators and Python functions by their self time
+        "work": {
+            cat: {
+                "self_ms": round(sum(us for us, _ in tally.values()) * ms, 3),
+                "top": {
+                    n[:TOP_NAME_CHARS]: {"self_ms": round(us * ms, 3), "calls": round(k / steps, 1)}
+                    for n, (us, k) in sorted(tally.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+                },
+            }
+            for cat, tally in work.items()
+        },
     }
+
+
+def _self_times(events: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """Each host-work category's {name: [self microseconds, count]}: an event's self time is its duration
+    less the durations of the events directly nested in it on the same thread (runtime calls included, so
+    an operator's launches are not its own work)."""
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for e in events:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    out: dict[str, dict[str, list[float]]] = {}
+    for thread in by_thread.values():
+        thread.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+        own = [float(e["dur"]) for e in thread]
+        stack: list[int] = []  # indices of the open events, innermost last
+        for i, e in enumerate(thread):
+            start = float(e["ts"])
+            while stack and float(thread[stack[-1]]["ts"]) + float(thread[stack[-1]]["dur"]) <= start:
+                stack.pop()
+            if stack:
+                own[stack[-1]] -= float(e["dur"])
+            stack.append(i)
+        for e, us in zip(thread, own):
+            if e.get("cat") in HOST_WORK_CATEGORIES:
+                t = out.setdefault(str(e["cat"]), {}).setdefault(str(e.get("name", "")), [0.0, 0])
+                t[0] += us
+                t[1] += 1
+    return out
 
 
 def summarize_file(path: str | Path, steps: int = 1) -> dict[str, Any]:

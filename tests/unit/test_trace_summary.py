@@ -109,3 +109,25 @@ def test_the_host_side_counts_launches_and_waits():
     assert (s["waits"], s["wait_ms"]) == (1, 0.06)
     assert s["runtime_ms"] == 0.07 and s["calls"]["cudaLaunchKernel"] == {"ms": 0.005, "calls": 1}
     assert list(s["calls"])[0] == "cudaStreamSynchronize"
+
+
+def test_the_host_side_charges_operators_their_self_time():
+    """An operator's self time is its duration less what is nested in it on its thread: a child operator
+    and the runtime calls it makes; another thread's events do not count against it."""
+    events = [
+        kernel("gemm", 0, 10),
+        {**kernel("aten::linear", 0, 100, cat="cpu_op"), "tid": 1},
+        {**kernel("aten::mm", 10, 30, cat="cpu_op"), "tid": 1},
+        {**kernel("cudaLaunchKernel", 20, 8, cat="cuda_runtime"), "tid": 1},
+        {**kernel("cudaLaunchKernel", 50, 10, cat="cuda_runtime"), "tid": 1},
+        {**kernel("aten::mm", 120, 40, cat="cpu_op"), "tid": 1},
+        {**kernel("aten::add_", 10, 500, cat="cpu_op"), "tid": 2},  # another thread
+        {**kernel("megatron/core/x.py(1): forward", 0, 200, cat="python_function"), "tid": 1},
+    ]
+    work = summarize(events, steps=2)["host"]["work"]
+    ops = work["cpu_op"]["top"]
+    assert ops["aten::linear"] == {"self_ms": 0.03, "calls": 0.5}  # 100 - 30 - 10 us, over 2 steps
+    assert ops["aten::mm"] == {"self_ms": 0.031, "calls": 1}  # (30 - 8) + 40 us
+    assert ops["aten::add_"]["self_ms"] == 0.25
+    assert work["cpu_op"]["self_ms"] == 0.311
+    assert work["python_function"]["top"]["megatron/core/x.py(1): forward"]["self_ms"] == 0.03  # 200 - 100 - 40
