@@ -33,6 +33,12 @@ def turned_off_in(log_text: str) -> bool:
     return FUSION_OFF in log_text
 
 
+def ran_fused(cfg: Any, log_text: str) -> bool:
+    """Whether a run of ``cfg`` accumulated its weight gradients fused: its config asked for fusion and its
+    log does not say the runner turned it off."""
+    return bool(getattr(cfg.model, "gradient_accumulation_fusion", False)) and not turned_off_in(log_text)
+
+
 def wgrad_gemm_accum_fp32(total_input: Any, grad_output: Any, main_grad: Any) -> None:
     """``main_grad += grad_output^T @ total_input`` in ``main_grad``'s precision (FP32), one GEMM;
     ``total_input`` is [tokens, in], ``grad_output`` [tokens, out], ``main_grad`` [out, in]."""

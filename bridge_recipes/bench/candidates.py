@@ -242,10 +242,10 @@ CANDIDATES: tuple[Candidate, ...] = (
         1.02,
         "the 16-layer traces put the step at the host's pace (54 us of host time a weight's add, from the fusion "
         "pair); on Hopper with cuBLAS 13.1 the expert GEMMs stay one launch an expert (Transformer Engine's single "
-        "grouped GEMM needs cuBLASLt 13.4+), so what goes is the activation and scaling's own kernels and Python, "
-        "~4 launches a MoE layer a pass: 4 layers x 3 passes (forward, recomputed forward, backward) x 4 x 54 us = "
-        "2.6 ms of the published policy's ~280 ms proxy micro batch (2.06-2.36 s a step with fusion), ~1% with "
-        "the modules' own Python: 1.02x",
+        "grouped GEMM needs cuBLASLt 13.4+), so what goes is the activation and scaling's own kernels, ~4 launches "
+        "a MoE layer a pass: 5 MoE layers (4 and MTP's) x 3 passes (forward, recomputed forward, backward) x 4 x "
+        "54 us = 3.2 ms of the published policy's ~280 ms proxy micro batch (2.06-2.36 s a step with fusion), "
+        "1.2%, and about as much again for the three modules' Python and autograd nodes one chain replaces: 1.02x",
     ),
     Candidate(
         "35b_fp8_current",

@@ -317,22 +317,23 @@ def two_gpu_world(layout: str | None) -> int:
     return 1 if layout in (None, "dp1") else 2
 
 
-def _plan_of(recipe: str, request: dict[str, Any], world: int, fused: bool | None = None) -> tuple[Any, Any]:
-    """(the layout, the H200 memory plan) of ``recipe`` built with ``request`` on ``world`` GPUs; ``fused``
-    sets gradient-accumulation fusion as a run had it (None: as built)."""
+def _plan_of(recipe: str, request: dict[str, Any], world: int, log: str | None = None) -> tuple[Any, Any]:
+    """(the layout, the H200 memory plan) of ``recipe`` built with ``request`` on ``world`` GPUs; with a
+    run's ``log``, gradient-accumulation fusion as that run had it (``te_wgrad.ran_fused``)."""
     import bridge_recipes
+    from bridge_recipes import te_wgrad
     from bridge_recipes.layout import layout_of
     from bridge_recipes.plan.memory import plan_memory
 
     cfg = bridge_recipes.build(recipe, **request)
-    if fused is not None:
-        cfg.model.gradient_accumulation_fusion = fused
+    if log is not None:
+        cfg.model.gradient_accumulation_fusion = te_wgrad.ran_fused(cfg, log)
     return layout_of(cfg, world), plan_memory(cfg, world, gpu="h200")
 
 
-def _planned(family: str, layout: str | None, fused: bool | None = None) -> tuple[Any, Any]:
-    """(the layout, the memory plan) of one run of the two-GPU plan."""
-    return _plan_of(GPU_FAMILIES[family]["recipe"], two_gpu_request(family, layout), two_gpu_world(layout), fused)
+def _planned(family: str, layout: str | None, log: str | None = None) -> tuple[Any, Any]:
+    """(the layout, the memory plan) of one run of the two-GPU plan (as the run had it, given its log)."""
+    return _plan_of(GPU_FAMILIES[family]["recipe"], two_gpu_request(family, layout), two_gpu_world(layout), log)
 
 
 # A process's logged steps averaged for its step time: all but its first three, which hold kernel
@@ -348,7 +349,6 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
     Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
     against the one-GPU run."""
-    from bridge_recipes import te_wgrad
     from bridge_recipes.bench.megatron_log import (
         parse_megatron_log,
         parse_megatron_timers,
@@ -373,8 +373,7 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
         if name == ref_name:
             ref_time = step_s
         per_rank = peak_allocated_gb_per_rank(runs[name])
-        # every committed run logs whether the runner turned gradient-accumulation fusion off
-        shape, plan = _planned(family, layout, fused=not te_wgrad.turned_off_in(runs[name]))
+        shape, plan = _planned(family, layout, log=runs[name])
         predicted = [st.allocated_gb for st in plan.stages]
         # ranks are stage-major when the pipeline is split (two GPUs: rank r holds stage r)
         measured = (
@@ -468,7 +467,9 @@ def two_gpu_predictions() -> str:
         "(`bridge_recipes.bench.evidence.TWO_GPU_*`). Rebuilt by `two_gpu_predictions()` from the",
         "current planner. Written first before any two-GPU run; the 35B-A3B runs measured since",
         "(`two_gpu/README.md`) found one miss, the embedding the last pipeline stage holds for MTP,",
-        "which the planner now counts (the PP and VPP rows' last stage grew by it).",
+        "which the planner now counts (the PP and VPP rows' last stage grew by it). Planned with",
+        "gradient-accumulation fusion on, as runs have it since 2026-12-01 (the measured runs, which",
+        "ran without it, are planned without it in `two_gpu/README.md`).",
         "",
         "| family | layout | parallel layout | predicted allocated GB per stage | fits (with overhead) |",
         "|---|---|---|---|---|",

@@ -186,12 +186,12 @@ FUSION_NOTE = "gradient-accumulation fusion: "
 def fusion_note(cfg: Any, log_text: str) -> str:
     """How a run accumulated its weight gradients: its config's ``gradient_accumulation_fusion``, unless
     the runner's log says it went without (no APEX and the stand-in failed its check)."""
-    from bridge_recipes.te_wgrad import FUSION_OFF
+    from bridge_recipes.te_wgrad import FUSION_OFF, ran_fused
 
     if not getattr(cfg.model, "gradient_accumulation_fusion", False):
         return f"{FUSION_NOTE}off (the config)"
-    said = [line for line in log_text.splitlines() if FUSION_OFF in line]
-    if said:
+    if not ran_fused(cfg, log_text):
+        said = [line for line in log_text.splitlines() if FUSION_OFF in line]
         return f"{FUSION_NOTE}off (the runner: {said[-1].split(FUSION_OFF, 1)[1].strip()})"
     return f"{FUSION_NOTE}on"
 

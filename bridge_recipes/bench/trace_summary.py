@@ -195,7 +195,7 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
             cat: {
                 "self_ms": round(sum(us for us, _ in tally.values()) * ms, 3),
                 "top": {
-                    n[:TOP_NAME_CHARS]: {"self_ms": round(us * ms, 3), "calls": round(k / steps, 1)}
+                    n: {"self_ms": round(us * ms, 3), "calls": round(k / steps, 1)}
                     for n, (us, k) in sorted(tally.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
                 },
             }
@@ -205,28 +205,33 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
-    """Each host-work category's {name: [self microseconds, count]}: an event's self time is its duration
-    less the durations of the events directly nested in it on the same thread (runtime calls included, so
-    an operator's launches are not its own work)."""
-    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    """Each host-work category's {name (cut to TOP_NAME_CHARS): [self microseconds, count]}: an event's self
+    time is its duration less the parts of it that events nested in it on the same thread cover (runtime
+    calls included, so an operator's launches are not its own work). Times are compared in whole
+    nanoseconds; an event that outlasts the one it starts in (clock skew between the profiler's sources)
+    is charged to that one only for the overlap, and no self time goes below zero."""
+    by_thread: dict[tuple[Any, Any], list[tuple[int, int, dict[str, Any]]]] = {}
     for e in events:
-        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        start = round(float(e["ts"]) * 1000)
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(
+            (start, start + round(float(e["dur"]) * 1000), e)
+        )
     out: dict[str, dict[str, list[float]]] = {}
     for thread in by_thread.values():
-        thread.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
-        own = [float(e["dur"]) for e in thread]
+        thread.sort(key=lambda t: (t[0], -t[1]))
+        own = [float(end - start) for start, end, _ in thread]
         stack: list[int] = []  # indices of the open events, innermost last
-        for i, e in enumerate(thread):
-            start = float(e["ts"])
-            while stack and float(thread[stack[-1]]["ts"]) + float(thread[stack[-1]]["dur"]) <= start:
+        for i, (start, end, _) in enumerate(thread):
+            while stack and thread[stack[-1]][1] <= start:
                 stack.pop()
             if stack:
-                own[stack[-1]] -= float(e["dur"])
+                own[stack[-1]] -= min(end, thread[stack[-1]][1]) - start
             stack.append(i)
-        for e, us in zip(thread, own):
+        for (_, _, e), ns in zip(thread, own):
             if e.get("cat") in HOST_WORK_CATEGORIES:
-                t = out.setdefault(str(e["cat"]), {}).setdefault(str(e.get("name", "")), [0.0, 0])
-                t[0] += us
+                name = str(e.get("name", ""))[:TOP_NAME_CHARS]
+                t = out.setdefault(str(e["cat"]), {}).setdefault(name, [0.0, 0])
+                t[0] += max(ns, 0.0) / 1000
                 t[1] += 1
     return out
 

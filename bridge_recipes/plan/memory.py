@@ -884,8 +884,9 @@ def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int)
     """The weights on a stage whose gradient a GEMM computes, counted by (out, in) shape on one rank: each
     layer's two mixer projections, each routed expert's two matrices (Transformer Engine's grouped
     linear keeps one weight an expert), the shared expert's or the dense MLP's two; on the last stage
-    the output layer and each MTP layer's 2h -> h projection, attention and MLP. The 35B-A3B's
-    16-layer proxy with 32 experts has 1,158 (its log lists them among the 1,289 parameters)."""
+    the output layer (tied to the embedding or not) and each MTP layer's 2h -> h projection, attention
+    and MLP. The 35B-A3B's 16-layer proxy with 32 experts has 1,158 (its log lists them among the 1,289
+    parameters)."""
     weights: Counter[tuple[int, int]] = Counter()
     local_experts = d.experts // par.ep
 
@@ -898,8 +899,8 @@ def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int)
     for i in layers:
         layer(bool(d.layer_pattern[i]), bool(d.moe_pattern[i]))
     if stage == par.pp - 1:
-        if not (d.tied_embeddings and par.pp == 1):
-            weights[(padded_vocab(d, par) // par.tp, d.hidden)] += 1
+        # the output layer's GEMM computes a weight gradient even when it borrows the embedding's weight
+        weights[(padded_vocab(d, par) // par.tp, d.hidden)] += 1
         for _ in range(d.mtp_layers):  # the 2h -> h projection, an attention layer and the model's MLP kind
             weights[(d.hidden // par.tp, 2 * d.hidden)] += 1
             layer(gdn=False, moe=bool(d.experts))
@@ -918,7 +919,7 @@ def fused_wgrad_placeholder_bytes(cfg: Any, d: ModelDims, par: Layout, layers: l
     LoRA (the frozen base weights have no ``main_grad``; the adapters' placeholders are small)."""
     if not getattr(cfg.model, "gradient_accumulation_fusion", False) or lora_targets(cfg) is not None:
         return 0.0
-    return BF16 * sum(out * inp for out, inp in stage_weight_gemms(d, par, layers, stage))
+    return BF16 * sum(out * inp for out, inp in stage_weight_gemms(d, par, layers, stage).keys())
 
 
 def mtp_recomputed(m: Any) -> bool:

@@ -43,14 +43,14 @@ class MeasuredRun:
     run: str | None = None  # run name inside a multi-run log
     # the bridge_recipes.build keywords of the runner arguments it ran with (its log's '===== run' header)
     request: Mapping[str, Any] = field(default_factory=dict)
-    # every run here predates bridge_recipes.te_wgrad: on the GPU host without APEX the runner turned
-    # gradient-accumulation fusion off (each log says so)
-    fused: bool = False
 
     def config(self) -> Any:
-        """The config as the run had it."""
+        """The config as the run had it: gradient-accumulation fusion as its log shows (the runs here
+        predate ``bridge_recipes.te_wgrad``; on the GPU host without APEX the runner turned it off)."""
+        from bridge_recipes import te_wgrad
+
         cfg = build(self.recipe, self.request)
-        cfg.model.gradient_accumulation_fusion = self.fused
+        cfg.model.gradient_accumulation_fusion = te_wgrad.ran_fused(cfg, run_text(self))
         return cfg
 
 

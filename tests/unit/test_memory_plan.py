@@ -482,12 +482,14 @@ def test_fp8_weights_cast_when_used_are_kept_once_a_micro_batch_in_flight():
 
 
 def test_the_measured_runs_are_planned_with_the_fusion_their_logs_show():
+    """Every run measured here predates the stand-in: its config asked for fusion and its log says the runner
+    turned it off, so it is planned without fusion's placeholder gradients."""
     from bridge_recipes import te_wgrad
 
     for run in (*TABLE.MEASURED_RUNS, *TABLE.SELECTIVE_PAIR):
-        log = (REPO / run.log).read_text()
-        assert te_wgrad.turned_off_in(log) == (not run.fused)
-        assert run.config().model.gradient_accumulation_fusion == run.fused
+        asked = TABLE.build(run.recipe, run.request)
+        assert asked.model.gradient_accumulation_fusion and te_wgrad.turned_off_in(TABLE.run_text(run))
+        assert run.config().model.gradient_accumulation_fusion is False
 
 
 def test_fusion_placeholders_are_what_fusion_added_to_the_measured_peaks():
@@ -513,7 +515,6 @@ def test_fusion_placeholders_are_what_fusion_added_to_the_measured_peaks():
         d, par = M.model_dims(cfg.model), M.parallel_layout(cfg, 1)
         planned.append(M.fused_wgrad_placeholder_bytes(cfg, d, par, list(range(layers)), 0) / 1e9)
     assert [round(p, 4) for p in planned] == [1.1285, 1.1285]
-    assert [round(m, 3) for m in measured] == [1.129, 1.128]
-    assert round(2 * 248_320 * 2_048 / 1e9, 3) == 1.017
+    assert planned == pytest.approx(measured, abs=0.002)
     cfg.model.gradient_accumulation_fusion = False
     assert M.fused_wgrad_placeholder_bytes(cfg, d, par, list(range(16)), 0) == 0

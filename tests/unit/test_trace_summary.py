@@ -131,3 +131,23 @@ def test_the_host_side_charges_operators_their_self_time():
     assert ops["aten::add_"]["self_ms"] == 0.25
     assert work["cpu_op"]["self_ms"] == 0.311
     assert work["python_function"]["top"]["megatron/core/x.py(1): forward"]["self_ms"] == 0.03  # 200 - 100 - 40
+
+
+def test_host_self_times_survive_skewed_adjacent_and_empty_events():
+    """A child that outlasts its parent (clock skew) is charged to it for the overlap only; an event that
+    starts exactly when another ends is its sibling; a zero-length event changes nothing; no self time is
+    negative; names cut to the same prefix add up."""
+    long = "x" * 200
+    events = [
+        kernel("gemm", 0, 10),
+        {**kernel("aten::a", 0, 100, cat="cpu_op"), "tid": 1},
+        {**kernel("aten::b", 50, 100, cat="cpu_op"), "tid": 1},  # runs 50 us past aten::a
+        {**kernel("aten::c", 150, 20, cat="cpu_op"), "tid": 1},  # starts as aten::b ends: a sibling
+        {**kernel("aten::d", 160, 0, cat="cpu_op"), "tid": 1},
+        {**kernel(long + "1", 300, 10, cat="cpu_op"), "tid": 1},
+        {**kernel(long + "2", 400, 10, cat="cpu_op"), "tid": 1},
+    ]
+    ops = summarize(events)["host"]["work"]["cpu_op"]["top"]
+    assert ops["aten::a"]["self_ms"] == 0.05 and ops["aten::b"]["self_ms"] == 0.1
+    assert ops["aten::c"]["self_ms"] == 0.02 and ops["aten::d"]["self_ms"] == 0
+    assert ops["x" * 120] == {"self_ms": 0.02, "calls": 2}
