@@ -918,3 +918,42 @@ def test_the_queued_fused_fast_against_fused_published_prediction_follows_from_t
     assert round(fast, 3) == 3.906 and round(fusion.candidate_step_s / fast, 2) == 1.28
     queue = (ROOT / "scripts/gpu/queues/h200_1gpu.txt").read_text()
     assert "= 3.906 s, against the published 4.990 s: 1.28x" in queue
+
+
+def test_the_two_rows_a_micro_batch_prediction_follows_from_the_traces():
+    """35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2's 1.5x, written before it ran: the host's step
+    model from the two unfused 16-layer traces (63.9 us a kernel plus 0.71 s), the published policy's launches
+    with fusion (9,391 a micro batch), halved by two rows a micro batch, against the GPU's unchanged 3.05 s;
+    1.77x if host and GPU overlapped, 1.5x written for the waits at each MoE layer. At full scale it plans
+    110.9 GB, well inside the H200."""
+    import bridge_recipes
+    from bridge_recipes.plan.memory import plan_memory
+
+    def trace(arm):
+        summary = json.loads((ROOT / f"results/h200_trace_qwen35_35b_a3b_{arm}_16_layers.json").read_text())
+        result = read_result(ROOT / f"results/h200_proxy_qwen35_35b_a3b_{arm}_16_layers_traced.yaml")
+        return summary, result["result"]["step_time_mean_s"]
+
+    (published, published_s), (fast, fast_s) = trace("h200_policy"), trace("fast")
+    per_kernel = (published_s - fast_s) / (published["kernels_per_step"] - fast["kernels_per_step"])
+    fixed = published_s - per_kernel * published["kernels_per_step"]
+    assert round(per_kernel * 1e6, 1) == 63.9 and round(fixed, 2) == 0.71
+    adds = (
+        fast["kernels_per_step"]
+        - json.loads((ROOT / "results/h200_trace_qwen35_35b_a3b_fast_fused_16_layers.json").read_text())[
+            "kernels_per_step"
+        ]
+    )
+    per_micro = (published["kernels_per_step"] - adds) / 8
+    assert per_micro == 9391
+    host_one, host_two = (n * per_micro * per_kernel + fixed for n in (8, 4))
+    # the GPU's busy time less the unfused adds' (10,312 launches of an FP32 add in either trace)
+    add = [k for k in published["top_kernels"] if "CUDAFunctor_add<float>" in k["name"]][0]
+    assert add["launches"] == 10312
+    gpu = (published["busy_ms"] - add["ms"]) / 1000
+    assert (round(host_one, 2), round(host_two, 2), round(gpu, 2)) == (5.51, 3.11, 3.05)
+    overlapped = host_one / max(host_two, gpu)
+    c = find("35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2")
+    assert round(overlapped, 2) == 1.77 and c.predicted_ratio == 1.5 and 1.0 < c.predicted_ratio < overlapped
+    plan = plan_memory(bridge_recipes.build(c.recipe, overrides=list(c.overrides)), 8, gpu="h200")
+    assert plan.fits and round(plan.peak_gb, 1) == 110.9

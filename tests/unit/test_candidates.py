@@ -48,8 +48,9 @@ PREDICTED = {
     "27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached": 1.24,
     # written 2026-12-01, after the 16-layer traces of the 35B-A3B policies, before it ran
     "35b_grad_accum_fusion": 1.05,
-    # written 2026-12-01, after 35b_grad_accum_fusion ran, before it ran
+    # written 2026-12-01, after 35b_grad_accum_fusion ran, before they ran
     "35b_te_op_fuser": 1.02,
+    "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2": 1.5,
 }
 
 
@@ -238,3 +239,18 @@ def test_fused_moe_kernels_are_on_and_two_rows_a_micro_batch_do_not_fit():
         )
     }
     assert list(peaks.values()) == [163.8, 212.1, 205.8]
+
+
+def test_two_rows_a_micro_batch_keep_the_rows_a_step(tmp_path):
+    """The two-rows candidate runs the proxy's 8 rows a step as 4 micro batches of 2, the published policy as 8
+    of 1: the same tokens a step, so the ratio of tokens/s compares the two."""
+    name = "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2"
+    opts = _opts("--candidate", name, "--proxy-layers", "16", "--out", str(tmp_path / "c.yaml"))
+    runs = bench.runs_of(opts)
+    problems, plans = bench.argument_problems(opts, runs)
+    assert problems == []
+    (_, cand), (_, published) = plans
+    assert (cand.train.micro_batch_size, published.train.micro_batch_size) == (2, 1)
+    assert cand.train.global_batch_size == published.train.global_batch_size == 8
+    assert (cand.model.recompute_method, cand.model.recompute_num_layers) == ("uniform", 1)
+    assert cand.model.num_layers == published.model.num_layers == 16
