@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge_recipes import registry, runner_args
+from bridge_recipes import registry, runner_args, te_wgrad
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.outputs import write_text_atomic
 
@@ -103,11 +103,11 @@ def one(
     run = launch(label or name, name, args, log_path, nproc=nproc)
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
-    fusion = harness.fusion_note(cfg, run.log)
-    if cfg.model.gradient_accumulation_fusion and fusion != f"{harness.FUSION_NOTE}on":
+    if cfg.model.gradient_accumulation_fusion and not te_wgrad.ran_fused(cfg, run.log):
         # a run that asked for fusion and went without measured another policy than it names
         raise RuntimeError(
-            f"{name} asked for gradient-accumulation fusion and ran without it: {fusion}; see {log_path}"
+            f"{name} asked for gradient-accumulation fusion and ran without it: "
+            f"{harness.fusion_note(cfg, run.log)}; see {log_path}"
         )
     command = f"torchrun --nproc-per-node {nproc} scripts/run_recipe.py --recipe {name} {shlex.join(args)}"
     doc = harness.write(

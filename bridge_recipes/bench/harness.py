@@ -196,7 +196,7 @@ def fusion_note(cfg: Any, log_text: str) -> str:
     return f"{FUSION_NOTE}on"
 
 
-def ran_fused(doc: dict[str, Any]) -> bool:
+def result_fused(doc: dict[str, Any]) -> bool:
     """Whether a benchmark result's run accumulated its weight gradients fused (its ``notes`` say so, see
     :func:`fusion_note`). Results written before runs noted it ran without: on a host without APEX the
     runner turned fusion off until ``bridge_recipes.te_wgrad`` stood in for it."""

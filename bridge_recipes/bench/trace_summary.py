@@ -124,6 +124,11 @@ def _by_name(events: list[dict[str, Any]]) -> dict[str, list[float]]:
     return tally
 
 
+def _top(tally: dict[str, list[float]]) -> list[tuple[str, float, float]]:
+    """A tally's TOP_KERNELS names with the most time, longest first, as (name, microseconds, count)."""
+    return [(n, us, k) for n, (us, k) in sorted(tally.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]]
+
+
 def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
     """The breakdown of ``events`` (torch profiler chrome-trace events), per step over ``steps``."""
     gpu = _complete(events, GPU_CATEGORIES)
@@ -164,7 +169,7 @@ def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
                 "ms": round(us * ms, 3),
                 "launches": round(k / steps, 1),
             }
-            for n, (us, k) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+            for n, us, k in _top(by_name)
         ],
         "host": _host(events, steps),
     }
@@ -186,18 +191,12 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
         "launches": round(sum(k for n, (_, k) in calls.items() if LAUNCH.search(n)) / steps, 1),
         "wait_ms": round(wait * ms, 3),
         "waits": round(sum(k for n, (_, k) in calls.items() if SYNC.search(n)) / steps, 1),
-        "calls": {
-            n: {"ms": round(us * ms, 3), "calls": round(k / steps, 1)}
-            for n, (us, k) in sorted(calls.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
-        },
+        "calls": {n: {"ms": round(us * ms, 3), "calls": round(k / steps, 1)} for n, us, k in _top(calls)},
         # where the rest of the host's time goes: operators and Python functions by their self time
         "work": {
             cat: {
                 "self_ms": round(sum(us for us, _ in tally.values()) * ms, 3),
-                "top": {
-                    n: {"self_ms": round(us * ms, 3), "calls": round(k / steps, 1)}
-                    for n, (us, k) in sorted(tally.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
-                },
+                "top": {n: {"self_ms": round(us * ms, 3), "calls": round(k / steps, 1)} for n, us, k in _top(tally)},
             }
             for cat, tally in work.items()
         },

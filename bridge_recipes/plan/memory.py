@@ -868,15 +868,19 @@ def _mixer_weight_shapes(d: ModelDims, par: Layout, gdn: bool) -> list[tuple[int
     ]
 
 
-def _mlp_weight_shapes(d: ModelDims, par: Layout, moe: bool) -> list[tuple[int, int]]:
-    """(out, in) of a layer's MLP matrices on one rank: each routed expert's, the shared expert's, or the
-    dense MLP's."""
+def _mlp_weight_shapes(d: ModelDims, par: Layout, moe: bool) -> list[tuple[tuple[int, int], int]]:
+    """((out, in), how many) of a layer's MLP matrices on one rank: each routed expert's two (one weight an
+    expert: Transformer Engine's grouped linear), the shared expert's, or the dense MLP's."""
     glu = 2 if d.gated_linear_unit else 1
     if not moe:
-        return [(d.ffn * glu // par.tp, d.hidden), (d.hidden, d.ffn // par.tp)]
-    shapes = [(d.moe_ffn * glu // par.expert_tp, d.hidden), (d.hidden, d.moe_ffn // par.expert_tp)]
+        return [((d.ffn * glu // par.tp, d.hidden), 1), ((d.hidden, d.ffn // par.tp), 1)]
+    experts = d.experts // par.ep
+    shapes = [
+        ((d.moe_ffn * glu // par.expert_tp, d.hidden), experts),
+        ((d.hidden, d.moe_ffn // par.expert_tp), experts),
+    ]
     if d.shared_ffn:
-        shapes += [(d.shared_ffn * glu // par.tp, d.hidden), (d.hidden, d.shared_ffn // par.tp)]
+        shapes += [((d.shared_ffn * glu // par.tp, d.hidden), 1), ((d.hidden, d.shared_ffn // par.tp), 1)]
     return shapes
 
 
@@ -888,13 +892,11 @@ def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int)
     and MLP. The 35B-A3B's 16-layer proxy with 32 experts has 1,158 (its log lists them among the 1,289
     parameters)."""
     weights: Counter[tuple[int, int]] = Counter()
-    local_experts = d.experts // par.ep
 
     def layer(gdn: bool, moe: bool) -> None:
         weights.update(_mixer_weight_shapes(d, par, gdn))
-        mlp = _mlp_weight_shapes(d, par, moe)
-        for i, shape in enumerate(mlp):
-            weights[shape] += local_experts if moe and i < 2 else 1
+        for shape, n in _mlp_weight_shapes(d, par, moe):  # the shared expert's shapes may be the experts'
+            weights[shape] += n
 
     for i in layers:
         layer(bool(d.layer_pattern[i]), bool(d.moe_pattern[i]))

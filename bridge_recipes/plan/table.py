@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -138,11 +139,21 @@ def build(recipe: str, request: Mapping[str, Any] | None = None) -> Any:
     return bridge_recipes.build(recipe, **(request or {}))
 
 
+@cache
+def _log_text(log: str) -> str:
+    return (REPO / log).read_text()
+
+
+@cache
+def _log_runs(log: str) -> dict[str, str]:
+    return split_runs(_log_text(log))
+
+
 def run_text(run: MeasuredRun) -> str:
-    text = (REPO / run.log).read_text()
+    """The run's part of its log (read and split once a log: its peak and its fusion both come from it)."""
     if run.run is None:
-        return text
-    runs = split_runs(text)
+        return _log_text(run.log)
+    runs = _log_runs(run.log)
     if run.run not in runs:
         raise KeyError(f"no run {run.run!r} in {run.log}")
     return runs[run.run]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench.candidates import RESULTS, find, measured, parse_stem
-from bridge_recipes.bench.harness import comparison, ran_fused
+from bridge_recipes.bench.harness import comparison, result_fused
 from bridge_recipes.bench.megatron_log import step_records_from_log
 from bridge_recipes.bench.predict import Prediction, SideBySide, candidate_estimate, split_saving
 from bridge_recipes.bench.result import read_result
@@ -249,6 +249,32 @@ def test_the_16_layer_pair_revises_the_full_scale_estimate():
     assert round(best, -1) == 5750 and round(best / 4663.1, 2) == 1.23
 
 
+def _router_pass_at_16_layers() -> float:
+    """The fused router's saving a router pass from the two 16-layer pairs: each ratio is side by side, and
+    their reciprocals differ by the router's share of a published micro batch, over 2 layers x 3 + 14 x 2
+    passes."""
+    sixteen, whole = (
+        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers"),
+        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers"),
+    )
+    assert whole.layers_not_recomputed == sixteen.layers_not_recomputed == 14
+    share = sixteen.candidate_step_s / sixteen.reference_step_s - whole.candidate_step_s / whole.reference_step_s
+    return share * sixteen.reference_step_s / sixteen.micro_batches / (2 * 3 + 14 * 2)
+
+
+def _fast_recipe_estimate(calibrated_saved_s: float = 0.0) -> float:
+    """The fast 35B-A3B recipe at full scale: the saving split from the 4- and 16-layer pairs, the fused
+    router's passes of its 5 recomputed and 35 kept layers, and ``calibrated_saved_s`` more a micro batch."""
+    base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
+    four, sixteen = (
+        _pair("35b_bf16_moments_te_ce_block10"),
+        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers"),
+    )
+    fixed, per_layer = split_saving(four, sixteen)
+    router = (5 * 3 + 35 * 2) * _router_pass_at_16_layers()
+    return candidate_estimate(base, 16, sixteen, fixed + router, per_layer, 35, calibrated_saved_s)
+
+
 def test_the_whole_fast_policy_at_16_layers_revises_the_routers_share():
     """The whole policy at 16 layers measured 1.246x where 1.31x was predicted: against the same policy
     without the fused router (1.2095x, another lease) the router saved 17.6 ms a micro batch at the first
@@ -256,20 +282,10 @@ def test_the_whole_fast_policy_at_16_layers_revises_the_routers_share():
     4-layer pair gave. The fast recipe's estimate with it: about 5,445 tokens/s/GPU, 1.17x the published."""
     import bridge_recipes
 
-    base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
-    four, sixteen, whole = (
-        _pair("35b_bf16_moments_te_ce_block10"),
-        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers"),
-        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers"),
-    )
-    assert whole.layers_not_recomputed == sixteen.layers_not_recomputed == 14
-    # each ratio is side by side; their reciprocals differ by the router's share of a published micro batch
-    share = sixteen.candidate_step_s / sixteen.reference_step_s - whole.candidate_step_s / whole.reference_step_s
-    router = share * sixteen.reference_step_s / sixteen.micro_batches / (2 * 3 + 14 * 2)
-    assert round(share * sixteen.reference_step_s / 8 * 1000, 1) == 17.6 and round(router * 1000, 2) == 0.52
+    router = _router_pass_at_16_layers()
+    assert round(router * (2 * 3 + 14 * 2) * 1000, 1) == 17.6 and round(router * 1000, 2) == 0.52
     assert router < _router_pass_s() / 2
-    fixed, per_layer = split_saving(four, sixteen)
-    best = candidate_estimate(base, 16, sixteen, fixed + (5 * 3 + 35 * 2) * router, per_layer, 35)
+    best = _fast_recipe_estimate()
     assert round(best, -1) == 5450 and round(best / 4663.1, 2) == 1.17
     doc = bridge_recipes.registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config").__doc__
     assert "about 5,445" in doc and "1.17x" in doc and "1.25x (predicted 1.31x)" in doc
@@ -361,7 +377,7 @@ def test_the_planner_predicts_each_measured_peak_within_one_percent(name, arm):
     experts = {"scale_experts": 32} if find(candidate).model == "qwen35_35b_a3b" else {}
     cfg = bridge_recipes.build(doc["recipe"], scale_down=layers, flags={"gb": 8}, overrides=overrides, **experts)
     assert cfg.model.recompute_num_layers == (doc["layout"]["recompute"] or {}).get("num_layers")
-    cfg.model.gradient_accumulation_fusion = ran_fused(doc)  # as the run had it
+    cfg.model.gradient_accumulation_fusion = result_fused(doc)  # as the run had it
     planned = plan_memory(cfg, 1, gpu="h200").peak_allocated_gb
     if name == "35b_no_recompute_cpu_adam" and arm == "":
         assert round(planned, 2) == 49.70 and planned / doc["result"]["peak_allocated_gb"] - 1 == pytest.approx(
@@ -813,7 +829,7 @@ def test_the_fp8_fast_recipe_against_the_bf16_fast_recipe_meets_its_prediction()
             log = (ROOT / f"docs/evidence/proxy/{name}.log").read_text()
             assert "disable_parameter_transpose_cache: True" in log
             cfg.model.disable_parameter_transpose_cache = True
-        cfg.model.gradient_accumulation_fusion = ran_fused(doc)
+        cfg.model.gradient_accumulation_fusion = result_fused(doc)
         planned = plan_memory(cfg, 1, gpu="h200").peak_allocated_gb
         assert planned == pytest.approx(doc["result"]["peak_allocated_gb"], rel=0.004)
 
@@ -838,7 +854,7 @@ def test_the_cached_fp8_weights_meet_their_prediction_and_the_planners_cache_ter
     doc = read_result(RESULTS / f"{name}_rows.yaml")
     cfg = bridge_recipes.build(doc["recipe"], scale_down=4, flags={"gb": 8}, overrides=find(name).proxy_overrides(4))
     assert not cfg.model.disable_parameter_transpose_cache
-    cfg.model.gradient_accumulation_fusion = ran_fused(doc)
+    cfg.model.gradient_accumulation_fusion = result_fused(doc)
     planned = plan_memory(cfg, 1, gpu="h200").peak_allocated_gb
     assert (round(planned, 2), doc["result"]["peak_allocated_gb"]) == (101.87, 101.55)
     assert not bridge_recipes.build(
@@ -875,7 +891,7 @@ def test_fusion_beats_its_prediction_and_the_fast_recipe_estimate_takes_it():
     assert ratio["tokens_per_s_ratio"] == 1.1001 and find("35b_grad_accum_fusion").predicted_ratio == 1.05
     assert ratio["loss_curves"]["passed"] and ratio["loss_curves"]["pointwise_failures"] == 0
     cand, ref = (read_result(RESULTS / f"{name}{arm}.yaml") for arm in ARMS)
-    assert ran_fused(cand) and not ran_fused(ref)
+    assert result_fused(cand) and not result_fused(ref)
     pair = _pair(name)
     assert round(pair.saved_s * 1000, 1) == 62.4
     params, gemm = _gemm_weights_in_log((LOGS / f"{name}.log").read_text())
@@ -891,15 +907,7 @@ def test_fusion_beats_its_prediction_and_the_fast_recipe_estimate_takes_it():
     base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
     fusion = scaled_saving(base, 16, pair, gemm, 2790)
     assert round(fusion * 1000) == 175
-    four, sixteen, whole = (
-        _pair("35b_bf16_moments_te_ce_block10"),
-        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_16_layers"),
-        _pair("35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers"),
-    )
-    share = sixteen.candidate_step_s / sixteen.reference_step_s - whole.candidate_step_s / whole.reference_step_s
-    router = share * sixteen.reference_step_s / sixteen.micro_batches / (2 * 3 + 14 * 2)
-    fixed, per_layer = split_saving(four, sixteen)
-    best = candidate_estimate(base, 16, sixteen, fixed + (5 * 3 + 35 * 2) * router, per_layer, 35, fusion)
+    best = _fast_recipe_estimate(fusion)
     assert round(best, -1) == 6160 and round(best / 4663.1, 2) == 1.32 and round(1 - best / 6500, 2) == 0.05
     micro = base.step_s / base.micro_batches
     published = base.tokens_per_s_per_gpu * micro / (micro - fusion)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench import benchmark as bench
-from bridge_recipes.bench.harness import comparison, different_training, proxy_config, ran_fused
+from bridge_recipes.bench.harness import comparison, different_training, proxy_config, result_fused
 from bridge_recipes.bench.megatron_log import step_records_from_log
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.bench.runs import log_losses
@@ -255,7 +255,7 @@ def test_fusion_removes_one_kernel_for_each_gemm_weight_as_predicted():
     unfused, unfused_result, _ = _traced("fast")
     traced = [r for r in step_records_from_log(fused_log, 8192) if r.step == 10][0]
     assert fused["window_ms"] == pytest.approx(traced.time_s * 1000, rel=0.001)
-    assert ran_fused(fused_result) and not ran_fused(unfused_result)
+    assert result_fused(fused_result) and not result_fused(unfused_result)
     assert fused["kernels_per_step"] == 53224 and abs(fused["kernels_per_step"] / 53220 - 1) < 0.001
     assert unfused["kernels_per_step"] - fused["kernels_per_step"] == 8 * 1158
     step = fused_result["result"]["step_time_mean_s"]
