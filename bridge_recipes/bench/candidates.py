@@ -11,7 +11,7 @@ Predictions (written 2026-11-30; 35b_te_ce_block20, 35b_bf16_moments_te_ce_block
 35b_no_recompute_cpu_adam, 27b_fused_swiglu, 27b_split_17_18_18_11,
 27b_te_ce_fused_swiglu_block10_fp8_current, 35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion,
 27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params, its _cached form, 35b_grad_accum_fusion, 35b_te_op_fuser and
-35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2 on
+35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2 and its _block30 form on
 2026-12-01; each before it ran)
 are tokens/s ratios on the proxy, candidate over published. Their basis, where it is a
 measurement, is the one-GPU proxy of the 35B-A3B H200 policy (4 layers, 32 experts, 8 micro
@@ -27,6 +27,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bridge_recipes.qwen.policy import OP_FUSER_ENV
 
 # the published policies the candidates change (their perf counterparts run on mock data)
 PUBLISHED = {
@@ -252,12 +254,37 @@ CANDIDATES: tuple[Candidate, ...] = (
         proxy_layers=16,
     ),
     Candidate(
+        "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30",
+        "qwen35_35b_a3b",
+        (
+            *_BF16_MOMENTS_TE_CE,
+            _FUSED_SWIGLU,
+            _ROUTER_FUSION,
+            "train.micro_batch_size=2",
+            "model.recompute_method=block",
+            "model.recompute_num_layers=30",
+        ),
+        "two rows a micro batch as in the candidate before, with block recompute of 30 of the 40 layers instead of "
+        "full recompute: the last 10 keep their activations (141.3 GB planned at full scale; the 16-layer proxy "
+        "keeps 4 of 16)",
+        1.95,
+        "the two-rows pair (1 x H200, 2026-12-01): 3.679 against 6.769 s a step at 16 layers, a step the host "
+        "sets; a layer's launches are its forward, its recomputed forward and its backward (taken as two forwards), "
+        "so a layer kept saves a quarter of its launches; the layers hold 87.0% of the host's step (its model: 0.71 "
+        "of the published policy's 5.51 s is fixed). 4 of 16 layers kept: 3.679 x 0.870 x 4/16 x 1/4 = 0.200 s, "
+        "3.479 s against 6.769: 1.95x (1.06x the two-rows candidate; at full scale 10 of 40 kept, the same share)",
+        proxy_layers=16,
+    ),
+    Candidate(
         "35b_te_op_fuser",
         "qwen35_35b_a3b",
-        ("model.use_transformer_engine_op_fuser=true",),
+        ("model.use_transformer_engine_op_fuser=true", f"+env_vars.{OP_FUSER_ENV}=1"),
         "the routed experts' FC1, SwiGLU scaled by the routing probabilities and FC2 as one Transformer Engine "
         "op-fuser chain (Megatron-Core 0.19.2's fused GroupedMLP; Megatron-Bridge's GB200/GB300 Qwen3 MoE "
-        "benchmarks set it) instead of three modules and the unfused activation and scaling",
+        "benchmarks set it) instead of three modules and the unfused activation and scaling. Megatron-Core builds "
+        "the chain for SwiGLU experts only with the environment's opt-in to Transformer Engine's fused grouped MLP "
+        "(the first attempt, without it, stopped at model build, 2026-12-01); that fused kernel is Blackwell's "
+        "(compute capability 10), so on Hopper the chain's ops run one by one, as the basis assumes",
         1.02,
         "the 16-layer traces put the step at the host's pace (54 us of host time a weight's add, from the fusion "
         "pair); on Hopper with cuBLAS 13.1 the expert GEMMs stay one launch an expert (Transformer Engine's single "

@@ -26,6 +26,11 @@ OPENRECIPES_ENV = {
     "NCCL_NVLS_ENABLE": 1,
 }
 
+# Megatron-Core 0.19.2 builds the routed experts as one Transformer Engine op-fuser chain
+# (model.use_transformer_engine_op_fuser) for SwiGLU only with this above 0 in the environment: the
+# opt-in to Transformer Engine's fused grouped MLP, a Blackwell (compute capability 10) kernel.
+OP_FUSER_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
+
 
 def set_openrecipes_numerics(cfg: ConfigContainer) -> None:
     """The numerics every OpenRecipes SFT run shares (the flags of openrecipes-35b-h200's command):

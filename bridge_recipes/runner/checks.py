@@ -88,6 +88,8 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
 
     for msg in fp8_parameter_problems(cfg):
         err(msg)
+    for msg in op_fuser_problems(cfg):
+        err(msg)
 
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
@@ -137,6 +139,44 @@ def fp8_parameter_problems(cfg: Any, weights: str | None = None) -> list[str]:
         "the master weights would be filled from the FP8-rounded parameters and the export would read them; set "
         "mixed_precision.fp8_param_gather=false (FP8 GEMMs, BF16 parameters)"
     ]
+
+
+def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[str]:
+    """What stops Megatron-Core 0.19.2 from building the routed experts as one Transformer Engine op-fuser
+    chain (``model.use_transformer_engine_op_fuser``): it asserts at model build, minutes into a launch,
+    unless the experts are unsplit by tensor parallelism, take the routing probabilities after the
+    activation, and, for SwiGLU, the environment (the recipe's ``env_vars`` or the process's) opts in to
+    Transformer Engine's fused grouped MLP. That fused kernel runs on Blackwell (compute capability 10);
+    on other GPUs the chain's ops run one by one."""
+    from bridge_recipes.qwen.policy import OP_FUSER_ENV
+
+    m = cfg.model
+    if not getattr(m, "use_transformer_engine_op_fuser", False) or not m.num_moe_experts:
+        return []
+    found, fix = [], "or set model.use_transformer_engine_op_fuser=false"
+    if (m.tensor_model_parallel_size or 1) > 1:
+        found.append(
+            f"model.use_transformer_engine_op_fuser=true with model.tensor_model_parallel_size="
+            f"{m.tensor_model_parallel_size}: the fused expert chain does not support tensor parallelism; "
+            f"use -tp 1 {fix}"
+        )
+    if getattr(m, "moe_apply_probs_on_input", False):
+        found.append(
+            f"model.use_transformer_engine_op_fuser=true with model.moe_apply_probs_on_input=true: the fused expert "
+            f"chain scales by the routing probabilities after the activation; set model.moe_apply_probs_on_input="
+            f"false {fix}"
+        )
+    env = {**{k: str(v) for k, v in (getattr(cfg, "env_vars", None) or {}).items()}, **(environ or os.environ)}
+    try:
+        opted_in = int(env.get(OP_FUSER_ENV, "0")) > 0
+    except ValueError:
+        opted_in = False
+    if m.gated_linear_unit and not opted_in:
+        found.append(
+            f"model.use_transformer_engine_op_fuser=true for SwiGLU experts needs {OP_FUSER_ENV}=1 in the "
+            f"environment (Megatron-Core stops at model build without it); add +env_vars.{OP_FUSER_ENV}=1 {fix}"
+        )
+    return found
 
 
 def vision_patches_per_micro_batch(cfg: Any) -> int | None:

@@ -51,6 +51,7 @@ PREDICTED = {
     # written 2026-12-01, after 35b_grad_accum_fusion ran, before they ran
     "35b_te_op_fuser": 1.02,
     "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2": 1.5,
+    "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30": 1.95,
 }
 
 

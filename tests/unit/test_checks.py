@@ -160,3 +160,58 @@ def test_mock_tokenizer_vocabulary_must_fit_the_model():
     )
     mock.tokenizer.vocab_size = 32768
     assert messages(mock, 8) == []
+
+
+def test_the_op_fuser_needs_the_environments_opt_in(moe, monkeypatch):
+    """Megatron-Core 0.19.2 builds SwiGLU experts as one op-fuser chain only with the fused grouped MLP
+    opted in by the environment, and stops at model build otherwise (the first H200 attempt did, after
+    81 s): the check names the setting and the fix before launch."""
+    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.qwen.policy import OP_FUSER_ENV
+
+    monkeypatch.delenv(OP_FUSER_ENV, raising=False)
+    apply_all(moe, {}, ["model.use_transformer_engine_op_fuser=true"])
+    (problem,) = checks.op_fuser_problems(moe)
+    assert f"add +env_vars.{OP_FUSER_ENV}=1" in problem and "model.use_transformer_engine_op_fuser=false" in problem
+    assert f"error: {problem}" in messages(moe, 8)
+    assert not checks.op_fuser_problems(moe, {OP_FUSER_ENV: "1"})  # the process's environment counts too
+    assert checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"}) == [problem]
+    apply_all(moe, {}, [f"+env_vars.{OP_FUSER_ENV}=1"])
+    assert not checks.op_fuser_problems(moe)
+    apply_all(moe, {}, ["model.tensor_model_parallel_size=2"])
+    (problem,) = checks.op_fuser_problems(moe)
+    assert "model.tensor_model_parallel_size=2" in problem and "use -tp 1" in problem
+    apply_all(moe, {}, ["model.tensor_model_parallel_size=1", "model.moe_apply_probs_on_input=true"])
+    (problem,) = checks.op_fuser_problems(moe)
+    assert "set model.moe_apply_probs_on_input=false" in problem
+
+
+def test_the_op_fuser_rules_are_megatron_cores():
+    """The installed Megatron-Core's own test of the fused expert chain has the three conditions the check
+    mirrors; the dense model has no experts to fuse."""
+    import inspect
+
+    from megatron.core.transformer.moe.experts import TEGroupedMLP
+
+    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.qwen.policy import OP_FUSER_ENV
+
+    source = inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
+    assert f'os.environ.get("{OP_FUSER_ENV}", "0")) <= 0' in source
+    assert "self.tp_group.size() > 1" in source and "self.config.moe_apply_probs_on_input" in source
+    dense = qwen35_27b_sft_8gpu_h200_bf16_config()
+    dense.model.use_transformer_engine_op_fuser = True
+    assert not checks.op_fuser_problems(dense, {})
+
+
+def test_an_op_fuser_run_without_the_opt_in_stops_before_launch(capsys, monkeypatch):
+    from bridge_recipes.qwen.policy import OP_FUSER_ENV
+    from bridge_recipes.runner.cli import main
+
+    monkeypatch.delenv(OP_FUSER_ENV, raising=False)
+    recipe = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+    assert (
+        main(["--recipe", recipe, "--dry-run", "--world-size", "8", "model.use_transformer_engine_op_fuser=true"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert f"add +env_vars.{OP_FUSER_ENV}=1" in err and "Traceback" not in err
