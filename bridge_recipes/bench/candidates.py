@@ -11,7 +11,7 @@ Predictions (written 2026-11-30; 35b_te_ce_block20, 35b_bf16_moments_te_ce_block
 35b_no_recompute_cpu_adam, 27b_fused_swiglu, 27b_split_17_18_18_11,
 27b_te_ce_fused_swiglu_block10_fp8_current, 35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion,
 27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params, its _cached form, 35b_grad_accum_fusion, 35b_te_op_fuser and
-35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2 and its _block30 form on
+35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2, its _block30 form and the _mbs4 one on
 2026-12-01; each before it ran)
 are tokens/s ratios on the proxy, candidate over published. Their basis, where it is a
 measurement, is the one-GPU proxy of the 35B-A3B H200 policy (4 layers, 32 experts, 8 micro
@@ -273,6 +273,21 @@ CANDIDATES: tuple[Candidate, ...] = (
         "so a layer kept saves a quarter of its launches; the layers hold 87.0% of the host's step (its model: 0.71 "
         "of the published policy's 5.51 s is fixed). 4 of 16 layers kept: 3.679 x 0.870 x 4/16 x 1/4 = 0.200 s, "
         "3.479 s against 6.769: 1.95x (1.06x the two-rows candidate; at full scale 10 of 40 kept, the same share)",
+        proxy_layers=16,
+    ),
+    Candidate(
+        "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4",
+        "qwen35_35b_a3b",
+        (*_BF16_MOMENTS_TE_CE, _FUSED_SWIGLU, _ROUTER_FUSION, "train.micro_batch_size=4"),
+        "four 8,192-token rows a micro batch with the two-rows candidate's kernels, precision and full recompute (a "
+        "GPU's 16 rows a step in 4 micro batches at full scale, 139.7 GB planned; the proxy's 8 rows in 2)",
+        1.93,
+        "the two-rows pair (1 x H200, 2026-12-01): 3.679 s a step at 16 layers, the host's pace; the host's model "
+        "(63.9 us a kernel, 9,391 kernels a micro batch, 0.71 s fixed) gives 3.11 s at two rows and 1.91 at four, "
+        "so the host's share of the step becomes 3.679 x 1.91 / 3.11 = 2.26 s, under the GPU's 3.05 s: the step "
+        "becomes the GPU's, plus the host's launches it waits for after each MoE layer's copy of the token "
+        "counts, taken as a fifth of them (the two-rows prediction's share): 3.05 + 2.26 / 5 = 3.51 s against "
+        "6.769: 1.93x (1.05x the two-rows candidate)",
         proxy_layers=16,
     ),
     Candidate(

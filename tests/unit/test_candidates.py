@@ -52,6 +52,7 @@ PREDICTED = {
     "35b_te_op_fuser": 1.02,
     "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2": 1.5,
     "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30": 1.95,
+    "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4": 1.93,
 }
 
 
