@@ -166,7 +166,9 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
             f"chain scales by the routing probabilities after the activation; set model.moe_apply_probs_on_input="
             f"false {fix}"
         )
-    env = {**{k: str(v) for k, v in (getattr(cfg, "env_vars", None) or {}).items()}, **(environ or os.environ)}
+    # the process's value wins over the recipe's, as when the runner applies env_vars
+    process = os.environ if environ is None else environ
+    env = {**{k: str(v) for k, v in (getattr(cfg, "env_vars", None) or {}).items()}, **process}
     try:
         opted_in = int(env.get(OP_FUSER_ENV, "0")) > 0
     except ValueError:

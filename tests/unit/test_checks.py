@@ -177,7 +177,8 @@ def test_the_op_fuser_needs_the_environments_opt_in(moe, monkeypatch):
     assert not checks.op_fuser_problems(moe, {OP_FUSER_ENV: "1"})  # the process's environment counts too
     assert checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"}) == [problem]
     apply_all(moe, {}, [f"+env_vars.{OP_FUSER_ENV}=1"])
-    assert not checks.op_fuser_problems(moe)
+    assert not checks.op_fuser_problems(moe) and not checks.op_fuser_problems(moe, {})
+    assert checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"}) == [problem]  # the process's value wins
     apply_all(moe, {}, ["model.tensor_model_parallel_size=2"])
     (problem,) = checks.op_fuser_problems(moe)
     assert "model.tensor_model_parallel_size=2" in problem and "use -tp 1" in problem
