@@ -302,29 +302,42 @@ def lora_targets(cfg: Any) -> tuple[frozenset[str], int] | None:
     return frozenset(peft.target_modules or ()), int(peft.dim)
 
 
-def lora_linears(d: ModelDims, par: Layout, index: int) -> list[tuple[str, float, float]]:
-    """(module name, local input, local output) of the adaptable linears of decoder layer
-    ``index``: column-parallel ones split their output by TP, row-parallel ones their input;
-    routed experts appear once (one shared adapter per rank), split by ETP."""
+def layer_linears(d: ModelDims, par: Layout, gdn: bool, moe: bool) -> list[tuple[str, int, int, int]]:
+    """(module name, local input, local output, how many a rank holds) of a decoder layer's linears, its
+    mixer (Gated DeltaNet or attention) and its MLP (routed experts and shared expert, or dense):
+    column-parallel ones split their output by TP, row-parallel ones their input; the routed experts'
+    two matrices, split by ETP, count once an expert on the rank (Transformer Engine's grouped linear
+    keeps one weight an expert)."""
     glu = 2 if d.gated_linear_unit else 1
-    if d.layer_pattern[index]:
+    if gdn:
         qkvz = 2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads
-        mixer = [("in_proj", d.hidden, qkvz / par.tp), ("out_proj", d.gdn_v / par.tp, d.hidden)]
+        out = [("in_proj", d.hidden, qkvz // par.tp, 1), ("out_proj", d.gdn_v // par.tp, d.hidden, 1)]
     else:
         qkv = d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim
-        mixer = [("linear_qkv", d.hidden, qkv / par.tp), ("linear_proj", d.q_dim / par.tp, d.hidden)]
-    if not d.moe_pattern[index]:
-        return mixer + [("linear_fc1", d.hidden, glu * d.ffn / par.tp), ("linear_fc2", d.ffn / par.tp, d.hidden)]
-    out = list(mixer)
-    for ffn, tp in ((d.moe_ffn, par.expert_tp), (d.shared_ffn, par.tp)):
+        out = [("linear_qkv", d.hidden, qkv // par.tp, 1), ("linear_proj", d.q_dim // par.tp, d.hidden, 1)]
+    mlps = (
+        ((d.moe_ffn, par.expert_tp, d.experts // par.ep), (d.shared_ffn, par.tp, 1)) if moe else ((d.ffn, par.tp, 1),)
+    )
+    for ffn, tp, count in mlps:
         if ffn:
-            out += [("linear_fc1", d.hidden, glu * ffn / tp), ("linear_fc2", ffn / tp, d.hidden)]
+            out += [("linear_fc1", d.hidden, glu * ffn // tp, count), ("linear_fc2", ffn // tp, d.hidden, count)]
     return out
 
 
+def _layer_kinds(d: ModelDims, index: int) -> tuple[bool, bool]:
+    """(Gated DeltaNet, MoE) of decoder layer ``index``."""
+    return bool(d.layer_pattern[index]), bool(d.moe_pattern[index])
+
+
 def lora_params(d: ModelDims, par: Layout, layers: list[int], targets: frozenset[str], dim: int) -> float:
-    """Adapter parameters a rank holds for ``layers`` (trained; the base stays frozen)."""
-    return sum(dim * (n + m) for i in layers for name, n, m in lora_linears(d, par, i) if name in targets)
+    """Adapter parameters a rank holds for ``layers`` (trained; the base stays frozen): one adapter a
+    targeted linear, the routed experts' shared by all the rank's experts."""
+    return sum(
+        dim * (n + m)
+        for i in layers
+        for name, n, m, _ in layer_linears(d, par, *_layer_kinds(d, i))
+        if name in targets
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -855,35 +868,6 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
     return ChunkActivations(saved=saved, rebuilt=rebuilt)
 
 
-def _mixer_weight_shapes(d: ModelDims, par: Layout, gdn: bool) -> list[tuple[int, int]]:
-    """(out, in) of a layer's attention or Gated DeltaNet projections on one rank."""
-    if gdn:
-        return [
-            ((2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads) // par.tp, d.hidden),
-            (d.hidden, d.gdn_v // par.tp),
-        ]
-    return [
-        ((d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim) // par.tp, d.hidden),
-        (d.hidden, d.q_dim // par.tp),
-    ]
-
-
-def _mlp_weight_shapes(d: ModelDims, par: Layout, moe: bool) -> list[tuple[tuple[int, int], int]]:
-    """((out, in), how many) of a layer's MLP matrices on one rank: each routed expert's two (one weight an
-    expert: Transformer Engine's grouped linear), the shared expert's, or the dense MLP's."""
-    glu = 2 if d.gated_linear_unit else 1
-    if not moe:
-        return [((d.ffn * glu // par.tp, d.hidden), 1), ((d.hidden, d.ffn // par.tp), 1)]
-    experts = d.experts // par.ep
-    shapes = [
-        ((d.moe_ffn * glu // par.expert_tp, d.hidden), experts),
-        ((d.hidden, d.moe_ffn // par.expert_tp), experts),
-    ]
-    if d.shared_ffn:
-        shapes += [((d.shared_ffn * glu // par.tp, d.hidden), 1), ((d.hidden, d.shared_ffn // par.tp), 1)]
-    return shapes
-
-
 def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Counter[tuple[int, int]]:
     """The weights on a stage whose gradient a GEMM computes, counted by (out, in) shape on one rank: each
     layer's two mixer projections, each routed expert's two matrices (Transformer Engine's grouped
@@ -894,12 +878,11 @@ def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int)
     weights: Counter[tuple[int, int]] = Counter()
 
     def layer(gdn: bool, moe: bool) -> None:
-        weights.update(_mixer_weight_shapes(d, par, gdn))
-        for shape, n in _mlp_weight_shapes(d, par, moe):  # the shared expert's shapes may be the experts'
-            weights[shape] += n
+        for _, inp, out, count in layer_linears(d, par, gdn, moe):  # a shared expert's shape may be the experts'
+            weights[(out, inp)] += count
 
     for i in layers:
-        layer(bool(d.layer_pattern[i]), bool(d.moe_pattern[i]))
+        layer(*_layer_kinds(d, i))
     if stage == par.pp - 1:
         # the output layer's GEMM computes a weight gradient even when it borrows the embedding's weight
         weights[(padded_vocab(d, par) // par.tp, d.hidden)] += 1
