@@ -879,6 +879,18 @@ def _gemm_weights_in_log(log: str) -> tuple[int, int]:
     return len(names), sum(1 for n in names if re.search(gemm, n))
 
 
+def _fused_estimates() -> tuple[float, float, float]:
+    """Gradient-accumulation fusion's saving a micro batch at full scale in the calibration's units (the fusion
+    pair's, over the proxy's 1,158 GEMM weights, times the recipe's 2,790), and with it the fast recipe's and
+    the published layout's full-scale estimates, tokens/s/GPU."""
+    from bridge_recipes.bench.predict import scaled_saving
+
+    base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
+    fusion = scaled_saving(base, 16, _pair("35b_grad_accum_fusion_16_layers"), 1158, 2790)
+    micro = base.step_s / base.micro_batches
+    return fusion, _fast_recipe_estimate(fusion), base.tokens_per_s_per_gpu * micro / (micro - fusion)
+
+
 def test_fusion_beats_its_prediction_and_the_fast_recipe_estimate_takes_it():
     """Gradient-accumulation fusion through Transformer Engine's GEMM (bridge_recipes.te_wgrad), against the
     published 35B-A3B policy without it, at 16 layers (1 x H200, 2026-12-01): 5.489 -> 4.990 s a step,
@@ -889,7 +901,6 @@ def test_fusion_beats_its_prediction_and_the_fast_recipe_estimate_takes_it():
     the published 4,663.1 and 5% short of 6,500; the published layout with fusion about 5,210 (1.12x
     the published figure, inside the calibration's 15%)."""
     import bridge_recipes
-    from bridge_recipes.bench.predict import scaled_saving
     from bridge_recipes.plan.memory import model_dims, parallel_layout, stage_weight_gemms
 
     name = "35b_grad_accum_fusion_16_layers"
@@ -910,13 +921,9 @@ def test_fusion_beats_its_prediction_and_the_fast_recipe_estimate_takes_it():
     proxy = bridge_recipes.build(cand["recipe"], scale_down=16, flags={"gb": 8}, scale_experts=32)
     fast = bridge_recipes.build("qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config")
     assert weights(proxy, 1) == gemm and weights(fast, 8) == 2790
-    base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
-    fusion = scaled_saving(base, 16, pair, gemm, 2790)
+    fusion, best, published = _fused_estimates()
     assert round(fusion * 1000) == 175
-    best = _fast_recipe_estimate(fusion)
     assert round(best, -1) == 6160 and round(best / 4663.1, 2) == 1.32 and round(1 - best / 6500, 2) == 0.05
-    micro = base.step_s / base.micro_batches
-    published = base.tokens_per_s_per_gpu * micro / (micro - fusion)
     assert round(published, -1) == 5210 and round(published / 4663.1, 2) == 1.12 and round(best / published, 2) == 1.18
     doc = bridge_recipes.registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config").__doc__
     assert "about 6,165" in doc and "1.32x" in doc and "5,210" in doc
@@ -992,7 +999,6 @@ def test_two_rows_a_micro_batch_beat_their_prediction_and_are_the_fast_mt16k_rec
     estimate (5,210) reads 9,590."""
     from bridge_recipes import registry
     from bridge_recipes.bench.evidence import check_training
-    from bridge_recipes.bench.predict import scaled_saving
     from bridge_recipes.plan.memory import plan_memory
 
     name, recipe = (
@@ -1026,12 +1032,10 @@ def test_two_rows_a_micro_batch_beat_their_prediction_and_are_the_fast_mt16k_rec
     over_fast = fast_s / two.candidate_step_s
     assert round(over_fast, 2) == 1.18
 
-    base = _prediction("results/h200_predict_qwen35_35b_a3b_sft_8gpu.json")
-    fusion = scaled_saving(base, 16, _pair("35b_grad_accum_fusion_16_layers"), 1158, 2790)
-    estimate = _fast_recipe_estimate(fusion) * over_fast
+    _, fast_estimate, published_estimate = _fused_estimates()
+    estimate = fast_estimate * over_fast
     assert round(estimate, -2) == 7300 and round(estimate / 4663.1, 2) == 1.57 and estimate > 6500
-    micro = base.step_s / base.micro_batches
-    carried = base.tokens_per_s_per_gpu * micro / (micro - fusion) * ratio["tokens_per_s_ratio"]
+    carried = published_estimate * ratio["tokens_per_s_ratio"]
     assert round(carried, -1) == 9590
     doc = registry.load(recipe).__doc__
     assert "about 7,300" in doc and "1.57x" in doc and "9,590" in doc and "1.84x (predicted 1.5x)" in doc
