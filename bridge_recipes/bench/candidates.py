@@ -61,6 +61,9 @@ _FP8_CURRENT_BF16_PARAMS = (
 )
 # What the fast 35B-A3B policy and its variants share: the memory they free, then spend on recompute
 _BF16_MOMENTS_TE_CE = (*_BF16_MOMENTS, _TE_CE)
+# The fast 35B-A3B recipes' kernels and optimizer precision (the override form of the recipe module's
+# _fast_35b_a3b_kernels), before each spends the memory on recompute or rows
+_FAST_35B_KERNELS = (*_BF16_MOMENTS_TE_CE, _FUSED_SWIGLU, _ROUTER_FUSION)
 
 
 @dataclass(frozen=True)
@@ -180,13 +183,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion",
         "qwen35_35b_a3b",
-        (
-            *_BF16_MOMENTS_TE_CE,
-            _FUSED_SWIGLU,
-            _ROUTER_FUSION,
-            "model.recompute_method=block",
-            "model.recompute_num_layers=5",
-        ),
+        (*_FAST_35B_KERNELS, "model.recompute_method=block", "model.recompute_num_layers=5"),
         "35b_bf16_moments_te_ce_fused_swiglu_block5 with Transformer Engine's fused router (35b_router_fusion): "
         "the two measured separately, each passing the loss check; the memory unchanged (145.9 GB planned)",
         1.31,
@@ -238,7 +235,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2",
         "qwen35_35b_a3b",
-        (*_BF16_MOMENTS_TE_CE, _FUSED_SWIGLU, _ROUTER_FUSION, "train.micro_batch_size=2"),
+        (*_FAST_35B_KERNELS, "train.micro_batch_size=2"),
         "the fast recipe's kernels and optimizer precision with the published full recompute, two 8,192-token rows a "
         "micro batch instead of one (a GPU's 16 rows a step in 8 micro batches at full scale; the memory the moments "
         "and the cross entropy free pays for the second row: 110.9 GB planned), so each launch carries twice the "
@@ -257,9 +254,7 @@ CANDIDATES: tuple[Candidate, ...] = (
         "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30",
         "qwen35_35b_a3b",
         (
-            *_BF16_MOMENTS_TE_CE,
-            _FUSED_SWIGLU,
-            _ROUTER_FUSION,
+            *_FAST_35B_KERNELS,
             "train.micro_batch_size=2",
             "model.recompute_method=block",
             "model.recompute_num_layers=30",
@@ -278,7 +273,7 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(
         "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4",
         "qwen35_35b_a3b",
-        (*_BF16_MOMENTS_TE_CE, _FUSED_SWIGLU, _ROUTER_FUSION, "train.micro_batch_size=4"),
+        (*_FAST_35B_KERNELS, "train.micro_batch_size=4"),
         "four 8,192-token rows a micro batch with the two-rows candidate's kernels, precision and full recompute (a "
         "GPU's 16 rows a step in 4 micro batches at full scale, 139.7 GB planned; the proxy's 8 rows in 2)",
         1.93,
