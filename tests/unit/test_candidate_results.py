@@ -995,6 +995,33 @@ def test_the_two_rows_a_micro_batch_prediction_follows_from_the_traces():
     assert plan.fits and round(plan.peak_gb, 1) == 110.9
 
 
+def _candidate_recipe(
+    name: str, recipe: str, ratio: float, predicted: float, correlation: float, planned_gb: float, losses: tuple
+) -> tuple[dict, object, object]:
+    """What makes a 16-layer candidate a recipe: its measured ratio and the prediction written before it, the
+    loss check passed at ``correlation``, the recipe building the published recipe with the candidate's
+    overrides, fitting at full scale (``planned_gb``), and its evidence, the candidate's own run, trained
+    (16 finite losses, first and last-three minimum ``losses``). Returns the ratio file, the config and the
+    plan."""
+    from bridge_recipes import registry
+    from bridge_recipes.bench.evidence import check_training
+    from bridge_recipes.plan.memory import plan_memory
+
+    got = measured(name, 16)
+    assert got["tokens_per_s_ratio"] == ratio and find(name).predicted_ratio == predicted
+    assert got["loss_curves"]["passed"] and round(got["loss_curves"]["correlation"], 6) == correlation
+    cand = read_result(RESULTS / f"{name}_16_layers.yaml")
+    assert result_fused(cand) and cand["layout"]["rows_per_microbatch"] == 2
+    cfg = _fast_recipe_is_published_with(name, recipe=recipe)
+    plan = plan_memory(cfg, 8, gpu="h200")
+    assert plan.fits and round(plan.peak_gb, 1) == planned_gb
+    meta = registry.find(recipe).meta
+    check = check_training(log_losses((ROOT / meta.evidence).read_text()))
+    assert meta.status == "functional" and check.passed and check.figures["steps"] == 16
+    assert (round(check.figures["first"], 2), round(check.figures["last3_min"], 2)) == losses
+    return got, cfg, plan
+
+
 def test_two_rows_a_micro_batch_beat_their_prediction_and_are_the_fast_mt16k_recipe():
     """The two-rows candidate at 16 layers against the published policy, both with gradient-accumulation fusion
     (1 x H200, 2026-12-01, the lease after the fusion pair's): 3.679 against 6.769 s a step, 1.840x where 1.5x
@@ -1006,33 +1033,20 @@ def test_two_rows_a_micro_batch_beat_their_prediction_and_are_the_fast_mt16k_rec
     recipe's 6,165 x 1.18), 1.57x the published 4,663.1; the 1.84x carried onto the published layout's fused
     estimate (5,210) reads 9,590."""
     from bridge_recipes import registry
-    from bridge_recipes.bench.evidence import check_training
-    from bridge_recipes.plan.memory import plan_memory
 
     name, recipe = (
         "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2",
         "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config",
     )
-    ratio = measured(name, 16)
-    assert ratio["tokens_per_s_ratio"] == 1.8398 and find(name).predicted_ratio == 1.5
-    assert ratio["loss_curves"]["passed"] and round(ratio["loss_curves"]["correlation"], 6) == 0.999994
-    cand, ref = (read_result(RESULTS / f"{name}_16_layers{arm}.yaml") for arm in ARMS)
-    assert result_fused(cand) and result_fused(ref)
-    assert (cand["layout"]["rows_per_microbatch"], ref["layout"]["rows_per_microbatch"]) == (2, 1)
+    ratio, fast, _ = _candidate_recipe(name, recipe, 1.8398, 1.5, 0.999994, 110.9, (12.82, 3.39))
+    ref = read_result(RESULTS / f"{name}_16_layers_against.yaml")
+    assert result_fused(ref) and ref["layout"]["rows_per_microbatch"] == 1
     two = _pair(f"{name}_16_layers")
     assert (two.candidate_step_s, two.reference_step_s) == (3.6789, 6.7686)
-
-    fast = _fast_recipe_is_published_with(name, recipe=recipe)
     assert fast.train.micro_batch_size == 2 and (fast.model.recompute_method, fast.model.recompute_num_layers) == (
         "uniform",
         1,
     )
-    plan = plan_memory(fast, 8, gpu="h200")
-    assert plan.fits and round(plan.peak_gb, 1) == 110.9
-    meta = registry.find(recipe).meta
-    check = check_training(log_losses((ROOT / meta.evidence).read_text()))
-    assert meta.status == "functional" and check.passed and check.figures["steps"] == 16
-    assert (round(check.figures["first"], 2), round(check.figures["last3_min"], 2)) == (12.82, 3.39)
 
     pair = "results/h200_proxy_qwen35_35b_a3b_fast_vs_published_fused_16_layers"
     fast_s, published_s = (read_result(ROOT / f"{pair}{arm}.yaml")["result"]["step_time_mean_s"] for arm in ARMS)
@@ -1107,24 +1121,16 @@ def test_block30_met_its_prediction_and_is_the_fast_mt16k_block30_recipe():
     4,663.1; carried onto the published layout's fused estimate (5,210), 10,225. The planner's 9.0 GB of
     allocation left holds the hottest expert rank receiving about 1.9x its balanced share of token copies
     (0.94 GB a layer that keeps them) in all 10 kept layers and the MTP layer at once."""
-    import bridge_recipes
     from bridge_recipes import registry
-    from bridge_recipes.bench.evidence import check_training
     from bridge_recipes.plan import memory as mem
 
     name, recipe = (
         "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30",
         "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config",
     )
-    ratio = measured(name, 16)
-    assert ratio["tokens_per_s_ratio"] == 1.9625 and find(name).predicted_ratio == 1.95
-    assert ratio["loss_curves"]["passed"] and round(ratio["loss_curves"]["correlation"], 6) == 0.999997
+    ratio, fast, plan = _candidate_recipe(name, recipe, 1.9625, 1.95, 0.999997, 141.3, (12.82, 3.40))
     pair = _pair(f"{name}_16_layers")
     assert (pair.candidate_step_s, pair.reference_step_s, pair.layers_not_recomputed) == (3.2868, 6.4504, 4)
-    cand = read_result(RESULTS / f"{name}_16_layers.yaml")
-    assert result_fused(cand) and cand["layout"]["rows_per_microbatch"] == 2
-
-    fast = _fast_recipe_is_published_with(name, recipe=recipe)
     assert (fast.train.micro_batch_size, fast.model.recompute_method, fast.model.recompute_num_layers) == (
         2,
         "block",
@@ -1134,12 +1140,6 @@ def test_block30_met_its_prediction_and_is_the_fast_mt16k_block30_recipe():
     two_rows.model.recompute_method, two_rows.model.recompute_num_layers = "block", 30
     for part in ("model", "optimizer", "ddp", "train", "mixed_precision"):
         assert repr(getattr(fast, part)) == repr(getattr(two_rows, part)), part
-    plan = mem.plan_memory(fast, 8, gpu="h200")
-    assert plan.fits and round(plan.peak_gb, 1) == 141.3
-    meta = registry.find(recipe).meta
-    check = check_training(log_losses((ROOT / meta.evidence).read_text()))
-    assert meta.status == "functional" and check.passed and check.figures["steps"] == 16
-    assert (round(check.figures["first"], 2), round(check.figures["last3_min"], 2)) == (12.82, 3.40)
 
     # the token copies a kept layer saves for its experts, against the allocation the planner leaves
     d, par = mem.model_dims(fast.model), mem.parallel_layout(fast, 8)
@@ -1165,7 +1165,7 @@ def test_block30_met_its_prediction_and_is_the_fast_mt16k_block30_recipe():
     estimate = two_rows_estimate * over_two
     assert round(estimate, -1) == 7790 and round(estimate / 4663.1, 2) == 1.67 and estimate > 6500
     assert round(published_estimate * ratio["tokens_per_s_ratio"], -1) == 10220
-    doc = bridge_recipes.registry.load(recipe).__doc__
+    doc = registry.load(recipe).__doc__
     assert "about 7,785" in doc and "1.67x" in doc and "10,225" in doc and "1.96x (predicted 1.95x)" in doc
     assert "86.52 planned, 86.67 GB allocated" in doc and "about 1.9x its balanced share" in doc
 
