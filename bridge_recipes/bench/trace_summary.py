@@ -183,14 +183,19 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     calls = _by_name(_complete(events, HOST_CATEGORIES))
     ms = 1e-3 / steps
     work = _self_times(_complete(events, HOST_CATEGORIES + HOST_WORK_CATEGORIES))
-    launch = sum(us for n, (us, _) in calls.items() if LAUNCH.search(n))
-    wait = sum(us for n, (us, _) in calls.items() if SYNC.search(n))
+    # [microseconds, calls] of the launch calls and of the waits, each name matched once
+    launch, wait = [0.0, 0], [0.0, 0]
+    for n, (us, k) in calls.items():
+        for total, pattern in ((launch, LAUNCH), (wait, SYNC)):
+            if pattern.search(n):
+                total[0] += us
+                total[1] += k
     return {
         "runtime_ms": round(sum(us for us, _ in calls.values()) * ms, 3),
-        "launch_ms": round(launch * ms, 3),
-        "launches": round(sum(k for n, (_, k) in calls.items() if LAUNCH.search(n)) / steps, 1),
-        "wait_ms": round(wait * ms, 3),
-        "waits": round(sum(k for n, (_, k) in calls.items() if SYNC.search(n)) / steps, 1),
+        "launch_ms": round(launch[0] * ms, 3),
+        "launches": round(launch[1] / steps, 1),
+        "wait_ms": round(wait[0] * ms, 3),
+        "waits": round(wait[1] / steps, 1),
         "calls": {n: {"ms": round(us * ms, 3), "calls": round(k / steps, 1)} for n, us, k in _top(calls)},
         # where the rest of the host's time goes: operators and Python functions by their self time
         "work": {

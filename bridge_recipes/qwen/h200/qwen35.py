@@ -246,7 +246,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config() -> ConfigConta
     """The two-rows policy (``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config``) with block recompute of
     the first 30 of the 40 layers instead of full recompute: the last 10 keep their activations (candidate
     ``35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30``, docs/performance_candidates.md). The
-    fastest 35B-A3B H200 policy measured here.
+    fastest 35B-A3B H200 policy measured here by its side-by-side ratio to the published one.
 
     - Why: on the host-bound proxy step a layer that keeps its activations skips its recomputed forward, a
       quarter of its launches (forward, recomputed forward, and a backward of about two forwards).
