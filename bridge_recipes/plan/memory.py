@@ -397,18 +397,25 @@ def routed_tokens(d: ModelDims, tok: Tokens) -> float:
     return tok.resid * d.topk * pad
 
 
+def routed_activation_elems(d: ModelDims, par: Layout, routed: float) -> float:
+    """What a MoE layer keeps for ``routed`` token copies received by its rank's experts: the part of its
+    saved activations that grows with the tokens routing sends there."""
+    act = glu_activation_elems(d, d.moe_ffn) + (1 if not d.fused_swiglu else 0) * d.moe_ffn  # x probs -> BF16 copy
+    return (
+        d.hidden * routed * par.expert_tp  # dispatched tokens (fc1 input; ETP all-gathers them)
+        + 2 * routed  # permuted routing probs, FP32
+        + act * routed  # expert fc1 output and SwiGLU intermediates (ETP splits features, not copies)
+    )
+
+
 def moe_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """MoE block (alltoall dispatcher, TE grouped GEMM, shared expert with sigmoid gate).
     Balanced routing: every expert-parallel rank receives as many token copies as it sends."""
-    routed = routed_tokens(d, tok)
-    act = glu_activation_elems(d, d.moe_ffn) + (1 if not d.fused_swiglu else 0) * d.moe_ffn  # x probs -> BF16 copy
     terms = (
         d.hidden * tok.resid,  # pre-MLP norm output (router and shared-expert input)
         2 * d.hidden * tok.resid,  # router input cast to FP32
         2 * 3 * d.experts * tok.resid,  # FP32 [tokens, experts]: scores, routing probs, aux-loss scores
-        d.hidden * routed * par.expert_tp,  # dispatched tokens (fc1 input; ETP all-gathers them)
-        2 * routed,  # permuted routing probs, FP32
-        act * routed,  # expert fc1 output and SwiGLU intermediates (ETP splits features, not copies)
+        routed_activation_elems(d, par, routed_tokens(d, tok)),
     )
     shared = 0.0
     if d.shared_ffn:
