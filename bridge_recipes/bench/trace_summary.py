@@ -183,19 +183,14 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
     calls = _by_name(_complete(events, HOST_CATEGORIES))
     ms = 1e-3 / steps
     work = _self_times(_complete(events, HOST_CATEGORIES + HOST_WORK_CATEGORIES))
-    # [microseconds, calls] of the launch calls and of the waits, each name matched once
-    launch, wait = [0.0, 0], [0.0, 0]
-    for n, (us, k) in calls.items():
-        for total, pattern in ((launch, LAUNCH), (wait, SYNC)):
-            if pattern.search(n):
-                total[0] += us
-                total[1] += k
+    launch_us, launches = _matching(calls, LAUNCH)
+    wait_us, waits = _matching(calls, SYNC)
     return {
         "runtime_ms": round(sum(us for us, _ in calls.values()) * ms, 3),
-        "launch_ms": round(launch[0] * ms, 3),
-        "launches": round(launch[1] / steps, 1),
-        "wait_ms": round(wait[0] * ms, 3),
-        "waits": round(wait[1] / steps, 1),
+        "launch_ms": round(launch_us * ms, 3),
+        "launches": round(launches / steps, 1),
+        "wait_ms": round(wait_us * ms, 3),
+        "waits": round(waits / steps, 1),
         "calls": {n: {"ms": round(us * ms, 3), "calls": round(k / steps, 1)} for n, us, k in _top(calls)},
         # where the rest of the host's time goes: operators and Python functions by their self time
         "work": {
@@ -206,6 +201,12 @@ def _host(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
             for cat, tally in work.items()
         },
     }
+
+
+def _matching(tally: dict[str, list[float]], pattern: re.Pattern[str]) -> tuple[float, float]:
+    """The microseconds and count of a tally's names that ``pattern`` matches (each name matched once)."""
+    matched = [(us, k) for n, (us, k) in tally.items() if pattern.search(n)]
+    return sum(us for us, _ in matched), sum(k for _, k in matched)
 
 
 def _self_times(events: list[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
