@@ -62,8 +62,8 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
         from bridge_recipes.bench.candidates import find
 
         c = find(opts.candidate)
-        if opts.recipe or opts.against:
-            raise ValueError("--candidate names both runs; drop --recipe and --against")
+        if opts.recipe or opts.against or opts.against_set:
+            raise ValueError("--candidate names both runs; drop --recipe, --against and --against-set")
         if opts.proxy_layers and c.full_scale_only:
             raise ValueError(
                 f"--candidate {c.name} changes the pipeline split, which no proxy has: run it at the recipe's own "
@@ -81,8 +81,15 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
         ]
     if not opts.recipe:
         raise ValueError("--recipe NAME is required (or --candidate NAME)")
+    sets = list(opts.against_set or ())
+    if sets and not opts.against:
+        raise ValueError(f"--against-set {sets[0]}: changes the --against run; name it with --against RECIPE")
     names = [registry.find(n).name for n in filter(None, (opts.recipe, opts.against))]
-    return [(n, n, []) for n in names]
+    runs = [(n, n, []) for n in names]
+    if sets:
+        # the second run: its recipe, the command's overrides, then these (e.g. the same recipe, one field changed)
+        runs[1] = (f"{names[1]} with {' '.join(sets)}", names[1], sets)
+    return runs
 
 
 def one(
@@ -133,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe")
     ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
+    ap.add_argument(
+        "--against-set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="an override of the --against run only, after the command's (repeatable): e.g. the same recipe with "
+        "one field changed",
+    )
     ap.add_argument(
         "--candidate",
         help="a candidate policy (bridge_recipes.bench.candidates) measured side by side with its published policy",
