@@ -1011,8 +1011,8 @@ def _candidate_recipe(
     assert got["tokens_per_s_ratio"] == ratio and find(name).predicted_ratio == predicted
     assert got["loss_curves"]["passed"] and round(got["loss_curves"]["correlation"], 6) == correlation
     cand = read_result(RESULTS / f"{name}_16_layers.yaml")
-    assert result_fused(cand) and cand["layout"]["rows_per_microbatch"] == 2
     cfg = _fast_recipe_is_published_with(name, recipe=recipe)
+    assert result_fused(cand) and cand["layout"]["rows_per_microbatch"] == cfg.train.micro_batch_size
     plan = plan_memory(cfg, 8, gpu="h200")
     assert plan.fits and round(plan.peak_gb, 1) == planned_gb
     meta = registry.find(recipe).meta
@@ -1032,16 +1032,33 @@ def _two_rows_over_fast() -> float:
     return fast_s / _pair("35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_16_layers").candidate_step_s
 
 
+def _direct_pair(stem: str) -> dict:
+    """The ratio file of a 35B-A3B recipe measured against another in one command at 16 layers
+    (results/h200_proxy_qwen35_35b_a3b_{stem}_16_layers_ratio.json; tests/unit/test_proxy_results.py checks
+    it against its two result files)."""
+    return json.loads((ROOT / f"results/h200_proxy_qwen35_35b_a3b_{stem}_16_layers_ratio.json").read_text())
+
+
+def _direct_steps(stem: str) -> tuple[float, float]:
+    """The two arms' mean step times of a direct pair, the first recipe's then the second's."""
+    return tuple(
+        read_result(ROOT / f"results/h200_proxy_qwen35_35b_a3b_{stem}_16_layers{arm}.yaml")["result"][
+            "step_time_mean_s"
+        ]
+        for arm in ARMS
+    )
+
+
 def test_two_rows_a_micro_batch_beat_their_prediction_and_are_the_fast_mt16k_recipe():
     """The two-rows candidate at 16 layers against the published policy, both with gradient-accumulation fusion
     (1 x H200, 2026-12-01, the lease after the fusion pair's): 3.679 against 6.769 s a step, 1.840x where 1.5x
     was written before (the overlapped reading, 1.77x, was nearer: the fast kernels' own fewer launches were
     not counted); the loss curves agree. It fits at full scale (110.9 GB) and becomes
     qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config, whose evidence is this run (16 finite, falling
-    losses). The same lease's fast-against-published pair (tests/unit/test_proxy_results.py) makes it 1.18x
-    the fast recipe, the two published arms 0.6% apart; at full scale about 7,300 tokens/s/GPU (the fast
-    recipe's 6,165 x 1.18), 1.57x the published 4,663.1; the 1.84x carried onto the published layout's fused
-    estimate (5,210) reads 9,590."""
+    losses). The same lease's fast-against-published pair (tests/unit/test_proxy_results.py) made it 1.18x
+    the fast recipe, the two published arms 0.6% apart; a later lease measured the two recipes in one
+    command, 1.17x. At full scale about 7,215 tokens/s/GPU (the fast recipe's 6,165 x 1.1707), 1.55x the
+    published 4,663.1; the 1.84x carried onto the published layout's fused estimate (5,210) reads 9,590."""
     from bridge_recipes import registry
 
     name, recipe = (
@@ -1063,13 +1080,19 @@ def test_two_rows_a_micro_batch_beat_their_prediction_and_are_the_fast_mt16k_rec
     over_fast = _two_rows_over_fast()
     assert round(over_fast, 2) == 1.18
 
+    direct = _direct_pair("fast_mt16k_vs_fast")
+    assert direct["tokens_per_s_ratio"] == 1.1707 and round(direct["tokens_per_s_ratio"], 2) == 1.17
+    # written before it ran: the two pairs' 1.18x; met within 1%, the loss curves agreeing
+    assert abs(direct["tokens_per_s_ratio"] / round(over_fast, 2) - 1) < 0.01 and direct["loss_curves"]["passed"]
+    assert _direct_steps("fast_mt16k_vs_fast") == (3.7308, 4.3675)
     _, fast_estimate, published_estimate = _fused_estimates()
-    estimate = fast_estimate * over_fast
-    assert round(estimate, -2) == 7300 and round(estimate / 4663.1, 2) == 1.57 and estimate > 6500
+    estimate = fast_estimate * direct["tokens_per_s_ratio"]
+    assert round(estimate, -1) == 7220 and round(estimate / 4663.1, 2) == 1.55 and estimate > 6500
     carried = published_estimate * ratio["tokens_per_s_ratio"]
     assert round(carried, -1) == 9590
     doc = registry.load(recipe).__doc__
-    assert "about 7,300" in doc and "1.57x" in doc and "9,590" in doc and "1.84x (predicted 1.5x)" in doc
+    assert "about 7,215" in doc and "1.55x" in doc and "9,590" in doc and "1.84x (predicted 1.5x)" in doc
+    assert "3.731 against 4.368 s, 1.17x (predicted 1.18x" in doc
 
 
 def test_the_two_rows_block30_prediction_follows_from_the_two_rows_pair():
@@ -1120,56 +1143,100 @@ def test_the_four_rows_prediction_follows_from_the_two_rows_pair():
     assert proxy.train.global_batch_size // proxy.train.micro_batch_size == 2
 
 
-def test_block30_met_its_prediction_and_is_the_fast_mt16k_block30_recipe():
+def test_block30_met_its_prediction_against_the_published_policy():
     """The two-rows policy with block recompute of 12 of its 16 layers against the published policy, both fused
     (1 x H200, 2026-12-01, the lease after the two-rows pair's): 3.287 against 6.450 s a step, 1.9625x where
-    1.95x was written before; the loss curves agree. It fits at full scale (141.3 GB, the planner within 0.2%
-    of its proxy's peak) and becomes qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config, whose
-    evidence is this run. Against the two-rows pair of the lease before, 1.07x (a ratio of two side-by-side
-    ratios); at full scale about 7,785 tokens/s/GPU (the two-rows policy's 7,300 x 1.07), 1.67x the published
-    4,663.1; carried onto the published layout's fused estimate (5,210), 10,225. The planner's 9.0 GB of
-    allocation left holds the hottest expert rank receiving about 1.9x its balanced share of token copies
-    (0.94 GB a layer that keeps them) in all 10 kept layers and the MTP layer at once."""
+    1.95x was written before; the loss curves agree; it fits at full scale (141.3 GB, the planner within 0.2%
+    of its proxy's peak: 86.52 planned, 86.67 GB allocated). Against the two-rows recipe directly, in one
+    command, it gained nothing (test_four_rows_lead_the_direct_pairs_and_are_the_fast_mt32k_recipe), so it is
+    no recipe."""
+    import bridge_recipes
+    from bridge_recipes import registry
+    from bridge_recipes.plan.memory import plan_memory
+
+    name = "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30"
+    got = measured(name, 16)
+    assert got["tokens_per_s_ratio"] == 1.9625 and find(name).predicted_ratio == 1.95
+    assert got["loss_curves"]["passed"] and round(got["loss_curves"]["correlation"], 6) == 0.999997
+    pair = _pair(f"{name}_16_layers")
+    assert (pair.candidate_step_s, pair.reference_step_s, pair.layers_not_recomputed) == (3.2868, 6.4504, 4)
+    c = find(name)
+    plan = plan_memory(bridge_recipes.build(c.recipe, overrides=list(c.overrides)), 8, gpu="h200")
+    assert plan.fits and round(plan.peak_gb, 1) == 141.3
+    assert not [n for n in registry.entries() if "_fast_mt16k_block30" in n]
+
+
+# The direct pairs of 2026-12-01's eighth lease (1 x H200, 16 layers, in this order, one command each) and the
+# ratio written before each ran: block30 over four rows, block30 over two rows, two rows over the fast recipe.
+DIRECT_PREDICTIONS = {"fast_mt16k_block30_vs_mbs4": 1.03, "fast_mt16k_block30_vs_fast_mt16k": 1.06}
+
+
+def test_four_rows_lead_the_direct_pairs_and_are_the_fast_mt32k_recipe():
+    """The eighth lease's direct pairs, each one command at 16 layers. Block30 against four rows: 0.9134, where
+    1.03 was written before (from each one's ratio against the published arm of its own pair): four rows lead,
+    3.351 against 3.669 s. Block30 against two rows: 0.9962, where 1.06 was written before: keeping 4 of 16
+    layers' activations gained nothing measurable, so the 1.9625x above was its published arm's slow host.
+    Four rows a micro batch (1.8982x against the published policy in one command, loss check passed, 139.7 GB
+    planned at full scale, the planner within 0.5% of the proxy's 99.90 GB) becomes
+    qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config, whose evidence is its candidate run. At full scale
+    about 7,870 tokens/s/GPU: the two-rows recipe's 7,215 times 0.9962 / 0.9134 = 1.0907, 1.69x the published
+    4,663.1; the 1.90x carried onto the published layout's fused estimate (5,210) reads 9,890. Under full
+    recompute only the layer being rebuilt holds its experts' token copies (1.88 GB balanced): the 10.5 GB of
+    allocation the plan leaves holds the hottest rank receiving about 6.6x its balanced share."""
     from bridge_recipes import registry
     from bridge_recipes.plan import memory as mem
 
     name, recipe = (
-        "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30",
-        "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config",
+        "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4",
+        "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config",
     )
-    ratio, fast, plan = _candidate_recipe(name, recipe, 1.9625, 1.95, 0.999997, 141.3, (12.82, 3.40))
-    pair = _pair(f"{name}_16_layers")
-    assert (pair.candidate_step_s, pair.reference_step_s, pair.layers_not_recomputed) == (3.2868, 6.4504, 4)
-    assert (fast.train.micro_batch_size, fast.model.recompute_method, fast.model.recompute_num_layers) == (
-        2,
-        "block",
-        30,
+    over_four, over_two = (_direct_pair(stem)["tokens_per_s_ratio"] for stem in DIRECT_PREDICTIONS)
+    assert (over_four, over_two) == (0.9134, 0.9962)
+    for stem, predicted in DIRECT_PREDICTIONS.items():
+        assert _direct_pair(stem)["tokens_per_s_ratio"] < predicted - 0.05, stem  # both missed, by 6% or more
+        assert _direct_pair(stem)["loss_curves"]["passed"], stem
+    assert _direct_steps("fast_mt16k_block30_vs_mbs4") == (3.6687, 3.3508)
+    # the prediction's basis: each one's ratio against the published arm of its own pair
+    block30 = measured("35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30", 16)["tokens_per_s_ratio"]
+    assert (
+        round(block30 / measured(name, 16)["tokens_per_s_ratio"], 2)
+        == DIRECT_PREDICTIONS["fast_mt16k_block30_vs_mbs4"]
+    )
+    four_rows = read_result(
+        ROOT / "results/h200_proxy_qwen35_35b_a3b_fast_mt16k_block30_vs_mbs4_16_layers_against.yaml"
+    )
+    assert four_rows["layout"]["rows_per_microbatch"] == 4 and "train.micro_batch_size=4" in four_rows["command"]
+
+    ratio, cfg, plan = _candidate_recipe(name, recipe, 1.8982, 1.93, 0.999997, 139.7, (12.82, 3.41))
+    assert (cfg.train.micro_batch_size, cfg.model.recompute_method, cfg.model.recompute_num_layers) == (
+        4,
+        "uniform",
+        1,
     )
     two_rows = registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config")()
-    two_rows.model.recompute_method, two_rows.model.recompute_num_layers = "block", 30
+    two_rows.train.micro_batch_size = 4
     for part in ("model", "optimizer", "ddp", "train", "mixed_precision"):
-        assert repr(getattr(fast, part)) == repr(getattr(two_rows, part)), part
+        assert repr(getattr(cfg, part)) == repr(getattr(two_rows, part)), part
 
-    # the token copies a kept layer saves for its experts, against the allocation the planner leaves
-    d, par = mem.model_dims(fast.model), mem.parallel_layout(fast, 8)
-    routed = mem.routed_tokens(d, mem.micro_batch_tokens(fast, par))
+    # the token copies of the one layer being rebuilt, against the allocation the planner leaves
+    d, par = mem.model_dims(cfg.model), mem.parallel_layout(cfg, 8)
+    routed = mem.routed_tokens(d, mem.micro_batch_tokens(cfg, par))
     per_layer = mem.BF16 * mem.routed_activation_elems(d, par, routed) / 1e9
     left = (plan.gpu_memory_gb - mem.FRAMEWORK_CONSTANT_GB) / (1 + mem.FRAMEWORK_FRACTION) - plan.peak_allocated_gb
-    assert round(per_layer, 2) == 0.94 and round(left, 1) == 9.0
-    # the 10 kept layers and the MTP layer, which block recompute does not checkpoint
-    assert not mem.mtp_recomputed(fast.model) and fast.model.mtp_num_layers == 1
-    assert round(1 + left / (11 * per_layer), 1) == 1.9
+    assert mem.mtp_recomputed(cfg.model) and round(per_layer, 2) == 1.88 and round(left, 1) == 10.5
+    assert round(1 + left / per_layer, 1) == 6.6 and 1 + left / per_layer < cfg.model.moe_router_topk
 
-    two = measured("35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2", 16)["tokens_per_s_ratio"]
-    over_two = ratio["tokens_per_s_ratio"] / two
-    assert round(over_two, 2) == 1.07
     _, fast_estimate, published_estimate = _fused_estimates()
-    estimate = fast_estimate * _two_rows_over_fast() * over_two
-    assert round(estimate, -1) == 7790 and round(estimate / 4663.1, 2) == 1.67 and estimate > 6500
-    assert round(published_estimate * ratio["tokens_per_s_ratio"], -1) == 10220
+    two_rows_estimate = fast_estimate * _direct_pair("fast_mt16k_vs_fast")["tokens_per_s_ratio"]
+    over = over_two / over_four
+    assert round(over, 4) == 1.0907
+    estimate = two_rows_estimate * over
+    assert round(estimate, -1) == 7870 and round(estimate / 4663.1, 2) == 1.69 and estimate > 6500
+    assert round(published_estimate * ratio["tokens_per_s_ratio"], -1) == 9890
     doc = registry.load(recipe).__doc__
-    assert "about 7,785" in doc and "1.67x" in doc and "10,225" in doc and "1.96x (predicted 1.95x)" in doc
-    assert "86.52 planned, 86.67 GB allocated" in doc and "about 1.9x its balanced share" in doc
+    assert "about 7,870" in doc and "1.69x" in doc and "9,890" in doc and "1.90x (predicted 1.93x)" in doc
+    assert "99.42 planned, 99.90 GB allocated" in doc and "about 6.6x its balanced share" in doc
+    assert "3.351 against 3.669 s, 1.095x" in doc
 
 
 def test_four_rows_missed_through_the_published_arm():
@@ -1179,7 +1246,8 @@ def test_four_rows_missed_through_the_published_arm():
     from the lease before: the published step is the host's, and a faster host shortens it more than a step
     near the GPU's 3.05 s. Against that 6.769 s the four-rows step reads 2.14x. In the same lease the block30
     pair's published arm ran 6.450 s, 7% slower than this pair's: within a lease the host varies as much as
-    the two candidates differ, so their ranking (1.96x over 1.90x) is not settled by these pairs."""
+    the two candidates differ, so their ranking (1.96x over 1.90x) is not settled by these pairs; the direct
+    pair of the lease after settles it for four rows."""
     name = "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4"
     ratio = measured(name, 16)
     assert ratio["tokens_per_s_ratio"] == 1.8982 and find(name).predicted_ratio == 1.93

@@ -145,20 +145,24 @@ def test_rows_that_are_not_a_rows_folder_exit_2_naming_the_option(tmp_path, caps
 
 def test_against_set_changes_only_the_second_run(tmp_path):
     """--against-set: the second run is its recipe with these overrides after the command's, e.g. the
-    two-rows recipe at four rows a micro batch against its block-recompute form, in one command."""
-    fast, block = (f"qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k{s}_mock_config" for s in ("", "_block30"))
+    two-rows recipe against itself at four rows a micro batch, in one command."""
+    two = "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config"
     opts = _opts(
-        "--proxy-layers", "16", "--recipe", block, "--against", fast, "--against-set", "train.micro_batch_size=4",
+        "--proxy-layers", "16", "--recipe", two, "--against", two, "--against-set", "train.micro_batch_size=4",
         "model.moe_router_topk=8", "--out", str(tmp_path / "c.yaml"),
     )  # fmt: skip
     runs = bench.runs_of(opts)
-    assert runs == [(block, block, []), (f"{fast} with train.micro_batch_size=4", fast, ["train.micro_batch_size=4"])]
+    assert runs == [(two, two, []), (f"{two} with train.micro_batch_size=4", two, ["train.micro_batch_size=4"])]
     problems, plans = bench.argument_problems(opts, runs)
     assert problems == []
-    (_, first), (request, second) = plans
+    (first_request, first), (request, second) = plans
     assert (first.train.micro_batch_size, second.train.micro_batch_size) == (2, 4)
-    assert (first.model.recompute_method, second.model.recompute_method) == ("block", "uniform")
+    assert first.model.num_layers == second.model.num_layers == 16
     assert "train.micro_batch_size=4" in request["overrides"]
+    assert "train.micro_batch_size=4" not in first_request["overrides"]
+    assert request["overrides"].index("model.moe_router_topk=8") < request["overrides"].index(
+        "train.micro_batch_size=4"
+    )
 
 
 @pytest.mark.parametrize(

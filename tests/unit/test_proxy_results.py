@@ -30,7 +30,9 @@ PAIRS = {  # model: (tuned policy, reference layout)
 # against the BF16 fast one on the chat rows, and the fast and published 35B-A3B policies at 16 layers
 # with one step traced (2026-12-01), the fast one again with gradient-accumulation fusion (a later lease); the
 # fast policy against the published one at 16 layers, both fused, and the fast one traced again for the host's
-# own work (the lease after)
+# own work (the lease after); the 35B-A3B's fast recipes against each other directly, one command a pair (the
+# eighth lease of 2026-12-01: block30 against four rows, block30 against two rows, two rows against fast)
+DIRECT = ("fast_mt16k_block30_vs_mbs4", "fast_mt16k_block30_vs_fast_mt16k", "fast_mt16k_vs_fast")
 RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_35b_a3b", "h200_policy_16_layers"),
     ("qwen35_27b", "h200_policy_repeat"),
@@ -47,6 +49,7 @@ RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_35b_a3b", "fast_vs_published_fused_16_layers"),
     ("qwen35_35b_a3b", "fast_vs_published_fused_16_layers_against"),
     ("qwen35_35b_a3b", "fast_fused_host_16_layers_traced"),
+    *[("qwen35_35b_a3b", f"{stem}_16_layers{arm}") for stem in DIRECT for arm in ("", "_against")],
 ]
 
 
@@ -89,6 +92,19 @@ def test_ratio_file_is_the_ratio_of_the_two_results(model):
     # both arms of a comparison ran the same proxy shape: micro batches per step and window
     assert tuned["workload"]["global_batch"] == reference["workload"]["global_batch"]
     assert tuned["result"]["window"] == reference["result"]["window"]
+
+
+@pytest.mark.parametrize("stem", DIRECT)
+def test_direct_pair_ratio_file_is_the_ratio_of_its_two_results(stem):
+    """Each direct pair's ratio file is what benchmark.py computes from its two committed result files and
+    the loss curves of their logs; both arms fused, on one proxy shape."""
+    arms = [f"{stem}_16_layers{arm}" for arm in ("", "_against")]
+    first, second = (_result("qwen35_35b_a3b", arm) for arm in arms)
+    ratio = json.loads((ROOT / "results" / f"h200_proxy_qwen35_35b_a3b_{stem}_16_layers_ratio.json").read_text())
+    assert ratio == comparison(first, second, proxy=True, losses=tuple(_losses("qwen35_35b_a3b", a) for a in arms))
+    assert result_fused(first) and result_fused(second) and ratio["loss_curves"]["passed"]
+    assert first["workload"]["global_batch"] == second["workload"]["global_batch"] == 8
+    assert first["result"]["window"] == second["result"]["window"] == [4, 15]
 
 
 def test_measured_ratios():

@@ -49,7 +49,7 @@ __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config",
-    "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config",
+    "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config",
@@ -156,8 +156,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
       Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.83 -> 3.42, every step
       finite (its log is the evidence).
     - Faster on the same GPUs: ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config`` (two rows a micro
-      batch), 1.18x this policy on the proxy in a later lease; faster still with block recompute of 30,
-      ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config``.
+      batch), 1.17x this policy on the proxy side by side in a later lease; faster still with four rows,
+      ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config``.
     """
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
@@ -204,11 +204,11 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     - Measured on the one-GPU proxy of the EP8 shard (16 layers, 32 experts, 8 rows of 8,192 tokens a step;
       1 x H200, 2026-12-01, side by side with the published policy in one command, both with gradient-
       accumulation fusion): 3.679 against 6.769 s a step, 1.84x (predicted 1.5x), loss curves agreeing
-      (correlation 0.999994, last step 1.0% apart). The fast recipe, in the same lease against the
-      published policy: 4.356 against 6.727 s, 1.54x; this one is 1.18x of it (the two published arms
-      0.6% apart).
-    - Full scale, estimated: about 7,300 tokens/s/GPU (1.57x the published 4,663.1): the fast recipe's
-      estimate with fusion (6,165) times the 1.18x of the two policies' pairs. The ratio measured against
+      (correlation 0.999994, last step 1.0% apart). Against the fast recipe directly, in one command (1 x
+      H200, 2026-12-01, a later lease): 3.731 against 4.368 s, 1.17x (predicted 1.18x, from the two
+      policies' pairs against the published one).
+    - Full scale, estimated: about 7,215 tokens/s/GPU (1.55x the published 4,663.1): the fast recipe's
+      estimate with fusion (6,165) times the 1.17x measured against it. The ratio measured against
       the published policy carried onto its estimate with fusion (5,210 x 1.84) reads 9,590; the lease's
       host was slow (the published arm 6.77 s against 4.99 on the fusion pair's lease), and on a host-bound
       step a slow host favours the policy with fewer launches, so the lower reading is the estimate. Both
@@ -216,9 +216,10 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
       (scripts/gpu/queues/h200_8gpu.txt).
       Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.82 -> 3.39, every step
       finite (its log is the evidence).
-    - Faster on the same GPUs: ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config`` (this policy
-      with the last 10 layers keeping their activations, 141.3 GB planned); this one keeps 39.9 GB of the
-      H200 free, room for any expert routing.
+    - Faster on the same GPUs: ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config`` (this policy at four
+      rows a micro batch, 139.7 GB planned); this one keeps 39.9 GB of the H200 free. Block recompute of 30
+      of the 40 layers instead of full recompute measured 0.996x of this policy in one command (141.3 GB
+      planned): no gain for 30 GB.
     """
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
@@ -235,48 +236,50 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     layout="TP1 PP1 EP8 DP8",
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30_16_layers.log",
+    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers.log",
     notes=(
-        "one-GPU proxy at 16 layers 1.96x the published policy side by side "
-        "(results/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30_16_layers_ratio.json; "
-        "predicted 1.95x)"
+        "one-GPU proxy at 16 layers 1.90x the published policy side by side "
+        "(results/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers_ratio.json; "
+        "predicted 1.93x); 1.095x the two-rows policy with block recompute of 30 in one command "
+        "(results/h200_proxy_qwen35_35b_a3b_fast_mt16k_block30_vs_mbs4_16_layers_ratio.json)"
     ),
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config() -> ConfigContainer:
-    """The two-rows policy (``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config``) with block recompute of
-    the first 30 of the 40 layers instead of full recompute: the last 10 keep their activations (candidate
-    ``35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_block30``, docs/performance_candidates.md). The
-    fastest 35B-A3B H200 policy measured here by its side-by-side ratio to the published one.
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config() -> ConfigContainer:
+    """The two-rows policy (``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config``) at four 8,192-token rows
+    a micro batch (32,768 tokens a GPU), full recompute kept (candidate
+    ``35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4``, docs/performance_candidates.md). The
+    fastest 35B-A3B H200 policy measured here.
 
-    - Why: on the host-bound proxy step a layer that keeps its activations skips its recomputed forward, a
-      quarter of its launches (forward, recomputed forward, and a backward of about two forwards).
-    - Memory: the planner gives 141.3 of 150.8 GB at full scale (the two-rows policy: 110.9), and was
-      within 0.2% of this policy's measured 16-layer proxy peak (86.52 planned, 86.67 GB allocated). It
-      counts balanced expert routing; the token copies a kept layer saves for its experts are 0.94 GB, so
-      the 9.0 GB of allocation left holds the hottest rank receiving up to about 1.9x its balanced share in
-      all 10 kept layers and the MTP layer (which block recompute does not checkpoint) at once. If a run
-      stops out of memory on routing more skewed than that, the two-rows policy keeps 39.9 GB free.
-    - Measured on the one-GPU proxy of the EP8 shard (16 layers, 4 of them keeping their activations, 32
-      experts, 8 rows of 8,192 tokens a step; 1 x H200, 2026-12-01, side by side with the published policy
-      in one command, both with gradient-accumulation fusion): 3.287 against 6.450 s a step,
-      1.96x (predicted 1.95x), loss curves agreeing (correlation 0.999997, last step 0.47% apart). The two-rows
-      policy measured 1.84x against the published one in the lease before, so this one is 1.07x of it,
-      a ratio of two side-by-side ratios rather than one command. Four rows a micro batch with full
-      recompute (candidate ``..._mbs4``, 139.7 GB planned) measured 1.90x in the same lease; the two are
-      within the host's variation (the published arms of the two pairs were 7% apart).
-    - Full scale, estimated: about 7,785 tokens/s/GPU (1.67x the published 4,663.1): the two-rows policy's
-      7,300 times 1.07. The 1.96x carried onto the published layout's estimate with fusion (5,210) reads
-      10,225; on a host-bound step a slow host favours the policy with fewer launches, so the lower reading
-      is the estimate. Both without the expert-parallel all-to-all, which the calibration also lacks. Not
-      run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
-      Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.82 -> 3.40, every step
+    - Why four rows: the proxy's step at two rows is still mostly the host's launches; four rows a micro
+      batch halve them again (16 rows a GPU a step in 4 micro batches instead of 8), and the step comes
+      near the GPU's own time.
+    - Memory: the planner gives 139.7 of 150.8 GB at full scale (the two-rows policy: 110.9), and was
+      within 0.5% of this policy's measured 16-layer proxy peak (99.42 planned, 99.90 GB allocated). It
+      counts balanced expert routing; under full recompute only the layer being rebuilt holds its experts'
+      token copies (1.88 GB balanced), so the 10.5 GB of allocation left holds the hottest rank receiving
+      up to about 6.6x its balanced share (a rank with 32 of 256 experts receives at most 8x, every one of a
+      token's 8 choices).
+    - Measured on the one-GPU proxy of the EP8 shard (16 layers, 32 experts, 8 rows of 8,192 tokens a step
+      in 2 micro batches; 1 x H200, side by side in one command, both with gradient-accumulation fusion):
+      against the published policy (2026-12-01) 3.167 against 6.012 s a step, 1.90x (predicted 1.93x), loss
+      curves agreeing (correlation 0.999997, last step 0.47% apart); against the two-rows policy with block
+      recompute of 30 of 40 layers (2026-12-01, a later lease) 3.351 against 3.669 s, 1.095x (predicted
+      0.97x: the miss, and why block recompute gains nothing here, in docs/performance_candidates.md).
+    - Full scale, estimated: about 7,870 tokens/s/GPU (1.69x the published 4,663.1): the two-rows
+      policy's 7,215 times 1.0907, the block-recompute form's two ratios of that lease (0.9962 against the
+      two-rows policy, 0.9134 against this one), each one command. The 1.90x carried onto the published
+      layout's estimate with fusion (5,210) reads 9,890; on a host-bound step a slow host favours the
+      policy with fewer launches, so the lower reading is the estimate. Both without the expert-parallel
+      all-to-all, which the calibration also lacks. Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
+      Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.82 -> 3.41, every step
       finite (its log is the evidence).
     - Rows with conversation boundaries (``--packing boundaries``) take one row a micro batch, and the
-      runner refuses them here, as for the two-rows policy.
+      runner refuses them here, as for the two-rows policy. If a run stops out of memory, the two-rows
+      policy keeps 39.9 GB of the H200 free.
     """
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config()
-    # the first 30 layers recompute their activations in the backward pass, the last 10 keep them
-    full_recompute(cfg, method="block", num_layers=30)
+    # four 8,192-token rows a micro batch: 16 rows a GPU a step in 4 micro batches, every layer recomputed
+    cfg.train.micro_batch_size = 4
     return cfg
 
 

@@ -20,7 +20,7 @@ __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mock_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config",
-    "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_mock_config",
+    "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config",
     "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config",
@@ -104,10 +104,10 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config() -> ConfigContaine
     status="unmeasured",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
 )
-def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_mock_config() -> ConfigContainer:
-    """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config (EP8, the fast recipe's kernels
-    and BF16 moments, two rows a micro batch, block recompute of 30 of 40 layers)."""
-    cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_block30_config()
+def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config() -> ConfigContainer:
+    """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config (EP8, the fast recipe's kernels and
+    BF16 moments, four rows a micro batch, full recompute)."""
+    cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config()
     benchmark_settings(cfg)
     return cfg
 
