@@ -183,6 +183,39 @@ def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch)
     assert written == json.loads((ROOT / "results" / f"h200_proxy_{model}_ratio.json").read_text())
 
 
+def test_against_set_names_the_reference_overrides_in_the_ratio_file(tmp_path, monkeypatch):
+    """scripts/benchmark.py --against-set, its two runs replaced by the committed block30 / four-rows pair:
+    the ratio file is the committed one plus the overrides the reference ran beyond its recipe (the
+    committed file predates the field), and the second run is planned at four rows a micro batch. The
+    first run is planned as the four-rows recipe (the block30 recipe the pair ran is withdrawn) and
+    replayed from the committed block30 arm."""
+    arms = ("", "_against")
+    planned = []
+
+    def committed_run(name, opts, out, request, cfg, label=None):
+        arm = "_against" if out.name.endswith("_against.yaml") else ""
+        planned.append((label, cfg.train.micro_batch_size))
+        stem = f"fast_mt16k_block30_vs_mbs4_16_layers{arm}"
+        return _result("qwen35_35b_a3b", stem), cfg, _losses("qwen35_35b_a3b", stem)
+
+    monkeypatch.setattr(bench, "one", committed_run)
+    first, second = (_result("qwen35_35b_a3b", f"fast_mt16k_block30_vs_mbs4_16_layers{a}")["recipe"] for a in arms)
+    argv = ["--proxy-layers", "16", "--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config"]
+    argv += ["--against", second, "--against-set", "train.micro_batch_size=4", "--steps", "16"]
+    argv += ["--window", "4", "15", "--out", str(tmp_path / "p.yaml")]
+    assert bench.main(argv) == 0
+    assert planned == [
+        ("qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config", 4),
+        (f"{second} with train.micro_batch_size=4", 4),
+    ]
+    written = json.loads((tmp_path / "p_ratio.json").read_text())
+    committed = json.loads(
+        (ROOT / "results/h200_proxy_qwen35_35b_a3b_fast_mt16k_block30_vs_mbs4_16_layers_ratio.json").read_text()
+    )
+    assert written.pop("reference_overrides") == ["train.micro_batch_size=4"]
+    assert written == committed and first.endswith("_block30_mock_config")
+
+
 def test_the_27b_policy_repeats_within_two_percent():
     """The same 4-layer proxy of the 27B policy on two hosts two days apart (2026-11-29 with the
     staged bundles, 2026-12-01 from the venv install.sh built): 3.890 and 3.834 s a step."""
