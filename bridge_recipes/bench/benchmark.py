@@ -313,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         (cand, cand_cfg, cand_losses), (ref, ref_cfg, ref_losses) = docs
         losses = different_training(cand_cfg, ref_cfg) or (cand_losses, ref_losses)
         ratio = comparison(cand, ref, proxy=bool(opts.proxy_layers), losses=losses)
-        if runs[1][2] and not opts.candidate:
-            ratio["reference_overrides"] = runs[1][2]  # --against-set: what the reference ran beyond its recipe
+        if opts.against_set:
+            ratio["reference_overrides"] = list(opts.against_set)  # what the reference ran beyond its recipe
         write_text_atomic(out.with_name(out.stem + "_ratio.json"), json.dumps(ratio, indent=1) + "\n")
         print(
             f"[benchmark] ratio {names[0]} / {names[1]} = {ratio['tokens_per_s_ratio']}"

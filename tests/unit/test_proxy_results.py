@@ -31,8 +31,15 @@ PAIRS = {  # model: (tuned policy, reference layout)
 # with one step traced (2026-12-01), the fast one again with gradient-accumulation fusion (a later lease); the
 # fast policy against the published one at 16 layers, both fused, and the fast one traced again for the host's
 # own work (the lease after); the 35B-A3B's fast recipes against each other directly, one command a pair (the
-# eighth lease of 2026-12-01: block30 against four rows, block30 against two rows, two rows against fast)
-DIRECT = ("fast_mt16k_block30_vs_mbs4", "fast_mt16k_block30_vs_fast_mt16k", "fast_mt16k_vs_fast")
+# eighth lease of 2026-12-01: block30 against four rows, block30 against two rows, two rows against fast).
+# DIRECT: the 16-layer recipe-against-recipe pairs, both arms fused
+# (results/h200_proxy_qwen35_35b_a3b_{stem}_16_layers*)
+DIRECT = (
+    "fast_vs_published_fused",
+    "fast_mt16k_block30_vs_mbs4",
+    "fast_mt16k_block30_vs_fast_mt16k",
+    "fast_mt16k_vs_fast",
+)
 RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_35b_a3b", "h200_policy_16_layers"),
     ("qwen35_27b", "h200_policy_repeat"),
@@ -46,8 +53,6 @@ RUNS = [(m, arm) for m, arms in PAIRS.items() for arm in arms] + [
     ("qwen35_35b_a3b", "fast_16_layers_traced"),
     ("qwen35_35b_a3b", "h200_policy_16_layers_traced"),
     ("qwen35_35b_a3b", "fast_fused_16_layers_traced"),
-    ("qwen35_35b_a3b", "fast_vs_published_fused_16_layers"),
-    ("qwen35_35b_a3b", "fast_vs_published_fused_16_layers_against"),
     ("qwen35_35b_a3b", "fast_fused_host_16_layers_traced"),
     *[("qwen35_35b_a3b", f"{stem}_16_layers{arm}") for stem in DIRECT for arm in ("", "_against")],
 ]
@@ -94,14 +99,20 @@ def test_ratio_file_is_the_ratio_of_the_two_results(model):
     assert tuned["result"]["window"] == reference["result"]["window"]
 
 
+def _direct(stem: str) -> tuple[dict, dict, dict]:
+    """A direct pair's two result documents (the first recipe's, then the second's) and its ratio file."""
+    first, second = (_result("qwen35_35b_a3b", f"{stem}_16_layers{arm}") for arm in ("", "_against"))
+    ratio = json.loads((ROOT / "results" / f"h200_proxy_qwen35_35b_a3b_{stem}_16_layers_ratio.json").read_text())
+    return first, second, ratio
+
+
 @pytest.mark.parametrize("stem", DIRECT)
 def test_direct_pair_ratio_file_is_the_ratio_of_its_two_results(stem):
     """Each direct pair's ratio file is what benchmark.py computes from its two committed result files and
     the loss curves of their logs; both arms fused, on one proxy shape."""
-    arms = [f"{stem}_16_layers{arm}" for arm in ("", "_against")]
-    first, second = (_result("qwen35_35b_a3b", arm) for arm in arms)
-    ratio = json.loads((ROOT / "results" / f"h200_proxy_qwen35_35b_a3b_{stem}_16_layers_ratio.json").read_text())
-    assert ratio == comparison(first, second, proxy=True, losses=tuple(_losses("qwen35_35b_a3b", a) for a in arms))
+    first, second, ratio = _direct(stem)
+    losses = tuple(_losses("qwen35_35b_a3b", f"{stem}_16_layers{arm}") for arm in ("", "_against"))
+    assert ratio == comparison(first, second, proxy=True, losses=losses)
     assert result_fused(first) and result_fused(second) and ratio["loss_curves"]["passed"]
     assert first["workload"]["global_batch"] == second["workload"]["global_batch"] == 8
     assert first["result"]["window"] == second["result"]["window"] == [4, 15]
@@ -327,16 +338,10 @@ def test_the_fused_fast_policy_against_the_fused_published_one_missed_its_predic
     arm, with 41% more launches, ran 1.35x its time on that lease against the fast arm's 1.14x. On a
     host-bound step a ratio depends on the host it ran on; the estimates carry savings through the published
     arm's speed in each pair (bench.predict.proxy_day)."""
-    name = "h200_proxy_qwen35_35b_a3b_fast_vs_published_fused_16_layers"
-    fast, published = (
-        _result("qwen35_35b_a3b", f"fast_vs_published_fused_16_layers{arm}") for arm in ("", "_against")
-    )
+    # its ratio file is the ratio of its two fused results: test_direct_pair_ratio_file_is_the_ratio_of_its_two_results
+    fast, published, ratio = _direct("fast_vs_published_fused")
     assert fast["recipe"] == "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mock_config"
     assert published["recipe"] == "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config"
-    assert result_fused(fast) and result_fused(published)
-    losses = tuple(_losses("qwen35_35b_a3b", f"fast_vs_published_fused_16_layers{arm}") for arm in ("", "_against"))
-    ratio = json.loads((ROOT / "results" / f"{name}_ratio.json").read_text())
-    assert ratio == comparison(fast, published, proxy=True, losses=losses)
     assert ratio["tokens_per_s_ratio"] == 1.544 and ratio["tokens_per_s_ratio"] > 1.28
     assert ratio["loss_curves"]["passed"] and ratio["loss_curves"]["pointwise_failures"] == 0
     steps = (fast["result"]["step_time_mean_s"], published["result"]["step_time_mean_s"])
