@@ -354,6 +354,33 @@ def pipeline_candidate_estimate(
     return base.tokens_per_s_per_gpu * base.step_s / ((base.micro_batches + base.bubble_micro_batches) * max(times))
 
 
+def with_exposed_comm(rate: float, comm_s: float, layers: int, row_tokens: int, frame: float = 1.0) -> float:
+    """tokens/s/GPU of a full-scale estimate made without the expert-parallel all-to-all (``rate``), with
+    ``comm_s`` seconds of it left exposed a MoE layer a row (one row's tokens through a layer's dispatch and
+    combine, forward and backward), its step first scaled by ``frame`` (one calibration's step over
+    another's: the estimate moved to the frame ``comm_s`` was found in). A step of R rows grows by
+    ``layers`` x R x ``comm_s``, so the row count cancels: a row's time is ``row_tokens`` / ``rate``."""
+    if rate <= 0 or row_tokens <= 0 or layers <= 0 or frame <= 0 or comm_s < 0:
+        raise PredictionError(
+            f"rate {rate}, layers {layers}, row tokens {row_tokens} and frame {frame} must be positive and the "
+            f"all-to-all {comm_s} s not negative"
+        )
+    return row_tokens / (row_tokens * frame / rate + layers * comm_s)
+
+
+def comm_to_reach_s(rate: float, target: float, layers: int, row_tokens: int, frame: float = 1.0) -> float:
+    """Seconds of exposed all-to-all a MoE layer a row at which an estimate made without it (``rate``,
+    its step scaled by ``frame``) falls to ``target`` tokens/s/GPU: the inverse of :func:`with_exposed_comm`.
+    Negative when the estimate is already below the target. Given a prediction of the published layout and
+    the published figure, it is the all-to-all that would close the calibration's gap."""
+    if rate <= 0 or target <= 0 or row_tokens <= 0 or layers <= 0 or frame <= 0:
+        raise PredictionError(
+            f"rate {rate}, target {target}, layers {layers}, row tokens {row_tokens} and frame {frame} "
+            "must be positive"
+        )
+    return (row_tokens / target - row_tokens * frame / rate) / layers
+
+
 def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35b_a3b") -> float:
     """``--ep-comm-s`` from the two-GPU suite's result file (``two_gpu_FAMILY.json``): the NCCL
     all-to-all time of the EP2 run's traced step (``bench.trace_summary``) over its layers and the

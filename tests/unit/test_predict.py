@@ -11,7 +11,13 @@ import pytest
 import yaml
 
 from bridge_recipes.bench import benchmark as bench
-from bridge_recipes.bench.predict import PredictionError, predict, proxy_point
+from bridge_recipes.bench.predict import (
+    PredictionError,
+    comm_to_reach_s,
+    predict,
+    proxy_point,
+    with_exposed_comm,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy.yaml"  # 4 layers, measured 2026-11-29
@@ -168,6 +174,23 @@ def test_the_35b_calibration_from_one_host_is_at_the_bands_edge(tmp_path):
     published_step = 16 * 8192 / 4663.1
     gap = (published_step - committed["step_s"]) / committed["micro_batches"] / 40
     assert round(gap * 1000, 1) == 5.8
+    assert comm_to_reach_s(committed["tokens_per_s_per_gpu"], 4663.1, 40, 8192) == pytest.approx(gap)
+
+
+def test_exposed_comm_and_the_comm_that_reaches_a_target_are_inverses():
+    """A row of 8,192 tokens at 8,192 tokens/s/GPU takes 1 s; 10 layers of 0.01 s of all-to-all make it
+    1.1 s; in a frame where the estimate's steps are 0.5 of it, 0.6 s. Bad figures are refused by name."""
+    assert with_exposed_comm(8192.0, 0.01, 10, 8192) == pytest.approx(8192 / 1.1)
+    assert with_exposed_comm(8192.0, 0.01, 10, 8192, frame=0.5) == pytest.approx(8192 / 0.6)
+    assert with_exposed_comm(8192.0, 0.0, 10, 8192) == 8192.0
+    for frame in (1.0, 0.87):
+        c = comm_to_reach_s(7000.0, 6500.0, 40, 8192, frame)
+        assert with_exposed_comm(7000.0, c, 40, 8192, frame) == pytest.approx(6500.0)
+    assert comm_to_reach_s(6000.0, 6500.0, 40, 8192) < 0
+    with pytest.raises(PredictionError, match="not negative"):
+        with_exposed_comm(8192.0, -0.01, 10, 8192)
+    with pytest.raises(PredictionError, match="target 0"):
+        comm_to_reach_s(8192.0, 0, 10, 8192)
 
 
 def test_the_published_35b_workload_trains_no_mtp_so_predicts_faster_still():

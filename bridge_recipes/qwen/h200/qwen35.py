@@ -274,8 +274,10 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config() -> ConfigContainer:
       policy's 7,215 times the 1.0216 measured against it in one command. The block-recompute pairs' ratio
       (1.0907) read 7,870; the 1.90x carried onto the published layout's estimate with fusion (5,210) reads
       9,890; on a host-bound step a slow host favours the policy with fewer launches, so the lowest reading
-      is the estimate. Both without the expert-parallel all-to-all, which the calibration also lacks. Not
-      run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
+      is the estimate. Both without the expert-parallel all-to-all, which the calibration also lacks: with
+      the 5.8 ms a MoE layer a row that would close the calibration's gap it reads about 6,820, and it
+      stays at 6,500 or above while under 7.3 ms a layer a row is exposed (docs/performance_candidates.md,
+      "The lease of 2026-12-02"). Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
       Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.82 -> 3.41, every step
       finite (its log is the evidence).
     - Rows with conversation boundaries (``--packing boundaries``) take one row a micro batch, and the
