@@ -404,8 +404,13 @@ def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35
     measured_ep = TWO_GPU_LAYOUTS["ep2"]["flags"]["ep"]
     micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // measured_ep  # EP2 over two GPUs is DP2, one row a micro batch
     all_to_all = breakdown["categories_ms"].get(ALL_TO_ALL, 0.0) / 1e3
-    share = ((target_ep - 1) / target_ep) / ((measured_ep - 1) / measured_ep)
-    return all_to_all / (TWO_GPU_LAYERS[family] * micro_batches) * share
+    return all_to_all / (TWO_GPU_LAYERS[family] * micro_batches) * ep_comm_scale(measured_ep, target_ep)
+
+
+def ep_comm_scale(measured_ep: int, target_ep: int) -> float:
+    """How much more all-to-all a token pays at ``target_ep`` than at ``measured_ep``: the share of a GPU's
+    tokens that leave it, (ep - 1) / ep, at the one over the other (EP2 to EP8: 7/8 over 1/2, 1.75)."""
+    return ((target_ep - 1) / target_ep) / ((measured_ep - 1) / measured_ep)
 
 
 def report(p: Prediction) -> str:

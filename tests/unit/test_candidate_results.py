@@ -1309,8 +1309,8 @@ def test_the_four_rows_estimate_meets_the_target_only_if_the_ep8_all_to_all_stay
     6.7). The two-GPU suite's bound (2026-11-30: EP2 0.247 s a step over half the one-GPU step, 7.7 ms a
     layer a row) gives 6,410; scaled to EP8 by the share of tokens leaving a GPU (13.5 ms), 5,420. Which
     holds only the two-GPU trace or the 8-GPU run can tell."""
-    from bridge_recipes.bench.evidence import TWO_GPU_LAYERS, TWO_GPU_TRAIN_FLAGS, two_gpu_results
-    from bridge_recipes.bench.predict import comm_to_reach_s, with_exposed_comm
+    from bridge_recipes.bench.evidence import TWO_GPU_LAYERS, TWO_GPU_LAYOUTS, TWO_GPU_TRAIN_FLAGS, two_gpu_results
+    from bridge_recipes.bench.predict import comm_to_reach_s, ep_comm_scale, with_exposed_comm
 
     committed, one_host = (
         json.loads((ROOT / f"results/h200_predict_qwen35_35b_a3b_sft_8gpu{s}.json").read_text())
@@ -1322,9 +1322,11 @@ def test_the_four_rows_estimate_meets_the_target_only_if_the_ep8_all_to_all_stay
 
     log = (ROOT / "docs/evidence/two_gpu/h200x2_qwen35_35b_a3b_layouts.log").read_text()
     one_gpu, ep2 = (r["step_s"] for r in two_gpu_results("qwen35_35b_a3b", log)[:2])
-    micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // 2  # EP2 over two GPUs is DP2, one row a micro batch
-    ep2_bound = (ep2 - one_gpu / 2) / (TWO_GPU_LAYERS["qwen35_35b_a3b"] * micro_batches)
-    ep8_bound = ep2_bound * (7 / 8) / (1 / 2)
+    measured_ep = TWO_GPU_LAYOUTS["ep2"]["flags"]["ep"]
+    micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // measured_ep  # EP2 over two GPUs is DP2, one row a micro batch
+    ep2_bound = (ep2 - one_gpu / measured_ep) / (TWO_GPU_LAYERS["qwen35_35b_a3b"] * micro_batches)
+    ep8_bound = ep2_bound * ep_comm_scale(measured_ep, 8)
+    assert ep_comm_scale(measured_ep, 8) == 1.75
     assert round(ep2 - one_gpu / 2, 3) == 0.247 and round(ep2_bound * 1000, 1) == 7.7
     assert round(ep8_bound * 1000, 1) == 13.5
 

@@ -218,9 +218,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
       finite (its log is the evidence).
     - On the same GPUs: ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config`` (this policy at four rows a
       micro batch, 139.7 GB planned) ran 1.02x this one in one command; this one keeps 39.9 GB of the H200
-      free. Block recompute of 30
-      of the 40 layers instead of full recompute measured 0.996x of this policy in one command (141.3 GB
-      planned): no gain for 30 GB.
+      free. Block recompute of 30 of the 40 layers instead of full recompute measured 0.996x of this policy
+      in one command (141.3 GB planned): no gain for 30 GB.
     """
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
