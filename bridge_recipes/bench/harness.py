@@ -143,6 +143,28 @@ def measure(log_text: str, cfg: Any, world_size: int, gpu: str, window: tuple[in
     return stats, flops
 
 
+def rows_workload(cfg: Any) -> dict[str, Any] | None:
+    """What a run on SFT rows trains on, from the rows' manifest: the packing mode, the conversations,
+    their mean length, the row length and the share of a row's tokens that are conversation tokens
+    (padding excluded). None for mock or other data."""
+    from bridge_recipes.data.integrity import read_manifest
+    from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
+
+    if not isinstance(cfg.dataset, PackedSFTRowsConfig) or not cfg.dataset.path:
+        return None
+    path = cfg.dataset.path
+    m = read_manifest(path)
+    conversations = m["conversations"]["used"]
+    total = m["rows"] * m["row_tokens"]
+    return {
+        "packing": m["packing"],
+        "conversations": conversations,
+        "mean_conversation_tokens": round(m["stream_tokens"] / conversations, 1) if conversations else 0.0,
+        "row_tokens": m["row_tokens"],
+        "useful_token_share": round(1 - m["padding_tokens"] / total, 4) if total else 0.0,
+    }
+
+
 def write(
     path: Path,
     *,
@@ -156,8 +178,6 @@ def write(
     proxy: bool,
     notes: list[str] | None = None,
 ) -> dict:
-    from bridge_recipes.bench.result import write_result
-
     stats, flops = measure(log_text, cfg, world_size, gpu, window)
     notes = [*(notes or []), fusion_note(cfg, log_text)]
     if proxy:
@@ -166,8 +186,9 @@ def write(
             "proxy run: the recipe's policy on one GPU with fewer layers; compare only as a ratio "
             "with a policy measured in the same session",
         )
-    return write_result(
-        path,
+    from bridge_recipes.bench.result import build_result, dump_result
+
+    document = build_result(
         recipe=recipe,
         model=model_spec(cfg).name,
         cfg=cfg,
@@ -178,6 +199,14 @@ def write(
         command=command,
         notes=notes,
     )
+    rows = rows_workload(cfg)
+    if rows:
+        # the rows' padding is work that trains nothing: the figure that counts is conversation tokens
+        document["workload"]["rows"] = rows
+        r = document["result"]
+        r["useful_tokens_per_s_per_gpu"] = round(r["tokens_per_s_per_gpu"] * rows["useful_token_share"], 1)
+    dump_result(path, document)
+    return document
 
 
 FUSION_NOTE = "gradient-accumulation fusion: "
@@ -220,6 +249,7 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
         ("model.seq_length ({} vs {})".format(*seq), *seq),
         ("train.global_batch_size", a.train.global_batch_size, b.train.global_batch_size),
         ("dataset", type(a.dataset).__name__, type(b.dataset).__name__),
+        ("dataset.path", getattr(a.dataset, "path", None), getattr(b.dataset, "path", None)),
         ("dataset.random_seed", getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),
         ("rng.seed", a.rng.seed, b.rng.seed),
     ]
@@ -246,6 +276,13 @@ def comparison(
         ),
         "proxy": proxy,
     }
+    rows = [d["workload"].get("rows") for d in (candidate, reference)]
+    if all(rows):
+        useful = [d["result"]["useful_tokens_per_s_per_gpu"] for d in (candidate, reference)]
+        out["useful_tokens_per_s_ratio"] = round(useful[0] / useful[1], 4)
+        out["packing"], out["baseline_packing"] = rows[0]["packing"], rows[1]["packing"]
+        same = ("conversations", "mean_conversation_tokens", "row_tokens")
+        out.update({k: rows[0][k] for k in same if rows[0][k] == rows[1][k]})
     if isinstance(losses, str):
         out["loss_curves"] = {"compared": False, "why": losses}
     elif losses:

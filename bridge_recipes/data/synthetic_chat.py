@@ -12,6 +12,7 @@ read the same data.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,52 @@ def build_evidence_rows(out: str | Path, tokenizer: str | Path, packing: str = "
         overwrite=True,
         progress=False,
     )
+
+
+def lognormal_conversation(rng: random.Random, words: int) -> dict[str, Any]:
+    """A two-turn chat of about ``words`` words, a fifth of them the user's."""
+    user = max(1, words // 5)
+    return {
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": _text(rng, user)},
+            {"role": "assistant", "content": _text(rng, max(1, words - user))},
+        ]
+    }
+
+
+# Conversation lengths of held-out chat data: lognormal, a mean of about 1,700 tokens with the
+# fixture tokenizer (about four tokens a word), the longest under an 8,192-token row.
+LOGNORMAL_MEAN_WORDS = 430
+LOGNORMAL_SIGMA = 0.8
+LOGNORMAL_MAX_WORDS = 1900
+
+
+def lognormal_conversations_jsonl(n: int, seed: int = 0) -> str:
+    """``n`` chats with lognormal lengths (``LOGNORMAL_*``), the same text for the same ``n`` and ``seed``."""
+    rng = random.Random(seed)
+    mu = math.log(LOGNORMAL_MEAN_WORDS) - LOGNORMAL_SIGMA**2 / 2
+    lines = []
+    for _ in range(n):
+        words = LOGNORMAL_MAX_WORDS + 1
+        while words > LOGNORMAL_MAX_WORDS:
+            words = max(8, round(rng.lognormvariate(mu, LOGNORMAL_SIGMA)))
+        lines.append(json.dumps(lognormal_conversation(rng, words)) + "\n")
+    return "".join(lines)
+
+
+# The packing benchmark's conversations: enough that the one-per-row rows outnumber what a short
+# benchmark reads, and that the packed rows still hold a few dozen steps of one-row micro batches.
+LOGNORMAL_CONVERSATIONS = 600
+
+
+def build_lognormal_rows(out: str | Path, tokenizer: str | Path, packing: str, row_tokens: int = 8192) -> dict:
+    """``LOGNORMAL_CONVERSATIONS`` chats of lognormal lengths (``chat.jsonl`` in ``out``'s parent)
+    built into rows in ``out`` with ``packing``; returns the manifest."""
+    from bridge_recipes.data.sft_rows import build_sft_rows
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.parent / "chat.jsonl"
+    src.write_text(lognormal_conversations_jsonl(LOGNORMAL_CONVERSATIONS, seed=0))
+    return build_sft_rows(src, tokenizer, out, row_tokens=row_tokens, packing=packing, overwrite=True, progress=False)

@@ -142,8 +142,21 @@ def entry_point_for(cfg: Any, task: str) -> Callable:
     return pretrain
 
 
+def attention_per_conversation_on_packed_rows(cfg: Any) -> bool:
+    """Rows with conversation boundaries train with attention run one conversation at a time
+    (``bridge_recipes.packed_attention``): each conversation's gradient is then the one it has alone."""
+    if not getattr(cfg.dataset, "enable_offline_packing", False) or is_vlm(cfg):
+        return False
+    from bridge_recipes import packed_attention
+
+    packed_attention.install()
+    _log("packed rows: attention runs one conversation at a time (bridge_recipes.packed_attention)")
+    return True
+
+
 def run(cfg: Any, task: str) -> None:
     prepare_for_registry_install(cfg)
+    attention_per_conversation_on_packed_rows(cfg)
     step = forward_step_for(cfg)
     entry = entry_point_for(cfg, task)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")

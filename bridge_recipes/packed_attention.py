@@ -1,0 +1,108 @@
+"""Attention over packed rows, one conversation at a time.
+
+A packed (THD) row reaches Transformer Engine's attention with ``cu_seqlens``; TE then runs its
+variable-length kernel. This module adds a second way for the same call: the row is cut at its
+boundaries and each conversation goes through TE's dense (``sbhd``) attention on its own, the
+kernel a conversation takes when it is the only one in its row. Each conversation's output is the
+one it would have alone, forward and backward, with one small host read of the boundaries per layer
+call. Each conversation is padded at its end to a multiple of ``PAD_TO`` tokens before the call: under
+the causal mask its own tokens never see the padding, and the kernels meet a few dozen sequence
+lengths instead of one per conversation length (each new length costs a kernel plan).
+
+``install()`` patches Megatron-Core's ``TEDotProductAttention.forward`` once per process; calls
+without packed-sequence parameters, and every other format, go through the original forward.
+``set_mode`` picks between ``per_conversation`` (the default once installed) and ``varlen`` (TE's
+own THD kernel), so the two can be compared in one process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MODES = ("per_conversation", "varlen")
+PAD_TO = 128
+_state: dict[str, Any] = {"mode": "per_conversation", "original": None}
+
+
+def set_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"packed attention mode {mode!r} is not one of {', '.join(MODES)}")
+    _state["mode"] = mode
+
+
+def mode() -> str:
+    return _state["mode"]
+
+
+def installed() -> bool:
+    return _state["original"] is not None
+
+
+def boundaries(packed_seq_params: Any) -> list[int]:
+    """The row's conversation boundaries on the host; refuses padding between conversations."""
+    cu = packed_seq_params.cu_seqlens_q
+    padded = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
+    bounds = [int(x) for x in cu.tolist()]
+    if padded is not None and padded is not cu and [int(x) for x in padded.tolist()] != bounds:
+        raise ValueError(
+            "per-conversation attention needs rows without padding between conversations "
+            "(cu_seqlens_q_padded differs from cu_seqlens_q)"
+        )
+    kv = getattr(packed_seq_params, "cu_seqlens_kv", None)
+    if kv is not None and kv is not cu and [int(x) for x in kv.tolist()] != bounds:
+        raise ValueError("per-conversation attention needs the same boundaries for queries and keys")
+    return bounds
+
+
+def per_conversation(call, query, key, value, bounds: list[int]):
+    """``call(q, k, v)`` on each ``[start, end)`` of the packed ``[t, heads, dim]`` tensors as a
+    causal ``[s, 1, heads, dim]`` sequence padded at its end to a multiple of ``PAD_TO``; the outputs
+    of the real tokens joined back into ``[t, heads * dim]``."""
+    import torch
+
+    outs = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        n = end - start
+        if n == 0:
+            continue
+        pad = -n % PAD_TO
+        # fresh tensors: a view into the fused QKV projection has a layout TE does not take
+        q, k, v = (
+            torch.cat([x[start:end], x.new_zeros(pad, *x.shape[1:])]) if pad else x[start:end].clone()
+            for x in (query, key, value)
+        )
+        out = call(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
+        outs.append(out.reshape(n + pad, -1)[:n])
+    return torch.cat(outs, dim=0)
+
+
+def install() -> None:
+    """Route THD calls of Megatron-Core's TE attention through ``per_conversation`` (idempotent)."""
+    if installed():
+        return
+    from megatron.core.extensions.transformer_engine import TEDotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    original = TEDotProductAttention.forward
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
+                packed_seq_params=None, num_splits=None):  # fmt: skip
+        thd = packed_seq_params is not None and getattr(packed_seq_params, "qkv_format", None) == "thd"
+        if not thd or _state["mode"] != "per_conversation":
+            return original(
+                self, query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params, num_splits
+            )
+        if attention_bias is not None or attn_mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
+            raise ValueError(f"per-conversation attention supports causal self-attention only, got {attn_mask_type}")
+        if getattr(packed_seq_params, "cp_group", None) is not None or self.config.context_parallel_size > 1:
+            raise ValueError("per-conversation attention does not support context parallelism")
+        return per_conversation(
+            lambda q, k, v: original(self, q, k, v, None, AttnMaskType.causal, None, None, num_splits),
+            query,
+            key,
+            value,
+            boundaries(packed_seq_params),
+        )
+
+    TEDotProductAttention.forward = forward
+    _state["original"] = original

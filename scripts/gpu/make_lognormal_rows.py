@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""Build the packing benchmark's rows: the same lognormal-length chats (a mean of about 1,700
+tokens) as ``boundaries`` and as ``one_per_row`` rows of 8,192 tokens, with the fixture tokenizer.
+
+    python scripts/gpu/make_lognormal_rows.py OUT      # OUT/boundaries, OUT/one_per_row
+"""
+
+import sys
+from pathlib import Path
+
+from bridge_recipes.data.synthetic_chat import build_lognormal_rows
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: make_lognormal_rows.py OUT")
+    for packing in ("boundaries", "one_per_row"):
+        m = build_lognormal_rows(Path(sys.argv[1]) / packing, TOKENIZER, packing)
+        print(f"{packing}: {m['rows']} rows, {m['padding_tokens']} padding, {m['stream_tokens']} conversation tokens")
