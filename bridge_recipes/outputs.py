@@ -81,6 +81,39 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def exit_on_termination() -> None:
+    """Turn SIGTERM and SIGHUP (``kill``, a closed terminal, a scheduler's stop) into SystemExit,
+    so that a script's cleanup runs: a staged output folder is removed, not left beside the
+    output. For the command lines' ``main``; a SIGKILL'd build's leftovers go at the next build."""
+    import signal
+
+    def stop(signum: int, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """The ``.NAME.partial-PID`` folders that killed runs (PID gone) left beside ``out``."""
+    if not out.parent.is_dir():
+        return
+    for path in out.parent.glob(f".{out.name}.partial-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -108,6 +141,7 @@ def staged_output(
         parent = parent.parent
     if not os.access(parent, os.W_OK | os.X_OK):
         raise error(f"cannot write under {parent} (read-only or no permission); choose another --out")
+    _remove_stale_partials(out)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         tmp.mkdir(parents=True)
