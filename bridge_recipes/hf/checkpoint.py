@@ -172,25 +172,10 @@ def safetensors_header(file: Path) -> tuple[dict, int]:
 
 
 # Types of the config.json fields the checks read (absent or null is allowed for each).
-_INT_FIELDS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
-    "intermediate_size",
-    "num_experts",
-    "num_experts_per_tok",
-    "moe_intermediate_size",
-    "shared_expert_intermediate_size",
-    "vocab_size",
-    "mtp_num_hidden_layers",
-    "head_dim",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_conv_kernel_dim",
-    "full_attention_interval",
+_INT_FIELDS = tuple(
+    f
+    for f in FAMILY_FIELDS + SIZE_FIELDS
+    if f not in ("architecture", "partial_rotary_factor", "tie_word_embeddings", "layer_types")
 )
 MAX_LAYERS = 10_000  # far above any Qwen3.5 model; a larger count is a damaged config
 

@@ -167,22 +167,20 @@ def hf_toy(tmp_path_factory):
     from bridge_recipes.hf.toy import make_toy
 
     root = tmp_path_factory.mktemp("hf_fuzz")
-    make_toy(
-        root / "moe",
-        "moe",
-        hidden_size=64,
-        num_attention_heads=2,
-        num_query_groups=1,
-        linear_num_key_heads=1,
-        linear_num_value_heads=2,
-        vocab_size=1024,
-        num_experts=4,
-        moe_router_topk=2,
-        moe_ffn_hidden_size=32,
-        moe_shared_expert_ffn_hidden_size=32,
-        max_shard_size="300KB",
-    )
+    make_toy(root / "moe", "moe", max_shard_size="5MB")
     return root / "moe"
+
+
+def _copy(toy: Path, tmp: str, own: str) -> Path:
+    """A folder of links to the toy's files, with ``own`` (the file a test edits) a copy."""
+    folder = Path(tmp) / "moe"
+    folder.mkdir()
+    for f in toy.iterdir():
+        if f.name == own:
+            shutil.copy(f, folder / f.name)
+        else:
+            (folder / f.name).symlink_to(f)
+    return folder
 
 
 def _hf_outcome(folder: Path) -> None:
@@ -201,7 +199,7 @@ def _hf_outcome(folder: Path) -> None:
 @given(name=st.sampled_from(HF_FIELDS), value=JSON | st.integers(min_value=-(2**70), max_value=2**70))
 def test_hf_folder_with_any_config_value_is_checked_or_refused(hf_toy, name, value):
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(shutil.copytree(hf_toy, Path(tmp) / "moe"))
+        folder = _copy(hf_toy, tmp, "config.json")
         config = json.loads((folder / "config.json").read_text())
         config[name] = value
         (folder / "config.json").write_text(json.dumps(config))
@@ -217,8 +215,9 @@ def test_hf_folder_with_a_damaged_shard_header_is_refused(hf_toy, length, body):
     import struct
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(shutil.copytree(hf_toy, Path(tmp) / "moe"))
-        shard = sorted(folder.glob("*.safetensors"))[0]
+        shard_name = sorted(f.name for f in hf_toy.glob("*.safetensors"))[0]
+        folder = _copy(hf_toy, tmp, shard_name)
+        shard = folder / shard_name
         shard.write_bytes(struct.pack("<Q", length) + body + shard.read_bytes()[8:])
         _hf_outcome(folder)
 
