@@ -117,8 +117,8 @@ MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the 
 # Qwen3.5's context window: no training sequence, so no row, is longer.
 MAX_ROW_TOKENS = max(spec.max_position_embeddings for spec in SPECS.values())
 # A token of Qwen3.5's vocabulary is a few bytes of text (at most a few dozen, written as JSON
-# escapes); a JSONL line of more than this many bytes a token cannot fit its row, and is skipped
-# before it is parsed or tokenized.
+# escapes); a JSONL line (or a Parquet row's text) of more than this many bytes a token cannot fit
+# its row, and is skipped before it is parsed or tokenized.
 MAX_LINE_BYTES_PER_TOKEN = 64
 
 Renderer = Callable[[Any, int], tuple[np.ndarray, np.ndarray]]
@@ -361,6 +361,18 @@ def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, ma
     }
 
 
+def _text_size(value: Any) -> int:
+    """Characters of text in a decoded record (a Parquet row): its strings, nested in lists and
+    mappings, summed."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
 def _pack_and_write(
     reader: JsonlSource | ParquetSource,
     order: np.ndarray,
@@ -402,12 +414,13 @@ def _pack_and_write(
                 read += 1
                 bar.update(1)
                 try:
-                    if isinstance(raw, bytes) and len(raw) > row_tokens * MAX_LINE_BYTES_PER_TOKEN:
+                    size = len(raw) if isinstance(raw, bytes) else _text_size(raw)
+                    if size > row_tokens * MAX_LINE_BYTES_PER_TOKEN:
                         raise MalformedConversation(
                             index,
                             "longer_than_row",
-                            f"line of {len(raw):,} bytes cannot fit a {row_tokens}-token row "
-                            f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped unread",
+                            f"conversation of {size:,} bytes cannot fit a {row_tokens}-token row "
+                            f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped before tokenizing",
                         )
                     conversation = reader.decode(raw, index)
                     try:

@@ -170,6 +170,20 @@ def test_a_huge_line_is_skipped_unread(tmp_path, monkeypatch):
     assert max(decoded) < 1000
 
 
+def test_a_huge_parquet_conversation_is_skipped_before_tokenizing(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    huge = [{"role": "user", "content": "x" * 200_000}, {"role": "assistant", "content": "y"}]
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"messages": [GOOD["messages"]] * 30 + [huge]}), src)
+    m = sft_rows.build_sft_rows(
+        src, CHATML, tmp_path / "out", row_tokens=64, chat_format="chatml", packing="eos_joined", progress=False
+    )
+    assert m["conversations"]["skipped"] == {"longer_than_row": 1}
+    assert "skipped before tokenizing" in m["conversations"]["skipped_examples"][0]
+
+
 # ----------------------------------------------------------------- silent yes
 
 
