@@ -6,7 +6,10 @@ and GPUs when it builds from the file. Loading goes through ``ConfigContainer.fr
 strict mode: an unknown key anywhere is an error, and every ``_target_`` must be on Megatron's
 instantiation allow-list. This package's config classes are added to that list one class at a
 time (:data:`YAML_CLASSES`), not as a package prefix, so a file can name a dataset config but
-no other callable of the package.
+no other callable of the package. Before any of it, :mod:`bridge_recipes.config_safety` holds
+the file to what a config may ask for (config classes and a short list of named functions, a
+size and an alias-expansion limit), so a file received from someone else runs nothing of its
+choosing.
 
 Importing this module imports neither torch nor Megatron.
 """
@@ -77,10 +80,14 @@ def recipe_of(path: str | os.PathLike, recipe: str | None = None) -> str:
 
 
 def _read(path: str | os.PathLike) -> str:
+    from bridge_recipes.config_safety import MAX_BYTES
+
     p = Path(path)
     if not p.is_file():
         raise ConfigFileError(f"config file {p} does not exist" if not p.exists() else f"config file {p} is a folder")
     try:
+        if (size := p.stat().st_size) > MAX_BYTES:
+            raise ConfigFileError(f"config file {p} is {size:,} bytes, over the {MAX_BYTES:,}-byte limit")
         return p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"config file {p} cannot be read: {exc}") from None
@@ -90,9 +97,14 @@ def _parse(path: str | os.PathLike) -> tuple[str, dict]:
     """The file's text and its YAML mapping, checked to be a saved ConfigContainer."""
     import yaml
 
+    from bridge_recipes.config_safety import UnsafeConfig, check_targets, check_text
+
     text = _read(path)
     try:
+        check_text(text)  # size and alias expansion, before the YAML is expanded
         data = yaml.safe_load(text)
+    except UnsafeConfig as exc:
+        raise ConfigFileError(f"config file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or data.get("_target_") != CONTAINER:
@@ -100,6 +112,10 @@ def _parse(path: str | os.PathLike) -> tuple[str, dict]:
             f"config file {path} is not a saved config: expected a mapping with '_target_: {CONTAINER}' "
             "(write one with --dry-run --save-config FILE)"
         )
+    try:
+        check_targets(data, YAML_CLASSES)  # nothing it names is called before this passes
+    except UnsafeConfig as exc:
+        raise ConfigFileError(f"config file {path}: {exc}") from None
     return text, data
 
 

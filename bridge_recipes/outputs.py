@@ -3,7 +3,8 @@
 ``output_problem`` says why a path cannot take a script's output (a folder, a missing or
 unwritable folder, one of the files the script reads); scripts call it while validating their
 arguments, before they run anything. ``write_text_atomic`` writes beside the target and
-renames, so a reader sees the old file or the new one, never a partial one; ``staged_output``
+renames, so a reader sees the old file or the new one, never a partial one (created with the
+mode a plain ``open`` gives, the umask's); ``staged_output``
 does the same for a folder. ``file_sha256`` is the hash the written files are checked by. Standard
 library only (the wheelhouse uses it before anything is installed).
 """
@@ -18,9 +19,33 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+Input = str | os.PathLike | tuple[str, str | os.PathLike]
 
-def output_problem(path: str | os.PathLike, *, option: str, inputs: Iterable[str | os.PathLike] = ()) -> str | None:
-    """Why ``path`` (given as ``option``) cannot be written, or None when it can."""
+
+def overlap_problem(out: str | os.PathLike, *, option: str, inputs: Iterable[Input]) -> str | None:
+    """Why writing ``out`` (given as ``option``) would touch an input, or None.
+
+    ``inputs`` are paths, or ``(name, path)`` pairs naming the flag that gave each. Refused:
+    the same path (through links too), an output folder that holds an input (replacing the
+    folder, e.g. with ``--overwrite``, would delete it), and an output inside an input folder."""
+    target = Path(out).expanduser().resolve()
+    for item in inputs:
+        name, source = item if isinstance(item, tuple) else ("an input", item)
+        if source is None or str(source) == "":
+            continue
+        src = Path(source).expanduser().resolve()
+        if src == target:
+            return f"{option} {out} is the same path as {name} {source}; write the result elsewhere"
+        if target in src.parents:
+            return f"{option} {out} holds {name} {source}; writing it would replace the input: choose another path"
+        if src in target.parents:
+            return f"{option} {out} is inside {name} {source}; write the result outside it"
+    return None
+
+
+def output_problem(path: str | os.PathLike, *, option: str, inputs: Iterable[Input] = ()) -> str | None:
+    """Why ``path`` (given as ``option``) cannot be written, or None when it can (see
+    :func:`overlap_problem` for ``inputs``)."""
     p = Path(path)
     if p.is_dir():
         return f"{option} {p} is a folder; give a file path"
@@ -31,10 +56,12 @@ def output_problem(path: str | os.PathLike, *, option: str, inputs: Iterable[str
         return f"{option} {p}: the folder {parent} is not writable"
     if p.exists() and not os.access(p, os.W_OK):
         return f"{option} {p} is not writable"
-    for source in inputs:
+    inputs = list(inputs)
+    for item in inputs:
+        source = item[1] if isinstance(item, tuple) else item
         if p.exists() and Path(source).exists() and os.path.samefile(p, source):
             return f"{option} {p} is one of the input files; write the result elsewhere"
-    return None
+    return overlap_problem(p, option=option, inputs=inputs)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -42,6 +69,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else ".")
     try:
+        # mkstemp makes the file its owner's only: give it the mode a plain open() would
+        os.fchmod(fd, p.stat().st_mode & 0o7777 if p.exists() else 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -50,6 +79,45 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def exit_on_termination() -> None:
+    """Turn SIGTERM and SIGHUP (``kill``, a closed terminal, a scheduler's stop) into SystemExit,
+    so that a script's cleanup runs: a staged output folder is removed, not left beside the
+    output. For the command lines' ``main``; a SIGKILL'd build's leftovers go at the next build."""
+    import signal
+
+    def stop(signum: int, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """The ``.NAME.partial-PID`` folders that killed runs (PID gone) left beside ``out``."""
+    if not out.parent.is_dir():
+        return
+    for path in out.parent.glob(f".{out.name}.partial-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -73,6 +141,7 @@ def staged_output(
         parent = parent.parent
     if not os.access(parent, os.W_OK | os.X_OK):
         raise error(f"cannot write under {parent} (read-only or no permission); choose another --out")
+    _remove_stale_partials(out)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     try:
         tmp.mkdir(parents=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -92,11 +93,21 @@ class Override:
     token: str
 
 
+_KEY = re.compile(r"[A-Za-z0-9_$\-]+(\.[A-Za-z0-9_$\-]+)*|[A-Za-z0-9_$\-]")
+
+
 def parse(token: str) -> Override:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if "=" not in token and not token.startswith("~"):
         raise OverrideError(f"malformed override {token!r}: expected KEY=VALUE (or ~KEY to delete)")
+    key = token.partition("=")[0].lstrip("+~")
+    if key and not _KEY.fullmatch(key):
+        odd = next(c for c in key if not _KEY.fullmatch(c) and c != ".")
+        raise OverrideError(
+            f"key {key!r} in {token!r} holds {odd!r}: config keys are ASCII letters, digits and '_', "
+            "joined by '.' (e.g. optimizer.lr=1e-5)"
+        )
     try:
         o = OverridesParser.create().parse_override(token)
     except Exception as exc:  # Hydra raises its own exception types for grammar errors
@@ -133,7 +144,25 @@ def _has(obj: Any, name: str) -> bool:
     return dataclasses.is_dataclass(obj) and name in {f.name for f in dataclasses.fields(obj)}
 
 
+def _below(obj: Any, name: str, prefix: str, depth: int = 3) -> list[str]:
+    """Dotted keys under ``obj`` (``depth`` sections down) whose last part is ``name``: a field
+    given without its section (``lr`` for ``optimizer.lr``)."""
+    out = []
+    for child in _children(obj):
+        value = obj[child] if isinstance(obj, dict) else getattr(obj, child, None)
+        if child == name and prefix:
+            out.append(f"{prefix}{child}")
+        if depth and (dataclasses.is_dataclass(value) and not isinstance(value, type) or isinstance(value, dict)):
+            out += _below(value, name, f"{prefix}{child}.", depth - 1)
+    return out
+
+
 def _nearest(obj: Any, name: str, prefix: str) -> str:
+    """Keys to suggest for ``name`` unknown in ``obj``: the same field in a section below it
+    first, else the closest spellings at this level."""
+    inside = sorted(_below(obj, name, prefix), key=len)[:3]
+    if inside:
+        return " Did you mean " + " or ".join(inside) + "?"
     near = difflib.get_close_matches(name, _children(obj), n=3, cutoff=0.5)
     if not near:
         return ""

@@ -1,15 +1,22 @@
 """Range checks of a built config's values, run before the layout checks and before launch.
 
 Megatron accepts some values it cannot train with (a NaN learning rate, a warm-up longer than
-the run, a top-k above the expert count) and fails late or misleadingly on others (a zero
-global batch is reported as a learning-rate-decay problem; a zero parallel size divides by
-zero). Each check here names the field, its value and the fix. The layout checks divide by the
-parallel sizes, so they run only when these pass.
+the run, a top-k above the expert count), refuses others only at launch (Adam betas outside
+[0, 1) when torch builds the optimizer, an unknown token dispatcher when the MoE layer is
+built) and fails late or misleadingly on others (a zero global batch is reported as a
+learning-rate-decay problem; a zero parallel size divides by zero). :data:`RANGES` is the one
+table of accepted ranges, each with who refuses a value outside it; fields typed with a fixed
+set of choices (``Literal[...]``) accept only those. Each problem names the field, its value,
+the accepted range and the fix. The layout checks divide by the parallel sizes, so they run
+only when those pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
+from dataclasses import dataclass
 from typing import Any
 
 # Megatron-Core keeps iteration counts and token counters in 64-bit integers and the data
@@ -17,31 +24,117 @@ from typing import Any
 MAX_TRAIN_ITERS = 10**9
 # torch.manual_seed and numpy take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
+# Counts end up in torch int64 tensors (consumed samples, batch sizes, sequence lengths).
+INT64_MAX = 2**63 - 1
 
-# Sizes Megatron divides by or allocates with: each must be an integer >= 1.
-POSITIVE_SIZES = (
-    ("model.tensor_model_parallel_size", "-tp"),
-    ("model.pipeline_model_parallel_size", "-pp"),
-    ("model.context_parallel_size", "-cp"),
-    ("model.expert_model_parallel_size", "-ep"),
-    ("model.num_layers", "model.num_layers="),
-    ("model.hidden_size", "model.hidden_size="),
-    ("model.num_attention_heads", "model.num_attention_heads="),
-    ("model.seq_length", "-sl"),
-    ("train.global_batch_size", "-gb"),
-    ("train.micro_batch_size", "-mb"),
-    ("train.train_iters", "--max-steps"),
+
+@dataclass(frozen=True)
+class Range:
+    """The values one field accepts: ``low``/``high`` bounds (open or closed), integers only,
+    null allowed, the flag or override that sets it, and ``layout``: the layout checks divide
+    by it, so they wait for it."""
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    optional: bool = False
+    flag: str | None = None
+    layout: bool = False
+
+    def accepts(self, v: Any) -> bool:
+        if v is None:
+            return self.optional
+        if self.integer and not _is_int(v):
+            return False
+        if not _finite_number(v):
+            return False
+        if self.low is not None and (v <= self.low if self.low_open else v < self.low):
+            return False
+        return self.high is None or (v < self.high if self.high_open else v <= self.high)
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.low is not None and self.high is not None and not (self.integer and self.high == INT64_MAX):
+            text = (
+                f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            )
+        elif self.low is not None:
+            text = f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+            if self.integer and self.high == INT64_MAX:
+                text += " that fits 64 bits"
+        else:
+            text = f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
+        return text + (" (or null)" if self.optional else "")
+
+    def how(self) -> str:
+        if self.flag and self.flag.startswith("-"):
+            return f"set it with {self.flag} N"
+        return f"set it with {self.flag or self.key + '='}N"
+
+
+def _size(key: str, flag: str, optional: bool = False) -> Range:
+    return Range(key, low=1, high=INT64_MAX, integer=True, optional=optional, flag=flag, layout=True)
+
+
+# Every value range checked before launch, and who refuses a value outside it.
+RANGES: tuple[Range, ...] = (
+    # Sizes Megatron divides by or allocates with (the layout checks need these to hold).
+    _size("model.tensor_model_parallel_size", "-tp"),
+    _size("model.pipeline_model_parallel_size", "-pp"),
+    _size("model.context_parallel_size", "-cp"),
+    _size("model.expert_model_parallel_size", "-ep"),
+    _size("model.num_layers", "model.num_layers="),
+    _size("model.hidden_size", "model.hidden_size="),
+    _size("model.num_attention_heads", "model.num_attention_heads="),
+    _size("model.seq_length", "-sl"),
+    _size("train.global_batch_size", "-gb"),
+    _size("train.micro_batch_size", "-mb"),
+    _size("train.train_iters", "--max-steps"),
+    _size("model.expert_tensor_parallel_size", "-etp", optional=True),
+    _size("model.virtual_pipeline_model_parallel_size", "-vp", optional=True),
+    _size("model.ffn_hidden_size", "model.ffn_hidden_size=", optional=True),
+    _size("model.num_query_groups", "model.num_query_groups=", optional=True),
+    _size("model.num_moe_experts", "model.num_moe_experts=", optional=True),
+    _size("dataset.seq_length", "-sl", optional=True),
+    _size("checkpoint.save_interval", "--save-interval", optional=True),
+    # torch.optim.Adam / SGD (and Transformer Engine's FusedAdam) refuse these when the
+    # optimizer is built, after the model is.
+    Range("optimizer.adam_beta1", low=0, high=1, high_open=True),
+    Range("optimizer.adam_beta2", low=0, high=1, high_open=True),
+    Range("optimizer.adam_eps", low=0),
+    Range("optimizer.weight_decay", low=0),
+    Range("optimizer.sgd_momentum", low=0),
+    Range("optimizer.decoupled_lr", low=0, optional=True),
+    Range("optimizer.decoupled_min_lr", low=0, optional=True),
+    # Megatron-Core clips only when clip_grad > 0: a negative value would silently turn it off.
+    Range("optimizer.clip_grad", low=0),
+    # Megatron-Core's gradient scalers (fp16) assert these.
+    Range("optimizer.loss_scale", low=0, low_open=True, optional=True),
+    Range("optimizer.initial_loss_scale", low=0, low_open=True),
+    Range("optimizer.min_loss_scale", low=0, low_open=True),
+    Range("optimizer.loss_scale_window", low=0, low_open=True),
+    Range("optimizer.hysteresis", low=1, high=INT64_MAX, integer=True),
+    # Megatron-Core's learning-rate scheduler asserts these when it is built.
+    Range("scheduler.lr_warmup_init", low=0),
+    Range("scheduler.lr_warmup_fraction", low=0, high=1, high_open=True, optional=True),
+    Range("scheduler.lr_decay_iters", low=1, high=INT64_MAX, integer=True, optional=True),
+    Range("scheduler.lr_wsd_decay_iters", low=1, high=INT64_MAX, integer=True, optional=True),
+    Range("scheduler.start_weight_decay", low=0, optional=True),
+    Range("scheduler.end_weight_decay", low=0, optional=True),
+    # Megatron-Core's TransformerConfig refuses these when the model config is finalized.
+    Range("model.moe_shared_expert_intermediate_size", low=1, high=INT64_MAX, integer=True, optional=True),
+    Range("model.num_layers_in_first_pipeline_stage", low=1, high=INT64_MAX, integer=True, optional=True),
+    Range("model.num_layers_in_last_pipeline_stage", low=1, high=INT64_MAX, integer=True, optional=True),
+    # torch.nn.Dropout and torch's normal initialization refuse these when the model is built.
+    Range("model.hidden_dropout", low=0, high=1),
+    Range("model.attention_dropout", low=0, high=1),
+    Range("model.init_method_std", low=0),
 )
-# Sizes that may be unset (None) but otherwise must be >= 1.
-OPTIONAL_POSITIVE_SIZES = (
-    ("model.expert_tensor_parallel_size", "-etp"),
-    ("model.virtual_pipeline_model_parallel_size", "-vp"),
-    ("model.ffn_hidden_size", "model.ffn_hidden_size="),
-    ("model.num_query_groups", "model.num_query_groups="),
-    ("model.num_moe_experts", "model.num_moe_experts="),
-    ("dataset.seq_length", "-sl"),
-    ("checkpoint.save_interval", "--save-interval"),
-)
+# The optimizers Megatron-Core builds without extra packages (others need emerging-optimizers).
+OPTIMIZERS = ("adam", "sgd")
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -53,6 +146,18 @@ def _get(cfg: Any, dotted: str) -> Any:
     return obj
 
 
+def _present(cfg: Any, dotted: str) -> bool:
+    """Whether every section on the way to ``dotted`` exists (a field of a section absent from
+    this config, e.g. a dataset config without ``seq_length``, is not checked)."""
+    *sections, leaf = dotted.split(".")
+    obj = cfg
+    for part in sections:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return hasattr(obj, leaf)
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -61,17 +166,73 @@ def _finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def range_problems(cfg: Any, ranges: tuple[Range, ...] = RANGES) -> list[str]:
+    """Fields of ``cfg`` outside their :data:`RANGES` entry, each naming the range and the fix."""
+    out = []
+    for r in ranges:
+        if not _present(cfg, r.key):
+            continue
+        v = _get(cfg, r.key)
+        if not r.accepts(v):
+            out.append(f"{r.key}={v!r} must be {r.describe()}; {r.how()}")
+    return out
+
+
 def size_problems(cfg: Any) -> list[str]:
     """Sizes that are not integers >= 1. The layout checks need all of these to hold."""
+    return range_problems(cfg, tuple(r for r in RANGES if r.layout))
+
+
+def optimizer_choices() -> tuple[str, ...]:
+    """``optimizer.optimizer`` values Megatron-Core can build here."""
+    try:
+        from megatron.core.optimizer.emerging_optimizers import _EMERGING_OPTIMIZERS, HAVE_EMERGING_OPTIMIZERS
+    except ImportError:
+        return OPTIMIZERS
+    if not HAVE_EMERGING_OPTIMIZERS:
+        return OPTIMIZERS
+    extra = ("lion", *_EMERGING_OPTIMIZERS)
+    return OPTIMIZERS + extra + tuple(f"dist_{n}" for n in extra)
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _literal_choices(cls: type, name: str) -> tuple | None:
+    """The values a field typed ``Literal[...]`` (or an optional one) admits, else None."""
+    if cls not in _HINTS:
+        try:
+            _HINTS[cls] = typing.get_type_hints(cls)
+        except Exception:  # unresolvable forward references: no choices known
+            _HINTS[cls] = {}
+    annotation = _HINTS[cls].get(name)
+    args = typing.get_args(annotation) if typing.get_origin(annotation) is not typing.Literal else (annotation,)
+    literals = [a for a in args if typing.get_origin(a) is typing.Literal]
+    if not literals:
+        return None
+    return tuple(c for lit in literals for c in typing.get_args(lit))
+
+
+def choice_problems(obj: Any, prefix: str = "", seen: set[int] | None = None) -> list[str]:
+    """Fields typed with a fixed set of choices holding another value (Megatron-Core refuses
+    them when it builds the part that reads them, e.g. an unknown token dispatcher)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
     out = []
-    for key, flag in POSITIVE_SIZES + OPTIONAL_POSITIVE_SIZES:
-        v = _get(cfg, key)
-        optional = (key, flag) in OPTIONAL_POSITIVE_SIZES
-        if v is None and optional:
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_") or not hasattr(obj, f.name):
             continue
-        if not _is_int(v) or v < 1:
-            how = f"{flag} N" if flag.startswith("-") else f"{flag}N"
-            out.append(f"{key}={v!r} must be an integer >= 1{' (or null)' if optional else ''}; set it with {how}")
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += choice_problems(value, f"{prefix}{f.name}.", seen)
+            continue
+        choices = _literal_choices(type(obj), f.name)
+        # null is left alone: Megatron's configs use it for "unset" also where the type omits it
+        if choices is not None and value is not None and not isinstance(value, (list, dict)) and value not in choices:
+            names = ", ".join(repr(c) for c in choices if c is not None)
+            out.append(f"{prefix}{f.name}={value!r} must be one of {names}; set {prefix}{f.name}=VALUE")
     return out
 
 
@@ -80,8 +241,34 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
     out = []
     if not _is_int(world_size) or world_size < 1:
         out.append(f"world size {world_size!r} must be an integer >= 1; set --world-size N or WORLD_SIZE=N")
-    out += size_problems(cfg)
+    out += range_problems(cfg)
+    out += choice_problems(cfg)
     m, t, o, s = cfg.model, cfg.train, cfg.optimizer, cfg.scheduler
+
+    # Megatron-Core counts consumed samples (global batch x steps) in a 64-bit integer.
+    gb, steps = t.global_batch_size, t.train_iters
+    if _is_int(gb) and _is_int(steps) and gb >= 1 and steps >= 1 and gb * steps > INT64_MAX:
+        out.append(
+            f"train.global_batch_size={gb} x train.train_iters={steps} samples overflow Megatron-Core's 64-bit "
+            "sample counter; lower -gb or --max-steps"
+        )
+    if o.optimizer not in (choices := optimizer_choices()):
+        out.append(
+            f"optimizer.optimizer={o.optimizer!r} must be one of {', '.join(map(repr, choices))}; "
+            "set optimizer.optimizer=adam"
+        )
+    floor, start = o.min_loss_scale, o.initial_loss_scale
+    if _finite_number(floor) and _finite_number(start) and 0 < start < floor:
+        out.append(
+            f"optimizer.min_loss_scale={floor:g} is above optimizer.initial_loss_scale={start:g}; "
+            "Megatron-Core's loss scaler needs min <= initial"
+        )
+    wd0, wd1 = s.start_weight_decay, s.end_weight_decay
+    if _finite_number(wd0) and _finite_number(wd1) and wd1 < wd0:
+        out.append(
+            f"scheduler.end_weight_decay={wd1:g} is below scheduler.start_weight_decay={wd0:g}; "
+            "Megatron-Core's scheduler needs end >= start"
+        )
 
     iters = t.train_iters
     if _is_int(iters) and iters > MAX_TRAIN_ITERS:
@@ -97,6 +284,12 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
         out.append(f"optimizer.min_lr={min_lr!r} must be a finite number >= 0; set --min-lr, e.g. --min-lr 1e-6")
     elif min_lr is not None and _finite_number(lr) and lr > 0 and min_lr > lr:
         out.append(f"optimizer.min_lr={min_lr:g} is above optimizer.lr={lr:g}; set --min-lr at most --lr")
+    init = s.lr_warmup_init
+    if _finite_number(init) and init >= 0 and _finite_number(lr) and lr > 0 and init > lr:
+        out.append(
+            f"scheduler.lr_warmup_init={init:g} is above optimizer.lr={lr:g}; the warm-up starts below the peak: "
+            "set scheduler.lr_warmup_init at most --lr"
+        )
 
     # Warm-up: non-negative and shorter than the decay (which defaults to the whole run).
     warmup = s.lr_warmup_iters

@@ -23,6 +23,7 @@ import sys
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bridge_recipes.data import sft_rows
+from bridge_recipes.outputs import exit_on_termination
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -134,4 +135,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_termination()  # a kill removes the staging folder beside --out
     sys.exit(main())

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bridge_recipes.bench.convergence import compare
-from bridge_recipes.bench.runs import log_losses, split_runs
+from bridge_recipes.bench.runs import complete_losses, run_names, split_runs
 from bridge_recipes.outputs import output_problem, write_text_atomic
 
 
@@ -47,15 +47,24 @@ def main() -> int:
             return fail(f"{p} is not a text log (it does not decode as UTF-8)")
         except OSError as exc:
             return fail(f"cannot read {p}: {exc.strerror or exc}")
-    if len(texts) == 2:
-        ref, cand = log_losses(texts[0]), log_losses(texts[1])
-    else:
-        runs = split_runs(texts[0])
-        missing = [n for n in (args.reference, args.candidate) if n not in runs]
-        if missing or not args.reference:
-            return fail(f"name --reference and --candidate among the runs {sorted(runs)}")
-        ref, cand = log_losses(runs[args.reference]), log_losses(runs[args.candidate])
     try:
+        if len(texts) == 2:
+            if texts[0] == texts[1]:
+                return fail(f"{args.logs[0]} and {args.logs[1]} hold the same log; compare two runs")
+            ref = complete_losses(texts[0], f"the reference ({args.logs[0]})")
+            cand = complete_losses(texts[1], f"the candidate ({args.logs[1]})")
+        else:
+            names = run_names(texts[0])
+            if twice := sorted({n for n in names if names.count(n) > 1}):
+                return fail(f"{args.logs[0]} holds more than one run named {', '.join(twice)}; rename or split them")
+            runs = split_runs(texts[0])
+            missing = [n for n in (args.reference, args.candidate) if n not in runs]
+            if missing or not args.reference:
+                return fail(f"name --reference and --candidate among the runs {sorted(runs)}")
+            if args.reference == args.candidate:
+                return fail(f"--reference and --candidate both name {args.reference}; compare two runs")
+            ref = complete_losses(runs[args.reference], f"run {args.reference}")
+            cand = complete_losses(runs[args.candidate], f"run {args.candidate}")
         result = compare(ref, cand)
     except ValueError as exc:
         return fail(str(exc))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 
 from bridge_recipes.hf.cli import main
+from bridge_recipes.outputs import exit_on_termination
 
 if __name__ == "__main__":
+    exit_on_termination()  # a kill removes the staging folder beside --out
     sys.exit(main())

@@ -31,7 +31,8 @@ def main() -> int:
         print(f"memory_table.py: error: --out {args.out} is a folder; give a file path", file=sys.stderr)
         return 2
     if not args.check:
-        problem = output_problem(args.out, option="--out")
+        evidence = ("the measured logs in", DOC.parent / "evidence")
+        problem = output_problem(args.out, option="--out", inputs=[evidence])
         if problem:
             print(f"memory_table.py: error: {problem}", file=sys.stderr)
             return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -225,7 +226,7 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
         out.append(f"--proxy-gpus {opts.proxy_gpus}: at least 1, and more than 1 only with --proxy-layers")
     if opts.proxy_global_batch < 1:
         out.append(f"--proxy-global-batch {opts.proxy_global_batch}: at least 1")
-    problem = output_problem(opts.out, option="--out")
+    problem = output_problem(opts.out, option="--out", inputs=[("--rows", opts.rows)] if opts.rows else [])
     if problem:
         out.append(problem)
     plans: list[tuple[dict, object]] = []
@@ -255,8 +256,15 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
 
     if not opts.proxy_results:
         ap.error("--predict needs --proxy-results A.yaml B.yaml (benchmark.py --proxy-layers at two depths)")
-    if opts.out and (problem := output_problem(opts.out, option="--out")):
+    inputs = [
+        *(("--proxy-results", p) for p in opts.proxy_results),
+        ("--intercept-result", opts.intercept_result),
+        ("--ep-comm-trace", opts.ep_comm_trace),
+    ]
+    if opts.out and (problem := output_problem(opts.out, option="--out", inputs=[i for i in inputs if i[1]])):
         ap.error(problem)
+    if opts.ep_comm_s is not None and not (math.isfinite(opts.ep_comm_s) and opts.ep_comm_s >= 0):
+        ap.error(f"--ep-comm-s {opts.ep_comm_s}: a number of seconds >= 0")
     try:
         entry = registry.find(opts.predict)
         points = [pr.proxy_point(p) for p in opts.proxy_results]

@@ -133,6 +133,11 @@ def proxy_point(path: str | Path) -> ProxyPoint:
         raise PredictionError(f"{path}: no such file") from None
     except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
         raise PredictionError(f"{path}: not a benchmark result file ({type(exc).__name__}: {exc})") from None
+    if not (math.isfinite(step_s) and step_s > 0 and math.isfinite(cv) and cv >= 0):
+        raise PredictionError(
+            f"{path}: step_time_mean_s {step_s} and step_time_cv_percent {cv * 100} must be finite, the step time "
+            "positive: the run's step times were not measured; measure it again"
+        )
     steps = last - first + 1
     layers = _layers_of(doc)
     recompute = doc["layout"].get("recompute") or {}
@@ -250,6 +255,10 @@ def predict(
         )
     rel = 2 * sigma / max(stage_times)  # two standard errors
     rate = tokens / step
+    if not (math.isfinite(rate) and rate > 0 and math.isfinite(rel)):
+        raise PredictionError(
+            f"the proxies give no usable step time for {recipe} (a step of {step} s); check their step times"
+        )
     return Prediction(
         recipe=recipe,
         gpus=gpus,

@@ -39,6 +39,32 @@ def log_losses(text: str) -> dict[int, float]:
     return loss_curve(parse_megatron_log(text))
 
 
+def complete_losses(text: str, label: str) -> dict[int, float]:
+    """step -> LM loss of a run that is whole: each step logged once, and the last logged step
+    the run's last (``iteration N/ TOTAL``). ValueError naming ``label`` otherwise: a run that
+    died early, or a log holding a step twice (two runs or a resumed run in one file), would
+    otherwise be compared over the steps it shares and could pass."""
+    iterations = [it for it in parse_megatron_log(text) if it.lm_loss is not None]
+    steps = [it.step for it in iterations]
+    repeated = sorted({s for s in steps if steps.count(s) > 1})
+    if repeated:
+        raise ValueError(
+            f"{label} logs step(s) {', '.join(map(str, repeated[:5]))} more than once (two runs or a resumed run "
+            "in one log?); give each run its own log, or one '===== run NAME:' section each"
+        )
+    if iterations and (last := iterations[-1]).step < last.train_iters:
+        raise ValueError(
+            f"{label} stopped at step {last.step} of {last.train_iters}: the run died or was cut short; "
+            "compare runs that finished"
+        )
+    return loss_curve(iterations)
+
+
+def run_names(log_text: str) -> list[str]:
+    """The names of the ``===== run NAME:`` sections of a log, in order (repeats kept)."""
+    return [h.group(1) for h in _RUN_HEADER.finditer(log_text)]
+
+
 @dataclass
 class Run:
     name: str

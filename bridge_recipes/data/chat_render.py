@@ -118,6 +118,10 @@ def validate_conversation(messages: Any, index: int | None = None) -> list[dict]
         if not isinstance(message["content"], str):
             kind = type(message["content"]).__name__
             raise MalformedConversation(index, "content_not_a_string", f"message {j} content is {kind}, not a string")
+        if message["role"] == SUPERVISED_ROLE and not message["content"].strip():
+            raise MalformedConversation(
+                index, "empty_assistant_reply", f"message {j} is an assistant turn with nothing in it"
+            )
     if not any(m["role"] == SUPERVISED_ROLE for m in messages):
         raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")
     return messages

@@ -11,7 +11,10 @@ Input is OpenAI-style: ``messages`` with roles ``system``, ``user``, ``assistant
 conversation with any other part, e.g. an image, is skipped as ``non_text_content``);
 assistant turns may carry ``reasoning_content`` and ``tool_calls`` (then ``content`` may be
 null; ``function.arguments`` may be a JSON string, it is parsed); an optional per-conversation
-``tools`` list is passed to the template.
+``tools`` list is passed to the template. An assistant turn with no text, reasoning or tool
+call (``empty_assistant_reply``) and a tool result that follows no assistant tool call
+(``tool_result_without_call``) are skipped: training on them teaches an empty answer or a
+result nobody asked for.
 
 Mask (1 = supervised): for each assistant message ``i`` the template renders
 ``messages[:i]`` with the generation prompt (``G``) and ``messages[:i+1]`` (``Q``); the full
@@ -131,6 +134,16 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
                 m["reasoning_content"] = reasoning
             if calls:
                 m["tool_calls"] = [_tool_call(c, index, j) for c in calls]
+            elif not m["content"].strip() and not (reasoning or "").strip():
+                raise MalformedConversation(
+                    index, "empty_assistant_reply", f"message {j} is an assistant turn with nothing in it"
+                )
+        if role == "tool" and not (out and (out[-1].get("tool_calls") or out[-1]["role"] == "tool")):
+            raise MalformedConversation(
+                index,
+                "tool_result_without_call",
+                f"message {j} is a tool result with no assistant tool call before it",
+            )
         out.append(m)
     if not any(m["role"] == "assistant" for m in out):
         raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")

@@ -75,6 +75,16 @@ def _rebuild(folder: Path) -> str:
 def read_manifest(folder: str | os.PathLike) -> dict:
     """The manifest of a rows folder, with the fields training relies on present."""
     folder = Path(folder)
+    if folder.is_file():
+        parent = folder.parent if folder.name in (ROWS_FILE, MANIFEST_FILE) else None
+        raise RowsIntegrityError(
+            f"{folder} is a file; the rows path is the folder holding {ROWS_FILE} and {MANIFEST_FILE}"
+            + (f": set it to {parent}" if parent else " (the --out folder of scripts/build_sft_rows.py)")
+        )
+    if not folder.exists():
+        raise RowsIntegrityError(
+            f"rows folder {folder} does not exist: build it with scripts/build_sft_rows.py --out {folder}"
+        )
     for name in (ROWS_FILE, MANIFEST_FILE):
         if not (folder / name).is_file():
             raise RowsIntegrityError(f"{folder} has no {name}: build it with scripts/build_sft_rows.py --out {folder}")

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from bridge_recipes.data.conversations import SftRowsError
 from bridge_recipes.data.integrity import CU_COLUMN, MANIFEST_FILE, ROWS_FILE, VAL_DIR, update_rows_hash
+from bridge_recipes.outputs import pid_alive
 
 PARQUET_COMPRESSION = "zstd"
 ROWS_PER_BATCH = 128  # rows per Parquet row group: ~5 MB in memory at 8,192 tokens
@@ -91,16 +92,6 @@ def check_output_dir(out_dir: Path, overwrite: bool) -> None:
         )
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_stages(out_dir: Path) -> list[str]:
     """Remove what killed builds left beside ``out_dir``; returns what was done.
 
@@ -115,7 +106,7 @@ def clean_stale_stages(out_dir: Path) -> list[str]:
         return done
     for path in sorted(parent.iterdir()):
         m = _STAGE.match(path.name)
-        if not m or m["name"] != out_dir.name or _pid_alive(int(m["pid"])):
+        if not m or m["name"] != out_dir.name or pid_alive(int(m["pid"])):
             continue
         if m["kind"] == "old" and not out_dir.exists():
             os.replace(path, out_dir)

@@ -101,6 +101,8 @@ from bridge_recipes.data.row_writer import (
     publish,
     stage_dir,
 )
+from bridge_recipes.models.qwen35 import SPECS
+from bridge_recipes.outputs import overlap_problem
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,12 @@ DEFAULT_PACKING = "one_per_row"  # each conversation alone in its row; see packi
 CHAT_FORMATS = ("template", "chatml")
 PERMUTATION = "numpy.random.default_rng(seed).permutation(conversations.indexed)"
 MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the manifest)
+# Qwen3.5's context window: no training sequence, so no row, is longer.
+MAX_ROW_TOKENS = max(spec.max_position_embeddings for spec in SPECS.values())
+# A token of Qwen3.5's vocabulary is a few bytes of text (at most a few dozen, written as JSON
+# escapes); a JSONL line (or a Parquet row's text) of more than this many bytes a token cannot fit
+# its row, and is skipped before it is parsed or tokenized.
+MAX_LINE_BYTES_PER_TOKEN = 64
 
 Renderer = Callable[[Any, int], tuple[np.ndarray, np.ndarray]]
 
@@ -202,8 +210,11 @@ def build_sft_rows(
     renamed into place when complete: a failed or killed build leaves the previous dataset
     as it was. Raises SftRowsError on bad input.
     """
-    if row_tokens < 1:
-        raise SftRowsError(f"row_tokens must be positive, got {row_tokens}")
+    if not 1 <= row_tokens <= MAX_ROW_TOKENS:
+        raise SftRowsError(
+            f"--row-tokens {row_tokens} is outside [1, {MAX_ROW_TOKENS:,}]: a row is one training sequence, at most "
+            "the model's context window"
+        )
     if not 0 <= seed < 2**32:
         raise SftRowsError(f"seed must be in [0, 2**32), got {seed}")
     if max_rows is not None and max_rows < 1:
@@ -223,8 +234,18 @@ def build_sft_rows(
     source = str(source)
     kind = source_kind(source)
     val_kind = source_kind(str(val_input)) if val_input is not None else None
-    render, render_fields, eos_id = _renderer(tokenizer, chat_format, eos_token)
+    if val_kind and val_kind != "hf" and kind != "hf" and os.path.samefile(source, val_input):
+        raise SftRowsError(
+            f"--val-input {val_input} is the training input itself: validation rows would repeat training "
+            "conversations; give a separate file, or --val-fraction to split this one"
+        )
     out = Path(out_dir).expanduser()
+    local = [
+        (flag, p) for flag, p, k in (("--input", source, kind), ("--val-input", val_input, val_kind)) if k != "hf"
+    ]
+    if problem := overlap_problem(out, option="--out", inputs=[*local, ("--tokenizer", tokenizer)]):
+        raise SftRowsError(problem)
+    render, render_fields, eos_id = _renderer(tokenizer, chat_format, eos_token)
     for note in clean_stale_stages(out):
         log.warning("%s (left by a build that did not finish)", note)
     check_output_dir(out, overwrite)
@@ -340,6 +361,18 @@ def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, ma
     }
 
 
+def _text_size(value: Any) -> int:
+    """Characters of text in a decoded record (a Parquet row): its strings, nested in lists and
+    mappings, summed."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
 def _pack_and_write(
     reader: JsonlSource | ParquetSource,
     order: np.ndarray,
@@ -381,6 +414,14 @@ def _pack_and_write(
                 read += 1
                 bar.update(1)
                 try:
+                    size = len(raw) if isinstance(raw, bytes) else _text_size(raw)
+                    if size > row_tokens * MAX_LINE_BYTES_PER_TOKEN:
+                        raise MalformedConversation(
+                            index,
+                            "longer_than_row",
+                            f"conversation of {size:,} bytes cannot fit a {row_tokens}-token row "
+                            f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped before tokenizing",
+                        )
                     conversation = reader.decode(raw, index)
                     try:
                         ids, mask = render(conversation, index)

@@ -119,29 +119,95 @@ def _read_json(file: Path, what: str) -> dict:
         data = json.loads(file.read_text())
     except FileNotFoundError:
         raise HfCheckpointError(f"{file} is missing: {what}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise HfCheckpointError(f"{file} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise HfCheckpointError(f"{file} cannot be read: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise HfCheckpointError(f"{file} must hold a JSON object")
     return data
 
 
+# The safetensors format caps its JSON header at 100 MB; a larger declared length is damage.
+MAX_HEADER_BYTES = 100 * 2**20
+
+
 def safetensors_header(file: Path) -> tuple[dict, int]:
-    """(header, expected file size in bytes) of a safetensors file; the size from the header's offsets."""
+    """(header, expected file size in bytes) of a safetensors file; the size from the header's offsets.
+    A header length beyond the file or the format's cap, or a header that is not a mapping of
+    tensors with two integer offsets each, is an HfCheckpointError (never read into memory whole)."""
+    size = file.stat().st_size
     with open(file, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            raise HfCheckpointError(f"shard {file.name} is truncated ({file.stat().st_size} bytes, no header)")
+            raise HfCheckpointError(f"shard {file.name} is truncated ({size} bytes, no header)")
         (n,) = struct.unpack("<Q", raw)
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise HfCheckpointError(
+                f"shard {file.name} is truncated or damaged: its header claims {n:,} bytes of a {size:,}-byte file; "
+                "download it again"
+            )
         body = f.read(n)
-    if len(body) < n:
-        raise HfCheckpointError(f"shard {file.name} is truncated inside its header")
     try:
         header = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise HfCheckpointError(f"shard {file.name} has an unreadable header (not a safetensors file?)") from None
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    return header, 8 + n + end
+    if not isinstance(header, dict):
+        raise HfCheckpointError(f"shard {file.name} has a damaged header (not a JSON object); download it again")
+    ends = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        ):
+            raise HfCheckpointError(
+                f"shard {file.name} has a damaged header: tensor {name!r} has no valid data_offsets; download it again"
+            )
+        ends.append(offsets[1])
+    return header, 8 + n + max(ends, default=0)
+
+
+# Types of the config.json fields the checks read (absent or null is allowed for each).
+_INT_FIELDS = tuple(
+    f
+    for f in FAMILY_FIELDS + SIZE_FIELDS
+    if f not in ("architecture", "partial_rotary_factor", "tie_word_embeddings", "layer_types")
+)
+MAX_LAYERS = 10_000  # far above any Qwen3.5 model; a larger count is a damaged config
+
+
+def _config_type_problem(file: Path, config: dict, vl: bool) -> str | None:
+    """Why the compared fields of a config.json cannot be read (a wrong type), or None."""
+    text = config.get("text_config") if vl else config
+    if vl and text is not None and not isinstance(text, dict):
+        return f"{file}: text_config is {type(text).__name__}, not an object"
+    text = text or config
+    for name in _INT_FIELDS:
+        v = text.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            return f"{file}: {name} is {v!r}; it must be a whole number >= 0"
+    layers, every = text.get("num_hidden_layers"), text.get("full_attention_interval")
+    if layers is not None and layers > MAX_LAYERS:
+        return f"{file}: num_hidden_layers is {layers}, over {MAX_LAYERS:,}; the config is damaged"
+    if every is not None and every < 1:
+        return f"{file}: full_attention_interval is {every}; it must be >= 1"
+    types = text.get("layer_types")
+    if types is not None and (
+        not isinstance(types, list) or len(types) > MAX_LAYERS or not all(isinstance(t, str) for t in types)
+    ):
+        return f"{file}: layer_types must be a list of layer type names"
+    rope = text.get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        return f"{file}: rope_parameters is {type(rope).__name__}, not an object"
+    for holder in (rope or {}, text):
+        factor = holder.get("partial_rotary_factor")
+        if factor is not None and (not isinstance(factor, int | float) or isinstance(factor, bool)):
+            return f"{file}: partial_rotary_factor is {factor!r}; it must be a number"
+    return None
 
 
 @dataclass
@@ -172,17 +238,24 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
     path = resolve_source(source)
     config = _read_json(path / CONFIG_FILE, "a Hugging Face checkpoint folder holds config.json")
     model_type = config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise HfCheckpointError(
             f"{path / CONFIG_FILE}: model_type {model_type!r} is not a Qwen3.5/3.6 model; "
             f"these recipes convert {', '.join(MODEL_TYPES)}"
         )
+    if problem := _config_type_problem(path / CONFIG_FILE, config, MODEL_TYPES[model_type][1]):
+        raise HfCheckpointError(problem)
     index = None
     if (path / INDEX_FILE).exists():
         index = _read_json(path / INDEX_FILE, "the shard index")
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise HfCheckpointError(f"{path / INDEX_FILE} has no weight_map")
+        bad = [v for v in weight_map.values() if not isinstance(v, str) or Path(v).name != v or v in ("", ".", "..")]
+        if bad:
+            raise HfCheckpointError(
+                f"{path / INDEX_FILE}: weight_map names {bad[0]!r} as a shard; shards are file names in {path}"
+            )
         names = sorted(set(weight_map.values()))
     elif (path / SINGLE_FILE).exists():
         weight_map, names = None, [SINGLE_FILE]
@@ -404,6 +477,12 @@ def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointE
 staged_output = functools.partial(outputs.staged_output, error=HfCheckpointError)
 
 
+def refuse_overlap(out: str | os.PathLike, *inputs: tuple[str, str | os.PathLike | None]) -> None:
+    """--out may not be, hold or sit inside an input folder (--overwrite replaces the whole --out)."""
+    if problem := outputs.overlap_problem(out, option="--out", inputs=inputs):
+        raise HfCheckpointError(problem)
+
+
 # --------------------------------------------------------------------------- conversions
 
 
@@ -565,6 +644,7 @@ def import_checkpoint(
     convert: Callable[[Path, Path], None] = convert_hf_to_megatron,
 ) -> Path:
     """Check ``source`` against ``recipe`` (or ``expected`` fields) and convert it into ``out``."""
+    refuse_overlap(out, ("--hf", source))
     folder = inspect_folder(source, progress=progress)
     if recipe is not None or expected is not None:
         exp = expected if expected is not None else expected_from_spec(spec_for_recipe(recipe))
@@ -601,6 +681,7 @@ def export_checkpoint(
 ) -> Path:
     """Export the Megatron checkpoint ``megatron`` to a HF folder shaped like ``template``; a LoRA
     run's checkpoint (adapters only) is merged into ``template``'s base weights."""
+    refuse_overlap(out, ("--megatron", megatron), ("--hf-template", template))
     megatron = Path(megatron).expanduser()
     if not megatron.is_dir() or not is_megatron_checkpoint(megatron):
         raise HfCheckpointError(

@@ -140,12 +140,28 @@ def attach(cfg: Any, folder: ck.HfFolder) -> Path:
 
 
 def check_export_target(cfg: Any, out: str) -> None:
-    """--export-hf needs a save folder (the export reads the final checkpoint) and a free --export-hf."""
-    if not cfg.checkpoint.save:
+    """--export-hf needs a save folder (the export reads the final checkpoint) and a free, writable
+    --export-hf apart from every folder the run reads or writes (checked at the dry run, not
+    after training)."""
+    from bridge_recipes.outputs import overlap_problem
+
+    ckpt = cfg.checkpoint
+    if not ckpt.save:
         raise ValueError("--export-hf needs checkpoint.save (the export reads the run's final checkpoint)")
     path = Path(out).expanduser()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"--export-hf {path} exists and is not empty; choose a new folder")
+    folders = [
+        ("checkpoint.save", ckpt.save),
+        ("checkpoint.load", ckpt.load),
+        ("checkpoint.pretrained_checkpoint", ckpt.pretrained_checkpoint),
+        ("--hf-checkpoint", getattr(ckpt, "hf_source_path", None)),
+    ]
+    if problem := overlap_problem(path, option="--export-hf", inputs=[(n, p) for n, p in folders if p]):
+        raise ValueError(problem)
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--export-hf {path}: {existing} is not a writable folder; choose a folder you can write")
 
 
 def export_after_training(cfg: Any, out: str, template: str) -> int:

@@ -116,6 +116,26 @@ def world_size_of(args: argparse.Namespace) -> int:
         raise ValueError(f"WORLD_SIZE={raw!r} is not an integer; unset it or pass --world-size N") from None
 
 
+def gpus_conflict(args: argparse.Namespace) -> str | None:
+    """--gpus N (the GPU count a scale-down shrinks to) against the world size the run is checked
+    for (--world-size, or $WORLD_SIZE as torchrun sets it), when both are given and differ."""
+    if args.gpus is None:
+        return None
+    given = "--world-size" if args.world_size is not None else "$WORLD_SIZE" if "WORLD_SIZE" in os.environ else None
+    if given is None:
+        return None
+    try:
+        world = world_size_of(args)
+    except ValueError:
+        return None  # reported as such later
+    if world == args.gpus:
+        return None
+    return (
+        f"--gpus {args.gpus} and {given} {world} conflict: --gpus shrinks the recipe to {args.gpus} GPU(s), "
+        f"the run is checked for {world}; give the same number, or drop one of them"
+    )
+
+
 def megatron_validation(cfg: Any, world_size: int) -> str | None:
     """Megatron-Bridge's own pre-launch validation on a copy; the error text, or None.
 
@@ -172,8 +192,8 @@ def save_config_problem(args: argparse.Namespace) -> str | None:
 
     if not args.dry_run:
         return "--save-config needs --dry-run (it writes the resolved config instead of launching)"
-    inputs = [args.config_file] if args.config_file else []
-    problem = output_problem(args.save_config, option="--save-config", inputs=inputs)
+    inputs = [("--config-file", args.config_file), ("--hf-checkpoint", args.hf_checkpoint)]
+    problem = output_problem(args.save_config, option="--save-config", inputs=[i for i in inputs if i[1]])
     if not problem and os.path.exists(args.save_config) and not args.overwrite_config:
         problem = f"--save-config {args.save_config} exists; pass --overwrite-config to replace it"
     return problem
@@ -195,6 +215,13 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         from bridge_recipes.runner.checks import fp8_parameter_problems
 
         args.hf_folder = hf_runner.inspect(args.hf_checkpoint)
+        from bridge_recipes.outputs import overlap_problem
+
+        inputs = [("--hf-checkpoint", args.hf_checkpoint)]
+        if cfg.checkpoint.save and (
+            problem := overlap_problem(cfg.checkpoint.save, option="checkpoint.save", inputs=inputs)
+        ):
+            raise ValueError(problem)
         # the launch attaches the converted weights after the layout checks: what depends on them is checked now
         if problems := fp8_parameter_problems(cfg, weights=str(args.hf_checkpoint)):
             raise ValueError(problems[0])
@@ -219,6 +246,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if args.overwrite_config and not args.save_config:
         return fail("--overwrite-config applies to --save-config FILE; add it, or drop --overwrite-config")
     if args.save_config and (problem := save_config_problem(args)):
+        return fail(problem)
+    if problem := gpus_conflict(args):
         return fail(problem)
     try:
         entry, cfg = build(args)

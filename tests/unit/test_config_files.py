@@ -82,7 +82,7 @@ def _saved(tmp_path) -> str:
             lambda t: t.replace(
                 "bridge_recipes.data.packed_rows.PackedSFTRowsConfig", "bridge_recipes.outputs.os.system"
             ),
-            "not in the allowlist",
+            "key dataset._target_",
         ),
         (lambda t: t.replace("  train_iters: ", "  train_iters: many", 1), "train.train_iters is 'many"),
         (lambda t: t.replace("# recipe: ", "# ").replace("_config\n", "\n", 1), "no '# recipe: NAME' line"),

@@ -94,3 +94,62 @@ def test_split_runs():
     text = "===== run a: cmd\n iteration 1/ 2 |\n===== run b: cmd\nx\n"
     runs = split_runs(text)
     assert list(runs) == ["a", "b"] and runs["b"].endswith("x\n")
+
+
+def _log(steps, total, scale=1.0, name=None):
+    head = f"===== run {name}: cmd\n" if name else ""
+    return head + "".join(
+        f" [2026-01-01 00:00:00] iteration {s}/ {total} | elapsed time per iteration (ms): 100.0 | "
+        f"global batch size: 8 | lm loss: {12.0 * 0.9**s * scale:.6E} |\n"
+        for s in steps
+    )
+
+
+def _compare(tmp_path, *texts, extra=()):
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"{i}.log")
+        paths[-1].write_text(text)
+    return subprocess.run(
+        [sys.executable, "scripts/compare_losses.py", *map(str, paths), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+WHOLE = _log(range(1, 21), 20)
+BROKEN = [  # (logs, extra arguments, text the refusal holds)
+    ([WHOLE, _log(range(1, 4), 20, 1.001)], [], "stopped at step 3 of 20"),
+    ([_log(range(1, 4), 20), WHOLE], [], "stopped at step 3 of 20"),
+    ([WHOLE, _log([*range(1, 11), *range(5, 21)], 20)], [], "more than once"),
+    ([WHOLE, WHOLE], [], "the same log"),
+    (
+        [_log(range(1, 21), 20, name="a") + _log(range(1, 21), 20, 1.5, name="a")],
+        ["--reference", "a", "--candidate", "a"],
+        "more than one run named a",
+    ),
+    (
+        [_log(range(1, 21), 20, name="a") + _log(range(1, 21), 20, name="b")],
+        ["--reference", "a", "--candidate", "a"],
+        "both name a",
+    ),
+]
+
+
+@pytest.mark.parametrize("logs,extra,text", BROKEN, ids=[b[2] for b in BROKEN])
+def test_compare_script_refuses_runs_that_cannot_be_compared(tmp_path, logs, extra, text):
+    p = _compare(tmp_path, *logs, extra=extra)
+    assert p.returncode == 2 and text in p.stderr and "Traceback" not in p.stderr
+
+
+def test_compare_script_passes_two_whole_runs(tmp_path):
+    """The refusals above are of the broken runs: the same two runs whole are compared."""
+    p = _compare(tmp_path, WHOLE, _log(range(1, 21), 20, 1.001))
+    assert p.returncode == 0 and json.loads(p.stdout)["passed"]
+    p = _compare(
+        tmp_path,
+        _log(range(1, 21), 20, name="a") + _log(range(1, 21), 20, 1.5, name="b"),
+        extra=["--reference", "a", "--candidate", "b"],
+    )
+    assert p.returncode == 1  # compared, and they differ

@@ -1,4 +1,5 @@
-"""Property-based fuzzing of the command lines: generated bad values, tokens and files.
+"""Property-based fuzzing of the command lines: generated bad values, tokens and files, config
+files, Hugging Face folders and loss logs.
 
 For every generated input: a non-zero exit (2, bad input), no traceback, a message that names
 the offending flag, field or token, and no input file changed. Runs are derandomized (the same
@@ -9,11 +10,13 @@ import contextlib
 import io
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -142,3 +145,178 @@ def test_row_builder_counts_and_skips_bad_lines(bad):
         assert counts["used"] + counts["skipped_total"] + counts["blank_lines"] == 40 + len(bad)
         assert counts["used"] >= 40 and sum(counts["skipped"].values()) == counts["skipped_total"]
         assert src.read_text() == text
+
+
+# Hugging Face folders: generated values of the fields the checks read, and damaged shard headers.
+HF_FIELDS = [
+    "model_type",
+    "num_hidden_layers",
+    "full_attention_interval",
+    "layer_types",
+    "hidden_size",
+    "num_experts",
+    "partial_rotary_factor",
+    "rope_parameters",
+    "text_config",
+    "head_dim",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_toy(tmp_path_factory):
+    from bridge_recipes.hf.toy import make_toy
+
+    root = tmp_path_factory.mktemp("hf_fuzz")
+    make_toy(root / "moe", "moe", max_shard_size="5MB")
+    return root / "moe"
+
+
+def _copy(toy: Path, tmp: str, own: str) -> Path:
+    """A folder of links to the toy's files, with ``own`` (the file a test edits) a copy."""
+    folder = Path(tmp) / "moe"
+    folder.mkdir()
+    for f in toy.iterdir():
+        if f.name == own:
+            shutil.copy(f, folder / f.name)
+        else:
+            (folder / f.name).symlink_to(f)
+    return folder
+
+
+def _hf_outcome(folder: Path) -> None:
+    """The folder is read and compared, or refused by HfCheckpointError; nothing else may escape."""
+    from bridge_recipes.hf import checkpoint as ck
+
+    try:
+        found = ck.inspect_folder(folder)
+        ck.check_folder_for_recipe(found, RECIPE, scaled=True)
+        ck.check_folder_for_recipe(found, RECIPE)
+    except ck.HfCheckpointError as exc:
+        assert str(exc)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(HF_FIELDS), value=JSON | st.integers(min_value=-(2**70), max_value=2**70))
+def test_hf_folder_with_any_config_value_is_checked_or_refused(hf_toy, name, value):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _copy(hf_toy, tmp, "config.json")
+        config = json.loads((folder / "config.json").read_text())
+        config[name] = value
+        (folder / "config.json").write_text(json.dumps(config))
+        _hf_outcome(folder)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    length=st.integers(min_value=0, max_value=2**64 - 1),
+    body=st.binary(max_size=64) | JSON.map(lambda v: json.dumps(v).encode()),
+)
+def test_hf_folder_with_a_damaged_shard_header_is_refused(hf_toy, length, body):
+    import struct
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shard_name = sorted(f.name for f in hf_toy.glob("*.safetensors"))[0]
+        folder = _copy(hf_toy, tmp, shard_name)
+        shard = folder / shard_name
+        shard.write_bytes(struct.pack("<Q", length) + body + shard.read_bytes()[8:])
+        _hf_outcome(folder)
+
+
+# Config files: a saved config with a generated value put at a generated place, or a _target_ of any name.
+@pytest.fixture(scope="module")
+def saved_config():
+    import bridge_recipes
+    from bridge_recipes import config_files
+
+    return config_files.to_text(bridge_recipes.build(RECIPE), RECIPE)
+
+
+TARGET = st.one_of(
+    st.sampled_from(
+        [
+            "torch.save",
+            "os.system",
+            "builtins.eval",
+            "subprocess.run",
+            "shutil.rmtree",
+            "numpy.save",
+            "megatron.core.dist_checkpointing.save",
+            "transformers.AutoConfig.from_pretrained",
+            "megatron.bridge.training.config.ConfigContainer.from_yaml",
+            "signal.raise_signal",
+        ]
+    ),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz._", min_size=1, max_size=40),
+)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    target=TARGET,
+    where=st.sampled_from(["profiling", "train.exit_signal", "model.activation_func", "logger"]),
+    call=st.booleans(),
+)
+def test_config_file_naming_any_callable_is_refused_and_runs_nothing(saved_config, target, where, call):
+    import yaml
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = yaml.safe_load(saved_config)
+        parent, leaf = data, where.split(".")
+        for part in leaf[:-1]:
+            parent = parent[part]
+        parent[leaf[-1]] = {"_target_": target, "_call_": call, "_args_": [f"{tmp}/written"]}
+        path = Path(tmp) / "cfg.yaml"
+        path.write_text(yaml.safe_dump(data))
+        code, err = _run(["--config-file", str(path), "--dry-run", "--world-size", "8"])
+        assert code == 2 and "Traceback" not in err
+        assert f"key {where}" in err, err
+        assert sorted(p.name for p in Path(tmp).iterdir()) == ["cfg.yaml"]
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(cut=st.integers(min_value=0, max_value=10**6), junk=st.text(max_size=200))
+def test_damaged_config_file_is_refused_or_built_never_a_traceback(saved_config, cut, junk):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cfg.yaml"
+        at = cut % (len(saved_config) + 1)
+        path.write_text(saved_config[:at] + junk + saved_config[at:])
+        code, err = _run(["--config-file", str(path), "--dry-run", "--world-size", "8"])
+        assert code in (0, 2) and "Traceback" not in err
+        assert code == 0 or str(path) in err or "error" in err, err
+
+
+# Loss logs: whole runs cut short, steps repeated, runs of one name; each refused by name.
+def _iteration(step: int, total: int, loss: float) -> str:
+    return (
+        f" [t] iteration {step}/ {total} | elapsed time per iteration (ms): 100.0 | global batch size: 8 | "
+        f"lm loss: {loss:.6E} |\n"
+    )
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(total=st.integers(min_value=4, max_value=40), data=st.data())
+def test_compare_losses_refuses_incomplete_or_repeated_runs(total, data):
+    whole = "".join(_iteration(s, total, 10.0 / s) for s in range(1, total + 1))
+    kind = data.draw(st.sampled_from(["cut", "repeat", "same_name"]))
+    if kind == "cut":
+        stop = data.draw(st.integers(min_value=1, max_value=total - 1))
+        logs = [whole, "".join(_iteration(s, total, 10.0 / s) for s in range(1, stop + 1))]
+        extra, text = [], f"stopped at step {stop} of {total}"
+    elif kind == "repeat":
+        again = data.draw(st.integers(min_value=1, max_value=total))
+        logs = [whole, whole + _iteration(again, total, 1.0)]
+        extra, text = [], "more than once"
+    else:
+        logs = [f"===== run a: x\n{whole}===== run b: x\n{whole}===== run a: x\n{whole}"]
+        extra, text = ["--reference", "a", "--candidate", "b"], "more than one run named a"
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / f"{i}.log" for i in range(len(logs))]
+        for p, text_ in zip(paths, logs):
+            p.write_text(text_)
+        p = subprocess.run(
+            [sys.executable, str(ROOT / "scripts/compare_losses.py"), *map(str, paths), *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert p.returncode == 2 and "Traceback" not in p.stderr and text in p.stderr, p.stderr

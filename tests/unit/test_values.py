@@ -53,6 +53,22 @@ BAD = [  # (flags, overrides, text the message must hold)
     ({}, ["rng.seed=-1"], "rng.seed=-1"),
     ({"save_interval": 0}, [], "checkpoint.save_interval=0"),
     ({}, ["model.recompute_granularity=selective"], "model.recompute_method=null"),
+    # what Megatron-Core, torch's optimizers and Megatron-Core's scheduler refuse only at launch
+    ({}, ["train.global_batch_size=" + "9" * 25], "that fits 64 bits"),
+    ({}, ["train.global_batch_size=" + "9" * 12, "train.train_iters=" + "9" * 8], "64-bit sample counter"),
+    ({}, ["optimizer.adam_beta1=1.5"], "optimizer.adam_beta1=1.5 must be a number in [0, 1)"),
+    ({}, ["optimizer.adam_beta2=-0.1"], "optimizer.adam_beta2=-0.1 must be a number in [0, 1)"),
+    ({}, ["optimizer.adam_beta2=1.0"], "optimizer.adam_beta2=1.0 must be a number in [0, 1)"),
+    ({}, ["optimizer.weight_decay=-1"], "optimizer.weight_decay=-1.0 must be a number >= 0"),
+    ({}, ["optimizer.clip_grad=-1"], "optimizer.clip_grad=-1.0 must be a number >= 0"),
+    ({}, ["optimizer.adam_eps=-1e-8"], "optimizer.adam_eps=-1e-08 must be a number >= 0"),
+    ({}, ["optimizer.initial_loss_scale=0"], "optimizer.initial_loss_scale=0.0 must be a number > 0"),
+    ({}, ["optimizer.optimizer=adamw"], "optimizer.optimizer='adamw' must be one of 'adam', 'sgd'"),
+    ({}, ["model.moe_token_dispatcher_type=foo"], "model.moe_token_dispatcher_type='foo' must be one of"),
+    ({}, ["scheduler.lr_decay_style=foo"], "scheduler.lr_decay_style='foo' must be one of"),
+    ({}, ["model.hidden_dropout=2.0"], "model.hidden_dropout=2.0 must be a number in [0, 1]"),
+    ({}, ["scheduler.start_weight_decay=0.1", "scheduler.end_weight_decay=0.01"], "scheduler.end_weight_decay"),
+    ({}, ["scheduler.lr_warmup_init=1.0"], "scheduler.lr_warmup_init=1 is above optimizer.lr"),
 ]
 
 
