@@ -54,7 +54,8 @@ def build(
     - ``flags``: convenience-flag values by name (``tp``, ``pp``, ``gb``, ``max_steps``, ``lr``,
       ``save_dir``, ...; :data:`bridge_recipes.overrides.FLAG_KEYS`), read as each flag's type.
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
-    - ``report``: called with each scale-down change (``field: old -> new``).
+    - ``report``: called with each change the build makes beyond the recipe: scale-down
+      (``scale-down: field: old -> new``) and a packed micro batch (``packed rows: ...``).
     - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
       the run's (before the overrides, which still win), and checked against the model after the
       overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.runner`).
@@ -98,7 +99,7 @@ def build(
             gpus=1 if gpus is None else gpus,
         ):
             if report:
-                report(change)
+                report(f"scale-down: {change}")
     if dataset:
         from bridge_recipes import datasets
 
@@ -121,6 +122,11 @@ def build(
         raise ValueError(problem)
     if folder is not None:
         hf_runner.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
+    if dataset == "sft-rows" or getattr(cfg.dataset, "rows_per_sample", None) is not None:
+        from bridge_recipes.data.packed_rows import fit_micro_batch
+
+        if (change := fit_micro_batch(cfg)) and report:
+            report(change)
     return cfg
 
 

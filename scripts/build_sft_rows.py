@@ -4,11 +4,10 @@
     python scripts/build_sft_rows.py --input train.jsonl --tokenizer /models/Qwen3.5 \\
         --out data/sft-rows --row-tokens 8192 --seed 42 --val-fraction 0.01
 
-Conversations are rendered with the tokenizer folder's own chat template, one whole conversation
-per padded row (``--packing one_per_row``, the default for SFT); ``--packing boundaries`` packs
-several whole conversations per row with their boundaries (training through them needs
-``dataset.allow_thd_training=true``: docs/sft_data.md says why); ``--packing
-eos_joined`` builds the OpenRecipes benchmark workload (qwen35-tulu3-fixed8192-v1: seed 42,
+Conversations are rendered with the tokenizer folder's own chat template and packed whole, several
+to a row, with their boundaries (``--packing boundaries``, the default: each conversation attends
+only to itself and a row is mostly conversation tokens); ``--packing one_per_row`` puts one
+conversation in each padded row; ``--packing eos_joined`` builds the OpenRecipes benchmark workload (qwen35-tulu3-fixed8192-v1: seed 42,
 8,192-token rows, EOS-joined). Writes OUT/rows.parquet, OUT/manifest.json and, with a
 validation split, OUT/val/; all of it appears at once when the build completes. Bad input
 exits with status 2. The logic lives in bridge_recipes.data.sft_rows (importable and tested).
@@ -46,9 +45,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--packing",
         choices=sft_rows.PACKING_MODES,
         default=sft_rows.DEFAULT_PACKING,
-        help="one_per_row: one conversation per padded row (default); boundaries: whole conversations packed "
-        "with their boundaries (THD; training through them is opt-in, docs/sft_data.md); eos_joined: the "
-        "benchmark workload",
+        help="boundaries: whole conversations packed with their boundaries (default); one_per_row: one "
+        "conversation per padded row; eos_joined: the benchmark workload (conversations see the ones before them)",
     )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
@@ -78,17 +76,17 @@ def summary(m: dict, out: str) -> str:
     c = m["conversations"]
     lines = [
         f"{m['rows']} rows x {m['row_tokens']} tokens ({m['packing']}), supervised ratio {m['supervised_ratio']:.3f}, "
-        f"{m['padding_tokens']} padding tokens, {m['tail_tokens_dropped']} tail tokens dropped",
+        f"{m['padding_tokens']} padding tokens ({m['padding_share']:.1%} of the rows), "
+        f"{m['tail_tokens_dropped']} tail tokens dropped",
         f"conversations: {c['used']} used, {c['skipped_total']} skipped, of {c['read']} read",
     ]
     lines += [f"  skipped {n:>8}  {reason}" for reason, n in c["skipped"].items()]
-    padding = m["padding_tokens"] / max(1, m["rows"] * m["row_tokens"])
+    padding = m["padding_share"]
     if m["packing"] == "one_per_row" and padding > PADDING_HINT_SHARE:
         mean = (m["rows"] * m["row_tokens"] - m["padding_tokens"]) / max(1, m["rows"])
         lines.append(
             f"note: the rows are {padding:.0%} padding (a conversation averages {mean:.0f} of {m['row_tokens']} "
-            "tokens); a smaller --row-tokens wastes less compute, and skips (and counts) the conversations "
-            "longer than it"
+            "tokens); the default --packing boundaries packs several conversations a row"
         )
     v = m.get("validation")
     if v:

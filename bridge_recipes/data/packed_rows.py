@@ -1,8 +1,8 @@
 """Megatron-Bridge dataset over packed SFT rows (``scripts/build_sft_rows.py`` output).
 
 Each row of ``rows.parquet`` is exactly ``row_tokens`` token ids with a per-token loss mask
-(1 = a supervised target: what the assistant writes). A training sample is one whole row (one
-row per micro batch):
+(1 = a supervised target: what the assistant writes). A training sample is one whole row, or with
+``rows_per_sample`` k, k consecutive rows with boundaries joined into one packed sequence:
 
 - ``tokens`` = the row; ``labels[j]`` = ``row[j + 1]``;
 - ``loss_mask[j]`` = ``mask[j + 1]``: position j is trained when the token it predicts is
@@ -13,11 +13,12 @@ Rows built with ``--packing boundaries`` also carry their conversation boundarie
 then holds Megatron-Bridge's packed-sequence (THD) keys: ``cu_seqlens_q`` / ``cu_seqlens_kv``
 (int32, 0 ... row_tokens) and ``max_seqlen_q`` / ``max_seqlen_kv``; ``position_ids`` restart
 at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
-``PackedSeqParams(qkv_format="thd")`` for the model, so that TE attention, the Gated DeltaNet
-convolution and recurrence, rotary positions and the MTP label shift all restart at each
-conversation (docs/sft_data.md gives the Megatron-Core source lines). The config then reports
-itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge enforces a
-micro batch of 1 and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
+``PackedSeqParams(qkv_format="thd")`` for the model, so that attention (one conversation at a time,
+``bridge_recipes.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
+positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
+then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
+takes one packed sequence a micro batch (``fit_micro_batch`` joins a recipe's k rows a micro batch
+into one) and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
 (the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
 boundaries; positions run 0..L-1 over the row.
 
@@ -50,7 +51,8 @@ PackedRowsError = RowsIntegrityError
 
 
 class PackedRowsDataset:
-    """``num_samples`` samples cycling over the rows in file order."""
+    """``num_samples`` samples cycling over the rows in file order; with ``rows_per_sample`` k > 1
+    (rows with boundaries only) a sample is k consecutive rows joined into one packed sequence."""
 
     def __init__(
         self,
@@ -59,11 +61,17 @@ class PackedRowsDataset:
         num_samples: int,
         vocab_size: int | None = None,
         tokenizer: str | None = None,
+        rows_per_sample: int = 1,
     ):
         rows = check_rows(folder, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
         self.manifest = rows.manifest
         self.ids, self.mask, self.cu = rows.ids, rows.mask, rows.cu
         self.boundaries = rows.cu is not None
+        if rows_per_sample < 1 or (rows_per_sample > 1 and not self.boundaries):
+            raise ValueError(
+                f"rows_per_sample {rows_per_sample}: joining rows needs rows with boundaries (and at least 1)"
+            )
+        self.rows_per_sample = rows_per_sample
         self.num_samples = num_samples
 
     def __len__(self) -> int:
@@ -72,14 +80,15 @@ class PackedRowsDataset:
     @property
     def epochs(self) -> float:
         """How many times ``num_samples`` passes over the rows."""
-        return self.num_samples / len(self.ids)
+        return self.num_samples * self.rows_per_sample / len(self.ids)
 
     def __getitem__(self, index: int) -> dict:
         import torch
 
-        row = index % len(self.ids)
-        ids = self.ids[row].astype(np.int64)
-        mask = self.mask[row].astype(np.float32)
+        k = self.rows_per_sample
+        rows = [(index * k + j) % len(self.ids) for j in range(k)]
+        ids = np.concatenate([self.ids[r] for r in rows]).astype(np.int64)
+        mask = np.concatenate([self.mask[r] for r in rows]).astype(np.float32)
         labels = np.empty_like(ids)
         labels[:-1], labels[-1] = ids[1:], 0
         loss_mask = np.zeros_like(mask)
@@ -89,7 +98,8 @@ class PackedRowsDataset:
             sample["position_ids"] = torch.arange(len(ids), dtype=torch.int64)
             sample["loss_mask"] = torch.from_numpy(loss_mask)
             return sample
-        cu = self.cu[row]
+        row_tokens = len(self.ids[rows[0]])
+        cu = np.concatenate([[0]] + [self.cu[r][1:] + j * row_tokens for j, r in enumerate(rows)])
         loss_mask[cu[1:] - 1] = 0  # the last token of a conversation predicts nothing
         positions = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))
         sample.update(
@@ -141,9 +151,9 @@ class PackedSFTRowsConfig(DatasetProvider):
     seq_length: int
     vocab_size: int | None = None
     tokenizer_path: str | None = None
-    # Training through packed rows' boundaries (THD) is refused unless this is set: see
-    # THD_TRAINING_UNVERIFIED for what was measured.
-    allow_thd_training: bool = False
+    # rows joined into one packed sequence a sample: a micro batch of k rows with boundaries
+    # (Megatron-Bridge takes one packed sequence a micro batch; see fit_micro_batch)
+    rows_per_sample: int = 1
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
     pad_to_max_length: bool = True  # every row is exactly seq_length tokens
@@ -159,21 +169,31 @@ class PackedSFTRowsConfig(DatasetProvider):
             return None
         from megatron.bridge.data.packing.config import PackedSequenceSpecs
 
-        return PackedSequenceSpecs(packed_sequence_size=self.seq_length)
+        return PackedSequenceSpecs(packed_sequence_size=self.seq_length * self.rows_per_sample)
 
     def build_datasets(self, context: DatasetBuildContext):
         if not self.path:
             raise PackedRowsError("dataset.path is not set: point it at a folder built by scripts/build_sft_rows.py")
         train = PackedRowsDataset(
-            self.path, self.seq_length, context.train_samples, self.vocab_size, self.tokenizer_path
+            self.path,
+            self.seq_length,
+            context.train_samples,
+            self.vocab_size,
+            self.tokenizer_path,
+            self.rows_per_sample,
         )
         if train.epochs > 1:
-            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples))
+            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples * self.rows_per_sample))
         valid = None
         val_dir = Path(self.path) / VAL_DIR
         if context.valid_samples and train.manifest.get("validation"):
             valid = PackedRowsDataset(
-                val_dir, self.seq_length, context.valid_samples, self.vocab_size, self.tokenizer_path
+                val_dir,
+                self.seq_length,
+                context.valid_samples,
+                self.vocab_size,
+                self.tokenizer_path,
+                self.rows_per_sample,
             )
         return train, valid, None
 
@@ -186,22 +206,25 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
     )
 
 
-# Measured on one H200, 2026-12-01 (docs/evidence/sft_real_format/, docs/sft_data.md): on the same
-# 540 generated conversations, the 35B-A3B (4 layers, 32 experts) had a first-step gradient norm of
-# 22.2 on one-conversation-per-row rows and 164.9 on boundaries rows with sequential expert GEMMs
-# (7.4x), and a NaN gradient with the recipe's grouped expert GEMMs; the 27B's first-step norm on
-# boundaries rows was 2,019 (27.2 on the EOS-joined synthetic rows) and its loss rose after step 5.
-# The model-level forward through the boundaries is right (a conversation's logits do not depend on
-# its neighbours); the backward is not: one packed row's gradient differs from the sum of its
-# conversations' own in the gated-attention layers (24.6x in norm for the 35B-A3B with MTP and
-# grouped expert GEMMs), while its loss agrees to 1e-5.
-THD_TRAINING_UNVERIFIED = (
-    "training through the boundaries is not verified: on one H200 the first-step gradient norm was 7.4x (35B-A3B) "
-    "and 38x (27B) that of the same conversations one per row, and one packed row's gradient differs from the sum "
-    "of its conversations' in the gated-attention layers (24.6x in norm with MTP and grouped expert GEMMs) while "
-    "its loss agrees (docs/sft_data.md). Build the rows with --packing one_per_row (each conversation alone in its "
-    "row, measured to train), or set dataset.allow_thd_training=true to train through the boundaries anyway"
-)
+def fit_micro_batch(cfg: Any) -> str | None:
+    """A micro batch of k > 1 rows with boundaries becomes one packed sequence of k rows: Megatron-Bridge
+    takes one packed (THD) sequence a micro batch, and the tokens a micro batch holds stay the recipe's.
+    Sets ``train.micro_batch_size`` 1, ``train.global_batch_size`` / k, ``model.seq_length`` x k and
+    ``dataset.rows_per_sample`` k; returns what changed, or None (other data, or one row already)."""
+    d, t = cfg.dataset, cfg.train
+    k = t.micro_batch_size
+    if not isinstance(d, PackedSFTRowsConfig) or k <= 1 or _packing_of(d.path) != "boundaries":
+        return None
+    if t.global_batch_size % k:
+        return None  # Megatron's own check names the global batch that does not divide
+    row = d.seq_length
+    t.micro_batch_size, t.global_batch_size = 1, t.global_batch_size // k
+    cfg.model.seq_length = row * k
+    d.rows_per_sample = d.rows_per_sample * k
+    return (
+        f"packed rows: a micro batch of {k} rows is one packed sequence of {k} x {row} tokens "
+        f"(train.micro_batch_size 1, train.global_batch_size {t.global_batch_size}, model.seq_length {row * k})"
+    )
 
 
 def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
@@ -214,47 +237,57 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         ], []
     tokenizer = d.tokenizer_path or _local_tokenizer(cfg)
     try:
-        rows = check_rows(
-            d.path, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size, tokenizer=tokenizer
-        )
+        rows = check_rows(d.path, seq_length=d.seq_length, vocab_size=cfg.model.vocab_size, tokenizer=tokenizer)
     except RowsIntegrityError as exc:
         return [str(exc)], []
     errors, warnings = [], []
     n_rows = len(rows.ids)
-    samples = cfg.train.train_iters * cfg.train.global_batch_size
+    k = getattr(d, "rows_per_sample", 1)
+    samples = cfg.train.train_iters * cfg.train.global_batch_size * k
     if samples > n_rows:
         warnings.append(epochs_warning(d.path, n_rows, samples))
-    if rows.cu is not None:
-        m = cfg.model
-        if not getattr(d, "allow_thd_training", False):
-            errors.append(f"rows in {d.path} carry conversation boundaries (packed THD): {THD_TRAINING_UNVERIFIED}")
-        else:
-            warnings.append(
-                f"training through the conversation boundaries of {d.path} (dataset.allow_thd_training=true): "
-                "its gradients are not verified (docs/sft_data.md); --packing one_per_row rows are measured to train"
-            )
-        if cfg.train.micro_batch_size != 1:
+    packing = rows.manifest.get("packing")
+    if packing == "eos_joined":
+        warnings.append(
+            f"rows in {d.path} are eos_joined (the benchmark workload): a conversation attends to the ones before it "
+            "in its row; for fine-tuning build the default rows (--packing boundaries)"
+        )
+    if rows.cu is None:
+        if k != 1:
             errors.append(
-                f"rows in {d.path} carry conversation boundaries (packed THD), which take one row per micro batch; "
-                f"set -mb 1 (micro batch {cfg.train.micro_batch_size}) or build --packing one_per_row rows"
+                f"dataset.rows_per_sample {k}: rows in {d.path} carry no conversation boundaries ({packing}); "
+                "set dataset.rows_per_sample=1"
             )
-        if (m.context_parallel_size or 1) > 1:
-            errors.append(
-                f"rows in {d.path} carry conversation boundaries; context parallelism splits each conversation and "
-                "needs every conversation length divisible by 2 x CP, which packed rows do not guarantee: "
-                "set --cp 1 or build --packing one_per_row rows"
-            )
-        if getattr(m, "cuda_graph_impl", "none") not in (None, "none"):
-            errors.append(
-                f"rows in {d.path} carry conversation boundaries, whose cu_seqlens change shape from row to row; "
-                "CUDA graphs need fixed shapes: set model.cuda_graph_impl=none or build --packing one_per_row rows"
-            )
-        if getattr(m, "deterministic_mode", False):
-            errors.append(
-                "Megatron-Core's Gated DeltaNet refuses packed sequences in deterministic mode "
-                "(its torch fallback takes no cu_seqlens): set model.deterministic_mode=false or build "
-                "--packing one_per_row rows"
-            )
+        return errors, warnings
+    m = cfg.model
+    if m.seq_length != d.seq_length * k:
+        errors.append(
+            f"model.seq_length {m.seq_length} is not dataset.seq_length {d.seq_length} x dataset.rows_per_sample {k}: "
+            f"a packed sample of {k} rows holds {d.seq_length * k} tokens; set model.seq_length={d.seq_length * k}"
+        )
+    if cfg.train.micro_batch_size != 1:
+        errors.append(
+            f"rows in {d.path} carry conversation boundaries (packed THD), which take one packed sequence a micro "
+            f"batch: set -mb 1 and dataset.rows_per_sample={cfg.train.micro_batch_size * k} "
+            f"(micro batch {cfg.train.micro_batch_size}), or build --packing one_per_row rows"
+        )
+    if (m.context_parallel_size or 1) > 1:
+        errors.append(
+            f"rows in {d.path} carry conversation boundaries; their attention runs one conversation at a time, "
+            "which does not split a conversation across context-parallel ranks: set -cp 1, or build "
+            "--packing one_per_row rows (long conversations, one a row)"
+        )
+    if getattr(m, "cuda_graph_impl", "none") not in (None, "none"):
+        errors.append(
+            f"rows in {d.path} carry conversation boundaries, whose cu_seqlens change shape from row to row; "
+            "CUDA graphs need fixed shapes: set model.cuda_graph_impl=none or build --packing one_per_row rows"
+        )
+    if getattr(m, "deterministic_mode", False):
+        errors.append(
+            "Megatron-Core's Gated DeltaNet refuses packed sequences in deterministic mode "
+            "(its torch fallback takes no cu_seqlens): set model.deterministic_mode=false or build "
+            "--packing one_per_row rows"
+        )
     return errors, warnings
 
 

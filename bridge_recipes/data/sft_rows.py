@@ -110,7 +110,7 @@ BUILDER_VERSION = "2"
 BUILDER = f"bridge_recipes.data.sft_rows/{BUILDER_VERSION}"
 DEFAULT_ROW_TOKENS = 8192  # OpenRecipes qwen35-tulu3-fixed8192-v1
 DEFAULT_SEED = 42  # OpenRecipes qwen35-tulu3-fixed8192-v1
-DEFAULT_PACKING = "one_per_row"  # each conversation alone in its row; see packing.py for the others
+DEFAULT_PACKING = "boundaries"  # whole conversations packed with their boundaries; see packing.py
 CHAT_FORMATS = ("template", "chatml")
 PERMUTATION = "numpy.random.default_rng(seed).permutation(conversations.indexed)"
 MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the manifest)
@@ -459,6 +459,10 @@ def _pack_and_write(
     return {
         "rows": writer.rows,
         "padding_tokens": padding,
+        # the share of the rows' tokens that is padding: work a step does that trains nothing
+        "padding_share": round(padding / ((writer.rows + rows_without_targets) * row_tokens), 6)
+        if writer.rows + rows_without_targets
+        else 0.0,
         "supervised_tokens": writer.supervised_tokens,
         "supervised_ratio": round(writer.supervised_tokens / written_tokens, 6) if written_tokens else 0.0,
         "stream_tokens": packer.stream_tokens,

@@ -208,7 +208,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
     cfg = bridge_recipes.build(
-        args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] scale-down: {change}")
+        args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] {change}")
     )
     if args.hf_checkpoint:
         from bridge_recipes.hf import runner as hf_runner

@@ -178,9 +178,10 @@ def test_runner_dry_run_passes_megatron_validation_with_boundaries_rows(tmp_path
     build_sft_rows(src, TOKENIZER, tmp_path / "rows", row_tokens=8192, packing="boundaries", progress=False)
     args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8"]
     rows = ["--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}"]
-    assert main([*args, *rows]) == 2
-    assert "dataset.allow_thd_training=true" in capsys.readouterr().err
-    assert main([*args, *rows, "dataset.allow_thd_training=true"]) == 0
+    assert main([*args, *rows]) == 0
     assert "checks: ok" in capsys.readouterr().out
-    assert main([*args, *rows, "dataset.allow_thd_training=true", "-mb", "2"]) == 2
-    assert "set -mb 1" in capsys.readouterr().err
+    assert main([*args, *rows, "-mb", "2"]) == 0  # two rows a micro batch: one packed sequence of both
+    out = capsys.readouterr().out
+    assert "a micro batch of 2 rows is one packed sequence" in out and "checks: ok" in out
+    assert main([*args, *rows, "-cp", "2"]) == 2
+    assert "set -cp 1" in capsys.readouterr().err
