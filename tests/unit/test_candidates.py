@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench import benchmark as bench
-from bridge_recipes.bench.candidates import CANDIDATES, candidates_table, find, full_scale_verdict
+from bridge_recipes.bench.candidates import CANDIDATES, find, full_scale_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,10 +58,6 @@ PREDICTED = {
 
 def test_predictions_are_the_ones_written_before_the_runs():
     assert {c.name: c.predicted_ratio for c in CANDIDATES} == PREDICTED
-
-
-def test_committed_table_is_the_planners():
-    assert candidates_table() in (ROOT / "docs/performance_candidates.md").read_text()
 
 
 def test_planner_verdicts_decide_what_may_run_at_full_scale():
