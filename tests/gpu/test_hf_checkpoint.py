@@ -10,7 +10,7 @@ merged export and a kill-and-resume). ``HF_EVIDENCE_ARMS=toys,finetune,lora`` ru
 (select the matching tests with -k). $OUT receives
 hf_evidence.log, hf_finetune.log, hf_parity.json (committed as results/hf_parity.json) and
 hf_evidence_summary.json. The gates are ``bridge_recipes.hf.parity.gate_failures``, the same
-ones tests/unit/test_hf_parity_results.py applies to the committed results on CPU.
+ones tests/unit/test_results_consistency.py applies to the committed results on CPU.
 
 Device time, measured 2026-11-30 with cold kernel caches: toys 2 s, round trip 147 s (four
 conversion processes, ~37 s each), parity 156 s, the fine-tune run over 5 minutes (start-up,

@@ -315,7 +315,7 @@ def test_proxies_recomputing_different_shares_are_refused(tmp_path):
 @pytest.mark.parametrize("layers", [4, 8])
 def test_small_head_results_count_their_own_head(layers):
     """The 27B's slope proxies (1 x H200, 2026-12-01; each checked against its log with the other proxy
-    results, tests/unit/test_proxy_results.py): their FLOPs count the small head they ran with
+    results, tests/unit/test_results_consistency.py): their FLOPs count the small head they ran with
     (vocabulary 32,768, no MTP)."""
     from bridge_recipes.bench.result import read_result
 
