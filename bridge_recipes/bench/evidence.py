@@ -14,7 +14,7 @@ Tolerances, and why:
   significant digits: 1e-6 relative) - the proof that weights, optimizer state, RNG and data
   position were restored. Against an uninterrupted run, every resumed step must agree to
   ``RESUME_RTOL``: backward kernels with atomics (TE, FLA) make two uninterrupted runs differ
-  by up to ~1e-3 relative by step 6 on the H200 (measured 2026-11-29), and the difference grows
+  by up to ~1e-3 relative by step 6 on the H200, and the difference grows
   slowly as the loss falls, so 2e-2 is the run-to-run band, not a loose bound on a bug (a
   restart from the wrong step or fresh weights differs by orders of magnitude).
 """

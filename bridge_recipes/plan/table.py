@@ -97,7 +97,7 @@ MEASURED_RUNS = (
 
 # The one measured pair that isolates selective recompute: the VL family's GB300 policy
 # (selective recompute of moe_act and layernorm) and the same run with recompute off, from the
-# VL evidence suite (1 x H200, 2026-11-29). The planner does not count the vision tower, so the
+# VL evidence suite. The planner does not count the vision tower, so the
 # pair is compared by its difference. The policy's run is the suite's "killed" one (the same
 # config as its "reference" run, stopped at step 7): the suite's first run, "reference", holds
 # 2.5 GB more static memory after its first step than every later run (50.51 against 48.02 GB

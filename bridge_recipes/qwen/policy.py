@@ -110,7 +110,7 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     dequantizes them), so the Hugging Face weights would start, and be exported, rounded to FP8. With
     BF16 parameters Transformer Engine keeps an FP8 copy of every FP8 layer's weight for the step
     (2 bytes a parameter, ``plan.memory.fp8_weight_cache_bytes``: 13.7 GB on an 18-layer 27B stage),
-    cast in the step's first micro batch. Measured on the 27B proxy (1 x H200, 2026-12-01) each cast it
+    cast in the step's first micro batch. Measured on the 27B proxy each cast it
     saves took 1.01 ms a layer, and the proxy's peak came within 0.3% of the plan with the cache.
     ``disable_parameter_transpose_cache=true`` instead casts each weight in every forward and recomputed
     forward and keeps that copy for the layer's backward, one a micro batch in flight
