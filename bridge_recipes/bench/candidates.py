@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.qwen.policy import OP_FUSER_ENV
+from bridge_recipes.installed import OP_FUSER_ENV
 
 # the published policies the candidates change (their perf counterparts run on mock data)
 PUBLISHED = {

@@ -349,12 +349,12 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
     Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
     against the one-GPU run."""
-    from bridge_recipes.bench.megatron_log import (
+    from bridge_recipes.logs.megatron_log import (
         parse_megatron_log,
         parse_megatron_timers,
         peak_allocated_gb_per_rank,
     )
-    from bridge_recipes.bench.runs import loss_curve, split_runs
+    from bridge_recipes.logs.run_log import loss_curve, split_runs
 
     runs = split_runs(log_text)
     forked = FORK_RUN in runs

@@ -71,10 +71,10 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from bridge_recipes.bench.flops import FLA_CHUNK_SIZE
 from bridge_recipes.common import is_vlm
 from bridge_recipes.gpus import GB, GPUS
 from bridge_recipes.layout import Layout, layout_of, stage_layers
+from bridge_recipes.models.flops import FLA_CHUNK_SIZE
 
 # Device memory in GB (1e9 bytes) of the GPU types the recipes are written for, from the one
 # GPU table (bridge_recipes.gpus: the H200's is the test host's measured figure); the H200

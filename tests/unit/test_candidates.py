@@ -242,7 +242,7 @@ def test_stage_flops_count_recompute_and_the_head():
 
 
 def test_fused_moe_kernels_are_on_and_two_rows_a_micro_batch_do_not_fit():
-    """docs/performance_candidates.md: grouped GEMM and the fused permutation are already on (not
+    """Grouped GEMM and the fused permutation are already on (not
     candidates), the fused router only in the fast recipe (the published keeps its layout's unfused
     one); two 8,192-token rows a micro batch plan over the H200 in each H200 SFT layout."""
     import bridge_recipes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge_recipes.hf.evidence import lora_failures
+from bridge_recipes.bench.hf_evidence import lora_failures
 from bridge_recipes.hf.parity import BATCH, SEQ, TOP1_MIN, cases_in_log, gate_failures, log_line
 
 
@@ -30,7 +30,7 @@ def test_log_lines_round_trip():
 
 
 def test_lora_failures_names_each_broken_check():
-    from bridge_recipes.hf.evidence import FINETUNE_STEPS
+    from bridge_recipes.bench.hf_evidence import FINETUNE_STEPS
 
     passed = {
         "returncode": 0,

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from bridge_recipes import registry
+from bridge_recipes.bench import memory_table as TABLE
 from bridge_recipes.layout import Layout
 from bridge_recipes.plan import memory as M
-from bridge_recipes.plan import table as TABLE
 from bridge_recipes.scaledown import scale_down
 
 REPO = Path(__file__).resolve().parents[2]

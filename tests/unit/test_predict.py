@@ -197,8 +197,8 @@ def test_the_published_35b_workload_trains_no_mtp_so_predicts_faster_still():
     """The published 35B-A3B run had no MTP layer (slime's model arguments): the recipe's MTP adds 3.64
     of 23.85 GFLOPs a token, its second output-layer pass 3.05, at least 25.3 ms a micro batch at the
     H200's peak; taken off the one-host prediction, at least 1.17x the published 4,663.1."""
-    from bridge_recipes.bench.flops import model_flops_per_token
     from bridge_recipes.gpus import peak_bf16_flops
+    from bridge_recipes.models.flops import model_flops_per_token
 
     f = model_flops_per_token("qwen35_35b_a3b", 8192).forward
     total, mtp = 3 * sum(f.values()), 3 * sum(v for k, v in f.items() if k.startswith("mtp"))

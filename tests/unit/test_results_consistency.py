@@ -17,12 +17,12 @@ from bridge_recipes.bench import benchmark as bench
 from bridge_recipes.bench.candidates import find, parse_stem
 from bridge_recipes.bench.evidence import RESUME_SAVE_INTERVAL, check_resume, check_training
 from bridge_recipes.bench.harness import comparison, different_training, proxy_config
-from bridge_recipes.bench.megatron_log import parse_megatron_log, step_records_from_log
+from bridge_recipes.bench.hf_evidence import lora_failures
 from bridge_recipes.bench.result import read_result
-from bridge_recipes.bench.runs import log_losses, split_runs
-from bridge_recipes.bench.stats import summarize
-from bridge_recipes.hf.evidence import lora_failures
 from bridge_recipes.hf.parity import cases_in_log, gate_failures
+from bridge_recipes.logs.megatron_log import parse_megatron_log, step_records_from_log
+from bridge_recipes.logs.run_log import log_losses, split_runs
+from bridge_recipes.logs.stats import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"

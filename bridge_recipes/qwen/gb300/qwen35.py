@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.common import sft_config
 from bridge_recipes.qwen.policy import (
+    GB300_ENV,
+    cuda_graphs_off,
     full_recompute,
+    hybridep_env,
     set_layout,
     set_openrecipes_numerics,
     shard_optimizer_precision_aware,
+    use_hybridep_dispatcher,
 )
-from bridge_recipes.qwen_vl.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
 from bridge_recipes.recipe import recipe
 
 if TYPE_CHECKING:

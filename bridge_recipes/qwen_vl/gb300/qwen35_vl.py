@@ -12,17 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.common import vlm_pretrain_config
+from bridge_recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
 from bridge_recipes.qwen_vl.policy import (
     CUDNN_NORM_ENV,
     CUTEDSL_FUSED_GROUPED_MLP_ENV,
-    GB300_ENV,
-    cuda_graphs_off,
     gdn_kernel_backend_declared,
-    hybridep_env,
     set_batch,
     set_vl_fused_kernels,
     set_vl_layout,
-    use_hybridep_dispatcher,
 )
 from bridge_recipes.recipe import recipe
 

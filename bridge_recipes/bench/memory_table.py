@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes.bench.megatron_log import peak_allocated_gb
-from bridge_recipes.bench.runs import split_runs
+from bridge_recipes.logs.megatron_log import peak_allocated_gb
+from bridge_recipes.logs.run_log import split_runs
 from bridge_recipes.plan.memory import (
     FRAMEWORK_CONSTANT_GB,
     FRAMEWORK_FRACTION,
