@@ -33,6 +33,8 @@ def test_a_stale_page_is_reported_and_rewritten(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(report, "ROOT", tmp_path)
     monkeypatch.setattr(report, "PAGE", page)
     monkeypatch.setattr(report, "README", readme)
+    monkeypatch.setattr(report, "MANIFEST", tmp_path / "MANIFEST.json")
+    monkeypatch.setattr(report, "manifest", lambda: "[]\n")
     monkeypatch.setattr(report, "render", lambda: "new\n")
     monkeypatch.setattr(report, "recipe_table", lambda: "| row |\n")
     assert report.main(["--check"]) == 1
@@ -48,6 +50,21 @@ def test_every_real_data_recipe_has_a_row_with_its_layout_and_status():
     for name, entry in real.items():
         cells = [c.strip() for c in rows[name].split("|")[1:-1]]
         assert cells[2] == entry.meta.layout and cells[3] == entry.meta.status
+
+
+def test_manifest_lists_every_evidence_file_with_its_hash_and_what_it_backs():
+    import hashlib
+
+    entries = {e["file"]: e for e in json.loads(report.manifest())}
+    tracked = {report._rel(p) for p in report._tracked(report.EVIDENCE, report.RESULTS)} - {
+        "docs/evidence/MANIFEST.json"
+    }
+    assert set(entries) == tracked
+    for rel, e in entries.items():
+        assert e["sha256"] == hashlib.sha256((report.ROOT / rel).read_bytes()).hexdigest()
+    for name, entry in registry.discover().items():
+        if entry.meta.status == "functional":
+            assert f"status of {name}" in entries[entry.meta.evidence]["backs"]
 
 
 def test_a_candidate_log_as_evidence_reads_its_ratio_file(tmp_path, monkeypatch):
