@@ -12,6 +12,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,58 +95,67 @@ def _measured_on(ratio: Path) -> str:
     return str(read_result(result)["result"].get("measured", "-"))
 
 
+def _table(columns: str, rule: str, pattern: str, row: Callable[[Path, dict], str], keys: set[str]) -> str:
+    """A Markdown table of the result files ``pattern`` matches under results/ that hold ``keys``,
+    one row each (``row`` gives the cells after the file's)."""
+    lines = [f"| file | {columns} |", f"|---|{rule}|"]
+    for path in sorted(RESULTS.glob(pattern)):
+        doc = json.loads(path.read_text())
+        if isinstance(doc, dict) and keys <= set(doc):
+            lines.append(f"| `{_rel(path)}` | {row(path, doc)} |")
+    return "\n".join(lines) + "\n"
+
+
 def proxy_table() -> str:
     """Every side-by-side proxy measurement outside the candidates: two recipes in one command."""
-    lines = [
-        "| file | candidate | reference | tokens/s ratio | loss curves | measured |",
-        "|---|---|---|---:|---|---|",
-    ]
-    for path in sorted(RESULTS.glob("*_ratio.json")):
-        doc = json.loads(path.read_text())
-        lines.append(
-            f"| `{_rel(path)}` | `{doc['candidate']}` | `{doc['reference']}` | {doc['tokens_per_s_ratio']:.3f} "
-            f"| {_loss_check(doc['loss_curves'])} | {_measured_on(path)} |"
-        )
-    return "\n".join(lines) + "\n"
+    return _table(
+        "candidate | reference | tokens/s ratio | loss curves | measured",
+        "---|---|---:|---|---",
+        "*_ratio.json",
+        lambda path, d: (
+            f"`{d['candidate']}` | `{d['reference']}` | {d['tokens_per_s_ratio']:.3f} "
+            f"| {_loss_check(d['loss_curves'])} | {_measured_on(path)}"
+        ),
+        {"candidate", "reference", "tokens_per_s_ratio", "loss_curves"},
+    )
 
 
 def prediction_table() -> str:
     """The predictor's full-scale estimates (``scripts/benchmark.py --predict``)."""
-    lines = [
-        "| file | recipe | GPUs | tokens/s/GPU (range) | published | notes |",
-        "|---|---|---:|---|---:|---|",
-    ]
-    for path in sorted(RESULTS.glob("h200_predict_*.json")):
-        doc = json.loads(path.read_text())
-        published = f"{doc['published']:,.1f}" if doc.get("published") else "-"
-        notes = "; ".join(doc.get("notes") or []) or "-"
-        lines.append(
-            f"| `{_rel(path)}` | `{doc['recipe']}` | {doc['gpus']} | {doc['tokens_per_s_per_gpu']:,.0f} "
-            f"({doc['low']:,.0f}-{doc['high']:,.0f}) | {published} | {notes} |"
-        )
-    return "\n".join(lines) + "\n"
+    return _table(
+        "recipe | GPUs | tokens/s/GPU (range) | published | notes",
+        "---|---:|---|---:|---",
+        "h200_predict_*.json",
+        lambda _, d: (
+            f"`{d['recipe']}` | {d['gpus']} | {d['tokens_per_s_per_gpu']:,.0f} ({d['low']:,.0f}-{d['high']:,.0f}) "
+            f"| {f'{d["published"]:,.1f}' if d.get('published') else '-'} | {'; '.join(d.get('notes') or []) or '-'}"
+        ),
+        {"recipe", "gpus", "tokens_per_s_per_gpu", "low", "high"},
+    )
 
 
 def evidence_table() -> str:
     """The evidence suites' result files: the scaled-down policy runs behind ``functional``."""
-    lines = ["| file | recipe | checks | passed |", "|---|---|---|---|"]
-    for path in sorted(RESULTS.glob("h200_*_evidence.json")):
-        doc = json.loads(path.read_text())
-        checks = ", ".join(sorted(doc.get("checks") or {})) or "-"
-        lines.append(f"| `{_rel(path)}` | `{doc['recipe']}` | {checks} | {doc['passed']} |")
-    return "\n".join(lines) + "\n"
+    return _table(
+        "recipe | checks | passed",
+        "---|---|---",
+        "h200_*_evidence.json",
+        lambda _, d: f"`{d['recipe']}` | {', '.join(sorted(d.get('checks') or {})) or '-'} | {d['passed']}",
+        {"recipe", "passed"},
+    )
 
 
 def trace_table() -> str:
     """Traced proxy steps: where the GPU time goes."""
-    lines = ["| file | window ms | busy ms | idle ms | kernels a step |", "|---|---:|---:|---:|---:|"]
-    for path in sorted(RESULTS.glob("h200_trace_*.json")):
-        doc = json.loads(path.read_text())
-        lines.append(
-            f"| `{_rel(path)}` | {doc['window_ms']:,.1f} | {doc['busy_ms']:,.1f} | {doc['idle_ms']:,.1f} "
-            f"| {doc['kernels_per_step']:,.0f} |"
-        )
-    return "\n".join(lines) + "\n"
+    return _table(
+        "window ms | busy ms | idle ms | kernels a step",
+        "---:|---:|---:|---:",
+        "h200_trace_*.json",
+        lambda _, d: (
+            f"{d['window_ms']:,.1f} | {d['busy_ms']:,.1f} | {d['idle_ms']:,.1f} | {d['kernels_per_step']:,.0f}"
+        ),
+        {"window_ms", "busy_ms", "idle_ms", "kernels_per_step"},
+    )
 
 
 def render() -> str:

@@ -76,3 +76,16 @@ def test_a_candidate_log_as_evidence_reads_its_ratio_file(tmp_path, monkeypatch)
     meta = entry.meta.__class__(**{**entry.meta.__dict__, "evidence": "docs/evidence/candidates/c1.log"})
     figure, source = report.recipe_figure(entry.__class__(**{**entry.__dict__, "meta": meta}))
     assert figure.startswith("1.23x") and source.endswith("candidates/c1_ratio.json")
+
+
+def test_result_files_of_another_shape_are_left_out_of_the_tables(tmp_path, monkeypatch):
+    (tmp_path / "packing_ratio.json").write_text(json.dumps({"ratio": 1.5}))
+    (tmp_path / "a_ratio.json").write_text(
+        json.dumps(
+            {"candidate": "c", "reference": "r", "tokens_per_s_ratio": 1.25, "loss_curves": {"compared": False}}
+        )
+    )
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    rows = report.proxy_table().splitlines()[2:]
+    assert len(rows) == 1 and "`a_ratio.json`" in rows[0] and "1.250" in rows[0] and "not compared" in rows[0]
