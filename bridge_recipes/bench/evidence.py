@@ -468,7 +468,7 @@ def two_gpu_predictions() -> str:
         "current planner. Written first before any two-GPU run; the 35B-A3B runs measured since",
         "(`two_gpu/README.md`) found one miss, the embedding the last pipeline stage holds for MTP,",
         "which the planner now counts (the PP and VPP rows' last stage grew by it). Planned with",
-        "gradient-accumulation fusion on, as runs have it since 2026-12-01 (the measured runs, which",
+        "gradient-accumulation fusion on, as runs now have it (the measured runs, which",
         "ran without it, are planned without it in `two_gpu/README.md`).",
         "",
         "| family | layout | parallel layout | predicted allocated GB per stage | fits (with overhead) |",

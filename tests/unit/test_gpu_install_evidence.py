@@ -1,5 +1,5 @@
 """docs/evidence/gpu_install: the committed record of `scripts/install.sh --gpu --reuse-site-packages
---wheelhouse DIR` on the H200 host (2026-12-01) agrees with requirements/cpu.lock and gpu.lock: the
+--wheelhouse DIR` on the H200 host agrees with requirements/cpu.lock and gpu.lock: the
 versions the install printed are the pinned ones, the installed venv satisfies every pin, and the
 wheelhouse build asks for both apache-tvm-ffi versions (the first attempt's failure) and for nothing
 the host already had."""

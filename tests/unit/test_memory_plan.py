@@ -379,7 +379,7 @@ def test_fp8_with_bf16_parameters_counts_transformer_engines_weight_cache():
     between micro batches (2 bytes a parameter): on the FP8 fast 27B recipe's layout 7.7-14.5 GB a stage
     more than with the transpose cache off; FP8 parameters (the preset as it is) or the cache off cache
     nothing. The model's first and last layers stay BF16 and cache nothing. Measured on the 27B proxy
-    (1 x H200, 2026-12-01): 101.55 GB allocated, 101.87 planned (tests/unit/test_results_consistency.py)."""
+    (1 x H200): 101.55 GB allocated, 101.87 planned (tests/unit/test_results_consistency.py)."""
     import bridge_recipes
     from bridge_recipes.plan.memory import (
         fp8_weight_cache_bytes,
