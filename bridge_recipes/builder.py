@@ -58,7 +58,7 @@ def build(
       (``scale-down: field: old -> new``) and a packed micro batch (``packed rows: ...``).
     - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
       the run's (before the overrides, which still win), and checked against the model after the
-      overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.runner`).
+      overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.training`).
     - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
       of calling the recipe; ``name`` is then the recipe it was written from. The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
@@ -108,9 +108,9 @@ def build(
         PEFT_SCHEMES[peft](cfg)
     folder = None
     if hf_checkpoint is not None:
-        from bridge_recipes.hf import runner as hf_runner
+        from bridge_recipes.hf import training as hf_training
 
-        folder = hf_runner.use_checkpoint(cfg, hf_checkpoint)
+        folder = hf_training.use_checkpoint(cfg, hf_checkpoint)
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     before = tracking.snapshot(cfg)
@@ -121,7 +121,7 @@ def build(
     if problem := tracking.problem(cfg):
         raise ValueError(problem)
     if folder is not None:
-        hf_runner.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
+        hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
     if dataset == "sft-rows" or getattr(cfg.dataset, "rows_per_sample", None) is not None:
         from bridge_recipes.data.packed_rows import fit_micro_batch
 

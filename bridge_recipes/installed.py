@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 
+# Megatron-Core 0.19.2 builds the routed experts as one Transformer Engine op-fuser chain
+# (model.use_transformer_engine_op_fuser) for SwiGLU only with this above 0 in the environment: the
+# opt-in to Transformer Engine's fused grouped MLP, a Blackwell (compute capability 10) kernel.
+OP_FUSER_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
+
 
 def apex_grad_fusion_available() -> bool:
     """APEX's fused weight-gradient kernel, which Megatron's gradient-accumulation fusion needs (its

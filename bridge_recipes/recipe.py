@@ -20,7 +20,7 @@ Fields:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 TASKS = ("pretrain", "sft", "peft")
@@ -39,7 +39,6 @@ class RecipeMeta:
     reference: dict[str, Any] | None = None
     measured: dict[str, Any] | None = None
     evidence: str | None = None
-    notes: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.task not in TASKS:

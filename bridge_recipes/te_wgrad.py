@@ -10,8 +10,8 @@ the deferred embedding gradient) call APEX's kernel and refuse to build without 
 them the same two functions on Transformer Engine's ``general_gemm``, the call TE's own linear layers
 make for their fused weight gradient (``layout="NT"``, ``accumulate=True``, ``out=main_grad``).
 
-Why it matters: measured on the one-GPU proxy of the 35B-A3B EP8 shard (16 layers, 1 x H200,
-2026-12-01; results/h200_trace_qwen35_35b_a3b_*_16_layers.json), the unfused adds were 10,312 kernel
+Why it matters: measured on the one-GPU proxy of the 35B-A3B EP8 shard (16 layers, 1 x H200;
+results/h200_trace_qwen35_35b_a3b_*_16_layers.json), the unfused adds were 10,312 kernel
 launches a step, one per weight a micro batch (each of the 32 experts' weights is its own parameter),
 16.5% of the fast policy's launches (12.2% of the published policy's) in a step whose pace the
 host sets; fusion removes those of the GEMM weights, about nine in ten.

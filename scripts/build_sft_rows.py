@@ -7,10 +7,10 @@
 Conversations are rendered with the tokenizer folder's own chat template and packed whole, several
 to a row, with their boundaries (``--packing boundaries``, the default: each conversation attends
 only to itself and a row is mostly conversation tokens); ``--packing one_per_row`` puts one
-conversation in each padded row; ``--packing eos_joined`` builds the OpenRecipes benchmark workload (qwen35-tulu3-fixed8192-v1: seed 42,
-8,192-token rows, EOS-joined). Writes OUT/rows.parquet, OUT/manifest.json and, with a
-validation split, OUT/val/; all of it appears at once when the build completes. Bad input
-exits with status 2. The logic lives in bridge_recipes.data.sft_rows (importable and tested).
+conversation in each padded row; ``--packing eos_joined`` builds the OpenRecipes benchmark workload
+(qwen35-tulu3-fixed8192-v1: seed 42, 8,192-token rows, EOS-joined). Writes OUT/rows.parquet,
+OUT/manifest.json and, with a validation split, OUT/val/; all of it appears at once when the
+build completes. Bad input exits with status 2. The logic lives in bridge_recipes.data.sft_rows (importable and tested).
 """
 
 from __future__ import annotations

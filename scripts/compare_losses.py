@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bridge_recipes.bench.convergence import compare
-from bridge_recipes.bench.runs import complete_losses, run_names, split_runs
+from bridge_recipes.logs.run_log import complete_losses, run_names, split_runs
 from bridge_recipes.outputs import output_problem, write_text_atomic
 
 

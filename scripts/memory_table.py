@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from bridge_recipes.bench.memory_table import DOC, render
 from bridge_recipes.outputs import output_problem, write_text_atomic
-from bridge_recipes.plan.table import DOC, render
 
 
 def main() -> int:

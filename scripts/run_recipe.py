@@ -5,17 +5,12 @@
     python scripts/run_recipe.py --list [--filter h200]
     python scripts/run_recipe.py --recipe NAME --dry-run --world-size 8
 
-The logic lives in bridge_recipes.runner (importable and tested); see --help.
+The same as ``python -m bridge_recipes.runner``; the logic lives in bridge_recipes.runner (see --help).
 """
 
-import os
 import sys
 
-# Recorded before anything else is imported: what the interpreter started with (the re-exec
-# puts recipe environment variables in place before Transformer Engine is imported).
-START_STATE = {"transformer_engine_imported": "transformer_engine" in sys.modules, "environ": dict(os.environ)}
-
-from bridge_recipes.runner.cli import main  # noqa: E402 (imported after START_STATE is recorded)
+from bridge_recipes.runner.__main__ import run
 
 if __name__ == "__main__":
-    sys.exit(main(start_state=START_STATE))
+    sys.exit(run())

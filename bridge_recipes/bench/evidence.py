@@ -14,7 +14,7 @@ Tolerances, and why:
   significant digits: 1e-6 relative) - the proof that weights, optimizer state, RNG and data
   position were restored. Against an uninterrupted run, every resumed step must agree to
   ``RESUME_RTOL``: backward kernels with atomics (TE, FLA) make two uninterrupted runs differ
-  by up to ~1e-3 relative by step 6 on the H200 (measured 2026-11-29), and the difference grows
+  by up to ~1e-3 relative by step 6 on the H200, and the difference grows
   slowly as the loss falls, so 2e-2 is the run-to-run band, not a loose bound on a bug (a
   restart from the wrong step or fresh weights differs by orders of magnitude).
 """
@@ -349,12 +349,12 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
     Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
     against the one-GPU run."""
-    from bridge_recipes.bench.megatron_log import (
+    from bridge_recipes.logs.megatron_log import (
         parse_megatron_log,
         parse_megatron_timers,
         peak_allocated_gb_per_rank,
     )
-    from bridge_recipes.bench.runs import loss_curve, split_runs
+    from bridge_recipes.logs.run_log import loss_curve, split_runs
 
     runs = split_runs(log_text)
     forked = FORK_RUN in runs
@@ -468,7 +468,7 @@ def two_gpu_predictions() -> str:
         "current planner. Written first before any two-GPU run; the 35B-A3B runs measured since",
         "(`two_gpu/README.md`) found one miss, the embedding the last pipeline stage holds for MTP,",
         "which the planner now counts (the PP and VPP rows' last stage grew by it). Planned with",
-        "gradient-accumulation fusion on, as runs have it since 2026-12-01 (the measured runs, which",
+        "gradient-accumulation fusion on, as runs now have it (the measured runs, which",
         "ran without it, are planned without it in `two_gpu/README.md`).",
         "",
         "| family | layout | parallel layout | predicted allocated GB per stage | fits (with overhead) |",

@@ -16,11 +16,11 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import registry
-from bridge_recipes.bench.flops import model_flops_per_token, six_n_flops_per_token
-from bridge_recipes.bench.megatron_log import phase_time_means, step_records_from_log
-from bridge_recipes.bench.stats import DEFAULT_WINDOW, summarize
 from bridge_recipes.builder import runner_args
 from bridge_recipes.common import is_vlm
+from bridge_recipes.logs.megatron_log import phase_time_means, step_records_from_log
+from bridge_recipes.logs.stats import DEFAULT_WINDOW, summarize
+from bridge_recipes.models.flops import model_flops_per_token, six_n_flops_per_token
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
 BENCHMARK_OVERRIDES = [

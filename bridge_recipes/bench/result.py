@@ -10,7 +10,7 @@ Field names follow OpenRecipes' recipe YAML (openrecipes-35b-h200, openrecipes-2
 ``step_time_cv_percent``, ``mfu``, ``window: [5, 19]``, ``window_tokens``, ``steps_per_run``,
 ``measured``); the additions are ``tflops_per_s_per_gpu``, ``mfu_6n`` (MFU with OpenRecipes'
 6N, the figure comparable with theirs; ``mfu`` uses the architecture's FLOPs of
-:mod:`bridge_recipes.bench.flops`), ``peak_tflops_per_gpu``, ``step_time_mean_s``, the peak
+:mod:`bridge_recipes.models.flops`), ``peak_tflops_per_gpu``, ``step_time_mean_s``, the peak
 memory and ``flops_per_token``. Rounding (2 decimals for rates and CV, 4 for MFU and seconds,
 3 for GB, whole FLOPs) happens here, once, on writing.
 """
@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
-from bridge_recipes.bench.flops import FlopsPerToken
-from bridge_recipes.bench.stats import WindowStats
 from bridge_recipes.gpus import GPUS, gpu_type_from_name
 from bridge_recipes.layout import layout_of
+from bridge_recipes.logs.stats import WindowStats
+from bridge_recipes.models.flops import FlopsPerToken
 
 SCHEMA_VERSION = 1
 TOP_LEVEL_KEYS = (

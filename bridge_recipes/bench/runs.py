@@ -1,7 +1,7 @@
 """Launch recipe runs as separate processes and read their training logs.
 
 Used by the GPU evidence suite and the benchmark script: each run is
-``torchrun --nproc-per-node N scripts/run_recipe.py --recipe NAME ARGS...``, its output
+``torchrun --nproc-per-node N -m bridge_recipes.runner --recipe NAME ARGS...``, its output
 streamed to a log file; a run can be killed hard (SIGKILL to its whole process group) once a
 given step has been logged, to test resuming from the last checkpoint.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,50 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge_recipes.bench.megatron_log import (
+from bridge_recipes.logs.megatron_log import (
     LogIteration,
     parse_megatron_log,
     peak_allocated_gb,
     training_iteration_step,
 )
+from bridge_recipes.logs.run_log import loss_curve
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def loss_curve(iterations: list[LogIteration]) -> dict[int, float]:
-    """step -> LM loss of the logged iterations that report one."""
-    return {it.step: it.lm_loss for it in iterations if it.lm_loss is not None}
-
-
-def log_losses(text: str) -> dict[int, float]:
-    """step -> LM loss of a training log."""
-    return loss_curve(parse_megatron_log(text))
-
-
-def complete_losses(text: str, label: str) -> dict[int, float]:
-    """step -> LM loss of a run that is whole: each step logged once, and the last logged step
-    the run's last (``iteration N/ TOTAL``). ValueError naming ``label`` otherwise: a run that
-    died early, or a log holding a step twice (two runs or a resumed run in one file), would
-    otherwise be compared over the steps it shares and could pass."""
-    iterations = [it for it in parse_megatron_log(text) if it.lm_loss is not None]
-    steps = [it.step for it in iterations]
-    repeated = sorted({s for s in steps if steps.count(s) > 1})
-    if repeated:
-        raise ValueError(
-            f"{label} logs step(s) {', '.join(map(str, repeated[:5]))} more than once (two runs or a resumed run "
-            "in one log?); give each run its own log, or one '===== run NAME:' section each"
-        )
-    if iterations and (last := iterations[-1]).step < last.train_iters:
-        raise ValueError(
-            f"{label} stopped at step {last.step} of {last.train_iters}: the run died or was cut short; "
-            "compare runs that finished"
-        )
-    return loss_curve(iterations)
-
-
-def run_names(log_text: str) -> list[str]:
-    """The names of the ``===== run NAME:`` sections of a log, in order (repeats kept)."""
-    return [h.group(1) for h in _RUN_HEADER.finditer(log_text)]
 
 
 @dataclass
@@ -127,7 +91,8 @@ def torchrun_command(recipe: str, args: list[str], nproc: int = 1, port: int | N
         str(nproc),
         "--master-port",
         str(port if port is not None else free_port()),
-        str(ROOT / "scripts" / "run_recipe.py"),
+        "--module",
+        "bridge_recipes.runner",
         "--recipe",
         recipe,
         *args,
@@ -211,15 +176,12 @@ def launch_kept(kept: Path, name: str, recipe: str, args: list[str], log_path: P
     return run
 
 
-_RUN_HEADER = re.compile(r"^===== run (\S+): (.*)$", re.M)
-
-
 def compact_log(log_text: str) -> str:
     """The lines of a :func:`launch` log that its evidence is read from: run headers and exit
     lines, the runner's own lines, iteration, validation, memory and timer lines, Megatron-Bridge's
     conversion result (``Success: ...``), errors; runs kept from an earlier command appear once.
     Megatron's config dumps make a full log megabytes."""
-    from bridge_recipes.bench.megatron_log import is_timer_line, training_iteration
+    from bridge_recipes.logs.megatron_log import is_timer_line, training_iteration
 
     out, skip = [], False
     for line in log_text.splitlines():
@@ -243,15 +205,6 @@ def compact_log(log_text: str) -> str:
         ):
             out.append(line)
     return "\n".join(out) + "\n"
-
-
-def split_runs(log_text: str) -> dict[str, str]:
-    """The runs of a log written by :func:`launch` (several runs appended to one file)."""
-    heads = list(_RUN_HEADER.finditer(log_text))
-    return {
-        h.group(1): log_text[h.start() : (heads[i + 1].start() if i + 1 < len(heads) else len(log_text))]
-        for i, h in enumerate(heads)
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ recompute policy spread the work, the basis of the stage-split predictions.
 A 1F1B pipeline runs at the pace of its slowest stage (every stage handles every micro batch, and
 the bubble depends only on the stage and micro-batch counts), so for two splits of the same model
 at the same PP and micro-batch count the predicted step-time ratio is the ratio of their largest
-stage costs. Per stage, with the module formulas of :mod:`bridge_recipes.bench.flops` (forward
+stage costs. Per stage, with the module formulas of :mod:`bridge_recipes.models.flops` (forward
 FLOPs per token; training = 3 x forward):
 
 - each decoder layer: its mixer (Gated DeltaNet or gated attention, projections and core) and MLP;
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_recipes.bench import flops as F
 from bridge_recipes.layout import stage_layers
+from bridge_recipes.models import flops as F
 from bridge_recipes.models.qwen35 import Qwen35Spec
 from bridge_recipes.plan.memory import model_dims
 

@@ -1,19 +1,18 @@
 """Packing rendered conversations into fixed-length rows, in one of the modes of ``PACKING_MODES``.
 
-``boundaries``: whole conversations are placed into rows (first fit over
+``boundaries`` (the SFT default): whole conversations are placed into rows (first fit over
 ``OPEN_ROWS`` open rows, in the permuted order), the rest of a row is padding with mask 0, and
 each row records its conversation boundaries as ``cu_seqlens`` (0, end of conversation 1, ...,
 row_tokens; the padding is a last segment of its own). Training passes them to Megatron as
-packed-sequence (THD) parameters, so attention, the Gated DeltaNet recurrence, the MTP shift
-and the positions restart at each conversation. A conversation longer than a row is skipped
-and counted (``longer_than_row``), never cut. Training through the boundaries is opt-in
-(``dataset.allow_thd_training=true``): its gradients are not yet verified (``packed_rows``).
+packed-sequence (THD) parameters, so attention (one conversation at a time,
+``bridge_recipes.packed_attention``), the Gated DeltaNet recurrence, the MTP shift and the
+positions restart at each conversation, and a row is mostly conversation tokens. A conversation
+longer than a row is skipped and counted (``longer_than_row``), never cut.
 
-``one_per_row`` (the default for SFT): one whole conversation per row, the rest padding (mask 0), no boundaries
+``one_per_row``: one whole conversation per row, the rest padding (mask 0), no boundaries
 recorded. The padding follows the conversation, so causal attention and the Gated DeltaNet
 recurrence already keep it alone: it trains through the standard (non-THD) path, with any micro
 batch, context parallelism or CUDA graphs, at the cost of the padding (a row per conversation).
-A conversation longer than a row is skipped and counted, as in ``boundaries``.
 
 ``eos_joined`` (the OpenRecipes benchmark workload, kept so published comparisons stay like for
 like): conversations joined with one EOS between consecutive ones and cut into consecutive

@@ -104,3 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"convert_checkpoint.py: conversion failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

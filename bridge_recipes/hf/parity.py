@@ -106,7 +106,7 @@ def _unwrap(module: Any) -> Any:
 
 # Parity tokens (ids below the toy tokenizer's 1,024): 8 x 512 = 4,096 positions, so that the
 # top-1 gate of 0.999 is a rate (4 disagreements allowed), not "none at all". The committed
-# results/hf_parity.json used 2 x 256 = 512 positions (docs/evidence/hf/README.md).
+# results/hf_parity.json used 2 x 256 = 512 positions.
 BATCH, SEQ = 8, 512
 
 

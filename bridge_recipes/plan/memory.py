@@ -71,10 +71,10 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from bridge_recipes.bench.flops import FLA_CHUNK_SIZE
 from bridge_recipes.common import is_vlm
 from bridge_recipes.gpus import GB, GPUS
 from bridge_recipes.layout import Layout, layout_of, stage_layers
+from bridge_recipes.models.flops import FLA_CHUNK_SIZE
 
 # Device memory in GB (1e9 bytes) of the GPU types the recipes are written for, from the one
 # GPU table (bridge_recipes.gpus: the H200's is the test host's measured figure); the H200
@@ -840,7 +840,7 @@ def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int
     weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes a parameter) from the first micro
     batch of a step. Layers the preset keeps in BF16 (``first_last_layers_bf16``, by global index) hold
     none; MTP layers run FP8. From Transformer Engine 2.20's ``Linear.forward`` and Megatron-Core
-    0.19.2's TE wrappers; measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 101.55 GB
+    0.19.2's TE wrappers; measured on the 27B's 4-layer proxy, 101.55 GB
     allocated against 101.87 planned."""
     if not caches_fp8_weights(cfg):
         return 0.0
@@ -855,7 +855,7 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
     0.19.2 passes ``is_first_microbatch=None`` with the cache off). A layer that keeps its activations
     holds one a micro batch in flight (``saved``); a recomputed layer holds one while the backward
     rebuilds it (``rebuilt``: one layer at a time under block recompute, n under uniform recompute of
-    n). Measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01): 100.78 GB allocated against 99.48
+    n). Measured on the 27B's 4-layer proxy: 100.78 GB allocated against 99.48
     planned without it, 1.3 GB for its 2 FP8 layers that keep their activations."""
     if not casts_fp8_weights_per_use(cfg):
         return ChunkActivations(saved=0.0, rebuilt=0.0)
@@ -907,7 +907,7 @@ def fused_wgrad_placeholder_bytes(cfg: Any, d: ModelDims, par: Layout, layers: l
     Megatron-Core 0.19.2's ``ColumnParallelLinear`` (the output layer) alike. The output layer's is the
     big one (248,320 x 2,048 on the 35B-A3B, 1.02 GB); with the decoder's, MTP's and the experts'
     shapes 1.128 GB, which is what the 35B-A3B's proxies measured over the same run without fusion at 4
-    and at 16 layers (1 x H200, 2026-12-01: 60.776 against 59.647 GB, 90.592 against 89.464). None with
+    and at 16 layers (1 x H200: 60.776 against 59.647 GB, 90.592 against 89.464). None with
     LoRA (the frozen base weights have no ``main_grad``; the adapters' placeholders are small)."""
     if not getattr(cfg.model, "gradient_accumulation_fusion", False) or lora_targets(cfg) is not None:
         return 0.0

@@ -26,11 +26,6 @@ OPENRECIPES_ENV = {
     "NCCL_NVLS_ENABLE": 1,
 }
 
-# Megatron-Core 0.19.2 builds the routed experts as one Transformer Engine op-fuser chain
-# (model.use_transformer_engine_op_fuser) for SwiGLU only with this above 0 in the environment: the
-# opt-in to Transformer Engine's fused grouped MLP, a Blackwell (compute capability 10) kernel.
-OP_FUSER_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
-
 
 def set_openrecipes_numerics(cfg: ConfigContainer) -> None:
     """The numerics every OpenRecipes SFT run shares (the flags of openrecipes-35b-h200's command):
@@ -110,7 +105,7 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     dequantizes them), so the Hugging Face weights would start, and be exported, rounded to FP8. With
     BF16 parameters Transformer Engine keeps an FP8 copy of every FP8 layer's weight for the step
     (2 bytes a parameter, ``plan.memory.fp8_weight_cache_bytes``: 13.7 GB on an 18-layer 27B stage),
-    cast in the step's first micro batch. Measured on the 27B proxy (1 x H200, 2026-12-01) each cast it
+    cast in the step's first micro batch. Measured on the 27B proxy each cast it
     saves took 1.01 ms a layer, and the proxy's peak came within 0.3% of the plan with the cache.
     ``disable_parameter_transpose_cache=true`` instead casts each weight in every forward and recomputed
     forward and keeps that copy for the layer's backward, one a micro batch in flight
@@ -155,3 +150,45 @@ def set_layout(cfg: ConfigContainer, *, tp=1, pp=1, cp=1, ep=1, etp=1, sp=False,
     m.num_layers_in_first_pipeline_stage = first
     m.num_layers_in_last_pipeline_stage = last
     m.pipeline_dtype = torch.bfloat16 if pp > 1 else None
+
+
+# --- GB300 (NVL72) blocks, shared by the text and VL recipes ---------------------------------
+
+# Process settings of the Megatron-Bridge GB300 Qwen3.5-VL benchmarks
+# (megatron.bridge.perf_recipes.qwen_vl.gb300.qwen35_vl, 0.6.2; bridge-perf-recipes in
+# docs/sources.md).
+GB300_ENV = {
+    "TORCH_NCCL_HIGH_PRIORITY": 1,
+    "NCCL_GRAPH_REGISTER": 0,
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": 1,
+    "NCCL_NVLS_ENABLE": 0,
+    "NVTE_BWD_LAYERNORM_SM_MARGIN": 20,
+    "NVTE_FWD_LAYERNORM_SM_MARGIN": 20,
+}
+
+
+def hybridep_env(ep: int) -> dict:
+    """HybridEP topology on an NVL72 domain; read by DeepEP's HybridEPBuffer only."""
+    return {
+        "CUDA_DEVICE_MAX_CONNECTIONS": 32,
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": ep,
+        "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": 128,
+        "NVLINK_DOMAIN_SIZE": 72,
+        "USE_MNNVL": 1,
+    }
+
+
+def use_hybridep_dispatcher(cfg: ConfigContainer) -> None:
+    """The flex dispatcher with the HybridEP backend (its environment: :func:`hybridep_env`)."""
+    cfg.model.moe_token_dispatcher_type = "flex"
+    cfg.model.moe_flex_dispatcher_backend = "hybridep"
+    # Megatron-Bridge benchmark default for HybridEP (moe_hybridep_num_sms is deprecated)
+    cfg.model.moe_flex_dispatcher_num_sms = 32
+
+
+def cuda_graphs_off(cfg: ConfigContainer) -> None:
+    """No CUDA graphs, as Megatron-Bridge's GB300 VL benchmarks end up after their VL
+    post-processing (variable-length image inputs)."""
+    cfg.model.cuda_graph_impl = "none"
+    cfg.model.cuda_graph_scope = []

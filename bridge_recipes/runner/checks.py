@@ -149,7 +149,7 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
     activation, and, for SwiGLU, the environment (the recipe's ``env_vars`` or the process's) opts in to
     Transformer Engine's fused grouped MLP. That fused kernel runs on Blackwell (compute capability 10);
     on other GPUs the chain's ops run one by one."""
-    from bridge_recipes.qwen.policy import OP_FUSER_ENV
+    from bridge_recipes.installed import OP_FUSER_ENV
 
     m = cfg.model
     if not getattr(m, "use_transformer_engine_op_fuser", False) or not m.num_moe_experts:

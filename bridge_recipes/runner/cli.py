@@ -211,10 +211,10 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] {change}")
     )
     if args.hf_checkpoint:
-        from bridge_recipes.hf import runner as hf_runner
+        from bridge_recipes.hf import training as hf_training
         from bridge_recipes.runner.checks import fp8_parameter_problems
 
-        args.hf_folder = hf_runner.inspect(args.hf_checkpoint)
+        args.hf_folder = hf_training.inspect(args.hf_checkpoint)
         from bridge_recipes.outputs import overlap_problem
 
         inputs = [("--hf-checkpoint", args.hf_checkpoint)]
@@ -226,11 +226,11 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         if problems := fp8_parameter_problems(cfg, weights=str(args.hf_checkpoint)):
             raise ValueError(problems[0])
     if args.export_hf:
-        from bridge_recipes.hf import runner as hf_runner
+        from bridge_recipes.hf import training as hf_training
 
         if not args.hf_checkpoint:
             raise ValueError("--export-hf needs --hf-checkpoint (its config and tokenizer template the export)")
-        hf_runner.check_export_target(cfg, args.export_hf)
+        hf_training.check_export_target(cfg, args.export_hf)
     return entry, cfg
 
 
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         print(text)
         return 0 if fits else USAGE_ERROR
 
-    from bridge_recipes.hf.runner import random_init_warning
+    from bridge_recipes.hf.training import random_init_warning
 
     warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         if problem:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
         if args.hf_checkpoint:
-            from bridge_recipes.hf.runner import cache_folder
+            from bridge_recipes.hf.training import cache_folder
 
             print(
                 f"hf checkpoint: {args.hf_folder.path} fits the model; at launch it is converted into (or reused "
@@ -328,12 +328,12 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     print(checks.summary(cfg, world), flush=True)
     if args.hf_checkpoint:
-        from bridge_recipes.hf.runner import attach
+        from bridge_recipes.hf.training import attach
 
         attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
     launch.run(cfg, entry.meta.task)
     if args.export_hf:
-        from bridge_recipes.hf.runner import export_after_training
+        from bridge_recipes.hf.training import export_after_training
 
         return export_after_training(cfg, args.export_hf, str(args.hf_folder.path))
     return 0

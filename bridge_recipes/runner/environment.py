@@ -26,6 +26,16 @@ def already_reexecuted(environ: Mapping[str, str] | None = None) -> bool:
     return MARKER in (os.environ if environ is None else environ)
 
 
+def own_command() -> list[str]:
+    """This process's arguments after the interpreter: ``-m MODULE ARGS`` when it was started with
+    ``python -m`` (running the module's file as a script would put its folder first on sys.path),
+    else the script and its arguments."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return ["-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+    return list(sys.argv)
+
+
 def reexec_with(env_vars: Mapping[str, object], argv: list[str] | None = None) -> None:
     """Replace this process with a fresh interpreter that has ``env_vars`` set; returns only
     when nothing needs setting or the re-exec already happened."""
@@ -33,7 +43,7 @@ def reexec_with(env_vars: Mapping[str, object], argv: list[str] | None = None) -
     if not todo or already_reexecuted():
         return
     env = dict(os.environ, **todo, **{MARKER: str(os.getpid())})
-    argv = list(sys.argv if argv is None else argv)
+    argv = list(own_command() if argv is None else argv)
     # the second interpreter imports the stack again (~35 s on the H200 test host); exporting
     # the recipe's variables before launch skips it
     print(

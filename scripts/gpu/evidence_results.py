@@ -21,8 +21,9 @@ from bridge_recipes.bench.evidence import (
     check_resume,
     check_training,
 )
-from bridge_recipes.bench.megatron_log import parse_megatron_log, peak_allocated_gb
-from bridge_recipes.bench.runs import ROOT, loss_curve, split_runs
+from bridge_recipes.bench.runs import ROOT
+from bridge_recipes.logs.megatron_log import parse_megatron_log, peak_allocated_gb
+from bridge_recipes.logs.run_log import loss_curve, split_runs
 
 EVIDENCE = ROOT / "docs" / "evidence"
 HOST = {

@@ -3,14 +3,14 @@
 Run on the GPU host (stack staged as in the GPU notes):
     OUT=/path/for/logs python3 -m pytest -q -m gpu tests/gpu/test_hf_checkpoint.py
 
-The arms are those of ``bridge_recipes.hf.evidence`` (toys from transformers' classes, import
+The arms are those of ``bridge_recipes.bench.hf_evidence`` (toys from transformers' classes, import
 and export through scripts/convert_checkpoint.py, parity through Megatron-Bridge's AutoBridge,
 a 10-step SFT run through run_recipe.py --hf-checkpoint --export-hf, and the same for LoRA with a
 merged export and a kill-and-resume). ``HF_EVIDENCE_ARMS=toys,finetune,lora`` runs a subset
 (select the matching tests with -k). $OUT receives
 hf_evidence.log, hf_finetune.log, hf_parity.json (committed as results/hf_parity.json) and
 hf_evidence_summary.json. The gates are ``bridge_recipes.hf.parity.gate_failures``, the same
-ones tests/unit/test_hf_parity_results.py applies to the committed results on CPU.
+ones tests/unit/test_results_consistency.py applies to the committed results on CPU.
 
 Device time, measured 2026-11-30 with cold kernel caches: toys 2 s, round trip 147 s (four
 conversion processes, ~37 s each), parity 156 s, the fine-tune run over 5 minutes (start-up,
@@ -32,13 +32,13 @@ SCRATCH = Path(os.environ.get("EVIDENCE_SCRATCH", "/tmp/hf_evidence"))
 
 @pytest.fixture(scope="module")
 def summary():
-    from bridge_recipes.hf.evidence import run
+    from bridge_recipes.bench.hf_evidence import run
 
     return run(OUT, SCRATCH)
 
 
 def test_round_trip_is_bit_identical(summary):
-    from bridge_recipes.hf.evidence import ROUND_TRIP_KINDS
+    from bridge_recipes.bench.hf_evidence import ROUND_TRIP_KINDS
 
     assert set(summary["round_trip"]) == set(ROUND_TRIP_KINDS)
     for kind, result in summary["round_trip"].items():
@@ -60,7 +60,7 @@ def test_finetune_through_runner_and_export_loads(summary):
 
 
 def test_lora_trains_adapters_only_resumes_and_merges(summary):
-    from bridge_recipes.hf.evidence import lora_failures
+    from bridge_recipes.bench.hf_evidence import lora_failures
 
     lora = summary.get("lora")
     assert lora, summary["errors"]

@@ -37,7 +37,6 @@ FAMILIES = {
 }
 NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
 PACKED_ROWS_A_STEP = EVIDENCE_TRAIN_FLAGS["gb"]
-THROUGH_BOUNDARIES = ("dataset.allow_thd_training=true",)
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +73,7 @@ def test_packed_rows_train_like_one_conversation_per_row(rows, family):
     (packed_dir, packed_m), (single_dir, _) = rows["boundaries"], rows["one_per_row"]
     per_row = packed_m["conversations"]["used"] / packed_m["rows"]
     single_gb = round(PACKED_ROWS_A_STEP * per_row)
-    packed = train(
-        f"{family}_boundaries", recipe, experts, packed_dir, PACKED_ROWS_A_STEP, ("dataset.allow_thd_training=true",)
-    )
+    packed = train(f"{family}_boundaries", recipe, experts, packed_dir, PACKED_ROWS_A_STEP)
     single = train(f"{family}_one_per_row", recipe, experts, single_dir, single_gb)
     curves = compare(single.losses, packed.losses)
     validation = {

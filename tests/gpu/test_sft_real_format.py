@@ -63,7 +63,7 @@ def rows_one_per_row() -> Path:
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_trains_with_boundaries_and_reports_validation_loss(rows, family):
-    train_and_report(rows, family, FAMILIES[family], THROUGH_BOUNDARIES)
+    train_and_report(rows, family, FAMILIES[family])
 
 
 @pytest.mark.parametrize("name", list(ONE_PER_ROW))
@@ -104,5 +104,3 @@ def train_and_report(rows: Path, family: str, spec: dict, extra: tuple[str, ...]
 
 
 NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
-# Training through packed rows' boundaries is refused unless asked for (its gradients are under study).
-THROUGH_BOUNDARIES = ("dataset.allow_thd_training=true",)

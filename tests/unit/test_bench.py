@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_recipes.bench import flops as F
-from bridge_recipes.bench import megatron_log as L
 from bridge_recipes.bench import result as R
-from bridge_recipes.bench import stats as S
 from bridge_recipes.gpus import GPUS, peak_bf16_flops
+from bridge_recipes.logs import megatron_log as L
+from bridge_recipes.logs import stats as S
+from bridge_recipes.models import flops as F
 from bridge_recipes.models.params import count_parameters
 from bridge_recipes.models.qwen35 import Qwen35Spec, get_spec
 

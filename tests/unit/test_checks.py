@@ -166,8 +166,8 @@ def test_the_op_fuser_needs_the_environments_opt_in(moe, monkeypatch):
     """Megatron-Core 0.19.2 builds SwiGLU experts as one op-fuser chain only with the fused grouped MLP
     opted in by the environment, and stops at model build otherwise (the first H200 attempt did, after
     81 s): the check names the setting and the fix before launch."""
+    from bridge_recipes.installed import OP_FUSER_ENV
     from bridge_recipes.overrides import apply_all
-    from bridge_recipes.qwen.policy import OP_FUSER_ENV
 
     monkeypatch.delenv(OP_FUSER_ENV, raising=False)
     apply_all(moe, {}, ["model.use_transformer_engine_op_fuser=true"])
@@ -194,8 +194,8 @@ def test_the_op_fuser_rules_are_megatron_cores():
 
     from megatron.core.transformer.moe.experts import TEGroupedMLP
 
+    from bridge_recipes.installed import OP_FUSER_ENV
     from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
-    from bridge_recipes.qwen.policy import OP_FUSER_ENV
 
     source = inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
     assert f'os.environ.get("{OP_FUSER_ENV}", "0")) <= 0' in source
@@ -206,7 +206,7 @@ def test_the_op_fuser_rules_are_megatron_cores():
 
 
 def test_an_op_fuser_run_without_the_opt_in_stops_before_launch(capsys, monkeypatch):
-    from bridge_recipes.qwen.policy import OP_FUSER_ENV
+    from bridge_recipes.installed import OP_FUSER_ENV
     from bridge_recipes.runner.cli import main
 
     monkeypatch.delenv(OP_FUSER_ENV, raising=False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench.convergence import compare, pointwise_tolerance
-from bridge_recipes.bench.runs import split_runs
+from bridge_recipes.logs.run_log import split_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = {s: 12.0 * 0.7**s for s in range(1, 21)}

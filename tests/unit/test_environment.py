@@ -31,7 +31,8 @@ def test_no_reexec_when_nothing_is_missing(monkeypatch):
     environment.reexec_with({"SOME_RECIPE_VAR": 2})
 
 
-def test_child_sees_recipe_env_at_start_and_te_was_not_imported_before():
+@pytest.mark.parametrize("entry", [["scripts/run_recipe.py"], ["-m", "bridge_recipes.runner"]])
+def test_child_sees_recipe_env_at_start_and_te_was_not_imported_before(entry):
     """NVTE_DEBUG is read by Transformer Engine when it is imported (like the fused-MLP gate,
     which cannot be imported on a machine without a GPU)."""
     env = {k: v for k, v in os.environ.items() if k not in ("NVTE_DEBUG", environment.MARKER)}
@@ -39,7 +40,7 @@ def test_child_sees_recipe_env_at_start_and_te_was_not_imported_before():
     env["PYTHONPATH"] = str(ROOT)
     cmd = [
         sys.executable,
-        "scripts/run_recipe.py",
+        *entry,
         "--recipe",
         "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config",
         "--show-env",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench.evidence import RESUME_SAVE_INTERVAL, check_policies, check_resume, check_training
-from bridge_recipes.bench.runs import log_losses, split_runs
+from bridge_recipes.logs.run_log import log_losses, split_runs
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
 CURVE = {s: 12.0 * 0.7 ** (s - 1) for s in range(1, 11)}

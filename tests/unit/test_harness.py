@@ -8,7 +8,7 @@ from pathlib import Path
 from bridge_recipes import registry
 from bridge_recipes.bench import harness
 from bridge_recipes.bench.result import read_result
-from bridge_recipes.bench.runs import split_runs
+from bridge_recipes.logs.run_log import split_runs
 from bridge_recipes.scaledown import scale_down
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def test_model_spec_follows_a_changed_vocabulary_and_mtp():
     """A small-head proxy (vocabulary 32,768, no MTP) counts its own output layer: 6 x 5,120 x 32,768
     training FLOPs a token, not the released 248,320 entries'."""
     import bridge_recipes
-    from bridge_recipes.bench.flops import model_flops_per_token
+    from bridge_recipes.models.flops import model_flops_per_token
 
     cfg = bridge_recipes.build(
         "qwen35_27b_sft_8gpu_h200_bf16_mock_config",

@@ -358,7 +358,7 @@ def test_runner_export_flag_needs_hf_checkpoint(capsys, tmp_path):
 
 
 def test_conversion_children_leave_torchrun_rendezvous_behind(monkeypatch):
-    from bridge_recipes.hf.runner import child_env
+    from bridge_recipes.hf.training import child_env
 
     for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_PORT": "29500", "RANK": "0", "KEEP_ME": "1"}.items():
         monkeypatch.setenv(k, v)
@@ -482,7 +482,7 @@ def test_load_adapters_refuses_weights_with_no_place_in_the_model():
 
 
 def test_lora_change_report_fails_on_a_changed_frozen_tensor():
-    from bridge_recipes.hf.evidence import lora_change_report
+    from bridge_recipes.bench.hf_evidence import lora_change_report
 
     same = ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight"]
     changed = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.linear_attn.out_proj.weight"]

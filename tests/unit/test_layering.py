@@ -128,3 +128,150 @@ def test_scripts_run_from_outside_the_checkout(tmp_path, script):
     p = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=tmp_path, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("usage:")
+
+
+# --- packages import one way ---------------------------------------------------------------------
+# A unit is a subpackage of bridge_recipes (bench, plan, logs, hf, ...) or one of its top-level modules.
+RECIPE_UNITS = {"qwen", "qwen_vl"}  # recipe definitions: reached through bridge_recipes.registry
+LOWER = {  # what a low package may import from the library
+    "logs": {"logs", "models", "gpus"},
+    "models": {"models"},
+    "plan": {"plan", "models", "logs", "gpus", "layout", "common", "values", "recipe", "registry", "builder"},
+}
+
+
+def _unit(module: str, root: Path) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "bridge_recipes" or len(parts) < 2:
+        return None
+    if (root / parts[1] / "__init__.py").is_file() or (root / f"{parts[1]}.py").is_file():
+        return parts[1]
+    return None
+
+
+def _unit_graph(root: Path) -> dict[str, set[str]]:
+    """unit -> the units its modules import (at module level or inside functions)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        src = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        if src == "__init__":
+            continue
+        for m in _imports(path):
+            unit = _unit(m, root)
+            if unit and unit != src:
+                graph.setdefault(src, set()).add(unit)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one unit (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_between_packages():
+    graph = _unit_graph(ROOT / "bridge_recipes")
+    assert {"bench", "plan", "logs", "hf", "runner"} <= set(graph)
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize("unit", sorted(LOWER))
+def test_lower_packages_import_nothing_above_them(unit):
+    above = _unit_graph(ROOT / "bridge_recipes").get(unit, set()) - LOWER[unit]
+    assert above == set(), f"bridge_recipes.{unit} imports {sorted(above)}"
+
+
+def test_bench_and_runner_reach_recipes_through_the_registry():
+    offenders = {}
+    for unit in ("bench", "runner", "plan", "logs", "hf"):
+        for path in sorted((ROOT / "bridge_recipes" / unit).rglob("*.py")):
+            bad = [m for m in _imports(path) if _unit(m, ROOT / "bridge_recipes") in RECIPE_UNITS]
+            bad += [m for m in _imports(path) if m.split(".")[0] == "perf_recipes"]
+            if bad:
+                offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}, "import recipes through bridge_recipes.registry; move shared facts below the recipes"
+
+
+def _script_paths(path: Path) -> list[str]:
+    """Strings of ``path`` that name a file under scripts/ or build a path into it (docstrings aside)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if node.value.startswith("scripts/") and node.value.endswith((".py", ".sh")):
+                out.append(node.value)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant):
+            if node.right.value == "scripts":  # ROOT / "scripts" / ...
+                out.append(node.right.value)
+    return out
+
+
+def test_the_library_starts_its_own_entry_points_not_scripts_by_path():
+    offenders = {str(p.relative_to(ROOT)): s for p in _library_modules() if (s := _script_paths(p))}
+    assert offenders == {}, "start the package's own entry point: python -m bridge_recipes..."
+
+
+def test_module_names_do_not_reuse_a_package_name():
+    """A module named like another package of the library (hf/runner.py beside runner/) says two things."""
+    packages = {p.name for p in (ROOT / "bridge_recipes").iterdir() if (p / "__init__.py").is_file()}
+    clashes = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "bridge_recipes").rglob("*.py")
+        if p.stem in packages and p.parent.name != p.stem
+    ]
+    assert clashes == []
+
+
+def test_the_layer_checks_see_a_cycle_a_recipe_import_and_a_script_path(tmp_path):
+    root = tmp_path / "bridge_recipes"
+    for pkg, body in {
+        "plan": "from bridge_recipes.bench import x\n",
+        "bench": "from bridge_recipes.plan import y\nfrom bridge_recipes.qwen.policy import Z\n",
+        "qwen": "",
+    }.items():
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text("")
+        (root / pkg / "m.py").write_text(body)
+    graph = _unit_graph(root)
+    assert _cycles(graph) == [["bench", "plan"]]
+    assert RECIPE_UNITS & graph["bench"] == {"qwen"}
+    script = tmp_path / "s.py"
+    script.write_text('"""Runs scripts/run_recipe.py."""\nimport subprocess\nsubprocess.run(["scripts/x.py"])\n')
+    assert _script_paths(script) == ["scripts/x.py"]
+    script.write_text('ROOT = 1\nCMD = ROOT / "scripts" / "run_recipe.py"\nFOLDERS = ("scripts", "tests")\n')
+    assert _script_paths(script) == ["scripts"]

@@ -20,7 +20,7 @@ from bridge_recipes.bench.predict import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-PROXY = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy.yaml"  # 4 layers, measured 2026-11-29
+PROXY = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy.yaml"  # 4 layers
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 
 
@@ -138,9 +138,8 @@ def test_an_intercept_proxy_gives_the_fixed_cost_when_the_slope_proxies_shrank_t
 
 
 def test_committed_35b_calibration_is_what_the_two_committed_depths_give(tmp_path):
-    """results/h200_predict_qwen35_35b_a3b_sft_8gpu.json: the 35B-A3B EP8 shard at 4 layers
-    (2026-11-29) and 16 layers (2026-12-01), 1 x H200 each, extrapolated to 40 layers on 8 GPUs;
-    pinned against the published 4,663.1 tokens/s/GPU."""
+    """results/h200_predict_qwen35_35b_a3b_sft_8gpu.json is what --predict gives from the 35B-A3B EP8
+    shard's proxies at 4 and 16 layers."""
     deep = ROOT / "results/h200_proxy_qwen35_35b_a3b_h200_policy_16_layers.yaml"
     committed = json.loads((ROOT / "results/h200_predict_qwen35_35b_a3b_sft_8gpu.json").read_text())
     out = tmp_path / "p.json"
@@ -148,17 +147,12 @@ def test_committed_35b_calibration_is_what_the_two_committed_depths_give(tmp_pat
     assert bench.main(argv) == 0
     assert json.loads(out.read_text()) == committed
     assert (proxy_point(PROXY).layers, proxy_point(deep).layers) == (4, 16)
-    assert round(committed["tokens_per_s_per_gpu"], 1) == 4687.8 and committed["calibration"]["within"]
-    assert round(committed["calibration"]["ratio"], 3) == 1.005
 
 
-def test_the_35b_calibration_from_one_host_is_at_the_bands_edge(tmp_path):
-    """results/h200_predict_qwen35_35b_a3b_sft_8gpu_one_host.json: the same prediction from the two
-    published-policy arms measured on one host within minutes on 2026-12-01 (4 layers 2.619 s, 16
-    layers 5.811 s, of the 35b_router_fusion and 16-layer candidate commands): 33.2 ms a layer instead
-    of 39.5, 5,374.0 tokens/s/GPU, 1.152x the published 4,663.1, just outside +-15%. The 1.005x of the
-    committed calibration rested on a 16-layer point 10% slower than this host's; what the proxy lacks
-    at full scale, the EP8 all-to-all, would have to cost 5.8 ms a layer a micro batch to close the gap."""
+def test_the_35b_calibration_from_one_host_is_what_its_two_arms_give(tmp_path):
+    """results/h200_predict_qwen35_35b_a3b_sft_8gpu_one_host.json is what --predict gives from two
+    published-policy arms measured on one host; the all-to-all that would close its gap to the published
+    figure is what comm_to_reach_s computes from it."""
     results = ROOT / "results/candidates"
     four, sixteen = (
         results / "35b_router_fusion_against.yaml",
@@ -169,12 +163,9 @@ def test_the_35b_calibration_from_one_host_is_at_the_bands_edge(tmp_path):
     argv = ["--predict", committed["recipe"], "--proxy-results", str(four), str(sixteen), "--out", str(out)]
     assert bench.main(argv) == 0
     assert json.loads(out.read_text()) == committed
-    assert round(committed["tokens_per_s_per_gpu"], 1) == 5374.0 and not committed["calibration"]["within"]
-    assert round(committed["calibration"]["ratio"], 3) == 1.152 and round(committed["per_layer_s"] * 1000, 1) == 33.2
-    published_step = 16 * 8192 / 4663.1
+    published_step = 16 * 8192 / committed["published"]
     gap = (published_step - committed["step_s"]) / committed["micro_batches"] / 40
-    assert round(gap * 1000, 1) == 5.8
-    assert comm_to_reach_s(committed["tokens_per_s_per_gpu"], 4663.1, 40, 8192) == pytest.approx(gap)
+    assert comm_to_reach_s(committed["tokens_per_s_per_gpu"], committed["published"], 40, 8192) == pytest.approx(gap)
 
 
 def test_exposed_comm_and_the_comm_that_reaches_a_target_are_inverses():
@@ -193,21 +184,14 @@ def test_exposed_comm_and_the_comm_that_reaches_a_target_are_inverses():
         comm_to_reach_s(8192.0, 0, 10, 8192)
 
 
-def test_the_published_35b_workload_trains_no_mtp_so_predicts_faster_still():
-    """The published 35B-A3B run had no MTP layer (slime's model arguments): the recipe's MTP adds 3.64
-    of 23.85 GFLOPs a token, its second output-layer pass 3.05, at least 25.3 ms a micro batch at the
-    H200's peak; taken off the one-host prediction, at least 1.17x the published 4,663.1."""
-    from bridge_recipes.bench.flops import model_flops_per_token
-    from bridge_recipes.gpus import peak_bf16_flops
+def test_the_mtp_layer_and_its_head_pass_are_part_of_the_flops_a_token():
+    """The 35B-A3B's MTP layer and its second output-layer pass are counted in the training FLOPs a token,
+    so a run without MTP (the published workload) does less work a token."""
+    from bridge_recipes.models.flops import model_flops_per_token
 
     f = model_flops_per_token("qwen35_35b_a3b", 8192).forward
-    total, mtp = 3 * sum(f.values()), 3 * sum(v for k, v in f.items() if k.startswith("mtp"))
-    assert (round(total / 1e9, 2), round(mtp / 1e9, 2), round(3 * f["mtp_lm_head"] / 1e9, 2)) == (23.85, 3.64, 3.05)
-    head_s = 3 * f["mtp_lm_head"] * 8192 / peak_bf16_flops("H200")
-    assert round(head_s * 1000, 1) == 25.3
-    p = json.loads((ROOT / "results/h200_predict_qwen35_35b_a3b_sft_8gpu_one_host.json").read_text())
-    micro = p["step_s"] / p["micro_batches"]
-    assert round(p["tokens_per_s_per_gpu"] * micro / (micro - head_s) / 4663.1, 2) == 1.17
+    total, mtp = sum(f.values()), sum(v for k, v in f.items() if k.startswith("mtp"))
+    assert 0 < f["mtp_lm_head"] < mtp < total
 
 
 def test_ep_comm_from_the_two_gpu_trace(tmp_path, capsys):
@@ -241,26 +225,22 @@ R27 = "qwen35_27b_sft_8gpu_h200_bf16_mock_config"
 
 
 @pytest.mark.parametrize(
-    ("flag", "committed", "rate", "stages_ms"),
+    ("flag", "committed"),
     [
-        ("--without-mtp", "h200_predict_qwen35_27b_sft_8gpu.json", 2501.4, [735.2, 772.0, 772.0, 782.1]),
-        (None, "h200_predict_qwen35_27b_sft_8gpu_with_mtp.json", 2064.8, [735.2, 772.0, 772.0, 947.4]),
+        ("--without-mtp", "h200_predict_qwen35_27b_sft_8gpu.json"),
+        (None, "h200_predict_qwen35_27b_sft_8gpu_with_mtp.json"),
     ],
 )
-def test_committed_27b_predictions_are_what_the_committed_proxies_give(tmp_path, flag, committed, rate, stages_ms):
-    """The 27B PP4 layout from three proxies of 1 x H200, 2026-12-01: the small head (vocabulary 32,768,
-    no MTP) at 4 and 8 layers for the slope (45.9 ms a layer), the real head with MTP at 4 layers for
-    the fixed cost (285.8 ms). The published run (slime, no MTP flags) is predicted without MTP:
-    2,501.4 against 2,499.5, the middle stages (17 layers) the slowest. The recipe as shipped keeps
-    Qwen3.5's MTP layer on the last stage: 947 ms a micro batch there, 2,064.8."""
+def test_committed_27b_predictions_are_what_the_committed_proxies_give(tmp_path, flag, committed):
+    """The 27B PP4 predictions are what --predict gives from the small-head slope proxies and the real-head
+    intercept; with MTP trained the last stage is the slowest."""
     doc = json.loads((ROOT / "results" / committed).read_text())
     out = tmp_path / "p.json"
     argv = ["--predict", R27, "--proxy-results", *map(str, SMALL_HEAD), "--intercept-result", str(REAL_HEAD)]
     assert bench.main([*argv, *([flag] if flag else []), "--out", str(out)]) == 0
     assert json.loads(out.read_text()) == doc
-    assert round(doc["tokens_per_s_per_gpu"], 1) == rate and round(doc["per_layer_s"] * 1000, 1) == 45.9
-    assert [round(t * 1000, 1) for t in doc["stage_micro_batch_s"]] == stages_ms
-    assert doc["calibration"]["within"] is (flag is not None)
+    if flag is None:
+        assert max(doc["stage_micro_batch_s"]) == doc["stage_micro_batch_s"][-1]
 
 
 def test_without_mtp_takes_out_mtps_flop_share_of_the_head_cost():
@@ -314,8 +294,8 @@ def test_proxies_recomputing_different_shares_are_refused(tmp_path):
 
 @pytest.mark.parametrize("layers", [4, 8])
 def test_small_head_results_count_their_own_head(layers):
-    """The 27B's slope proxies (1 x H200, 2026-12-01; each checked against its log with the other proxy
-    results, tests/unit/test_proxy_results.py): their FLOPs count the small head they ran with
+    """The 27B's slope proxies (each checked against its log with the other proxy
+    results, tests/unit/test_results_consistency.py): their FLOPs count the small head they ran with
     (vocabulary 32,768, no MTP)."""
     from bridge_recipes.bench.result import read_result
 
@@ -330,31 +310,88 @@ NO_MTP = ROOT / "results/h200_proxy_qwen35_27b_no_mtp_4_layers.yaml"
 WITH_MTP_SAME_LEASE = ROOT / "results/candidates/27b_fused_swiglu_against.yaml"
 
 
-def test_the_27b_mtp_cost_is_measured(tmp_path):
-    """The real head without MTP at 4 layers (1 x H200, 2026-12-01): 315.0 ms a micro batch, against 482.3 for
-    the same policy with MTP on the same lease (27b_fused_swiglu's published arm): MTP costs 167.3 ms a proxy
-    micro batch, 34.7% of it. The FLOP share the predictor apportions gives 165.4 ms of the committed
-    intercept's 469.6 (35.2%), 173.2 of this lease's 482.3. Taken as the intercept, the measured proxy
-    predicts the published run (no MTP) at 2,467.4 tokens/s/GPU, 0.987x the published 2,499.5: within
-    +-15% with nothing apportioned (the FLOP-share prediction: 2,501.4)."""
+def test_the_27b_prediction_with_a_measured_intercept_without_mtp(tmp_path):
+    """The real head without MTP, the same command as a run with MTP plus model.mtp_num_layers=null, runs
+    faster; taken as the intercept it gives the committed prediction, with nothing apportioned."""
     from bridge_recipes.bench.result import read_result
 
     without, with_mtp = (read_result(p) for p in (NO_MTP, WITH_MTP_SAME_LEASE))
     assert without["command"].split() == [*with_mtp["command"].split(), "model.mtp_num_layers=null"]
-    assert str(without["result"]["measured"]) == str(with_mtp["result"]["measured"]) == "2026-12-01"
     a, b = proxy_point(NO_MTP), proxy_point(WITH_MTP_SAME_LEASE)
-    assert (a.mtp_num_layers, b.mtp_num_layers) == (0, 1)
-    mtp = b.micro_batch_s - a.micro_batch_s
-    assert [round(x * 1000, 1) for x in (a.micro_batch_s, b.micro_batch_s, mtp)] == [315.0, 482.3, 167.3]
-    assert round(mtp / b.micro_batch_s, 3) == 0.347
+    assert (a.mtp_num_layers, b.mtp_num_layers) == (0, 1) and a.micro_batch_s < b.micro_batch_s
     out = tmp_path / "p.json"
     argv = ["--predict", R27, "--proxy-results", *map(str, SMALL_HEAD)]
     assert bench.main([*argv, "--intercept-result", str(NO_MTP), "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc == json.loads((ROOT / "results/h200_predict_qwen35_27b_sft_8gpu_measured_no_mtp.json").read_text())
-    assert round(doc["tokens_per_s_per_gpu"], 1) == 2467.4 and doc["calibration"]["within"]
-    assert round(doc["calibration"]["ratio"], 3) == 0.987 and doc["notes"] == []
-    same_lease = tmp_path / "s.json"
-    flags = ["--intercept-result", str(WITH_MTP_SAME_LEASE), "--without-mtp", "--out", str(same_lease)]
-    assert bench.main([*argv, *flags]) == 0
-    assert "173.2 ms a micro batch" in json.loads(same_lease.read_text())["notes"][0]
+    assert doc["notes"] == []
+
+
+# --- a candidate's estimate, on synthetic costs -------------------------------------------------
+
+
+def _base(micro_batches: int = 16, per_layer_s: float = 0.04, fixed_s: float = 0.2, layers: int = 40):
+    from bridge_recipes.bench.predict import Prediction
+
+    micro = fixed_s + layers * per_layer_s
+    rate = 1000.0 / micro  # tokens/s/GPU scale: only ratios matter below
+    return Prediction(
+        recipe="r", gpus=8, tokens_per_s_per_gpu=rate, low=rate, high=rate, step_s=micro_batches * micro,
+        per_layer_s=per_layer_s, fixed_s=fixed_s, micro_batches=micro_batches, bubble_micro_batches=0.0,
+        stage_micro_batch_s=[micro],
+    )  # fmt: skip
+
+
+def test_split_saving_solves_the_fixed_and_per_layer_parts():
+    from bridge_recipes.bench.predict import SideBySide, split_saving
+
+    # a: saves 0.1 fixed + 2 layers x 0.03; b: the same fixed change + 4 layers x 0.03 (8 micro batches)
+    a = SideBySide(
+        reference_step_s=8 * 1.0, candidate_step_s=8 * (1.0 - 0.16), layers_not_recomputed=2, micro_batches=8
+    )
+    b = SideBySide(
+        reference_step_s=8 * 1.0, candidate_step_s=8 * (1.0 - 0.22), layers_not_recomputed=4, micro_batches=8
+    )
+    fixed, per_layer = split_saving(a, b)
+    assert fixed == pytest.approx(0.1) and per_layer == pytest.approx(0.03)
+    with pytest.raises(PredictionError, match="nothing separates"):
+        split_saving(a, a)
+
+
+def test_a_candidate_estimate_takes_the_saving_in_the_calibrations_units():
+    from bridge_recipes.bench.predict import SideBySide, candidate_estimate, proxy_day
+
+    base = _base()
+    # a pair whose host ran the published policy exactly as calibrated at 4 layers: day 1
+    on_time = SideBySide(8 * (0.2 + 4 * 0.04), 8 * 0.3, layers_not_recomputed=0, micro_batches=8)
+    slow = SideBySide(2 * on_time.reference_step_s, 2 * on_time.candidate_step_s, 0, 8)
+    assert proxy_day(base, 4, on_time) == pytest.approx(1.0) and proxy_day(base, 4, slow) == pytest.approx(2.0)
+    micro = base.step_s / base.micro_batches
+    saved = candidate_estimate(base, 4, on_time, fixed_saved_s=0.1, per_layer_saved_s=0.01, layers_not_recomputed=10)
+    assert saved == pytest.approx(base.tokens_per_s_per_gpu * micro / (micro - 0.1 - 10 * 0.01))
+    # the same seconds measured on a host twice as slow count half
+    assert candidate_estimate(base, 4, slow, 0.2, 0.02, 10) == pytest.approx(saved)
+    assert candidate_estimate(base, 4, on_time, 0.0, 0.0, 0) == pytest.approx(base.tokens_per_s_per_gpu)
+
+
+def test_a_saving_per_kernel_scales_with_the_recipes_count():
+    from bridge_recipes.bench.predict import SideBySide, scaled_saving
+
+    base = _base()
+    pair = SideBySide(8 * (0.2 + 4 * 0.04), 8 * (0.2 + 4 * 0.04 - 0.01), 0, 8)  # 10 ms a micro batch, day 1
+    assert scaled_saving(base, 4, pair, proxy_count=100, full_count=1000) == pytest.approx(0.1)
+
+
+def test_a_pipeline_candidate_is_paced_by_its_slowest_stage():
+    from dataclasses import replace
+
+    from bridge_recipes.bench.predict import pipeline_candidate_estimate
+
+    base = replace(_base(micro_batches=8), bubble_micro_batches=3.0, stage_micro_batch_s=[1.0, 1.0, 1.0, 1.5])
+    same = pipeline_candidate_estimate(base, fixed_s=0.5, layers_no_longer_recomputed=[0, 0, 0, 0], recompute_s=0.1)
+    assert same == pytest.approx(base.tokens_per_s_per_gpu * base.step_s / (11 * 1.5))
+    # the last stage's loss made 0.5 s cheaper: every stage is now 1.0 s
+    faster = pipeline_candidate_estimate(base, 0.5, [0, 0, 0, 0], 0.1, fixed_saved_s=0.5)
+    assert faster == pytest.approx(same * 1.5)
+    with pytest.raises(PredictionError, match="stages"):
+        pipeline_candidate_estimate(base, 0.5, [0, 0], 0.1)

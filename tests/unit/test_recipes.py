@@ -1,6 +1,7 @@
 """Every recipe: builds offline, passes the layout checks at its GPU count, matches the
 published layout it claims, shares its execution-policy helper between the two trees."""
 
+import ast
 import importlib
 import inspect
 import json
@@ -13,6 +14,7 @@ from bridge_recipes import registry
 from bridge_recipes.common import is_vlm
 from bridge_recipes.layout import layout_of, stage_layers
 from bridge_recipes.models.qwen35 import SPECS
+from bridge_recipes.recipe import RecipeMeta
 from bridge_recipes.runner import checks
 from bridge_recipes.runner.cli import megatron_validation
 
@@ -84,6 +86,26 @@ def test_evidence_files_exist(name):
             assert doc["recipe"] == name and doc["passed"] is True
     if meta.status == "measured":
         assert (ROOT / meta.measured["result"]).is_file()
+
+
+# A recipe's docstring says what the policy is and why; measurements live in results/ and its evidence.
+DATED = re.compile(r"\b20\d\d-\d\d-\d\d\b|\blease\b|\bpredicted\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("name", sorted(registry.discover()))
+def test_docstring_fits_a_screen_without_dates_or_predictions(name):
+    entry = registry.find(name)
+    module = ast.parse(entry.path.read_text())
+    (fn,) = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    doc = ast.get_docstring(fn) or ""
+    assert doc, f"{name} has no docstring"
+    assert len(doc.splitlines()) <= 8, f"{name}: {len(doc.splitlines())} docstring lines"
+    assert not DATED.search(doc), f"{name}: {DATED.search(doc).group(0)!r} in its docstring"
+
+
+def test_recipe_metadata_has_no_free_text_notes():
+    with pytest.raises(TypeError, match="notes"):
+        RecipeMeta(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1", notes="x")
 
 
 @pytest.mark.parametrize("name", [n for n in RECIPES if registry.find(n).tree == "perf_recipes"])

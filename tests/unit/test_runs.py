@@ -6,6 +6,7 @@ import sys
 import time
 
 from bridge_recipes.bench.runs import descendants, kill_tree
+from bridge_recipes.logs.run_log import split_runs
 
 # a "launcher" that starts its "worker" in a new session, as torchrun does, then waits on it
 LAUNCHER = (
@@ -53,6 +54,6 @@ def test_a_finished_run_is_kept_and_reused(tmp_path, monkeypatch):
     first = runs.launch_kept(kept, "reference", "r", ["--x", "1"], log)
     again = runs.launch_kept(kept, "reference", "r", ["--x", "1"], log)
     assert len(calls) == 1 and again.losses == first.losses == {1: 12.0}
-    assert runs.split_runs(log.read_text())["reference"].count("lm loss") == 1  # the kept log, written again
+    assert split_runs(log.read_text())["reference"].count("lm loss") == 1  # the kept log, written again
     runs.launch_kept(kept, "reference", "r", ["--x", "2"], log)  # other arguments: a new run
     assert len(calls) == 2

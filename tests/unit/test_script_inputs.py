@@ -20,7 +20,7 @@ def _script(name, *args):
 
 
 def _two_logs(tmp_path):
-    from bridge_recipes.bench.runs import split_runs
+    from bridge_recipes.logs.run_log import split_runs
 
     runs = split_runs(POLICIES_LOG.read_text())
     a, b = tmp_path / "a.log", tmp_path / "b.log"

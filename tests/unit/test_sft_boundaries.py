@@ -179,8 +179,12 @@ def test_a_micro_batch_of_rows_becomes_one_packed_sequence(built):
     assert dry_run_problems(_Cfg(out, k=2))[0] == []
     (error,) = dry_run_problems(_Cfg(out, k=2, seq=ROW))[0]
     assert f"model.seq_length={2 * ROW}" in error
-    joined_cfg = NS(dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW), train=NS(micro_batch_size=3, global_batch_size=8), model=NS(seq_length=ROW))  # fmt: skip
-    assert fit_micro_batch(joined_cfg) is None  # 8 rows do not split into micro batches of 3: Megatron names it
+    odd = NS(
+        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW),
+        train=NS(micro_batch_size=3, global_batch_size=8),
+        model=NS(seq_length=ROW),
+    )
+    assert fit_micro_batch(odd) is None  # 8 rows do not split into micro batches of 3: Megatron names it
 
 
 def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):

@@ -150,7 +150,8 @@ def test_long_context_halves_keep_32k_rows_and_are_valid_on_two_gpus(half):
 
 
 def test_compact_log_keeps_what_the_evidence_reads():
-    from bridge_recipes.bench.runs import compact_log, split_runs
+    from bridge_recipes.bench.runs import compact_log
+    from bridge_recipes.logs.run_log import split_runs
 
     full = "\n".join(
         [

@@ -28,12 +28,15 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.common import sft_config
 from bridge_recipes.qwen.policy import (
+    GB300_ENV,
+    cuda_graphs_off,
     full_recompute,
+    hybridep_env,
     set_layout,
     set_openrecipes_numerics,
     shard_optimizer_precision_aware,
+    use_hybridep_dispatcher,
 )
-from bridge_recipes.qwen_vl.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
 from bridge_recipes.recipe import recipe
 
 if TYPE_CHECKING:
@@ -75,7 +78,6 @@ def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -
     precision="bf16",
     layout="TP1 PP1 EP32 DP32",
     status="unmeasured",
-    notes="Megatron-Bridge's 32 x GB300 layout of this backbone with SFT rows; planner peak 290.0 GB; never run",
 )
 def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
     """Qwen3.5-122B-A10B SFT on 32 x GB300: EP32, HybridEP, no recompute (planner peak 290.0 GB)."""
@@ -99,7 +101,6 @@ def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -
     precision="bf16",
     layout="TP1 PP1 EP64 DP64",
     status="unmeasured",
-    notes="Megatron-Bridge's 64 x GB300 layout of this backbone with SFT rows; planner peak 293.4 GB; never run",
 )
 def qwen35_397b_a17b_sft_64gpu_gb300_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B SFT on 64 x GB300: EP64, HybridEP, block recompute 40 (planner peak 293.4 GB)."""

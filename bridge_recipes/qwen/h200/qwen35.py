@@ -118,47 +118,13 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
     evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers.log",
-    notes=(
-        "one-GPU proxy at 16 layers 1.25x the published policy side by side "
-        "(results/candidates/35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers_ratio.json; "
-        "predicted 1.31x)"
-    ),
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
-    """The published EP8 layout made faster by spending memory it frees on recompute, with fused
-    kernels (candidate ``35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion``,
-    docs/performance_candidates.md).
-
-    - Adam's moments in BF16 free 17.8 GB a GPU of optimizer state, Transformer Engine's cross
-      entropy 16.3 GB of the loss working set, the fused SwiGLU part of each expert's saved
-      activation; that buys block recompute of the first 5 of the 40 layers instead of full
-      recompute of all 40. The planner: 147.1 of 150.8 GB at full scale. The fused router changes
-      no memory.
-    - Measured on the one-GPU proxy of the EP8 shard (32 experts, 8 micro batches of 8,192 tokens;
-      1 x H200, 2026-12-01, each side by side with the published policy in one command): this policy
-      at 16 layers (2 recomputed against 16) 4.954 against 6.173 s a step, 1.25x (predicted 1.31x),
-      loss curves agreeing (correlation 0.999998, last step 0.14% apart); without the fused router,
-      on another lease, 4.805 against 5.811 s, 1.21x; the fused router alone on the published policy
-      at 4 layers 2.489 against 2.619 s, 1.05x. The 35B-A3B proxy's step times vary by 4-7% (their
-      coefficient of variation), so a ratio is good to about 2%.
-    - Full scale, estimated (``bench.predict.candidate_estimate`` on the calibrated prediction of the
-      published policy, the saving split by ``bench.predict.split_saving`` into 91.8 ms a micro batch
-      fixed and 2.4 ms a layer no longer recomputed from the 4- and 16-layer pairs, plus the fused
-      router's 0.52 ms a router pass, which the two 16-layer ratios give): about 5,445 tokens/s/GPU
-      (1.17x the published) without gradient-accumulation fusion, as those pairs ran.
-    - With fusion, on in every run since ``bridge_recipes.te_wgrad`` (measured 1.10x at 16 layers
-      against the published policy without it: 62.4 ms a micro batch for its 1,158 GEMM weights,
-      carried to the recipe's 2,790 by ``bench.predict.scaled_saving``): about 6,165 tokens/s/GPU,
-      1.32x the published 4,663.1 (whose run had APEX's fusion), 5% short of 6,500. The published
-      layout itself on this stack with fusion is estimated at 5,210, so 1.18x of it. Both without the
-      expert-parallel all-to-all, which the calibration also lacks. Not run on 8 GPUs yet
-      (scripts/gpu/queues/h200_8gpu.txt).
-      Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.83 -> 3.42, every step
-      finite (its log is the evidence).
-    - Faster on the same GPUs: ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config`` (two rows a micro
-      batch), 1.17x this policy on the proxy side by side in a later lease; faster still with four rows,
-      ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config``.
-    """
+    """The published EP8 layout with the memory it can free spent on recompute: Adam's moments in
+    BF16 and Transformer Engine's cross entropy free about 34 GB a GPU, which buys block recompute of
+    the first 5 of 40 layers instead of full recompute of all 40; the fused SwiGLU and router cut
+    kernel launches. It is the published recipe with candidate
+    ``35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion``'s overrides."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
     # the first 5 layers recompute their activations in the backward pass, the other 35 keep them
@@ -184,43 +150,13 @@ def _fast_35b_a3b_kernels(cfg: ConfigContainer) -> None:
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
     evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_16_layers.log",
-    notes=(
-        "one-GPU proxy at 16 layers 1.84x the published policy side by side "
-        "(results/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_16_layers_ratio.json; "
-        "predicted 1.5x)"
-    ),
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
-    """The published EP8 layout with the fast recipe's kernels and optimizer precision, spending the memory
-    they free on a second 8,192-token row a micro batch (16,384 tokens a GPU) with the published full
-    recompute (candidate ``35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2``,
-    docs/performance_candidates.md).
-
-    - Why two rows: the proxy's step is the host's (the traced 16-layer steps keep the GPU idle for about
-      half of each), and a launch that carries two rows halves the launches a step; 16 rows a GPU a step
-      run as 8 micro batches instead of 16. The planner: 110.9 GB at full scale. Rows with conversation
-      boundaries (``--packing boundaries``) take one row a micro batch, and the runner refuses them here;
-      the default one-conversation rows train with it.
-    - Measured on the one-GPU proxy of the EP8 shard (16 layers, 32 experts, 8 rows of 8,192 tokens a step;
-      1 x H200, 2026-12-01, side by side with the published policy in one command, both with gradient-
-      accumulation fusion): 3.679 against 6.769 s a step, 1.84x (predicted 1.5x), loss curves agreeing
-      (correlation 0.999994, last step 1.0% apart). Against the fast recipe directly, in one command (1 x
-      H200, 2026-12-01, a later lease): 3.731 against 4.368 s, 1.17x (predicted 1.18x, from the two
-      policies' pairs against the published one).
-    - Full scale, estimated: about 7,215 tokens/s/GPU (1.55x the published 4,663.1): the fast recipe's
-      estimate with fusion (6,165) times the 1.17x measured against it. The ratio measured against
-      the published policy carried onto its estimate with fusion (5,210 x 1.84) reads 9,590; the lease's
-      host was slow (the published arm 6.77 s against 4.99 on the fusion pair's lease), and on a host-bound
-      step a slow host favours the policy with fewer launches, so the lower reading is the estimate. Both
-      without the expert-parallel all-to-all, which the calibration also lacks. Not run on 8 GPUs yet
-      (scripts/gpu/queues/h200_8gpu.txt).
-      Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.82 -> 3.39, every step
-      finite (its log is the evidence).
-    - On the same GPUs: ``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config`` (this policy at four rows a
-      micro batch, 139.7 GB planned) ran 1.02x this one in one command; this one keeps 39.9 GB of the H200
-      free. Block recompute of 30 of the 40 layers instead of full recompute measured 0.996x of this policy
-      in one command (141.3 GB planned): no gain for 30 GB.
-    """
+    """The fast recipe's kernels and BF16 Adam moments, spending the memory they free on a second
+    8,192-token row a micro batch (16,384 tokens a GPU) with the published full recompute. The step
+    is bound by the host's kernel launches, and a launch that carries two rows halves them. Rows with
+    conversation boundaries (``--packing boundaries``) need one row a micro batch; the runner refuses
+    them here."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
     # two 8,192-token rows a micro batch: 16 rows a GPU a step in 8 micro batches, every layer recomputed
@@ -237,52 +173,12 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
     evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers.log",
-    notes=(
-        "one-GPU proxy at 16 layers 1.90x the published policy side by side "
-        "(results/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers_ratio.json; "
-        "predicted 1.93x); 1.02x the two-rows policy in one command "
-        "(results/h200_proxy_qwen35_35b_a3b_fast_mt32k_vs_fast_mt16k_16_layers_ratio.json; predicted 1.09x)"
-    ),
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config() -> ConfigContainer:
-    """The two-rows policy (``qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config``) at four 8,192-token rows
-    a micro batch (32,768 tokens a GPU), full recompute kept (candidate
-    ``35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4``, docs/performance_candidates.md). The
-    fastest 35B-A3B H200 policy measured here, by 2% over the two-rows policy in one command: inside the
-    ~4% a single pair varies on this host, so the two are as fast as one pair can tell.
-
-    - Why four rows: the proxy's step at two rows is still mostly the host's launches; four rows a micro
-      batch halve them again (16 rows a GPU a step in 4 micro batches instead of 8), and the step comes
-      near the GPU's own time.
-    - Memory: the planner gives 139.7 of 150.8 GB at full scale (the two-rows policy: 110.9), and was
-      within 0.5% of this policy's measured 16-layer proxy peak (99.42 planned, 99.90 GB allocated). It
-      counts balanced expert routing; under full recompute only the layer being rebuilt holds its experts'
-      token copies (1.88 GB balanced), so the 10.5 GB of allocation left holds the hottest rank receiving
-      up to about 6.6x its balanced share (a rank with 32 of 256 experts receives at most 8x, every one of a
-      token's 8 choices).
-    - Measured on the one-GPU proxy of the EP8 shard (16 layers, 32 experts, 8 rows of 8,192 tokens a step
-      in 2 micro batches; 1 x H200, side by side in one command, both with gradient-accumulation fusion):
-      against the published policy (2026-12-01) 3.167 against 6.012 s a step, 1.90x (predicted 1.93x), loss
-      curves agreeing (correlation 0.999997, last step 0.47% apart); against the two-rows policy with block
-      recompute of 30 of 40 layers (2026-12-01, a later lease) 3.351 against 3.669 s, 1.095x (predicted
-      0.97x: the miss, and why block recompute gains nothing here, in docs/performance_candidates.md);
-      against the two-rows policy itself (2026-12-02) 3.391 against 3.464 s, 1.02x (predicted 1.09x from
-      the two block-recompute pairs, 0.9962 / 0.9134: missed, that lease's block-recompute arm ran 4% apart
-      in its two pairs), loss curves agreeing (correlation 0.999997, last step 0.30% apart).
-    - Full scale, estimated: about 7,370 tokens/s/GPU (1.58x the published 4,663.1): the two-rows
-      policy's 7,215 times the 1.0216 measured against it in one command. The block-recompute pairs' ratio
-      (1.0907) read 7,870; the 1.90x carried onto the published layout's estimate with fusion (5,210) reads
-      9,890; on a host-bound step a slow host favours the policy with fewer launches, so the lowest reading
-      is the estimate. Both without the expert-parallel all-to-all, which the calibration also lacks: with
-      the 5.8 ms a MoE layer a row that would close the calibration's gap it reads about 6,820, and it
-      stays at 6,500 or above while under 7.3 ms a layer a row is exposed (docs/performance_candidates.md,
-      "The lease of 2026-12-02"). Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
-      Functional: the 16-layer proxy run trained 16 steps on the H200, loss 12.82 -> 3.41, every step
-      finite (its log is the evidence).
-    - Rows with conversation boundaries (``--packing boundaries``) take one row a micro batch, and the
-      runner refuses them here, as for the two-rows policy. If a run stops out of memory, the two-rows
-      policy keeps 39.9 GB of the H200 free.
-    """
+    """The two-rows recipe at four 8,192-token rows a micro batch (32,768 tokens a GPU), full
+    recompute kept: the launches halve again and the step comes near the GPU's own time. Under full
+    recompute only the layer being rebuilt holds its experts' tokens, so the memory left covers a hot
+    expert rank. If a run stops out of memory, the two-rows recipe keeps more of the GPU free."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config()
     # four 8,192-token rows a micro batch: 16 rows a GPU a step in 4 micro batches, every layer recomputed
     cfg.train.micro_batch_size = 4
@@ -331,20 +227,12 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config() -> ConfigContainer:
     precision="bf16",
     layout="TP2 PP1 CP2 EP8 ETP1 DP2",
     status="unmeasured",
-    notes="opd-35b-h200: peak ~124 GB of 143 reported by its authors, not by us",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config() -> ConfigContainer:
     """Long-context layout of the on-policy-distillation example (opd-35b-h200) on one 8 x H200 node:
-    TP2 (sequence parallel) PP1 CP2 EP8 ETP1, optimizer on the CPU, 32,768-token sequences.
-
-    The example was written for 2 nodes (DP4) and re-tiled to one node by halving DP, which is
-    what 8 GPUs give here: DP2. Its authors report a peak near 124 GB of 143 GB per GPU.
-
-    Gated DeltaNet with CP > 1: megatron-core 0.19.2 implements it (``ssm/gated_delta_net``
-    converts between context- and head-parallel layouts with all-to-all, and TransformerConfig
-    has no check rejecting CP with GDN); earlier releases rejected or broke it. Unmeasured:
-    it has not been run at CP2 by this project.
-    """
+    TP2 (sequence parallel) PP1 CP2 EP8 ETP1, optimizer on the CPU, 32,768-token sequences. The
+    example's two-node DP4 is re-tiled to one node as DP2. Gated DeltaNet with CP > 1 needs
+    Megatron-Core 0.19.2 or later, which converts between context- and head-parallel layouts."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     set_layout(cfg, tp=2, cp=2, ep=8, etp=1, sp=True)
     cpu_optimizer_offload(cfg)
@@ -395,36 +283,13 @@ def qwen35_27b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     status="functional",
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
     evidence="docs/evidence/candidates/27b_te_ce_fused_swiglu_block10.log",
-    notes=(
-        "one-GPU proxy 1.12x the published policy side by side "
-        "(results/candidates/27b_te_ce_fused_swiglu_block10_ratio.json); the 16/18/18/12 split is the "
-        "calibrated predictor's, not measurable on one GPU"
-    ),
 )
 def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
-    """The published PP4 layout made faster for a run that trains Qwen3.5's MTP layer (candidate
-    ``27b_te_ce_fused_swiglu_block10`` plus a split for the MTP's last stage;
-    docs/performance_candidates.md).
-
-    - The fused SwiGLU frees 0.57 GB a layer a micro batch, which buys block recompute of 10 instead
-      of 12 layers of each stage (the published first stage ran out of memory at 10 without it); the
-      planner: 150.7 of 150.8 GB at full scale, on the first stage. Transformer Engine's cross
-      entropy shrinks the last stage's loss working set (28.5 -> 12.2 GB) and is faster.
-    - Measured on the one-GPU proxy (4 layers with the real head and MTP, 8 micro batches of 8,192
-      tokens; 1 x H200, 2026-12-01, side by side with the published policy in one command): 3.355
-      against 3.757 s a step, 1.12x; the loss curves agree over steps 4-16 (correlation
-      0.99999999, last-step difference 4.0e-4). Predicted before the run: 1.18x.
-    - The split: the calibrated predictor (``scripts/benchmark.py --predict``, 2,501.4 against the
-      published 2,499.5 for the published run, which had no MTP) puts this recipe's MTP layer and its
-      second output-layer pass on the last stage: 947 ms a micro batch there against 772 on the
-      17-layer stages, so the published split predicts 2,064.8 tokens/s/GPU with MTP trained.
-      16/18/18/12 moves two layers off the last stage; with the policy above it is estimated at
-      about 2,420 (``bench.predict.pipeline_candidate_estimate``: 1.17x the published layout with
-      MTP, 0.97x the published figure without MTP); the published split with the same policy about
-      2,220. Not run on 8 GPUs yet (scripts/gpu/queues/h200_8gpu.txt).
-    - Functional: the candidate's proxy run trained 16 steps on the H200, every loss finite and
-      falling (its log is the evidence).
-    """
+    """The published PP4 layout made faster for a run that trains Qwen3.5's MTP layer: the fused
+    SwiGLU frees the memory for block recompute of 10 instead of 12 layers a stage, Transformer
+    Engine's cross entropy shrinks the last stage's loss working set, and a 16/18/18/12 split moves
+    two layers off the last stage, which also runs the output layer and the MTP layer. It is the
+    published recipe with candidate ``27b_te_ce_fused_swiglu_block10``'s overrides and that split."""
     cfg = qwen35_27b_sft_8gpu_h200_bf16_config()
     te_cross_entropy(cfg)
     fused_swiglu(cfg)
@@ -445,54 +310,13 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     status="functional",
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
     evidence="docs/evidence/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows.log",
-    notes=(
-        "one-GPU proxy 1.24x the published policy side by side on chat rows, loss check passed "
-        "(results/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows_ratio.json), "
-        "1.10x the BF16 fast recipe side by side before it took the weight cache "
-        "(results/h200_proxy_qwen35_27b_fp8cs_fast_vs_bf16_fast_rows_ratio.json); "
-        "the 16/19/19/10 split and block recompute of 14 are the calibrated predictor's and the planner's, not "
-        "measurable on one GPU"
-    ),
 )
 def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
-    """The fast 27B recipe with its layers' GEMMs in FP8, per-tensor current scaling, parameters in
-    BF16 and Transformer Engine's FP8 weight cache (candidate
-    ``27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached``, on a split and recompute of its
-    own; docs/performance_candidates.md).
-
-    - ``bridge_recipes.qwen.policy.fp8_current_scaling``: every transformer layer but the model's first
-      and last, and the MTP layer, in FP8; the embedding, output layer, loss, Gated DeltaNet's
-      recurrence and the attention core stay BF16. The parameters stay BF16 so that a run from Hugging
-      Face weights starts from, and exports, them at full precision (the preset's FP8 parameters would
-      round both to FP8); each FP8 layer's weight is cast once a step, in its first micro batch, and
-      the FP8 copy kept for the step.
-    - Measured on the one-GPU proxy (4 layers with the real head and MTP, 8 micro batches of 8,192
-      tokens; 1 x H200, 2026-12-01, each pair side by side in one command), on the committed chat rows
-      through the recipe itself (30 steps at its learning rate): 3.031 against 3.753 s a step, 1.24x
-      the published policy (predicted 1.24x before the run), loss curves agreeing (correlation 0.99973,
-      no point outside tolerance, last step 0.52% apart); this recipe before it took the cache (each
-      weight cast in every forward), at the proxy's recompute, against the BF16 fast recipe, 3.040
-      against 3.331 s, 1.10x (predicted 1.10x), loss curves agreeing (last step 0.39% apart); that
-      form measured 1.23x against the published policy (1.01 ms a cast). The preset as it is (FP8
-      parameters) ran 1.21x on the same rows, and 1.20x on mock rows, where the loss check failed:
-      FP8 stays 0.4-5.8% above BF16 once the mock loss falls to about 0.2.
-    - The proxy runs 2 of its 4 layers (and the MTP layer) in FP8, a full-scale run 62 of 64: the
-      chat-rows check covers a model half in FP8, and the 8-GPU run queued in
-      scripts/gpu/queues/h200_8gpu.txt is the check at the full share. An 8-layer proxy with 6 of 8
-      layers in FP8 measured 1.21x, the saving going with the FP8 layers (14.7 ms each a micro batch).
-    - Memory: the weight cache holds 2 bytes a parameter of the FP8 layers for the step
-      (``plan.memory.fp8_weight_cache_bytes``; the proxy allocated 101.55 GB, 101.87 planned). This
-      recipe recomputes the first 14 layers of each stage (all 10 of the last): 146.1 of 150.8 GB, on
-      the second stage.
-    - The split: FP8 makes the layers cheaper, not the last stage's output layer, loss and MTP, so the
-      calibrated predictor moves two more layers off the last stage: 16/19/19/10.
-    - Full scale, estimated (``bench.predict.pipeline_candidate_estimate`` on the calibrated stages of
-      this split and recompute, with the BF16 fast policy's kernel savings): FP8 saved 36.7 ms a proxy
-      micro batch over the BF16 fast policy with its 4 weight casts a micro batch (12.3 ms for each of
-      its 3 FP8 layers, 13.6 without the casts); on each stage's FP8 layers, with one cast a layer a
-      step, the estimate is about 3,245 tokens/s/GPU (1.57x the published layout trained with MTP,
-      2,064.8; 1.30x the published 2,499.5, which trained none). Not run on 8 GPUs yet.
-    """
+    """The fast 27B recipe with its layers' GEMMs in FP8 (per-tensor current scaling; the model's first
+    and last layers stay BF16), parameters in BF16 so that a run from Hugging Face weights starts
+    from and exports them unrounded, and Transformer Engine's FP8 weight cache, cast once a step.
+    FP8 makes the layers cheaper but not the last stage's head, so the split moves two more layers
+    off it (16/19/19/10), and the cache's memory is paid for by recomputing 14 layers a stage."""
     cfg = qwen35_27b_sft_8gpu_h200_bf16_fast_config()
     fp8_current_scaling(cfg)
     # 64 layers as 16/19/19/10: with the layers in FP8 the last stage's output layer, loss and MTP
@@ -576,7 +400,6 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
     precision="bf16",
     layout="TP1 PP3 EP8 DP8",
     status="unmeasured",
-    notes="layout sized by the memory planner (peak 137.4 GB, last stage); never run",
 )
 def qwen35_122b_a10b_sft_24gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-122B-A10B SFT on 3 x 8 H200: PP3 17/18/13, EP8, full recompute, no offload."""
@@ -624,7 +447,6 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
     precision="bf16",
     layout="TP2 PP4 EP16 DP8",
     status="unmeasured",
-    notes="layout sized by the memory planner (peak 140.8 GB, last stage); never run",
 )
 def qwen35_397b_a17b_sft_64gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B SFT on 8 x 8 H200: TP2 SP, PP4 15/16/16/13, EP16, full recompute, no offload."""
@@ -660,7 +482,6 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     precision="bf16",
     layout="TP1 PP1 DP1",
     status="unmeasured",
-    notes="LoRA layout sized by the memory planner (peak 99.0 GB); never run",
 )
 def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 99.0 GB)."""
@@ -676,7 +497,6 @@ def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 DP8",
     status="unmeasured",
-    notes="LoRA layout sized by the memory planner (peak 96.9 GB); never run",
 )
 def qwen35_27b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on 8 x H200: the one-GPU layout, DP8 (128 = 1 row x 16 micro batches x 8)."""
@@ -706,11 +526,6 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     layout="TP1 PP1 EP1 DP1",
     status="functional",
     evidence="docs/evidence/hf/hf_lora_summary.json",
-    notes=(
-        "LoRA layout sized by the memory planner (peak 108.8 GB); its reduced-scale run (4 layers, 16 experts, "
-        "toy widths, from an imported Hugging Face toy; 1 x H200) trained, saved adapters only, resumed and "
-        "merged an export that transformers loads; never run at full scale"
-    ),
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 108.8 GB)."""
@@ -726,7 +541,6 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    notes="LoRA layout sized by the memory planner (peak 47.7 GB); never run",
 )
 def qwen35_35b_a3b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on 8 x H200 with the SFT recipe's EP8 layout (planner peak 47.7 GB)."""
@@ -755,7 +569,6 @@ def _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    notes="LoRA layout sized by the memory planner (peak 79.6 GB); never run",
 )
 def qwen35_122b_a10b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-122B-A10B LoRA on one 8 x H200 node: EP8 (planner peak 79.6 GB)."""
@@ -785,7 +598,6 @@ def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     precision="bf16",
     layout="TP2 PP1 EP8 DP4",
     status="unmeasured",
-    notes="LoRA layout sized by the memory planner (peak 133.8 GB); never run",
 )
 def qwen35_397b_a17b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B LoRA on one 8 x H200 node: TP2 SP, EP8 (planner peak 133.8 GB)."""

@@ -12,17 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.common import vlm_pretrain_config
+from bridge_recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
 from bridge_recipes.qwen_vl.policy import (
     CUDNN_NORM_ENV,
     CUTEDSL_FUSED_GROUPED_MLP_ENV,
-    GB300_ENV,
-    cuda_graphs_off,
     gdn_kernel_backend_declared,
-    hybridep_env,
     set_batch,
     set_vl_fused_kernels,
     set_vl_layout,
-    use_hybridep_dispatcher,
 )
 from bridge_recipes.recipe import recipe
 
@@ -134,32 +131,14 @@ def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config() -> ConfigContainer:
     precision="fp8mx",
     layout="TP1 PP1 EP4 DP8",
     status="unmeasured",
-    notes="bridge-gb300-vl: +11.3% TFLOP/s per GPU vs 16 GPUs at the same global batch, measured upstream, not here",
 )
 def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config() -> ConfigContainer:
-    """Return the MXFP8 full-pretraining config for Qwen3.5/Qwen3.6-VL 35B-A3B on 8 GB300 GPUs.
-
-    Starts from :func:`qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config` and keeps its
-    parallel layout (EP 4, TP/PP/CP 1), CUDA graphs, recompute, batch shape (micro batch 4,
-    global batch 2048) and real routing. On top it sets MXFP8, Transformer Engine's CuTe DSL
-    fused grouped MLP, cuDNN GDN where Megatron-Core declares ``gdn_kernel_backend`` (0.19.2
-    does not, so the GatedDeltaNet layers keep running on FLA), and HybridEP with its
-    dispatcher and cuDNN normalization settings. With TP, PP and CP at 1, data parallelism is 8
-    on 8 GPUs (expert data parallelism 2), so each rank runs 64 micro batches per step.
-
-    Defaults to the mock VLM dataset. The measured runs used an Energon dataset
-    (``--dataset energon dataset.path=...``) with ``dataset.task_encoder.max_pixels=200704``,
-    and the vision CUDA-graph cap inherited from the 16-GPU recipe (3,712 patches per micro
-    batch) was measured with that image budget at micro batch 4: the runner stops a launch whose
-    image budget exceeds the cap. Keep both, or re-measure the cap.
-
-    Transformer Engine reads ``NVTE_CUTEDSL_FUSED_GROUPED_MLP`` once, when imported:
-    ``scripts/run_recipe.py`` sets it in time by re-executing itself; with another entry point,
-    export it before Python starts, or TE silently runs the unfused grouped GEMM.
-
-    The ``_library`` suffix keeps the name apart from the mock-data benchmark
-    ``qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config`` (EP 8, global batch 512).
-    """
+    """The 16-GB300 VL 35B-A3B policy on 8 GB300 with MXFP8, Transformer Engine's CuTe DSL fused
+    grouped MLP and HybridEP; layout, CUDA graphs, recompute and batch shape kept (DP8, EP4).
+    The vision CUDA-graph cap was measured with ``dataset.task_encoder.max_pixels=200704`` at micro
+    batch 4; the runner stops a launch whose image budget exceeds it. TE reads
+    ``NVTE_CUTEDSL_FUSED_GROUPED_MLP`` at import: the runner sets it by re-executing itself.
+    ``_library`` keeps the name apart from the mock-data ``..._fp8mx_config`` benchmark."""
     from megatron.bridge.training.mixed_precision import bf16_with_mxfp8_mixed
 
     cfg = qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config()

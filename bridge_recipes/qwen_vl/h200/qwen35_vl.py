@@ -39,7 +39,6 @@ __all__ = [
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="unmeasured",
-    notes="the 35B-A3B text layout (openrecipes-35b-h200) on the VL model; never run",
 )
 def qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B-VL SFT on 8 x H200: the text recipe's EP8 layout, full recompute, no offload."""
@@ -55,7 +54,6 @@ def qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP2 PP4 EP16 DP8",
     status="unmeasured",
-    notes="the 397B-A17B text layout sized by the memory planner, on the VL model; never run",
 )
 def qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5-397B-A17B-VL SFT on 8 x 8 H200: TP2 SP, PP4 15/16/16/13, EP16, full recompute, no offload."""

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bridge_recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
 from bridge_recipes.qwen_vl.gb300 import qwen35_vl as real
 from bridge_recipes.qwen_vl.policy import (
-    GB300_ENV,
-    cuda_graphs_off,
-    hybridep_env,
     set_batch,
     set_vl_fused_kernels,
     set_vl_layout,
-    use_hybridep_dispatcher,
 )
 from bridge_recipes.recipe import recipe
 from perf_recipes._common import vl_benchmark_settings

@@ -2,7 +2,7 @@
 
 :func:`parse_megatron_log` reads the per-iteration lines Megatron-Bridge prints with
 ``log_interval = 1``; :func:`step_records_from_log` turns them (and the ``memory (GB)`` lines)
-into the step records of :mod:`bridge_recipes.bench.stats`.
+into the step records of :mod:`bridge_recipes.logs.stats`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bridge_recipes.bench.stats import BYTES_PER_GB, StepRecord
+from bridge_recipes.logs.stats import BYTES_PER_GB, StepRecord
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ same from a list of :class:`StepRecord`, with:
   Megatron logs it.
 
 Step records come from a run's log through
-:func:`bridge_recipes.bench.megatron_log.step_records_from_log`.
+:func:`bridge_recipes.logs.megatron_log.step_records_from_log`.
 """
 
 from __future__ import annotations

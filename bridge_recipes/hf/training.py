@@ -121,7 +121,7 @@ def attach(cfg: Any, folder: ck.HfFolder) -> Path:
         if _rank() == 0:
             failed.unlink(missing_ok=True)
             _log(f"hf checkpoint: converting {folder.path} -> {target} (once; reused while the folder is unchanged)")
-            cmd = [sys.executable, "-m", "bridge_recipes.hf.runner", "import", str(folder.path), str(target)]
+            cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "import", str(folder.path), str(target)]
             rc = subprocess.run(cmd, env=child_env()).returncode
             if rc != 0:
                 failed.parent.mkdir(parents=True, exist_ok=True)
@@ -169,12 +169,12 @@ def export_after_training(cfg: Any, out: str, template: str) -> int:
     if _rank() != 0:
         return 0
     _log(f"export: {cfg.checkpoint.save} -> {out} (config and tokenizer from {template})")
-    cmd = [sys.executable, "-m", "bridge_recipes.hf.runner", "export", cfg.checkpoint.save, template, out]
+    cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "export", cfg.checkpoint.save, template, out]
     return subprocess.run(cmd, env=child_env()).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bridge_recipes.hf.runner import HF OUT | export MEGATRON TEMPLATE OUT`` (the runner's
+    """``python -m bridge_recipes.hf.training import HF OUT | export MEGATRON TEMPLATE OUT`` (the runner's
     child processes; the checks ran before)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         elif argv[:1] == ["export"] and len(argv) == 4:
             ck.export_checkpoint(argv[1], argv[2], argv[3])
         else:
-            print("usage: python -m bridge_recipes.hf.runner import HF OUT | export MEGATRON TEMPLATE OUT")
+            print("usage: python -m bridge_recipes.hf.training import HF OUT | export MEGATRON TEMPLATE OUT")
             return 2
     except ck.HfCheckpointError as e:
         print(f"{LOG} error: {e}", file=sys.stderr)

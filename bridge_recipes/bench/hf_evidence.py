@@ -1,6 +1,6 @@
 """GPU evidence for the Hugging Face road (one H200): logits parity, round trip, fine-tune and export.
 
-    python -m bridge_recipes.hf.evidence OUT_DIR [SCRATCH]
+    python -m bridge_recipes.bench.hf_evidence OUT_DIR [SCRATCH]
 
 Arms, each logged to OUT_DIR/hf_evidence.log as it finishes (a failing arm is logged with its
 error and the next one runs):
@@ -83,7 +83,7 @@ class Log:
 def _child(log: Log, cmd: list[str], what: str) -> None:
     """Run ``cmd`` (offline, no torchrun variables inherited), log it and its output's tail;
     RuntimeError naming ``what`` when it fails."""
-    from bridge_recipes.hf.runner import child_env
+    from bridge_recipes.hf.training import child_env
 
     log(f"$ {' '.join(cmd[1:])}")
     p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
@@ -94,7 +94,7 @@ def _child(log: Log, cmd: list[str], what: str) -> None:
 
 
 def _convert(log: Log, *args: str) -> None:
-    cmd = [sys.executable, str(ROOT / "scripts/convert_checkpoint.py"), *args, "--no-progress"]
+    cmd = [sys.executable, "-m", "bridge_recipes.hf.cli", *args, "--no-progress"]
     _child(log, cmd, f"convert_checkpoint.py {args[0]}")
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes.bench.megatron_log import peak_allocated_gb
-from bridge_recipes.bench.runs import split_runs
+from bridge_recipes.logs.megatron_log import peak_allocated_gb
+from bridge_recipes.logs.run_log import split_runs
 from bridge_recipes.plan.memory import (
     FRAMEWORK_CONSTANT_GB,
     FRAMEWORK_FRACTION,
@@ -97,7 +97,7 @@ MEASURED_RUNS = (
 
 # The one measured pair that isolates selective recompute: the VL family's GB300 policy
 # (selective recompute of moe_act and layernorm) and the same run with recompute off, from the
-# VL evidence suite (1 x H200, 2026-11-29). The planner does not count the vision tower, so the
+# VL evidence suite. The planner does not count the vision tower, so the
 # pair is compared by its difference. The policy's run is the suite's "killed" one (the same
 # config as its "reference" run, stopped at step 7): the suite's first run, "reference", holds
 # 2.5 GB more static memory after its first step than every later run (50.51 against 48.02 GB
@@ -319,10 +319,10 @@ PP4 layout (fact 2, {fact_plan(fps, "as built: PP4 16/17/17/14, block 12").peak_
 
 | component | bytes |
 |---|---|
-| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. With FP8 GEMMs on BF16 parameters and the parameter transpose cache on, + 2 x the parameters of the FP8 layers (Transformer Engine's cached FP8 weight and transpose; the preset's first and last layers stay BF16, MTP layers count): measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 101.55 GB allocated against 101.87 planned. With gradient-accumulation fusion (`gradient_accumulation_fusion`, on unless turned off), + 2 x the elements of each distinct weight shape of the stage (Transformer Engine's `get_dummy_wgrad` keeps one BF16 placeholder gradient a shape for the life of the process; the output layer's is the largest): 1.128 GB on the 35B-A3B, measured as the difference between its proxies with and without fusion at 4 and at 16 layers (1 x H200, 2026-12-01). The runs measured here before 2026-12-01 ran without fusion and are planned so. |
+| weights | 2 x local parameters (BF16). Stage = its decoder layers, + embedding on the first stage, + final norm, output layer and MTP on the last (with PP > 1, also the embedding copy Megatron-Core builds for MTP there). Attention, GDN, dense MLP, shared expert, vocabulary: / TP; norms and router replicated; routed experts / EP / ETP. With FP8 GEMMs on BF16 parameters and the parameter transpose cache on, + 2 x the parameters of the FP8 layers (Transformer Engine's cached FP8 weight and transpose; the preset's first and last layers stay BF16, MTP layers count): measured on the 27B's 4-layer proxy (1 x H200), 101.55 GB allocated against 101.87 planned. With gradient-accumulation fusion (`gradient_accumulation_fusion`, on unless turned off), + 2 x the elements of each distinct weight shape of the stage (Transformer Engine's `get_dummy_wgrad` keeps one BF16 placeholder gradient a shape for the life of the process; the output layer's is the largest): 1.128 GB on the 35B-A3B, measured as the difference between its proxies with and without fusion at 4 and at 16 layers (1 x H200). The earlier runs measured here ran without fusion and are planned so. |
 | gradients | Megatron DDP grad buffer over every local parameter: 4 (FP32, `grad_reduce_in_fp32`, set by the `bf16_mixed` preset) or 2. |
 | optimizer | (master + exp_avg + exp_avg_sq) / sharding group: dense params over DP x CP, expert params over world / (PP x EP x ETP). Master = 4 (FP32, Megatron's own shard; this is what `bf16_mixed` recipes get, because the preset leaves `fp8_recipe="tensorwise"` in the optimizer config), or, when TE's FusedAdam owns it (`use_precision_aware_optimizer_no_fp8_or_ds_fp8`), a 2-byte remainder next to the BF16 weight (FP32 main params) or a 2-byte copy (BF16 main params). CPU offload fraction f moves f of it (and FP32 copies of params and grads) to the host. |
-| saved activations | per layer, the tensors its backward keeps (below), for a micro batch of seq / CP tokens (/ TP in the residual stream under sequence parallelism), times the micro batches in flight: 1F1B min(PP - stage, micro batches), interleaved (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks. Full uniform recompute of n: one input per n layers; block n: the first n layers of each (virtual) stage keep their input, the others everything; none: everything. MTP is checkpointed under uniform full recompute only. With FP8 GEMMs on BF16 parameters and the transpose cache off (`disable_parameter_transpose_cache`, each weight cast when used), + 2 x the parameters of each FP8 layer that keeps its activations (the FP8 weight and transpose its TE linears cast and save for the backward, a new copy every micro batch), and the copies of the recomputed layers being rebuilt in the backward working set (one layer under block recompute, n under uniform recompute of n): measured on the 27B's 4-layer proxy (1 x H200, 2026-12-01), 100.78 GB allocated against 101.1 planned with the copies, 99.48 without. |
+| saved activations | per layer, the tensors its backward keeps (below), for a micro batch of seq / CP tokens (/ TP in the residual stream under sequence parallelism), times the micro batches in flight: 1F1B min(PP - stage, micro batches), interleaved (PP - stage - 1) x 2 + (VPP - 1) x PP + 1 model chunks. Full uniform recompute of n: one input per n layers; block n: the first n layers of each (virtual) stage keep their input, the others everything; none: everything. MTP is checkpointed under uniform full recompute only. With FP8 GEMMs on BF16 parameters and the transpose cache off (`disable_parameter_transpose_cache`, each weight cast when used), + 2 x the parameters of each FP8 layer that keeps its activations (the FP8 weight and transpose its TE linears cast and save for the backward, a new copy every micro batch), and the copies of the recomputed layers being rebuilt in the backward working set (one layer under block recompute, n under uniform recompute of n): measured on the 27B's 4-layer proxy (1 x H200), 100.78 GB allocated against 101.1 planned with the copies, 99.48 without. |
 | logits (last stage) | L = seq / CP x vocab / TP elements per loss (LM + one per MTP layer). TE fused cross entropy: 2L kept per loss, peak 2L x (MTP losses) + 4L. Megatron's native fused kernel: 4L (FP32 softmax) kept per loss, peak 4L x (MTP losses) + 2L (BF16 logits) + 4L (FP32 copy) + 4L (out-of-place result of the `torch.compile`d in-place updates). Unfused: 4L x (MTP losses) + 6L. |
 | backward working set | the largest group of layers a recompute rebuilds at once, less what the backward has already released (block recompute), plus two [tokens x top-k, hidden] dispatch buffers of a MoE layer. Not simultaneous with the logits: the larger of the two counts. |
 | overhead | {FRAMEWORK_CONSTANT_GB:g} GB (CUDA context ~0.6, cuBLAS/TE workspaces ~0.2, NCCL communicator buffers ~1.2) + {100 * FRAMEWORK_FRACTION:g}% of the allocated peak (caching-allocator slack; the H200 runs reserved 0.7-2.6% above the allocated peak for the 35B-A3B runs, 13% for the 27B run). Outside torch's allocated count, so not in the measured comparison; counted for `fits`. |
@@ -376,7 +376,7 @@ Breakdown of the predictions (GB):
 
 {_two_gpu_table()}
 
-From `docs/evidence/two_gpu/h200x2_qwen35_35b_a3b_layouts.log` (2026-11-30, the 35B-A3B SFT
+From `docs/evidence/two_gpu/h200x2_qwen35_35b_a3b_layouts.log` (the 35B-A3B SFT
 policy scaled to 8 layers and 64 experts, global batch 8 x 8,192 tokens; `docs/evidence/two_gpu/`).
 Before these runs the planner put the PP2 last stage at 59.3 GB: it did not count the embedding
 copy Megatron-Core builds on the MTP stage. It does now.

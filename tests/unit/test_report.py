@@ -1,0 +1,91 @@
+"""docs/performance.md and the README's recipe table are what the committed results give."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bridge_recipes import registry
+from bridge_recipes.bench import report
+
+
+def test_performance_page_and_readme_table_are_current(capsys):
+    assert report.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_readme_table_is_replaced_between_its_markers_only():
+    text = f"intro\n{report.TABLE_BEGIN}\nold row\n{report.TABLE_END}\nafter\n"
+    out = report.readme_with_table(text, "| new |\n")
+    assert out == f"intro\n{report.TABLE_BEGIN}\n| new |\n{report.TABLE_END}\nafter\n"
+    assert report.readme_with_table(out, "| new |\n") == out
+
+
+def test_readme_without_markers_is_an_error():
+    with pytest.raises(ValueError, match="markers"):
+        report.readme_with_table("no table here\n", "| x |\n")
+
+
+def test_a_stale_page_is_reported_and_rewritten(tmp_path, monkeypatch, capsys):
+    page, readme = tmp_path / "performance.md", tmp_path / "README.md"
+    page.write_text("old\n")
+    readme.write_text(f"# x\n{report.TABLE_BEGIN}\n{report.TABLE_END}\n")
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    monkeypatch.setattr(report, "PAGE", page)
+    monkeypatch.setattr(report, "README", readme)
+    monkeypatch.setattr(report, "MANIFEST", tmp_path / "MANIFEST.json")
+    monkeypatch.setattr(report, "manifest", lambda: "[]\n")
+    monkeypatch.setattr(report, "render", lambda: "new\n")
+    monkeypatch.setattr(report, "recipe_table", lambda: "| row |\n")
+    assert report.main(["--check"]) == 1
+    assert "performance.md is stale" in capsys.readouterr().err and page.read_text() == "old\n"
+    assert report.main([]) == 0 and page.read_text() == "new\n" and "| row |" in readme.read_text()
+    assert report.main(["--check"]) == 0
+
+
+def test_every_real_data_recipe_has_a_row_with_its_layout_and_status():
+    rows = {line.split("|")[1].strip(" `"): line for line in report.recipe_table().splitlines()[2:]}
+    real = {n: e for n, e in registry.discover().items() if e.tree == "bridge_recipes"}
+    assert set(rows) == set(real)
+    for name, entry in real.items():
+        cells = [c.strip() for c in rows[name].split("|")[1:-1]]
+        assert cells[2] == entry.meta.layout and cells[3] == entry.meta.status
+
+
+def test_manifest_lists_every_evidence_file_with_its_hash_and_what_it_backs():
+    import hashlib
+
+    entries = {e["file"]: e for e in json.loads(report.manifest())}
+    tracked = {report._rel(p) for p in report._tracked(report.EVIDENCE, report.RESULTS)} - {
+        "docs/evidence/MANIFEST.json"
+    }
+    assert set(entries) == tracked
+    for rel, e in entries.items():
+        assert e["sha256"] == hashlib.sha256((report.ROOT / rel).read_bytes()).hexdigest()
+    for name, entry in registry.discover().items():
+        if entry.meta.status == "functional":
+            assert f"status of {name}" in entries[entry.meta.evidence]["backs"]
+
+
+def test_a_candidate_log_as_evidence_reads_its_ratio_file(tmp_path, monkeypatch):
+    (tmp_path / "candidates").mkdir()
+    (tmp_path / "candidates" / "c1_ratio.json").write_text(json.dumps({"tokens_per_s_ratio": 1.234}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path.parent)
+    entry = registry.discover()["qwen35_35b_a3b_sft_8gpu_h200_bf16_config"]
+    meta = entry.meta.__class__(**{**entry.meta.__dict__, "evidence": "docs/evidence/candidates/c1.log"})
+    figure, source = report.recipe_figure(entry.__class__(**{**entry.__dict__, "meta": meta}))
+    assert figure.startswith("1.23x") and source.endswith("candidates/c1_ratio.json")
+
+
+def test_result_files_of_another_shape_are_left_out_of_the_tables(tmp_path, monkeypatch):
+    (tmp_path / "packing_ratio.json").write_text(json.dumps({"ratio": 1.5}))
+    (tmp_path / "a_ratio.json").write_text(
+        json.dumps(
+            {"candidate": "c", "reference": "r", "tokens_per_s_ratio": 1.25, "loss_curves": {"compared": False}}
+        )
+    )
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    rows = report.proxy_table().splitlines()[2:]
+    assert len(rows) == 1 and "`a_ratio.json`" in rows[0] and "1.250" in rows[0] and "not compared" in rows[0]

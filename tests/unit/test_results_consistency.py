@@ -1,0 +1,240 @@
+"""Each committed result file agrees with the log it came from, and backs what cites it.
+
+Nothing here pins a figure: every check recomputes a result from its log (or a ratio from its two
+results and their logs) with the code that wrote it, so a re-measurement that commits its log and
+result passes unchanged, and an edited figure fails.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes import overrides, registry
+from bridge_recipes.bench import benchmark as bench
+from bridge_recipes.bench.candidates import find, parse_stem
+from bridge_recipes.bench.evidence import RESUME_SAVE_INTERVAL, check_resume, check_training
+from bridge_recipes.bench.harness import comparison, different_training, proxy_config
+from bridge_recipes.bench.hf_evidence import lora_failures
+from bridge_recipes.bench.result import read_result
+from bridge_recipes.hf.parity import cases_in_log, gate_failures
+from bridge_recipes.logs.megatron_log import parse_megatron_log, step_records_from_log
+from bridge_recipes.logs.run_log import log_losses, split_runs
+from bridge_recipes.logs.stats import summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "results"
+EVIDENCE = ROOT / "docs/evidence"
+# Where a benchmark result's log lives: results/candidates/X.yaml -> candidates/X.log, results/X.yaml -> proxy/X.log
+LOG_FOLDERS = {RESULTS / "candidates": EVIDENCE / "candidates", RESULTS: EVIDENCE / "proxy"}
+BENCHMARK_RESULTS = sorted(p for folder in LOG_FOLDERS for p in folder.glob("*.yaml"))
+# Ratio files of pairs whose two result files are not STEM.yaml and STEM_against.yaml
+PAIRED_ELSEWHERE = {
+    "h200_proxy_qwen35_35b_a3b_ratio.json": ("h200_policy", "h100_reference"),
+    "h200_proxy_qwen35_35b_a3b_repeat_ratio.json": ("h200_policy_repeat", "h100_reference_repeat"),
+    "h200_proxy_qwen35_27b_ratio.json": ("h200_policy", "slime_reference"),
+}
+
+
+def _log_of(result: Path) -> Path:
+    return LOG_FOLDERS[result.parent] / f"{result.stem}.log"
+
+
+def _is_benchmark_ratio(path: Path) -> bool:
+    doc = json.loads(path.read_text())
+    return isinstance(doc, dict) and {"candidate", "reference", "tokens_per_s_ratio", "loss_curves"} <= set(doc)
+
+
+RATIOS = sorted(p for folder in LOG_FOLDERS for p in folder.glob("*_ratio.json") if _is_benchmark_ratio(p))
+
+
+def _arms(ratio: Path) -> tuple[Path, Path]:
+    """The two result files of a ratio file: the first recipe's, then the reference's."""
+    if ratio.name in PAIRED_ELSEWHERE:
+        model = ratio.name.removeprefix("h200_proxy_").split("_ratio")[0].removesuffix("_repeat")
+        return tuple(ratio.parent / f"h200_proxy_{model}_{arm}.yaml" for arm in PAIRED_ELSEWHERE[ratio.name])
+    stem = ratio.name.removesuffix("_ratio.json")
+    return ratio.parent / f"{stem}.yaml", ratio.parent / f"{stem}_against.yaml"
+
+
+@pytest.mark.parametrize("result", BENCHMARK_RESULTS, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_benchmark_result_is_what_its_log_gives(result):
+    doc = read_result(result)
+    r = doc["result"]
+    log = _log_of(result).read_text()
+    assert f"--recipe {doc['recipe']} " in log and "exit status 0" in log
+    stats = summarize(
+        step_records_from_log(log, doc["workload"]["row_tokens"]),
+        tuple(r["window"]),
+        1,
+        r["flops_per_token"]["model"],
+        doc["gpu"]["type"],
+    )
+    assert stats.window_tokens == r["window_tokens"]
+    assert stats.tokens_per_s_per_gpu == pytest.approx(r["tokens_per_s_per_gpu"], abs=0.01)
+    assert stats.step_time_cv_percent == pytest.approx(r["step_time_cv_percent"], abs=0.01)
+    assert stats.mfu == pytest.approx(r["mfu"], abs=1e-4)
+    assert stats.peak_allocated_gb == pytest.approx(r["peak_allocated_gb"], abs=1e-3)
+
+
+@pytest.mark.parametrize("ratio", RATIOS, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_ratio_file_is_what_its_two_results_and_logs_give(ratio):
+    committed = json.loads(ratio.read_text())
+    first, second = (read_result(p) for p in _arms(ratio))
+    assert (first["recipe"], second["recipe"]) == (committed["candidate"], committed["reference"])
+    assert first["result"]["window"] == second["result"]["window"]
+    if committed["loss_curves"]["compared"]:
+        losses = tuple(log_losses(_log_of(p).read_text()) for p in _arms(ratio))
+    else:
+        losses = different_training(proxy_config(first["recipe"]), proxy_config(second["recipe"]))
+    committed.pop("reference_overrides", None)
+    assert committed == comparison(first, second, proxy=True, losses=losses)
+
+
+@pytest.mark.parametrize("ratio", sorted((RESULTS / "candidates").glob("*_ratio.json")), ids=lambda p: p.stem)
+def test_candidate_runs_carry_the_candidates_overrides(ratio):
+    """The candidate's run carries its proxy overrides, its published policy's run none of them."""
+    name, layers, rows = parse_stem(ratio.name.removesuffix("_ratio.json"))
+    c = find(name)
+    cand, ref = (read_result(p) for p in _arms(ratio))
+    cand_cmd, ref_cmd = (d["command"].split() for d in (cand, ref))
+    assert all(o in cand_cmd for o in c.proxy_overrides(layers))
+    assert not any(o in ref_cmd for o in c.proxy_overrides(layers))
+    assert cand["recipe"] == ref["recipe"] == (c.recipe if rows else c.mock_recipe)
+    assert ("sft-rows" in cand_cmd) == rows == ("sft-rows" in ref_cmd)
+
+
+# --- what backs a recipe's status ------------------------------------------------------------------
+
+# What a recipe built from a candidate sets beyond the candidate's overrides (its pipeline split and recompute).
+RECIPE_EXTRAS = {
+    "qwen35_27b_sft_8gpu_h200_bf16_fast_config": (
+        "model.num_layers_in_first_pipeline_stage=16",
+        "model.num_layers_in_last_pipeline_stage=12",
+    ),
+    "qwen35_27b_sft_8gpu_h200_fp8cs_fast_config": (
+        "model.num_layers_in_first_pipeline_stage=16",
+        "model.num_layers_in_last_pipeline_stage=10",
+        "model.recompute_num_layers=14",
+    ),
+}
+CANDIDATE_RECIPES = [
+    n
+    for n, e in registry.discover().items()
+    if e.meta.status == "functional" and e.meta.evidence.startswith("docs/evidence/candidates/")
+]
+
+
+@pytest.mark.parametrize("name", CANDIDATE_RECIPES)
+def test_a_recipe_from_a_candidate_is_that_candidate_and_its_run_passed(name):
+    """The recipe builds its published recipe with the candidate's overrides; the candidate's run (the
+    recipe's evidence) trained, and its side-by-side loss check with the published policy passed."""
+    evidence = ROOT / registry.find(name).meta.evidence
+    assert check_training(log_losses(evidence.read_text())).passed
+    ratio = json.loads((RESULTS / "candidates" / f"{evidence.stem}_ratio.json").read_text())
+    assert ratio["loss_curves"]["passed"]
+    c = find(parse_stem(evidence.stem)[0])
+    published = registry.load(c.recipe)()
+    for token in (*c.overrides, *RECIPE_EXTRAS.get(name, ())):
+        overrides.apply(published, overrides.parse(token))
+    recipe = registry.load(name)()
+    for part in ("model", "optimizer", "ddp", "train", "mixed_precision"):
+        assert repr(getattr(recipe, part)) == repr(getattr(published, part)), part
+
+
+# --- Hugging Face evidence ---------------------------------------------------------------------------
+
+HF = EVIDENCE / "hf"
+# The driver logs whose "[hf-parity] case" lines make results/hf_parity.json, in order.
+HF_PARITY_LOGS = ("hf_evidence.log", "hf_evidence_finetune.log", "hf_evidence_real_width.log")
+
+
+def test_hf_parity_results_are_the_cases_of_their_logs():
+    cases = json.loads((RESULTS / "hf_parity.json").read_text())
+    assert cases == [c for log in HF_PARITY_LOGS for c in cases_in_log((HF / log).read_text())]
+    summary = json.loads((HF / "hf_evidence_summary.json").read_text())
+    assert summary["gate_failures"] == gate_failures(cases_in_log((HF / "hf_evidence.log").read_text()))
+
+
+def test_lora_summary_is_what_its_logs_say():
+    """The LoRA arm's summary is the driver's last record; its losses and resume verdict follow from the
+    three runs of its run log, and it passed every check."""
+    lora = json.loads((HF / "hf_lora_summary.json").read_text())["lora"]
+    records = [ln for ln in (HF / "hf_evidence_lora.log").read_text().splitlines() if "] lora: {" in ln]
+    assert json.loads(records[-1].split("] lora: ", 1)[1]) == lora
+    runs = split_runs((HF / "hf_lora.log").read_text())
+    curves = {name: {it.step: it.lm_loss for it in parse_megatron_log(text)} for name, text in runs.items()}
+    assert curves["lora"] == pytest.approx({int(k): v for k, v in lora["losses"].items()}, abs=1e-6)
+    check = check_resume(
+        curves["lora"], curves["lora_killed"], curves["lora_resumed"], save_interval=RESUME_SAVE_INTERVAL
+    )
+    assert (check.passed, check.reasons) == (lora["resume"]["passed"], lora["resume"]["reasons"])
+    assert lora_failures(lora) == []
+
+
+# --- SFT on real-format rows ----------------------------------------------------------------------------
+
+SFT = EVIDENCE / "sft_real_format"
+
+
+def test_sft_real_format_results_are_their_logs():
+    result = json.loads((SFT / "sft_real_format.json").read_text())
+    for name, run in result.items():
+        log = (SFT / f"sft_real_format_{name}.log").read_text()
+        losses = {it.step: it.lm_loss for it in parse_megatron_log(log)}
+        assert {int(k): v for k, v in run["losses"].items()} == losses, name
+        assert check_training(losses).passed == run["training"]["passed"], name
+
+
+# --- the benchmark script replayed on committed runs --------------------------------------------------
+
+
+def _replay(monkeypatch, arms: dict[str, Path]):
+    """benchmark.py's GPU runs replaced by committed ones: run name -> its result file."""
+
+    def committed_run(name, opts, out, request, cfg, label=None):
+        path = arms["_against" if out.name.endswith("_against.yaml") else ""] if "" in arms else arms[name]
+        return read_result(path), cfg, log_losses(_log_of(path).read_text())
+
+    monkeypatch.setattr(bench, "one", committed_run)
+
+
+def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch):
+    ratio = RESULTS / "h200_proxy_qwen35_27b_ratio.json"
+    first, second = _arms(ratio)
+    names = {read_result(p)["recipe"]: p for p in (first, second)}
+    _replay(monkeypatch, names)
+    tuned, reference = names
+    argv = ["--proxy-layers", "4", "--recipe", tuned, "--against", reference, "--steps", "16"]
+    assert bench.main([*argv, "--window", "4", "15", "--out", str(tmp_path / "27b.yaml")]) == 0
+    assert json.loads((tmp_path / "27b_ratio.json").read_text()) == json.loads(ratio.read_text())
+
+
+def test_against_set_names_the_reference_overrides_in_the_ratio_file(tmp_path, monkeypatch):
+    ratio = RESULTS / "h200_proxy_qwen35_35b_a3b_fast_mt16k_block30_vs_mbs4_16_layers_ratio.json"
+    first, second = _arms(ratio)
+    _replay(monkeypatch, {"": first, "_against": second})
+    reference = read_result(second)["recipe"]
+    argv = ["--proxy-layers", "16", "--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config"]
+    argv += ["--against", reference, "--against-set", "train.micro_batch_size=4", "--steps", "16"]
+    assert bench.main([*argv, "--window", "4", "15", "--out", str(tmp_path / "p.yaml")]) == 0
+    written = json.loads((tmp_path / "p_ratio.json").read_text())
+    assert written.pop("reference_overrides") == ["train.micro_batch_size=4"]
+    assert written == json.loads(ratio.read_text())
+
+
+def test_which_proxy_pairs_train_the_same_model():
+    """The 27B tuned and reference layouts shrink to one model on the same rows; the 35B-A3B EP8
+    policy and slime's EP4 layout keep 32 and 64 experts a GPU and read different row lengths."""
+    dense = [
+        proxy_config(n)
+        for n in ("qwen35_27b_sft_8gpu_h200_bf16_config", "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
+    ]
+    assert different_training(*dense) is None
+    moe = [
+        proxy_config(n)
+        for n in ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
+    ]
+    assert "routed experts 32 vs 64" in different_training(*moe)
