@@ -10,7 +10,8 @@ only to itself and a row is mostly conversation tokens); ``--packing one_per_row
 conversation in each padded row; ``--packing eos_joined`` builds the OpenRecipes benchmark workload
 (qwen35-tulu3-fixed8192-v1: seed 42, 8,192-token rows, EOS-joined). Writes OUT/rows.parquet,
 OUT/manifest.json and, with a validation split, OUT/val/; all of it appears at once when the
-build completes. Bad input exits with status 2. The logic lives in bridge_recipes.data.sft_rows (importable and tested).
+build completes. Bad input exits with status 2. The logic lives in bridge_recipes.data.sft_rows
+(importable and tested).
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ def compare(grads: Mapping[str, Any], ref: Mapping[str, Any]) -> dict[str, Any]:
     max_rel = dict.fromkeys(PARTS, 0.0)
     for name, rel in per_param.items():
         part = part_of(name)
-        max_rel[part] = max(max_rel[part], rel)
+        if not rel <= max_rel[part]:  # NaN wins: a part with a non-finite gradient is not at any error
+            max_rel[part] = rel
     present = {p for p in PARTS if ref_sq[p] > 0 or diff_sq[p] > 0}
     return {
         "grad_norm": math.sqrt(norm_sq),
@@ -75,7 +76,21 @@ def compare(grads: Mapping[str, Any], ref: Mapping[str, Any]) -> dict[str, Any]:
 def holds(case: Mapping[str, Any]) -> bool:
     lo, hi = NORM_RATIO
     ratio, err, floor = case["grad_norm_ratio"], case["max_rel_err_attention"], case["noise_floor"]
+    if None in (ratio, err, floor):  # a non-finite gradient
+        return False
     return lo <= ratio <= hi and err <= FLOOR_FACTOR * floor and not case.get("missing")
+
+
+def _finite(x: float) -> float | None:
+    """``x``, or None where it is NaN or infinite (JSON has no such numbers)."""
+    return x if math.isfinite(x) else None
+
+
+def _part_error(record: Mapping[str, Any], part: str) -> float | None:
+    """A part's largest relative error, None where any of its gradients is not finite."""
+    if not math.isfinite(record["rel_err"].get(part, 0.0)):
+        return None
+    return _finite(record["max_rel_err"].get(part, 0.0))
 
 
 def summarize(records: Iterable[Mapping[str, Any]], default_path: str = DEFAULT_PATH) -> list[dict[str, Any]]:
@@ -101,15 +116,15 @@ def summarize(records: Iterable[Mapping[str, Any]], default_path: str = DEFAULT_
                 "packing": "boundaries",
                 "path": path,
                 "default_path": path == default_path,
-                "grad_norm_ratio": r["grad_norm"] / r["ref_grad_norm"],
-                "max_rel_err_attention": r["max_rel_err"].get("attention", 0.0),
-                "max_rel_err_gdn": r["max_rel_err"].get("gdn", 0.0),
-                "max_rel_err_mtp": r["max_rel_err"].get("mtp", 0.0),
-                "max_rel_err_experts": r["max_rel_err"].get("experts", 0.0),
-                "noise_floor": noise["max_rel_err"].get("attention", 0.0),
-                "noise_floor_gdn": noise["max_rel_err"].get("gdn", 0.0),
-                "noise_floor_mtp": noise["max_rel_err"].get("mtp", 0.0),
-                "noise_grad_norm_ratio": noise["grad_norm"] / noise["ref_grad_norm"],
+                "grad_norm_ratio": _finite(r["grad_norm"] / r["ref_grad_norm"]),
+                "max_rel_err_attention": _part_error(r, "attention"),
+                "max_rel_err_gdn": _part_error(r, "gdn"),
+                "max_rel_err_mtp": _part_error(r, "mtp"),
+                "max_rel_err_experts": _part_error(r, "experts"),
+                "noise_floor": _part_error(noise, "attention"),
+                "noise_floor_gdn": _part_error(noise, "gdn"),
+                "noise_floor_mtp": _part_error(noise, "mtp"),
+                "noise_grad_norm_ratio": _finite(noise["grad_norm"] / noise["ref_grad_norm"]),
                 "missing": list(r.get("missing", [])),
             }
             case["holds"] = holds(case)

@@ -158,6 +158,47 @@ def trace_table() -> str:
     )
 
 
+def packing_table() -> str:
+    """Packed SFT rows against one conversation per row: useful (conversation) tokens/s."""
+    return _table(
+        "packing | baseline | conversations | mean tokens | row | tokens/s ratio | useful tokens/s ratio",
+        "---|---|---:|---:|---:|---:|---:",
+        "*_ratio.json",
+        lambda _, d: (
+            f"{d['packing']} | {d['baseline_packing']} | {d.get('conversations', '-')} "
+            f"| {d.get('mean_conversation_tokens', '-')} | {d.get('row_tokens', '-')} "
+            f"| {d['tokens_per_s_ratio']:.3f} | {d['useful_tokens_per_s_ratio']:.3f}"
+        ),
+        {"packing", "baseline_packing", "useful_tokens_per_s_ratio"},
+    )
+
+
+def parity_table() -> str:
+    """Each path of a packed row's gradient against its FP32 reference (results/packed_gradient_parity.json)."""
+    path = RESULTS / "packed_gradient_parity.json"
+    if not path.is_file():
+        return ""
+    doc = json.loads(path.read_text())
+
+    def num(x: float | None, fmt: str) -> str:
+        return "not finite" if x is None else format(x, fmt)
+
+    lines = [
+        f"`{_rel(path)}`: {doc['workload']}; measured {doc['measured']} on {doc['hardware']}.",
+        "",
+        "| case | path | default | gradient norm / reference | attention error | noise floor | GDN error | holds |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for c in doc["cases"]:
+        lines.append(
+            f"| {c['name']} | {c['path']} | {'yes' if c['default_path'] else ''} "
+            f"| {num(c['grad_norm_ratio'], '.4f')} | {num(c['max_rel_err_attention'], '.4g')} "
+            f"| {num(c['noise_floor'], '.4g')} | {num(c['max_rel_err_gdn'], '.4g')} "
+            f"| {'yes' if c['holds'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     """The whole of docs/performance.md."""
     from bridge_recipes.bench.candidates import candidates_table
@@ -190,6 +231,15 @@ def render() -> str:
             "verdict at the recipe's own GPU count.",
             "",
             candidates_table(),
+            "## Packed SFT rows",
+            "",
+            "Gradient of a packed row against an FP32 reference of its conversations run alone, per path",
+            "(docs/sft_data.md says what each path is):",
+            "",
+            parity_table(),
+            "Useful tokens/s of packed rows against one conversation per row, on the same conversations:",
+            "",
+            packing_table(),
             "## Evidence suites",
             "",
             evidence_table(),
@@ -226,6 +276,11 @@ def _what_it_backs(rel: str, statuses: dict[str, list[str]], mentions: dict[str,
             key = path.stem.removeprefix(doc.stem + "_")
             if key != path.stem and key in _json_keys(doc):
                 out.append(f"log of {_rel(doc)} entry {key}")
+    if path.suffix == ".log":  # the log a result file names as its own
+        for doc in sorted(RESULTS.glob("*.json")):
+            data = json.loads(doc.read_text())
+            if isinstance(data, dict) and data.get("log") == rel:
+                out.append(f"log of {_rel(doc)}")
     if path.name.endswith("_ratio.json"):
         doc = json.loads(path.read_text())
         if isinstance(doc, dict) and "candidate" in doc:

@@ -116,7 +116,7 @@ def test_save_config_is_kept_apart_from_the_hf_folder(tmp_path, capsys):
 
 
 def test_export_hf_is_checked_at_the_dry_run(tmp_path, capsys, monkeypatch):
-    from bridge_recipes.hf import runner as hf_runner
+    from bridge_recipes.hf import training as hf_training
 
     class Ckpt:
         save, load, pretrained_checkpoint, hf_source_path = str(tmp_path / "run"), None, None, str(tmp_path / "hf")
@@ -130,9 +130,9 @@ def test_export_hf_is_checked_at_the_dry_run(tmp_path, capsys, monkeypatch):
         (tmp_path / "hf", "--hf-checkpoint"),
     ]:
         with pytest.raises(ValueError, match="--export-hf") as info:
-            hf_runner.check_export_target(Cfg, str(out))
+            hf_training.check_export_target(Cfg, str(out))
         assert text in str(info.value)
-    hf_runner.check_export_target(Cfg, str(tmp_path / "export"))  # a free, writable folder passes
+    hf_training.check_export_target(Cfg, str(tmp_path / "export"))  # a free, writable folder passes
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
@@ -140,7 +140,7 @@ def test_export_hf_is_checked_at_the_dry_run(tmp_path, capsys, monkeypatch):
         if os.access(locked, os.W_OK):
             pytest.skip("running as a user who can write anywhere")
         with pytest.raises(ValueError, match="not a writable folder"):
-            hf_runner.check_export_target(Cfg, str(locked / "new"))
+            hf_training.check_export_target(Cfg, str(locked / "new"))
     finally:
         locked.chmod(stat.S_IRWXU)
 

@@ -145,12 +145,21 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
     """Each benchmark line of every queue gets past the checks benchmark.py makes before a run
     starts (recipes, overrides, proxy size, candidates, value ranges, the output folder), so no
     lease spends its device time on a line that stops at once."""
-    from bridge_recipes.bench.benchmark import argument_problems, runs_of
+    import shlex
 
+    from bridge_recipes.bench.benchmark import argument_problems, runs_of
+    from bridge_recipes.data.synthetic_chat import build_lognormal_rows
+
+    tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
     checked = 0
     for queue, step, opts in _queued_benchmarks(str(tmp_path)):
         if opts.predict:
             continue
+        words = shlex.split(step.replace("$OUT", str(tmp_path)))
+        if "scripts/gpu/make_lognormal_rows.py" in words:  # the rows the line builds before it runs
+            out = Path(words[words.index("scripts/gpu/make_lognormal_rows.py") + 1])
+            for packing in ("boundaries", "one_per_row"):
+                build_lognormal_rows(out / packing, tokenizer, packing)
         problems, _ = argument_problems(opts, runs_of(opts))
         assert problems == [], f"{queue}: {step}"
         checked += 1

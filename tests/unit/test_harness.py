@@ -176,3 +176,36 @@ def test_a_run_that_asked_for_fusion_and_went_without_writes_nothing(tmp_path, m
     with pytest.raises(RuntimeError, match="asked for gradient-accumulation fusion and ran without it"):
         bench.one("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", opts, out, request, cfg)
     assert not out.exists()
+
+
+def test_runs_on_rows_report_useful_tokens_and_their_ratio(tmp_path):
+    """On SFT rows a result carries the rows' workload (padding share from the manifest) and useful
+    tokens/s; two runs on rows give the useful-tokens ratio, and runs on other rows are not compared."""
+    from types import SimpleNamespace as NS
+
+    from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
+    from bridge_recipes.data.sft_rows import build_sft_rows
+    from bridge_recipes.data.synthetic_chat import conversations_jsonl
+
+    (tmp_path / "c.jsonl").write_text(conversations_jsonl(40))
+    tok = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+    work = {}
+    for packing in ("boundaries", "one_per_row"):
+        m = build_sft_rows(
+            tmp_path / "c.jsonl", tok, tmp_path / packing, row_tokens=2048, packing=packing, progress=False
+        )
+        cfg = NS(dataset=PackedSFTRowsConfig(path=str(tmp_path / packing), seq_length=2048))
+        work[packing] = harness.rows_workload(cfg)
+        assert work[packing]["useful_token_share"] == round(1 - m["padding_share"], 4)
+        assert work[packing]["conversations"] == m["conversations"]["used"] == 40
+    assert harness.rows_workload(NS(dataset=NS(path="x"))) is None  # not SFT rows
+    docs = []
+    for packing, tps in (("boundaries", 1000.0), ("one_per_row", 1000.0)):
+        d = _doc(packing, tps, 8, 2048)
+        d["workload"]["rows"] = work[packing]
+        d["result"]["useful_tokens_per_s_per_gpu"] = round(tps * work[packing]["useful_token_share"], 1)
+        docs.append(d)
+    c = harness.comparison(*docs, proxy=True)
+    share = work["boundaries"]["useful_token_share"] / work["one_per_row"]["useful_token_share"]
+    assert c["useful_tokens_per_s_ratio"] == round(share, 4) > 2
+    assert (c["packing"], c["baseline_packing"], c["conversations"]) == ("boundaries", "one_per_row", 40)

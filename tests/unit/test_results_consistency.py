@@ -50,6 +50,12 @@ def _is_benchmark_ratio(path: Path) -> bool:
 RATIOS = sorted(p for folder in LOG_FOLDERS for p in folder.glob("*_ratio.json") if _is_benchmark_ratio(p))
 
 
+def _dataset_path(doc: dict) -> str | None:
+    """The rows a benchmark run read: the last ``dataset.path=`` of its command."""
+    paths = [t.split("=", 1)[1] for t in doc["command"].split() if t.startswith("dataset.path=")]
+    return paths[-1] if paths else None
+
+
 def _arms(ratio: Path) -> tuple[Path, Path]:
     """The two result files of a ratio file: the first recipe's, then the reference's."""
     if ratio.name in PAIRED_ELSEWHERE:
@@ -87,6 +93,8 @@ def test_ratio_file_is_what_its_two_results_and_logs_give(ratio):
     assert first["result"]["window"] == second["result"]["window"]
     if committed["loss_curves"]["compared"]:
         losses = tuple(log_losses(_log_of(p).read_text()) for p in _arms(ratio))
+    elif _dataset_path(first) != _dataset_path(second):  # the same recipe on two row sets
+        losses = "the runs differ in dataset.path"
     else:
         losses = different_training(proxy_config(first["recipe"]), proxy_config(second["recipe"]))
     committed.pop("reference_overrides", None)
@@ -238,3 +246,17 @@ def test_which_proxy_pairs_train_the_same_model():
         for n in ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_35b_a3b_sft_8gpu_h100_bf16_config")
     ]
     assert "routed experts 32 vs 64" in different_training(*moe)
+
+
+# --- packed rows' gradient against its FP32 reference ---------------------------------------------
+
+
+def test_packed_gradient_parity_is_what_its_log_gives():
+    from bridge_recipes.bench import parity
+
+    committed = json.loads((RESULTS / "packed_gradient_parity.json").read_text())
+    records = [json.loads(line) for line in (ROOT / committed["log"]).read_text().splitlines()]
+    assert committed["cases"] == json.loads(json.dumps(parity.summarize(records)))
+    assert committed["rule"]["grad_norm_ratio"] == list(parity.NORM_RATIO)
+    defaults = [c for c in committed["cases"] if c["default_path"]]
+    assert defaults and all(c["holds"] for c in defaults)  # the default path is the one proven

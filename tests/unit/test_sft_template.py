@@ -204,6 +204,6 @@ def test_cli_prints_what_was_used_and_skipped(tmp_path):
     assert "20 used, 1 skipped, of 21 read" in p.stdout
     assert "skipped        1  no_assistant_turn" in p.stdout
     m = json.loads((out / "manifest.json").read_text())
-    assert m["packing"] == "one_per_row"  # the default
+    assert m["packing"] == "boundaries"  # the default
     share = m["padding_tokens"] / (m["rows"] * 256)
-    assert ("rows are" in p.stdout and f"{share:.0%} padding" in p.stdout) == (share > 0.5)
+    assert m["padding_share"] == pytest.approx(share, abs=1e-6) and f"({share:.1%} of the rows)" in p.stdout
