@@ -125,8 +125,8 @@ def build(
     if dataset == "sft-rows" or getattr(cfg.dataset, "rows_per_sample", None) is not None:
         from bridge_recipes.data.packed_rows import fit_micro_batch
 
-        if (change := fit_micro_batch(cfg)) and report:
-            report(change)
+        if (packed := fit_micro_batch(cfg)) and report:
+            report(packed)
     return cfg
 
 

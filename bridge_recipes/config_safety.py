@@ -154,7 +154,7 @@ def _locate(target: str) -> Any:
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
-            obj = importlib.import_module(".".join(parts[:cut]))
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
         for name in parts[cut:]:
