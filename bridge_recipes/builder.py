@@ -54,10 +54,13 @@ def build(
     - ``flags``: convenience-flag values by name (``tp``, ``pp``, ``gb``, ``max_steps``, ``lr``,
       ``save_dir``, ...; :data:`bridge_recipes.overrides.FLAG_KEYS`), read as each flag's type.
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
-    - ``report``: called with each scale-down change (``field: old -> new``).
-    - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
-      the run's (before the overrides, which still win), and checked against the model after the
-      overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.runner`).
+    - ``report``: called with each change of the scale-down and the checkpoint's shape
+      (``scale-down: field: old -> new``, ``hf checkpoint: field: old -> new ...``).
+    - ``hf_checkpoint``: a local Hugging Face folder to start from: checked to be of the recipe's
+      model family, its ``config.json`` made the model's shape (after the scale-down, whose LAYERS
+      must be its layer count; its experts are kept), its tokenizer made the run's (before the
+      overrides, which still win), and checked against the model after the overrides. Converting
+      it is the launch's job (:mod:`bridge_recipes.hf.runner`).
     - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
       of calling the recipe; ``name`` is then the recipe it was written from. The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
@@ -87,6 +90,14 @@ def build(
         cfg = config_files.load(config_file)
     else:
         cfg = registry.load(name)()
+    folder = None
+    if hf_checkpoint is not None:
+        from bridge_recipes.hf import runner as hf_runner
+
+        folder = hf_runner.inspect(hf_checkpoint)
+        hf_runner.check_family(cfg, folder)
+        if scale_down is not None:
+            scale_experts = _checkpoint_scale(cfg, folder, scale_down, scale_experts)
     if scale_down is not None:
         from bridge_recipes.scaledown import scale_down as shrink
 
@@ -98,18 +109,19 @@ def build(
             gpus=1 if gpus is None else gpus,
         ):
             if report:
-                report(change)
+                report(f"scale-down: {change}")
+    if folder is not None:
+        for change in hf_runner.take_shape(cfg, folder):  # the model's shape is the checkpoint's
+            if report:
+                report(f"hf checkpoint: {change} (from its config.json)")
     if dataset:
         from bridge_recipes import datasets
 
         datasets.select(cfg, dataset)
     if peft is not None:
         PEFT_SCHEMES[peft](cfg)
-    folder = None
-    if hf_checkpoint is not None:
-        from bridge_recipes.hf import runner as hf_runner
-
-        folder = hf_runner.use_checkpoint(cfg, hf_checkpoint)
+    if folder is not None:
+        hf_runner.use_checkpoint(cfg, folder)
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     before = tracking.snapshot(cfg)
@@ -122,6 +134,25 @@ def build(
     if folder is not None:
         hf_runner.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
     return cfg
+
+
+def _checkpoint_scale(cfg: Any, folder: Any, layers: int, experts: int | None) -> int | None:
+    """The experts ``--scale-down`` keeps for a checkpoint: its own count where it has fewer than
+    the recipe. LAYERS and ``--scale-experts`` must be the checkpoint's (its weights set the shape)."""
+    from bridge_recipes.hf.runner import layers_and_experts
+
+    have_layers, have_experts = layers_and_experts(folder)
+    if layers != have_layers:
+        raise ValueError(
+            f"--scale-down {layers}: the --hf-checkpoint has {have_layers} layers; pass --scale-down {have_layers}"
+        )
+    if experts is not None and experts != have_experts:
+        raise ValueError(
+            f"--scale-experts {experts}: the --hf-checkpoint has {have_experts} routed experts; "
+            "drop --scale-experts (the checkpoint's count is used)"
+        )
+    recipe_experts = getattr(cfg.model, "num_moe_experts", None)
+    return have_experts if have_experts and recipe_experts and have_experts < recipe_experts else None
 
 
 def runner_args(

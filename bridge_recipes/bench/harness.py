@@ -99,7 +99,7 @@ def published_step_seconds(cfg: Any, meta: Any) -> float | None:
 def build_config(name: str, **request: Any) -> Any:
     """The config ``run_recipe.py`` builds for recipe ``name`` and the :func:`bridge_recipes.build`
     keywords ``request`` (no GPU needed); scale-down changes are printed as the runner prints them."""
-    return bridge_recipes.build(name, **request, report=lambda change: print(f"[run_recipe] scale-down: {change}"))
+    return bridge_recipes.build(name, **request, report=lambda change: print(f"[run_recipe] {change}"))
 
 
 def proxy_config(name: str, steps: int = 20, proxy_layers: int = 4) -> Any:

@@ -188,7 +188,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
     cfg = bridge_recipes.build(
-        args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] scale-down: {change}")
+        args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] {change}")
     )
     if args.hf_checkpoint:
         from bridge_recipes.hf import runner as hf_runner
@@ -237,7 +237,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
-        return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above")
+        hint = ""
+        if args.hf_checkpoint and args.scale_down is None:
+            from bridge_recipes.hf.runner import layers_and_experts
+
+            layers, _ = layers_and_experts(args.hf_folder)
+            hint = f" (for this checkpoint on fewer GPUs, add --scale-down {layers}: its layer count)"
+        return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above{hint}")
 
     if args.plan:
         from bridge_recipes.plan.memory import plan_report

@@ -22,7 +22,7 @@ def test_build_applies_scale_down_dataset_flags_then_overrides():
     cfg = bridge_recipes.build(SFT_35B, **REQUEST, report=changes.append)
     m = cfg.model
     assert (m.num_layers, m.num_moe_experts, m.expert_model_parallel_size) == (4, 32, 1)
-    assert "model.num_layers: 40 -> 4" in changes
+    assert "scale-down: model.num_layers: 40 -> 4" in changes
     assert type(cfg.dataset).__name__ == "PackedSFTRowsConfig" and cfg.dataset.seq_length == m.seq_length
     assert (cfg.train.global_batch_size, cfg.train.train_iters, cfg.optimizer.lr) == (4, 10, 3e-4)
     assert (cfg.checkpoint.save, cfg.checkpoint.save_interval) == ("/ckpt", 5)
