@@ -181,9 +181,15 @@ def save_config_problem(args: argparse.Namespace) -> str | None:
 
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.config_file:
-        from bridge_recipes.config_files import recipe_of
+        from bridge_recipes.config_files import recipe_of, run_options
 
         args.recipe = recipe_of(args.config_file, args.recipe)
+        # the saved run's weights and export folder, unless the command line names others
+        for option, value in run_options(args.config_file).items():
+            dest = option.replace("-", "_")
+            if getattr(args, dest) is None:
+                setattr(args, dest, value)
+                print(f"[run_recipe] --{option} {value} (from {args.config_file})")
     entry = registry.find(args.recipe)
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
@@ -280,7 +286,10 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             from bridge_recipes import config_files
             from bridge_recipes.outputs import write_text_atomic
 
-            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name))
+            run = {
+                o: os.path.abspath(v) for o in config_files.RUN_OPTIONS if (v := getattr(args, o.replace("-", "_")))
+            }
+            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
             print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
         print("checks: ok (layout checks and Megatron-Bridge validation passed)")
         return 0

@@ -645,3 +645,30 @@ def test_toy_builds_through_the_gpu_path_of_the_gated_norm(tmp_path, monkeypatch
     make_toy(tmp_path / "dense", "dense", dtype="bfloat16", ffn_hidden_size=128, **TINY)
     assert seen and set(seen) == {torch.float32, torch.bfloat16}
     assert json.loads((tmp_path / "moe" / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(tmp_path, capsys, monkeypatch):
+    """--save-config records the HF checkpoint and the export folder beside the config (which holds
+    PEFT and the dataset); --config-file builds the same config and starts from the same weights."""
+    from bridge_recipes import config_files
+    from bridge_recipes.hf.evidence import ROWS, ROWS_TOKENIZER
+    from bridge_recipes.runner.cli import build, build_parser
+
+    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    toy = tmp_path / "toy"
+    make_toy(toy, "moe", tokenizer_json=ROWS_TOKENIZER, **TINY, **TINY_MOE)
+    saved, export = tmp_path / "run.yaml", tmp_path / "export"
+    argv = ["--recipe", MOE_RECIPE, "--scale-down", "4", "--peft", "lora", "--hf-checkpoint", str(toy)]
+    argv += ["--dataset", "sft-rows", f"dataset.path={ROWS}", "--export-hf", str(export)]
+    assert runner([*argv, "--dry-run", "--save-config", str(saved)]) == 0, capsys.readouterr().err
+    first = build_parser().parse_intermixed_args(argv)
+    _, cfg = build(first)
+    again = build_parser().parse_intermixed_args(["--config-file", str(saved)])
+    _, loaded = build(again)
+    assert (again.hf_checkpoint, again.export_hf) == (str(toy), str(export))
+    assert config_files.to_text(loaded, "x") == config_files.to_text(cfg, "x")
+    assert loaded.peft is not None and str(loaded.dataset.path) == str(ROWS)
+    capsys.readouterr()
+    assert runner(["--config-file", str(saved), "--dry-run"]) == 0
+    cap = capsys.readouterr()
+    assert "random initialization" not in cap.err and f"hf checkpoint: {toy} fits the model" in cap.out
