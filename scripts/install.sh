@@ -7,7 +7,7 @@
 # dependencies that cannot be built on a machine without CUDA (flashinfer, fast-hadamard-
 # transform, ...) while importing only the listed ones. Transformer Engine's PyTorch extension
 # (transformer_engine_torch) is published as source only: it is taken from a wheelhouse when one
-# holds it, otherwise compiled against the venv's torch (about 10 minutes on 2 cores; needs a CUDA
+# holds it, otherwise compiled against the venv's torch (about 10 to 25 minutes on 2 cores; needs a CUDA
 # toolkit's nvcc and a C++ compiler, the CUDA_HOME it uses is printed). A shared wheelhouse folder
 # beside the checkout is used by default when it exists.
 # --gpu (the default when `nvidia-smi -L` lists a GPU; --cpu turns it off) also installs
@@ -169,7 +169,7 @@ else
   # venv's nvidia/* wheels, not in every CUDA toolkit
   cpath=$(ls -d "$PWD/$venv_site"/nvidia/*/include 2>/dev/null | paste -sd: || true)
   log=.venv/install/transformer_engine_torch.log
-  echo "[install] compiling $te_pin from source with CUDA_HOME=${home:-?}; about 10 minutes on 2 cores ($(nproc 2>/dev/null || echo '?') here)"
+  echo "[install] compiling $te_pin from source with CUDA_HOME=${home:-?}; about 10 to 25 minutes on 2 cores ($(nproc 2>/dev/null || echo '?') here)"
   echo "[install] compiler output: $log"
   compile_started=$SECONDS
   CUDA_HOME=$home CPATH="$cpath${CPATH:+:$CPATH}" .venv/bin/python -m pip install -v --no-deps --no-build-isolation \
