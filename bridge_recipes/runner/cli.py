@@ -294,6 +294,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         print("checks: ok (layout checks and Megatron-Bridge validation passed)")
         return 0
 
+    if not args.show_env:
+        from bridge_recipes.runner.prerequisites import launch_problems
+
+        if missing := launch_problems(cfg):
+            for line in missing:
+                print(f"[run_recipe] {line}", file=sys.stderr)
+            return fail(f"this machine cannot train {entry.name}: {len(missing)} thing(s) missing, listed above")
     environment.reexec_with(cfg.env_vars)  # returns only once the environment is in place
     if args.show_env:
         state = start_state or {}
