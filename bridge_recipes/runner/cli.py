@@ -17,13 +17,28 @@ from typing import Any
 import bridge_recipes
 from bridge_recipes import registry
 from bridge_recipes.builder import PEFT_SCHEMES
-from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option
+from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, precheck
 
 USAGE_ERROR = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the nearest known options named for a misspelt one."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            import difflib
+
+            known = [o for a in self._actions for o in a.option_strings]
+            unknown = [t.split("=", 1)[0] for t in message.split(":", 1)[1].split() if t.startswith("-")]
+            near = {t: difflib.get_close_matches(t, known, n=2, cutoff=0.6) for t in unknown}
+            hints = [f"{t}: did you mean {' or '.join(n)}?" for t, n in near.items() if n]
+            message = "; ".join([message, *hints])
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="run_recipe.py",
         description="Build, check and run a Qwen3.5/3.6 recipe. Trailing KEY=VALUE overrides use Hydra "
         "grammar (a.b=1, +env_vars.X=1, ~peft, lists, null) and win over the convenience flags.",
@@ -226,6 +241,12 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail("--overwrite-config applies to --save-config FILE; add it, or drop --overwrite-config")
     if args.save_config and (problem := save_config_problem(args)):
         return fail(problem)
+    try:  # what needs no Megatron import is answered before it
+        precheck(args.overrides)
+        if args.recipe:
+            registry.find(args.recipe)
+    except (OverrideError, registry.UnknownRecipe) as exc:
+        return fail(str(exc))
     try:
         entry, cfg = build(args)
     except registry.UnknownRecipe as exc:
