@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="build, override and check; print the resolved YAML and the layout; no GPU needed",
+        help="build, override and check; print the layout and what the run reads and writes; no GPU needed",
     )
     p.add_argument(
         "--dataset",
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="build from a config saved with --save-config (its recipe is recorded in it); overrides still apply",
     )
     p.add_argument("--save-config", metavar="FILE", help="with --dry-run: write the resolved YAML to FILE")
+    p.add_argument("--show-yaml", action="store_true", help="with --dry-run: also print the resolved YAML")
     p.add_argument("--overwrite-config", action="store_true", help="let --save-config replace an existing file")
     p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
@@ -228,6 +229,58 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     return entry, cfg
 
 
+def mock_data_warning(cfg: Any, task: str) -> str | None:
+    """The warning for a fine-tuning run (SFT, or any with PEFT) that would read mock data."""
+    from bridge_recipes.datasets import is_mock
+
+    if (task in ("sft", "peft") or cfg.peft is not None) and is_mock(cfg):
+        return (
+            f"WARNING: this {task if cfg.peft is None else 'PEFT'} run trains on MOCK data (generated samples, "
+            "nothing to learn): pass --dataset sft-rows dataset.path=DIR (rows from scripts/build_sft_rows.py)"
+        )
+    return None
+
+
+def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace) -> str:
+    """What the run reads and writes: data, PEFT, the starting weights, the save and export folders."""
+    from bridge_recipes.datasets import describe
+
+    peft = cfg.peft
+    if peft is None:
+        adapters = "none (all weights train)"
+    else:
+        targets = ", ".join(getattr(peft, "target_modules", []) or [])
+        adapters = f"{type(peft).__name__} rank {getattr(peft, 'dim', '?')}, alpha {getattr(peft, 'alpha', '?')}"
+        adapters += f" on {targets}" if targets else ""
+    ckpt = cfg.checkpoint
+    if args.hf_checkpoint:
+        from bridge_recipes.hf.runner import cache_folder
+
+        weights = (
+            f"{args.hf_folder.path} (Hugging Face; converted at launch into {cache_folder(args.hf_folder)}, "
+            "or reused from there)"
+        )
+    elif ckpt.pretrained_checkpoint:
+        weights = f"{ckpt.pretrained_checkpoint} (Megatron checkpoint)"
+    else:
+        weights = "random initialization"
+        if entry.checkpoint is not None:
+            weights += f" (--hf-checkpoint DIR starts from {entry.checkpoint.hf_id}'s weights)"
+    if ckpt.load and ckpt.load != ckpt.pretrained_checkpoint:
+        weights += f"; resumes from {ckpt.load} when it holds a checkpoint"
+    save = f"{ckpt.save} (every {ckpt.save_interval} steps)" if ckpt.save else "none (nothing is saved)"
+    export = f"{args.export_hf} (a Hugging Face folder, after training)" if args.export_hf else "none"
+    return "\n".join(
+        [
+            f"data              {describe(cfg)}",
+            f"peft              {adapters}",
+            f"weights           {weights}",
+            f"save              {save}",
+            f"export            {export}",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     # intermixed: KEY=VALUE tokens may come before, between or after the flags
     args = build_parser().parse_intermixed_args(argv)
@@ -256,6 +309,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     from bridge_recipes.runner import checks, environment
 
+    if warning := mock_data_warning(cfg, entry.meta.task):
+        print(warning, file=sys.stderr, flush=True)
     try:
         world = world_size_of(args)
     except ValueError as exc:
@@ -283,26 +338,20 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
-        if not args.save_config:
-            cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
         if entry.checkpoint is not None:
             rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
             alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
-            print(f"# checkpoint: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
+            print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
         print(checks.summary(cfg, world))
+        print(run_summary(cfg, entry, args))
         problem = megatron_validation(cfg, world)
         if problem:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
-        if args.hf_checkpoint:
-            from bridge_recipes.hf.runner import cache_folder
-
-            print(
-                f"hf checkpoint: {args.hf_folder.path} fits the model; at launch it is converted into (or reused "
-                f"from) {cache_folder(args.hf_folder)}, then finetune() starts from it"
-            )
         if warning:
             print(warning, file=sys.stderr)
+        if args.show_yaml:
+            cfg.print_yaml()
         if args.save_config:
             from bridge_recipes import config_files
             from bridge_recipes.outputs import write_text_atomic
@@ -340,7 +389,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     from bridge_recipes.runner import launch
 
-    print(checks.summary(cfg, world), flush=True)
+    print(checks.summary(cfg, world))
+    print(run_summary(cfg, entry, args), flush=True)
     if args.hf_checkpoint:
         from bridge_recipes.hf.runner import attach
 

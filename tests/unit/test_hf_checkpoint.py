@@ -332,9 +332,12 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
     rc = runner(argv)
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    assert "tokenizer_type: HuggingFaceTokenizer" in cap.out and f"tokenizer_model: {toys / 'moe'}" in cap.out
+    assert cfg.tokenizer.tokenizer_type == "HuggingFaceTokenizer" and cfg.tokenizer.tokenizer_model == str(
+        toys / "moe"
+    )
     key = ck.cache_key(ck.inspect_folder(toys / "moe"))
-    assert f"converted into (or reused from) {tmp_path / 'cache' / 'hf_import' / key}" in cap.out
+    cached = tmp_path / "cache" / "hf_import" / key
+    assert f"weights           {toys / 'moe'} (Hugging Face; converted at launch into {cached}" in cap.out
     assert "random initialization" not in cap.err
     assert not (tmp_path / "cache").exists()  # dry-run converts nothing
 
@@ -671,4 +674,5 @@ def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(
     capsys.readouterr()
     assert runner(["--config-file", str(saved), "--dry-run"]) == 0
     cap = capsys.readouterr()
-    assert "random initialization" not in cap.err and f"hf checkpoint: {toy} fits the model" in cap.out
+    assert "random initialization" not in cap.err and f"weights           {toy} (Hugging Face" in cap.out
+    assert f"export            {export}" in cap.out and "peft              LoRA rank 32" in cap.out
