@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Compare the loss curves of two runs (Megatron-Bridge validate_convergence rules).
 
-    python scripts/compare_losses.py RUNS.log --reference reference --candidate no_recompute [--out result.json]
     python scripts/compare_losses.py ref.log cand.log
+    python scripts/compare_losses.py RUNS.log --reference reference --candidate no_recompute [--out result.json]
 
-A single log holding several runs (written by bridge_recipes.bench.runs.launch) is split at its
-'===== run NAME:' lines; two logs are read as one run each. Exit status 0 when the curves agree,
-1 when they do not, 2 on bad input.
+Input formats (each log is read as the first that gives losses):
+- a Megatron(-Bridge) training log: the loss of each step is read from its iteration lines,
+  " [2026-01-01 10:00:00] iteration       10/     100 | ... | lm loss: 2.345678E+00 | ...";
+- plain text: one "STEP LOSS" pair a line ("10 2.3456", "10,2.3456" or tab-separated), with
+  blank lines, "#" comments and one header line ("step loss") allowed;
+- one log holding several runs (written by bridge_recipes.bench.runs.launch), split at its
+  "===== run NAME: ..." lines; --reference and --candidate name two of them.
+Exit status 0 when the curves agree, 1 when they do not, 2 on bad input.
 """
 
 import argparse
@@ -15,13 +20,24 @@ import sys
 from pathlib import Path
 
 from bridge_recipes.bench.convergence import compare
-from bridge_recipes.bench.runs import log_losses, split_runs
+from bridge_recipes.bench.runs import any_losses, split_runs
 from bridge_recipes.outputs import output_problem, write_text_atomic
 
 
 def fail(msg: str) -> int:
     print(f"compare_losses.py: error: {msg}", file=sys.stderr)
     return 2
+
+
+def _losses(text: str, what: str) -> dict[int, float]:
+    """step -> loss of one log (Megatron iteration lines, else plain STEP LOSS text)."""
+    try:
+        return any_losses(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{what} is neither a Megatron training log (no iteration lines with 'lm loss') nor plain "
+            f"'STEP LOSS' text: {exc} (--help shows the formats)"
+        ) from None
 
 
 def main() -> int:
@@ -47,15 +63,15 @@ def main() -> int:
             return fail(f"{p} is not a text log (it does not decode as UTF-8)")
         except OSError as exc:
             return fail(f"cannot read {p}: {exc.strerror or exc}")
-    if len(texts) == 2:
-        ref, cand = log_losses(texts[0]), log_losses(texts[1])
-    else:
-        runs = split_runs(texts[0])
-        missing = [n for n in (args.reference, args.candidate) if n not in runs]
-        if missing or not args.reference:
-            return fail(f"name --reference and --candidate among the runs {sorted(runs)}")
-        ref, cand = log_losses(runs[args.reference]), log_losses(runs[args.candidate])
     try:
+        if len(texts) == 2:
+            ref, cand = (_losses(t, p) for t, p in zip(texts, args.logs))
+        else:
+            runs = split_runs(texts[0])
+            missing = [n for n in (args.reference, args.candidate) if n not in runs]
+            if missing or not args.reference:
+                return fail(f"name --reference and --candidate among the runs {sorted(runs)}")
+            ref, cand = (_losses(runs[n], f"run {n}") for n in (args.reference, args.candidate))
         result = compare(ref, cand)
     except ValueError as exc:
         return fail(str(exc))
