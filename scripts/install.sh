@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
     --gpu) gpu=1; shift ;;
     --cpu) gpu=0; shift ;;
     --dry-run) dry_run=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --wheelhouse DIR, --reuse-site-packages, --python PY, --dry-run)" >&2; exit 2 ;;
   esac
 done

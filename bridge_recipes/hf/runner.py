@@ -89,10 +89,17 @@ def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
         if not hasattr(cfg.model, name) or not hasattr(provider, name):
             continue
         old, new = getattr(cfg.model, name), getattr(provider, name)
-        if old != new:
-            setattr(cfg.model, name, new)
-            shown = (lambda v: f"{len(v)} layers") if name == "linear_attention_freq" else repr
-            changes.append(f"model.{name}: {shown(old)} -> {shown(new)}")
+        if old == new:
+            continue
+        setattr(cfg.model, name, new)
+        if hasattr(new, "to_dict") and hasattr(old, "to_dict"):  # a sub-config (the vision tower): its fields
+            a, b = old.to_dict(), new.to_dict()
+            keys = [k for k in b if k != "transformers_version" and a.get(k) != b[k]]
+            changes += [f"model.{name}.{k}: {a.get(k)!r} -> {b[k]!r}" for k in keys]
+        elif name == "linear_attention_freq":
+            changes.append(f"model.{name}: {len(old)} layers -> {len(new)} layers")
+        else:
+            changes.append(f"model.{name}: {old!r} -> {new!r}")
     return changes
 
 

@@ -676,3 +676,24 @@ def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(
     cap = capsys.readouterr()
     assert "random initialization" not in cap.err and f"weights           {toy} (Hugging Face" in cap.out
     assert f"export            {export}" in cap.out and "peft              LoRA rank 32" in cap.out
+
+
+def test_a_vl_checkpoint_sets_the_vision_tower_too(tmp_path):
+    from bridge_recipes.hf.toy import TOY_VISION
+
+    make_toy(tmp_path / "vl", "moe", vl=True, **TINY, **TINY_MOE)
+    changes = []
+    cfg = bridge_recipes.build(
+        "qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config",
+        scale_down=4,
+        hf_checkpoint=str(tmp_path / "vl"),
+        report=changes.append,
+    )
+    v = cfg.model.vision_config
+    assert (v.depth, v.hidden_size, cfg.model.hidden_size) == (
+        TOY_VISION.depth,
+        TOY_VISION.hidden_size,
+        TINY["hidden_size"],
+    )
+    (depth,) = [c for c in changes if c.startswith("hf checkpoint: model.vision_config.depth: ")]
+    assert depth.endswith(f" -> {TOY_VISION.depth} (from its config.json)")
