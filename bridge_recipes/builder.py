@@ -55,10 +55,13 @@ def build(
       ``save_dir``, ...; :data:`bridge_recipes.overrides.FLAG_KEYS`), read as each flag's type.
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
     - ``report``: called with each change the build makes beyond the recipe: scale-down
-      (``scale-down: field: old -> new``) and a packed micro batch (``packed rows: ...``).
-    - ``hf_checkpoint``: a local Hugging Face folder to start from: checked, its tokenizer made
-      the run's (before the overrides, which still win), and checked against the model after the
-      overrides. Converting it is the launch's job (:mod:`bridge_recipes.hf.training`).
+      (``scale-down: field: old -> new``), the checkpoint's shape (``hf checkpoint: field: old ->
+      new ...``) and a packed micro batch (``packed rows: ...``).
+    - ``hf_checkpoint``: a local Hugging Face folder to start from: checked to be of the recipe's
+      model family, its ``config.json`` made the model's shape (after the scale-down, whose LAYERS
+      must be its layer count; its experts are kept), its tokenizer made the run's (before the
+      overrides, which still win), and checked against the model after the overrides. Converting
+      it is the launch's job (:mod:`bridge_recipes.hf.training`).
     - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
       of calling the recipe; ``name`` is then the recipe it was written from. The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
@@ -88,6 +91,14 @@ def build(
         cfg = config_files.load(config_file)
     else:
         cfg = registry.load(name)()
+    folder = None
+    if hf_checkpoint is not None:
+        from bridge_recipes.hf import training as hf_training
+
+        folder = hf_training.inspect(hf_checkpoint)
+        hf_training.check_family(cfg, folder)
+        if scale_down is not None:
+            scale_experts = _checkpoint_scale(cfg, folder, scale_down, scale_experts)
     if scale_down is not None:
         from bridge_recipes.scaledown import scale_down as shrink
 
@@ -100,17 +111,18 @@ def build(
         ):
             if report:
                 report(f"scale-down: {change}")
+    if folder is not None:
+        for change in hf_training.take_shape(cfg, folder):  # the model's shape is the checkpoint's
+            if report:
+                report(f"hf checkpoint: {change} (from its config.json)")
     if dataset:
         from bridge_recipes import datasets
 
         datasets.select(cfg, dataset)
     if peft is not None:
         PEFT_SCHEMES[peft](cfg)
-    folder = None
-    if hf_checkpoint is not None:
-        from bridge_recipes.hf import training as hf_training
-
-        folder = hf_training.use_checkpoint(cfg, hf_checkpoint)
+    if folder is not None:
+        hf_training.use_checkpoint(cfg, folder)
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     before = tracking.snapshot(cfg)
@@ -128,6 +140,25 @@ def build(
         if (packed := fit_micro_batch(cfg)) and report:
             report(packed)
     return cfg
+
+
+def _checkpoint_scale(cfg: Any, folder: Any, layers: int, experts: int | None) -> int | None:
+    """The experts ``--scale-down`` keeps for a checkpoint: its own count where it has fewer than
+    the recipe. LAYERS and ``--scale-experts`` must be the checkpoint's (its weights set the shape)."""
+    from bridge_recipes.hf.training import layers_and_experts
+
+    have_layers, have_experts = layers_and_experts(folder)
+    if layers != have_layers:
+        raise ValueError(
+            f"--scale-down {layers}: the --hf-checkpoint has {have_layers} layers; pass --scale-down {have_layers}"
+        )
+    if experts is not None and experts != have_experts:
+        raise ValueError(
+            f"--scale-experts {experts}: the --hf-checkpoint has {have_experts} routed experts; "
+            "drop --scale-experts (the checkpoint's count is used)"
+        )
+    recipe_experts = getattr(cfg.model, "num_moe_experts", None)
+    return have_experts if have_experts and recipe_experts and have_experts < recipe_experts else None
 
 
 def runner_args(

@@ -2,7 +2,9 @@
 
 A config file is Megatron-Bridge's ``ConfigContainer.to_yaml`` text behind one comment line
 that names the recipe it came from (``# recipe: NAME``), so the runner knows the recipe's task
-and GPUs when it builds from the file. Loading goes through ``ConfigContainer.from_yaml`` in
+and GPUs when it builds from the file, and one line per runner option of the run that lives
+outside the config (:data:`RUN_OPTIONS`: ``# hf-checkpoint: DIR``, ``# export-hf: DIR``), so
+``--config-file`` launches the same run. Loading goes through ``ConfigContainer.from_yaml`` in
 strict mode: an unknown key anywhere is an error, and every ``_target_`` must be on Megatron's
 instantiation allow-list. This package's config classes are added to that list one class at a
 time (:data:`YAML_CLASSES`), not as a package prefix, so a file can name a dataset config but
@@ -22,6 +24,10 @@ from pathlib import Path
 from typing import Any
 
 RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
+# Runner options a saved run needs that the ConfigContainer does not hold: the starting weights'
+# Hugging Face folder (converted at launch) and the folder the trained model is exported to.
+RUN_OPTIONS = ("hf-checkpoint", "export-hf")
+RUN_LINE = re.compile(r"^# (" + "|".join(RUN_OPTIONS) + r"): (.+?)\s*$", re.MULTILINE)
 HEADER = "# run_recipe.py config file: build it again with --config-file FILE [KEY=VALUE ...]\n# recipe: {name}\n"
 
 # The top-level ``_target_`` of a saved config (Megatron-Bridge's ConfigContainer).
@@ -42,14 +48,22 @@ def allow_package_classes() -> None:
         target_allowlist.add_exact(target)
 
 
-def to_text(cfg: Any, recipe: str) -> str:
-    """The config file's text: the recipe line, then Megatron-Bridge's YAML of ``cfg``."""
+def to_text(cfg: Any, recipe: str, run: dict[str, str] | None = None) -> str:
+    """The config file's text: the recipe line, a line per given runner option (``run``, by
+    :data:`RUN_OPTIONS` name), then Megatron-Bridge's YAML of ``cfg``."""
     import yaml
     from megatron.training.config.yaml_utils import safe_yaml_representers
 
     with safe_yaml_representers():
         body = yaml.safe_dump(_plain(cfg.to_dict()), default_flow_style=False)
-    return HEADER.format(name=recipe) + body
+    lines = "".join(f"# {name}: {run[name]}\n" for name in RUN_OPTIONS if (run or {}).get(name))
+    return HEADER.format(name=recipe) + lines + body
+
+
+def run_options(path: str | os.PathLike) -> dict[str, str]:
+    """The runner options recorded in a config file (:data:`RUN_OPTIONS` names to values)."""
+    text, _ = _parse(path)
+    return {m.group(1): m.group(2) for m in RUN_LINE.finditer(text)}
 
 
 def _plain(obj: Any) -> Any:

@@ -65,6 +65,41 @@ def use_sft_rows(cfg: Any) -> None:
     cfg.validation.eval_iters = cfg.validation.eval_iters or 1
 
 
+def is_mock(cfg: Any) -> bool:
+    """Whether the config trains on generated samples (Megatron's mock GPT data, the mock VLM set)."""
+    d = cfg.dataset
+    if type(d).__name__.startswith("Mock"):
+        return True
+    # Megatron's GPT dataset config without a blend generates its samples (it sets mock=True)
+    blended = hasattr(d, "blend") and hasattr(d, "blend_per_split")
+    return blended and d.blend is None and d.blend_per_split is None
+
+
+def describe(cfg: Any) -> str:
+    """The data a run reads, in one line: mock, or the rows folder with the counts its manifest gives."""
+    import json
+    from pathlib import Path
+
+    d = cfg.dataset
+    if is_mock(cfg):
+        return "mock (generated samples; --dataset sft-rows dataset.path=DIR trains on real rows)"
+    path = getattr(d, "path", None)
+    if type(d).__name__ == "PackedSFTRowsConfig":
+        manifest = Path(str(path)) / "manifest.json" if path else None
+        if manifest is None or not manifest.is_file():
+            return f"sft rows {path} (no manifest.json there)"
+        m = json.loads(manifest.read_text())
+        val = m.get("validation") or {}
+        return (
+            f"sft rows {path}: {m['rows']} rows x {m['row_tokens']} tokens from {m['conversations']['used']} "
+            f"conversations ({m.get('record_format') or 'openai'} records)"
+            + (f", {val['rows']} validation rows" if val else "")
+        )
+    if getattr(d, "blend", None):
+        return f"token data {d.blend}"
+    return f"{type(d).__name__} {path}" if path else type(d).__name__
+
+
 KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_energon, "sft-rows": use_sft_rows}
 
 

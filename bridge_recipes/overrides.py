@@ -121,6 +121,45 @@ def parse(token: str) -> Override:
     return Override(o.key_or_group, kind, None if kind == "delete" else o.value(), token)
 
 
+def container_fields() -> tuple[str, ...] | None:
+    """The top-level sections of Megatron-Bridge's ConfigContainer, read from its source without
+    importing Megatron (which takes many seconds); None where the source is not found."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("megatron")  # a namespace package: importing it is instant
+    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
+        source = Path(root) / "bridge" / "training" / "config.py"
+        if not source.is_file():
+            continue
+        for node in ast.parse(source.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name == "ConfigContainer":
+                return tuple(
+                    n.target.id
+                    for n in node.body
+                    if isinstance(n, ast.AnnAssign)
+                    and isinstance(n.target, ast.Name)
+                    and not n.target.id.startswith("_")
+                )
+    return None
+
+
+def precheck(tokens: list[str]) -> list[Override]:
+    """The overrides parsed, and their top-level keys checked, before anything heavy is imported:
+    a malformed token or a misspelt section is answered at once. The full check runs on the built
+    config (:func:`apply_all`)."""
+    parsed = [parse(t) for t in tokens]
+    sections = container_fields()
+    for o in parsed if sections else []:
+        top = o.key.split(".", 1)[0]
+        if top not in sections:
+            near = difflib.get_close_matches(top, sections, n=3, cutoff=0.5)
+            hint = f" Nearest valid keys: {', '.join(near)}." if near else f" Sections: {', '.join(sections)}."
+            raise OverrideError(f"unknown key {top!r} in {o.token!r}.{hint}")
+    return parsed
+
+
 def flag_overrides(flags: dict[str, Any]) -> list[Override]:
     """Overrides for the convenience flags that were given (value not None)."""
     out = []

@@ -4,6 +4,9 @@
     python scripts/build_sft_rows.py --input train.jsonl --tokenizer /models/Qwen3.5 \\
         --out data/sft-rows --row-tokens 8192 --seed 42 --val-fraction 0.01
 
+Each input file's record format is detected from its first record: OpenAI messages (roles system,
+developer, user, assistant, tool), ShareGPT (conversations of from/value turns) or Alpaca
+(instruction, input, output, system, history); docs/sft_data.md shows one record of each.
 Conversations are rendered with the tokenizer folder's own chat template and packed whole, several
 to a row, with their boundaries (``--packing boundaries``, the default: each conversation attends
 only to itself and a row is mostly conversation tokens); ``--packing one_per_row`` puts one
@@ -29,7 +32,10 @@ from bridge_recipes.outputs import exit_on_termination
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--input", required=True, help="local .jsonl / .parquet file, or a Hugging Face dataset id (needs network)"
+        "--input",
+        required=True,
+        help="local .jsonl / .parquet file, or a Hugging Face dataset id (needs network); OpenAI, ShareGPT or "
+        "Alpaca records",
     )
     p.add_argument(
         "--tokenizer",
@@ -54,7 +60,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="output folder (must be empty or new unless --overwrite)")
     p.add_argument("--row-tokens", type=int, default=sft_rows.DEFAULT_ROW_TOKENS)
     p.add_argument("--seed", type=int, default=sft_rows.DEFAULT_SEED)
-    p.add_argument("--messages-key", default=sft_rows.DEFAULT_MESSAGES_KEY)
+    p.add_argument(
+        "--messages-key",
+        default=sft_rows.DEFAULT_MESSAGES_KEY,
+        help="the key of an OpenAI-format record's message list (default: messages)",
+    )
     p.add_argument("--eos-token", default=sft_rows.DEFAULT_EOS_TOKEN, help="token placed between conversations")
     p.add_argument("--supervise-eos", action="store_true", help="put the EOS separators in the loss (default: not)")
     p.add_argument("--max-rows", type=int, default=None)

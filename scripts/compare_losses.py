@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Compare the loss curves of two runs (Megatron-Bridge validate_convergence rules).
 
-    python scripts/compare_losses.py RUNS.log --reference reference --candidate no_recompute [--out result.json]
     python scripts/compare_losses.py ref.log cand.log
+    python scripts/compare_losses.py RUNS.log --reference reference --candidate no_recompute [--out result.json]
 
-A single log holding several runs (written by bridge_recipes.bench.runs.launch) is split at its
-'===== run NAME:' lines; two logs are read as one run each. Exit status 0 when the curves agree,
-1 when they do not, 2 on bad input.
+Input formats (each log is read as the first that gives losses):
+- a Megatron(-Bridge) training log: the loss of each step is read from its iteration lines,
+  " [2026-01-01 10:00:00] iteration       10/     100 | ... | lm loss: 2.345678E+00 | ...";
+- plain text: one "STEP LOSS" pair a line ("10 2.3456", "10,2.3456" or tab-separated), with
+  blank lines, "#" comments and one header line ("step loss") allowed;
+- one log holding several runs (written by bridge_recipes.bench.runs.launch), split at its
+  "===== run NAME: ..." lines; --reference and --candidate name two of them.
+Exit status 0 when the curves agree, 1 when they do not, 2 on bad input.
 """
 
 import argparse
@@ -15,13 +20,28 @@ import sys
 from pathlib import Path
 
 from bridge_recipes.bench.convergence import compare
-from bridge_recipes.logs.run_log import complete_losses, run_names, split_runs
+from bridge_recipes.logs.run_log import complete_losses, plain_losses, run_names, split_runs
 from bridge_recipes.outputs import output_problem, write_text_atomic
 
 
 def fail(msg: str) -> int:
     print(f"compare_losses.py: error: {msg}", file=sys.stderr)
     return 2
+
+
+def _losses(text: str, what: str) -> dict[int, float]:
+    """step -> loss of one log: a whole Megatron run (every step once, up to its last), else plain
+    STEP LOSS text."""
+    losses = complete_losses(text, what)  # ValueError: a run cut short, or a step twice
+    if losses:
+        return losses
+    try:
+        return plain_losses(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{what} is neither a Megatron training log (no iteration lines with 'lm loss') nor plain "
+            f"'STEP LOSS' text: {exc} (--help shows the formats)"
+        ) from None
 
 
 def main() -> int:
@@ -51,8 +71,8 @@ def main() -> int:
         if len(texts) == 2:
             if texts[0] == texts[1]:
                 return fail(f"{args.logs[0]} and {args.logs[1]} hold the same log; compare two runs")
-            ref = complete_losses(texts[0], f"the reference ({args.logs[0]})")
-            cand = complete_losses(texts[1], f"the candidate ({args.logs[1]})")
+            ref = _losses(texts[0], f"the reference ({args.logs[0]})")
+            cand = _losses(texts[1], f"the candidate ({args.logs[1]})")
         else:
             names = run_names(texts[0])
             if twice := sorted({n for n in names if names.count(n) > 1}):
@@ -63,8 +83,8 @@ def main() -> int:
                 return fail(f"name --reference and --candidate among the runs {sorted(runs)}")
             if args.reference == args.candidate:
                 return fail(f"--reference and --candidate both name {args.reference}; compare two runs")
-            ref = complete_losses(runs[args.reference], f"run {args.reference}")
-            cand = complete_losses(runs[args.candidate], f"run {args.candidate}")
+            ref = _losses(runs[args.reference], f"run {args.reference}")
+            cand = _losses(runs[args.candidate], f"run {args.candidate}")
         result = compare(ref, cand)
     except ValueError as exc:
         return fail(str(exc))

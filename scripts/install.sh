@@ -5,10 +5,11 @@
 #
 # The stack is installed from requirements/cpu.lock with --no-deps: megatron-bridge declares
 # dependencies that cannot be built on a machine without CUDA (flashinfer, fast-hadamard-
-# transform, ...) while importing only the listed ones. Transformer Engine's PyTorch
-# extension is an sdist that compiles for ~8 minutes; a wheelhouse holding a prebuilt
-# transformer_engine_torch wheel skips that. A shared wheelhouse folder beside the checkout is
-# used by default when it exists.
+# transform, ...) while importing only the listed ones. Transformer Engine's PyTorch extension
+# (transformer_engine_torch) is published as source only: it is taken from a wheelhouse when one
+# holds it, otherwise compiled against the venv's torch (about 10 to 25 minutes on 2 cores; needs a CUDA
+# toolkit's nvcc and a C++ compiler, the CUDA_HOME it uses is printed). A shared wheelhouse folder
+# beside the checkout is used by default when it exists.
 # --gpu (the default when `nvidia-smi -L` lists a GPU; --cpu turns it off) also installs
 # requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang, and their dependencies),
 # then imports the training entry points and prints the GPU, CUDA and stack versions.
@@ -18,6 +19,8 @@
 # installs from a small wheelhouse (`python -m bridge_recipes.wheelhouse` builds one; PIP_NO_INDEX=1 keeps
 # pip off the network).
 # --dry-run prints the commands instead of running them.
+# A failed step leaves .venv as far as it got; running the same command again resumes (pip keeps
+# what is installed), `rm -rf .venv` starts over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +42,7 @@ while [ $# -gt 0 ]; do
     --gpu) gpu=1; shift ;;
     --cpu) gpu=0; shift ;;
     --dry-run) dry_run=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --wheelhouse DIR, --reuse-site-packages, --python PY, --dry-run)" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +58,24 @@ fi
 run() {
   if [ "$dry_run" = 1 ]; then echo "+ $*"; else "$@"; fi
 }
+
+# where the install is, for the progress lines and the message on failure
+started=$SECONDS
+n_steps=$((gpu ? 6 : 4))
+step_no=0
+step_name="checking the options"
+step() {
+  step_no=$((step_no + 1)); step_name="$1"
+  echo "[install] step $step_no/$n_steps: $1 ($((SECONDS - started)) s so far)"
+}
+on_exit() {
+  local rc=$?
+  [ "$rc" = 0 ] || [ "$dry_run" = 1 ] || [ "$step_no" = 0 ] && return
+  echo "[install] FAILED at step $step_no/$n_steps ($step_name) after $((SECONDS - started)) s, exit $rc." >&2
+  echo "[install] .venv keeps what was installed so far: fix the cause above and run the same command" >&2
+  echo "[install] again to resume (installed pins are not fetched again), or 'rm -rf .venv' to start over." >&2
+}
+trap on_exit EXIT
 
 find_python() {
   for cand in python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
@@ -74,7 +95,7 @@ for wheelhouse in "${wheelhouses[@]}"; do
   echo "[install] using wheelhouse $wheelhouse"
 done
 
-echo "[install] creating .venv with $python"
+step "creating .venv with $python"
 run "$python" -m venv .venv
 venv_site=.venv/lib/python3.12/site-packages
 if [ "$reuse" = 1 ]; then
@@ -85,12 +106,19 @@ if [ "$reuse" = 1 ]; then
   if [ "$dry_run" = 1 ]; then echo "+ write $pth: $(echo $sites)"; else printf '%s\n' "$sites" >"$pth"; fi
 fi
 run .venv/bin/python -m pip install -q --upgrade "${find_links[@]}" "pip>=25"
-echo "[install] installing requirements/cpu.lock (no dependency resolution; a few minutes)"
-run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/cpu.lock
-if [ "$gpu" = 1 ]; then
-  echo "[install] installing requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang)"
-  run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/gpu.lock
+
+# Transformer Engine's PyTorch extension builds against the venv's torch (no build isolation, which
+# would fetch another torch), so it comes after the rest of the lock.
+te_pin=$(grep -iE '^transformer[-_]engine[-_]torch==' requirements/cpu.lock || true)
+stack_lock=.venv/install/cpu-stack.lock
+step "installing requirements/cpu.lock except ${te_pin:-transformer_engine_torch} (no dependency resolution; a few minutes)"
+run mkdir -p .venv/install
+if [ "$dry_run" = 1 ]; then
+  echo "+ write $stack_lock: requirements/cpu.lock without ${te_pin:-transformer_engine_torch}"
+else
+  grep -viE '^transformer[-_]engine[-_]torch==' requirements/cpu.lock >"$stack_lock"
 fi
+run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r "$stack_lock"
 if [ "$reuse" = 1 ]; then
   # Transformer Engine looks for the CUDA libraries (cuDNN, cuBLAS, ...) of the nvidia-* wheels only
   # under the venv's own site-packages: link in each one the reused site has and .venv lacks,
@@ -104,11 +132,75 @@ if [ "$reuse" = 1 ]; then
     done
   done
 fi
+
+# cuda_home: a CUDA toolkit root with bin/nvcc and include/cuda_runtime.h (CUDA_HOME, CUDA_PATH,
+# the folder of the nvcc on PATH, /usr/local/cuda); nvcc on PATH may be a wrapper script, so its
+# folder's parent is checked like the others rather than trusted
+cuda_home() {
+  local nvcc cand
+  nvcc=$(command -v nvcc 2>/dev/null || true)
+  for cand in "${CUDA_HOME:-}" "${CUDA_PATH:-}" "${nvcc:+$(dirname "$(dirname "$(readlink -f "$nvcc")")")}" /usr/local/cuda; do
+    [ -n "$cand" ] && [ -x "$cand/bin/nvcc" ] && [ -f "$cand/include/cuda_runtime.h" ] && { echo "$cand"; return 0; }
+  done
+  return 1
+}
+
+step "Transformer Engine's PyTorch extension (${te_pin:-not pinned})"
+if [ -z "$te_pin" ]; then
+  echo "[install] requirements/cpu.lock pins no transformer_engine_torch: nothing to build"
+elif [ "$dry_run" = 1 ]; then
+  echo "+ .venv/bin/python -m pip install -q --no-deps --only-binary :all: ${find_links[*]} $te_pin"
+  echo "[install] (when no prebuilt wheel is found, it compiles with CUDA_HOME=$(cuda_home || echo '<none found>'):)"
+  echo "+ CUDA_HOME=... CPATH=<venv nvidia/*/include> .venv/bin/python -m pip install --no-deps --no-build-isolation ${find_links[*]} $te_pin"
+elif .venv/bin/python -m pip install -q --no-deps --only-binary :all: "${find_links[@]}" "$te_pin" 2>/dev/null; then
+  echo "[install] $te_pin installed from a prebuilt wheel"
+else
+  home=$(cuda_home) || home=""
+  if [ -z "$home" ]; then
+    echo "install.sh: compiling $te_pin needs a CUDA toolkit (bin/nvcc and include/cuda_runtime.h), and none" >&2
+    echo "  was found in CUDA_HOME, CUDA_PATH, the nvcc on PATH or /usr/local/cuda. Install the CUDA 13 toolkit" >&2
+    echo "  and set CUDA_HOME to its folder, or pass --wheelhouse DIR with a prebuilt $te_pin wheel." >&2
+    exit 2
+  fi
+  command -v "${CXX:-g++}" >/dev/null 2>&1 || {
+    echo "install.sh: compiling $te_pin needs a C++ compiler (${CXX:-g++}); install one (Debian: apt-get install g++)" >&2
+    exit 2; }
+  # the headers torch's CUDA build includes (nccl.h, cudnn.h, cusparseLt.h, ...) ship in the
+  # venv's nvidia/* wheels, not in every CUDA toolkit
+  cpath=$(ls -d "$PWD/$venv_site"/nvidia/*/include 2>/dev/null | paste -sd: || true)
+  log=.venv/install/transformer_engine_torch.log
+  echo "[install] compiling $te_pin from source with CUDA_HOME=${home:-?}; about 10 to 25 minutes on 2 cores ($(nproc 2>/dev/null || echo '?') here)"
+  echo "[install] compiler output: $log"
+  compile_started=$SECONDS
+  CUDA_HOME=$home CPATH="$cpath${CPATH:+:$CPATH}" .venv/bin/python -m pip install -v --no-deps --no-build-isolation \
+    --progress-bar off "${find_links[@]}" "$te_pin" >"$log" 2>&1 &
+  pid=$!
+  next_note=60
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if [ $((SECONDS - compile_started)) -ge "$next_note" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "[install] still compiling: $((next_note / 60)) min so far"
+      next_note=$((next_note + 60))
+    fi
+  done
+  if ! wait "$pid"; then
+    echo "[install] the compile failed; the end of $log:" >&2
+    tail -n 25 "$log" >&2
+    exit 1
+  fi
+  took=$((SECONDS - compile_started))
+  echo "[install] compiled $te_pin in $((took / 60)) min $((took % 60)) s"
+fi
+
+if [ "$gpu" = 1 ]; then
+  step "installing requirements/gpu.lock (the gpu extra: nvidia-resiliency-ext, TileLang)"
+  run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r requirements/gpu.lock
+fi
+step "installing this project (editable) and checking the stack imports"
 run .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
-echo "[install] checking the stack imports"
 run .venv/bin/python -c "import torch, transformer_engine.pytorch, megatron.core, megatron.bridge.training.config; import bridge_recipes, perf_recipes; print('[install] ok: torch', torch.__version__)"
 if [ "$gpu" = 1 ]; then
-  echo "[install] checking the training entry points on the GPU"
+  step "checking the training entry points on the GPU"
   run .venv/bin/python -c "
 import importlib.metadata as md
 import torch
@@ -119,3 +211,4 @@ print('[install] gpu:', torch.cuda.get_device_name(0), 'x', torch.cuda.device_co
 print('[install] ' + ', '.join(f'{p} {md.version(p)}' for p in ('torch', 'transformer-engine', 'megatron-core', 'megatron-bridge', 'nvidia-resiliency-ext', 'tilelang')))
 "
 fi
+[ "$dry_run" = 1 ] || echo "[install] done in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"

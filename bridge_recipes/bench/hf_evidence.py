@@ -366,15 +366,12 @@ LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
 
 def toy_run_args(toy: Path, spec: Any) -> list[str]:
     """Runner arguments of a 10-step run from the HF toy ``toy`` (its architecture ``spec``): the
-    recipe scaled to the toy's 4 layers and experts, a raised learning rate, the committed SFT
-    rows, ``--hf-checkpoint``."""
-    from bridge_recipes.hf.toy import model_overrides
-
+    recipe scaled to the toy's layers (the rest of its shape comes from the toy's config.json), a
+    raised learning rate, the committed SFT rows, ``--hf-checkpoint``."""
     return [
-        "--scale-down", "4", "--scale-experts", str(spec.num_experts),
+        "--scale-down", str(spec.num_layers),
         "-gb", "4", "--max-steps", str(FINETUNE_STEPS), "--lr", "3e-4", "--min-lr", "3e-5", "--warmup-iters", "1",
         "--dataset", "sft-rows", f"dataset.path={ROWS}", "--hf-checkpoint", str(toy),
-        *model_overrides(spec),
     ]  # fmt: skip
 
 

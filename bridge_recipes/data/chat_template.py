@@ -6,7 +6,8 @@ through transformers' ``apply_chat_template``, so a row holds exactly the text t
 at inference: the system prompt with the tool list, ``<think>`` blocks, tool calls and tool
 responses as the template writes them.
 
-Input is OpenAI-style: ``messages`` with roles ``system``, ``user``, ``assistant`` and ``tool``;
+Input is OpenAI-style (:mod:`chat_formats` turns ShareGPT and Alpaca records into it): ``messages``
+with roles ``system`` (or ``developer``), ``user``, ``assistant`` and ``tool``;
 ``content`` a string or a list of parts (``{"type": "text", "text": ...}`` parts are joined; a
 conversation with any other part, e.g. an image, is skipped as ``non_text_content``);
 assistant turns may carry ``reasoning_content`` and ``tool_calls`` (then ``content`` may be
@@ -49,6 +50,8 @@ import numpy as np
 from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
 
 ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's newer models call the system message "developer"
+ROLE_ALIASES = {"developer": "system"}
 END_OF_TURN = "<|im_end|>"  # Qwen3.5's end of a chat turn
 TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
@@ -110,6 +113,7 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
         role = message.get("role")
         if role is None:
             raise MalformedConversation(index, "missing_role_or_content", f"message {j} has no 'role'")
+        role = ROLE_ALIASES.get(role, role)
         if role not in ROLES:
             raise MalformedConversation(
                 index, "unknown_role", f"message {j} has unknown role {role!r} (expected one of {ROLES})"

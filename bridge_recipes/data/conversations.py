@@ -1,5 +1,8 @@
 """Conversation sources of an SFT rows build: local JSONL / Parquet files or a Hub dataset.
 
+Each file's record format (OpenAI messages, ShareGPT or Alpaca; :mod:`chat_formats`) is detected
+from its first record (a Parquet file: from its columns), and every record is read as that format.
+
 Sources are indexed in a first pass (byte offsets of JSONL lines, or the row count of a
 Parquet file), so a global permutation can be drawn without holding the data, then read in
 that order through windows of ``READ_WINDOW`` conversations (Parquet row groups cached up to
@@ -27,7 +30,6 @@ from tqdm import tqdm
 from bridge_recipes.data.integrity import file_sha256
 
 DEFAULT_MESSAGES_KEY = "messages"
-TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI style)
 READ_WINDOW = 4096  # conversations fetched per sorted random-access window
 PARQUET_CACHE_BYTES = 512 * 2**20  # decoded Parquet row groups kept between windows
 
@@ -95,6 +97,28 @@ class JsonlSource:
                 bar.update(len(line))
         self.offsets = np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, dtype=np.int64)
         self.sha256 = hasher.hexdigest()
+        self.format = self._first_record_format() if len(self.offsets) else None
+
+    def _first_record_format(self):
+        """The format of the file's first record; SftRowsError listing the formats when it fits none."""
+        from bridge_recipes.data import chat_formats
+
+        with open(self.path, "rb") as f:
+            f.seek(int(self.offsets[0]))
+            line = f.readline()
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        keys = sorted(record) if isinstance(record, dict) else None
+        found = chat_formats.detect(keys or (), self.messages_key)
+        if found is None:
+            what = f"has keys {', '.join(keys) or '(none)'}" if keys is not None else "is not a JSON object"
+            raise SftRowsError(
+                f"input {self.path}: its first record {what}, which fits no accepted conversation format; "
+                + chat_formats.formats_help(self.messages_key)
+            )
+        return found
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -126,9 +150,7 @@ class JsonlSource:
         if not isinstance(record, dict):
             kind = type(record).__name__
             raise MalformedConversation(index, "record_not_an_object", f"line is a JSON {kind}, not an object")
-        if self.messages_key not in record:
-            raise MalformedConversation(index, "missing_messages_key", f"record has no {self.messages_key!r} key")
-        return record[self.messages_key], record.get(TOOLS_KEY)
+        return self.format.read(record, index)
 
 
 class ParquetSource:
@@ -146,10 +168,16 @@ class ParquetSource:
             self.file = pq.ParquetFile(self.path)
         except Exception as e:
             raise SftRowsError(f"cannot read Parquet file {self.path}: {e}") from e
+        from bridge_recipes.data import chat_formats
+
         names = self.file.schema_arrow.names
-        if messages_key not in names:
-            columns = ", ".join(names)
-            raise SftRowsError(f"Parquet file {self.path} has no {messages_key!r} column (columns: {columns})")
+        self.format = chat_formats.detect(names, messages_key)
+        if self.format is None:
+            raise SftRowsError(
+                f"Parquet file {self.path} has columns {', '.join(names)}, which fit no accepted conversation "
+                "format; " + chat_formats.formats_help(messages_key)
+            )
+        self.columns = [c for c in self.format.keys if c in names]
         sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
         self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.cache_bytes = cache_bytes
@@ -177,8 +205,7 @@ class ParquetSource:
         if group in self._cache:
             self._cache.move_to_end(group)
             return self._cache[group]
-        columns = [self.messages_key] + ([TOOLS_KEY] if TOOLS_KEY in self.file.schema_arrow.names else [])
-        column = self.file.read_row_group(group, columns=columns)
+        column = self.file.read_row_group(group, columns=self.columns)
         self._cache[group] = column
         self._cached_bytes += column.nbytes
         while self._cached_bytes > self.cache_bytes and len(self._cache) > 1:  # keep at least the newest
@@ -187,17 +214,21 @@ class ParquetSource:
         return column
 
     def decode(self, value: dict, index: int) -> tuple[Any, Any]:
-        return value[self.messages_key], value.get(TOOLS_KEY)
+        return self.format.read(value, index)
 
 
 def spool_hf_dataset(
     dataset_id: str, dest: Path, *, split: str, revision: str | None, messages_key: str, progress: bool
 ) -> None:
-    """Stream a Hub dataset's ``messages_key`` column into a local JSONL file.
+    """Stream the conversation columns of a Hub dataset (those of any accepted format) into a
+    local JSONL file.
 
     A streaming dataset has no random access; spooling it once gives the count and the
     offsets a global permutation needs, with bounded memory (disk: about the column's size).
     """
+    from bridge_recipes.data.chat_formats import formats
+
+    keys = list(dict.fromkeys(k for f in formats(messages_key) for k in f.keys))
     try:
         import datasets
     except ImportError as e:
@@ -213,7 +244,7 @@ def spool_hf_dataset(
         stream = datasets.load_dataset(dataset_id, split=split, revision=revision, streaming=True)
         with open(dest, "w", encoding="utf-8") as out:
             for example in tqdm(stream, desc="download", unit="conv", disable=not progress):
-                record = {k: example[k] for k in (messages_key, TOOLS_KEY) if k in example}
+                record = {k: example[k] for k in keys if k in example}
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
     except Exception as e:
         raise SftRowsError(

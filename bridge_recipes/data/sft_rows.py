@@ -315,9 +315,12 @@ def build_sft_rows(
             (stage / VAL_DIR / MANIFEST_FILE).write_text(json.dumps(validation, indent=2) + "\n")
         stats = _pack_and_write(reader, order[n_val:], stage / ROWS_FILE, max_rows, **settings)
         if stats["rows"] == 0:
+            conv = stats["conversations"]
+            skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
             raise SftRowsError(
-                f"no rows built from {source}: {stats['conversations']['used']} usable conversation(s) "
-                f"gave {stats['stream_tokens']} tokens, fewer than one supervised {row_tokens}-token row"
+                f"no rows built from {source}: {conv['read']} conversation(s) read, {conv['used']} usable, "
+                f"giving {stats['stream_tokens']} tokens, fewer than one supervised {row_tokens}-token row"
+                + (f"; skipped: {skipped} (the warnings above show examples)" if skipped else "")
             )
         train_source = {
             "source": source,
@@ -348,6 +351,7 @@ def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, ma
         "split_name": split_name,
         **source,
         "source_sha256": getattr(reader, "sha256", None) if source.get("source_format") != "hf" else None,
+        "record_format": reader.format.name if reader.format else None,
         "max_rows": max_rows,
         **stats,
         "rows_sha256_definition": ROWS_SHA256_DEFINITION_BOUNDARIES
@@ -454,7 +458,7 @@ def _pack_and_write(
     skipped_total = sum(skipped.values())
     if skipped_total > len(examples):
         unreported = skipped_total - len(examples)
-        log.warning("%d more conversation(s) skipped; counts by reason in the manifest", unreported)
+        log.warning("%d more conversation(s) skipped; the counts by reason follow", unreported)
     written_tokens = writer.rows * row_tokens
     return {
         "rows": writer.rows,

@@ -427,6 +427,33 @@ MODEL_FIELD_OF = {
 }
 
 
+# The Megatron model fields a checkpoint's config.json decides (Megatron-Bridge's Qwen3.5 bridges
+# read them from it): the sizes above, the hybrid layer pattern, head dimensions, rotary settings,
+# norm epsilon, tied embeddings, the vision tower. The rest of a recipe's model (parallel layout,
+# recompute, kernels, precision, sequence length) is execution policy and stays the recipe's.
+SHAPE_FIELDS = (
+    *dict.fromkeys(MODEL_FIELD_OF.values()),
+    "linear_attention_freq",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "rotary_percent",
+    "rotary_base",
+    "layernorm_epsilon",
+    "add_qkv_bias",
+    "share_embeddings_and_output_weights",
+    "vision_config",
+)
+
+
+def provider_of(folder: HfFolder) -> Any:
+    """Megatron-Bridge's model provider for ``folder`` (``AutoBridge`` reads its config.json; no
+    weights are loaded)."""
+    from megatron.bridge import AutoBridge
+
+    return AutoBridge.from_hf_pretrained(str(folder.path)).to_megatron_provider(load_weights=False)
+
+
 def _show(name: str, value: Any) -> str:
     if name == "layer_types" and isinstance(value, list):
         full = [i for i, t in enumerate(value) if t == "full_attention"]

@@ -151,27 +151,3 @@ def make_toy(
     meta = {"toy_of": recipe_spec_of(spec).name, "family": family, "vl": vl, "seed": seed}
     (out / "toy.json").write_text(json.dumps(meta, indent=1) + "\n")
     return spec
-
-
-def model_overrides(spec: Qwen35Spec) -> list[str]:
-    """``model.*`` overrides that make a recipe of ``spec``'s catalog model (after ``--scale-down
-    LAYERS --scale-experts N``) build the toy's architecture, so its weights load."""
-    out = [
-        f"model.hidden_size={spec.hidden_size}",
-        f"model.num_attention_heads={spec.num_attention_heads}",
-        f"model.num_query_groups={spec.num_query_groups}",
-        f"model.kv_channels={spec.head_dim}",
-        f"model.linear_num_key_heads={spec.linear_num_key_heads}",
-        f"model.linear_num_value_heads={spec.linear_num_value_heads}",
-        f"model.vocab_size={spec.vocab_size}",
-        f"model.mtp_num_layers={spec.mtp_num_layers or 'null'}",
-    ]
-    if spec.is_moe:
-        out += [
-            f"model.moe_router_topk={spec.moe_router_topk}",
-            f"model.moe_ffn_hidden_size={spec.moe_ffn_hidden_size}",
-            f"model.moe_shared_expert_intermediate_size={spec.moe_shared_expert_ffn_hidden_size}",
-        ]
-    else:
-        out.append(f"model.ffn_hidden_size={spec.ffn_hidden_size}")
-    return out

@@ -1,6 +1,10 @@
 """The runner's side of Hugging Face checkpoints (``run_recipe.py --hf-checkpoint / --export-hf``).
 
-- :func:`use_checkpoint` (before the KEY=VALUE overrides): checks the folder and makes its
+- :func:`check_family` and :func:`take_shape` (before the scale-down and the overrides): the
+  folder must be a checkpoint of the recipe's model family, and its ``config.json`` (read by
+  Megatron-Bridge's ``AutoBridge``) decides the model's shape (:data:`checkpoint.SHAPE_FIELDS`),
+  so a toy or scaled checkpoint needs no ``model.*`` overrides; the recipe keeps its policy.
+- :func:`use_checkpoint` (before the KEY=VALUE overrides): makes the folder's
   tokenizer the run's (Megatron-Bridge ``HuggingFaceTokenizer`` with ``tokenizer_model=DIR``,
   so vocabulary, EOS and pad come from it) and the HF template of Megatron-Bridge's own
   ``also_save_hf_checkpoint`` (``checkpoint.hf_source_path``).
@@ -57,31 +61,71 @@ def inspect(hf_dir: str) -> ck.HfFolder:
         raise ValueError(f"--hf-checkpoint: {e}") from None
 
 
-def use_checkpoint(cfg: Any, hf_dir: str) -> ck.HfFolder:
-    """Check ``hf_dir`` and make its tokenizer the run's. Raises ValueError (exit 2) on bad input."""
+def check_family(cfg: Any, folder: ck.HfFolder) -> None:
+    """The folder must hold the recipe's model family (:data:`checkpoint.FAMILY_FIELDS`: model
+    class, attention interval, head dimensions, ...); ValueError naming each differing field."""
+    from bridge_recipes.common import is_vlm
+
+    found, expected = ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg))
+    if problems := ck.check_against(found, expected, scaled=True):
+        raise ValueError(
+            f"--hf-checkpoint {folder.path} is not of this recipe's model family: {'; '.join(problems)}. "
+            "Choose a recipe of its family (run_recipe.py --list) or a checkpoint of the recipe's"
+        )
+
+
+def layers_and_experts(folder: ck.HfFolder) -> tuple[int, int | None]:
+    """The checkpoint's decoder layers and routed experts (None for a dense model)."""
+    found = ck.found_fields(folder)
+    return found["num_hidden_layers"], found["num_experts"]
+
+
+def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
+    """Set ``cfg.model``'s architecture fields (:data:`checkpoint.SHAPE_FIELDS`) to what Megatron-Bridge's
+    provider for the folder has; returns the changes as ``model.FIELD: old -> new``."""
+    provider = ck.provider_of(folder)
+    changes = []
+    for name in ck.SHAPE_FIELDS:
+        if not hasattr(cfg.model, name) or not hasattr(provider, name):
+            continue
+        old, new = getattr(cfg.model, name), getattr(provider, name)
+        if old == new:
+            continue
+        setattr(cfg.model, name, new)
+        if hasattr(new, "to_dict") and hasattr(old, "to_dict"):  # a sub-config (the vision tower): its fields
+            a, b = old.to_dict(), new.to_dict()
+            keys = [k for k in b if k != "transformers_version" and a.get(k) != b[k]]
+            changes += [f"model.{name}.{k}: {a.get(k)!r} -> {b[k]!r}" for k in keys]
+        elif name == "linear_attention_freq":
+            changes.append(f"model.{name}: {len(old)} layers -> {len(new)} layers")
+        else:
+            changes.append(f"model.{name}: {old!r} -> {new!r}")
+    return changes
+
+
+def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
+    """Make the checked folder's tokenizer the run's."""
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-    folder = inspect(hf_dir)
     cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(folder.path))
     cfg.checkpoint.hf_source_path = str(folder.path)
-    return folder
 
 
 def check_model(cfg: Any, folder: ck.HfFolder) -> None:
-    """The folder's architecture against ``cfg.model``; ValueError naming each differing field."""
+    """The folder's architecture against ``cfg.model`` after the overrides (the shape came from the
+    folder, so only a ``model.*`` override can differ); ValueError naming each differing field."""
     from bridge_recipes.common import is_vlm
 
     problems = ck.check_against(ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg)))
     if problems:
-        found = ck.found_fields(folder)
-        fixes = [
-            f"model.{ck.MODEL_FIELD_OF[p.split(':')[0]]}={found[p.split(':')[0]]}"
-            for p in problems
-            if p.split(":")[0] in ck.MODEL_FIELD_OF
+        overridden = [
+            f"model.{ck.MODEL_FIELD_OF[p.split(':')[0]]}" for p in problems if p.split(":")[0] in ck.MODEL_FIELD_OF
         ]
-        hint = f"; for a scaled-down checkpoint pass {' '.join(fixes)}" if fixes else ""
+        hint = f"; drop the override(s) of {', '.join(overridden)}" if overridden else ""
         raise ValueError(
-            f"--hf-checkpoint {folder.path} does not match the recipe's model: " + "; ".join(problems) + hint
+            f"--hf-checkpoint {folder.path}: its weights would not load into the model as overridden: "
+            + "; ".join(problems)
+            + f"{hint} (the model's shape comes from the checkpoint's config.json)"
         )
 
 

@@ -20,6 +20,29 @@ def log_losses(text: str) -> dict[int, float]:
     return loss_curve(parse_megatron_log(text))
 
 
+# A plain loss line: a step and a loss, separated by spaces, a tab, a comma or a semicolon.
+_PLAIN_LOSS = re.compile(r"^\s*(\d+)\s*[\s,;]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+def plain_losses(text: str) -> dict[int, float]:
+    """step -> loss of plain text, one ``STEP LOSS`` pair a line (``10 2.345``, ``10,2.345``);
+    blank lines, ``#`` comments and one header line (``step loss``) are skipped. ValueError
+    naming the first other line."""
+    out: dict[int, float] = {}
+    lines = [(i, line.split("#", 1)[0].strip()) for i, line in enumerate(text.splitlines(), 1)]
+    lines = [(i, line) for i, line in lines if line]
+    if lines and not _PLAIN_LOSS.match(lines[0][1]) and not any(c.isdigit() for c in lines[0][1]):
+        lines = lines[1:]  # a header
+    for i, line in lines:
+        m = _PLAIN_LOSS.match(line)
+        if not m:
+            raise ValueError(f"line {i} is not 'STEP LOSS': {line[:80]!r}")
+        out[int(m.group(1))] = float(m.group(2))
+    if not out:
+        raise ValueError("it holds no 'STEP LOSS' line")
+    return out
+
+
 def complete_losses(text: str, label: str) -> dict[int, float]:
     """step -> LM loss of a run that is whole: each step logged once, and the last logged step
     the run's last (``iteration N/ TOTAL``). ValueError naming ``label`` otherwise: a run that

@@ -1068,7 +1068,100 @@ def format_plan(plan: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
+# The usual levers for a config that does not fit, in the order they cost least throughput: each
+# is the override tokens that set it and the change itself; a lever the config already pulls is
+# skipped. More GPUs (the same layout, more data-parallel ranks sharding the distributed
+# optimizer) are tried after them.
+def _full_recompute(cfg: Any) -> bool:
+    m = cfg.model
+    if (m.recompute_granularity, m.recompute_method, m.recompute_num_layers) == ("full", "uniform", 1):
+        return False
+    m.recompute_granularity, m.recompute_method, m.recompute_num_layers = "full", "uniform", 1
+    return True
+
+
+def _micro_batch_1(cfg: Any) -> bool:
+    if cfg.train.micro_batch_size == 1:
+        return False
+    cfg.train.micro_batch_size = 1
+    return True
+
+
+def _optimizer_on_host(cfg: Any) -> bool:
+    opt = cfg.optimizer
+    if getattr(opt, "optimizer_cpu_offload", False) and getattr(opt, "optimizer_offload_fraction", 0) == 1.0:
+        return False
+    opt.optimizer_cpu_offload, opt.optimizer_offload_fraction = True, 1.0
+    return True
+
+
+LEVERS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
+    (
+        "full recompute",
+        ("model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"),
+        _full_recompute,
+    ),
+    ("micro batch 1", ("-mb 1",), _micro_batch_1),
+    (
+        "optimizer state on the host",
+        ("optimizer.optimizer_cpu_offload=true", "optimizer.optimizer_offload_fraction=1.0"),
+        _optimizer_on_host,
+    ),
+)
+MORE_GPUS = (2, 4, 8)  # multiples of the world size tried
+
+
+def changes_that_fit(cfg: Any, world_size: int, gpu: str | None = None) -> list[str]:
+    """For a config that does not fit: the smallest sets of :data:`LEVERS` that fit (each lever
+    alone, else pairs, ...), then the fewest more GPUs that fit; each line names the change
+    (override tokens or a world size) and the peak it plans. Empty when nothing fits."""
+    import copy
+    import itertools
+
+    def plan(changed: Any, world: int) -> MemoryPlan | None:
+        try:
+            return plan_memory(changed, world, gpu=gpu)
+        except (ValueError, ZeroDivisionError):
+            return None
+
+    def peak(p: MemoryPlan) -> str:
+        return f"peak {p.peak_gb:.1f} of {p.gpu_memory_gb:.1f} GB"
+
+    usable = [lever for lever in LEVERS if lever[2](copy.deepcopy(cfg))]  # those not pulled already
+    out = []
+    for size in range(1, len(usable) + 1):
+        for levers in itertools.combinations(usable, size):
+            changed = copy.deepcopy(cfg)
+            for _, _, pull in levers:
+                pull(changed)
+            if (p := plan(changed, world_size)) and p.fits:
+                names = " + ".join(name for name, _, _ in levers)
+                out.append(f"{names}: {' '.join(t for _, tokens, _ in levers for t in tokens)} ({peak(p)})")
+        if out:
+            break
+    for factor in MORE_GPUS:
+        if (p := plan(cfg, world_size * factor)) and p.fits:
+            out.append(
+                f"more GPUs: {world_size * factor} instead of {world_size}, the same layout with more data-parallel "
+                f"ranks sharding the optimizer ({p.layout}; {peak(p)})"
+            )
+            break
+    return out
+
+
 def plan_report(cfg: Any, world_size: int, gpu: str | None = None) -> tuple[str, bool]:
-    """The runner's ``--plan`` text and whether every stage fits."""
+    """The runner's ``--plan`` text and whether every stage fits; over budget, the text ends with
+    the changes that would fit (:func:`changes_that_fit`)."""
     plan = plan_memory(cfg, world_size, gpu=gpu)
-    return format_plan(plan), plan.fits
+    text = format_plan(plan)
+    if not plan.fits:
+        fixes = changes_that_fit(cfg, world_size, gpu)
+        if fixes:
+            text += "\nchanges that fit (each planned):\n" + "\n".join(f"  {f}" for f in fixes)
+        else:
+            text += (
+                "\nno usual change fits: full recompute, micro batch 1, the optimizer on the host (alone and "
+                f"together) and up to {MORE_GPUS[-1]}x the GPUs were planned; a deeper pipeline (-pp) or "
+                "larger-memory GPUs remain"
+            )
+    return text, plan.fits

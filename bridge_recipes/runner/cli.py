@@ -17,13 +17,28 @@ from typing import Any
 import bridge_recipes
 from bridge_recipes import registry
 from bridge_recipes.builder import PEFT_SCHEMES
-from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option
+from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, precheck
 
 USAGE_ERROR = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with the nearest known options named for a misspelt one."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            import difflib
+
+            known = [o for a in self._actions for o in a.option_strings]
+            unknown = [t.split("=", 1)[0] for t in message.split(":", 1)[1].split() if t.startswith("-")]
+            near = {t: difflib.get_close_matches(t, known, n=2, cutoff=0.6) for t in unknown}
+            hints = [f"{t}: did you mean {' or '.join(n)}?" for t, n in near.items() if n]
+            message = "; ".join([message, *hints])
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="run_recipe.py",
         description="Build, check and run a Qwen3.5/3.6 recipe. Trailing KEY=VALUE overrides use Hydra "
         "grammar (a.b=1, +env_vars.X=1, ~peft, lists, null) and win over the convenience flags.",
@@ -40,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="build, override and check; print the resolved YAML and the layout; no GPU needed",
+        help="build, override and check; print the layout and what the run reads and writes; no GPU needed",
     )
     p.add_argument(
         "--dataset",
@@ -91,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="build from a config saved with --save-config (its recipe is recorded in it); overrides still apply",
     )
     p.add_argument("--save-config", metavar="FILE", help="with --dry-run: write the resolved YAML to FILE")
+    p.add_argument("--show-yaml", action="store_true", help="with --dry-run: also print the resolved YAML")
     p.add_argument("--overwrite-config", action="store_true", help="let --save-config replace an existing file")
     p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
@@ -201,9 +217,15 @@ def save_config_problem(args: argparse.Namespace) -> str | None:
 
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.config_file:
-        from bridge_recipes.config_files import recipe_of
+        from bridge_recipes.config_files import recipe_of, run_options
 
         args.recipe = recipe_of(args.config_file, args.recipe)
+        # the saved run's weights and export folder, unless the command line names others
+        for option, value in run_options(args.config_file).items():
+            dest = option.replace("-", "_")
+            if getattr(args, dest) is None:
+                setattr(args, dest, value)
+                print(f"[run_recipe] --{option} {value} (from {args.config_file})")
     entry = registry.find(args.recipe)
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
@@ -234,6 +256,58 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     return entry, cfg
 
 
+def mock_data_warning(cfg: Any, task: str) -> str | None:
+    """The warning for a fine-tuning run (SFT, or any with PEFT) that would read mock data."""
+    from bridge_recipes.datasets import is_mock
+
+    if (task in ("sft", "peft") or cfg.peft is not None) and is_mock(cfg):
+        return (
+            f"WARNING: this {task if cfg.peft is None else 'PEFT'} run trains on MOCK data (generated samples, "
+            "nothing to learn): pass --dataset sft-rows dataset.path=DIR (rows from scripts/build_sft_rows.py)"
+        )
+    return None
+
+
+def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace) -> str:
+    """What the run reads and writes: data, PEFT, the starting weights, the save and export folders."""
+    from bridge_recipes.datasets import describe
+
+    peft = cfg.peft
+    if peft is None:
+        adapters = "none (all weights train)"
+    else:
+        targets = ", ".join(getattr(peft, "target_modules", []) or [])
+        adapters = f"{type(peft).__name__} rank {getattr(peft, 'dim', '?')}, alpha {getattr(peft, 'alpha', '?')}"
+        adapters += f" on {targets}" if targets else ""
+    ckpt = cfg.checkpoint
+    if args.hf_checkpoint:
+        from bridge_recipes.hf.training import cache_folder
+
+        weights = (
+            f"{args.hf_folder.path} (Hugging Face; converted at launch into {cache_folder(args.hf_folder)}, "
+            "or reused from there)"
+        )
+    elif ckpt.pretrained_checkpoint:
+        weights = f"{ckpt.pretrained_checkpoint} (Megatron checkpoint)"
+    else:
+        weights = "random initialization"
+        if entry.checkpoint is not None:
+            weights += f" (--hf-checkpoint DIR starts from {entry.checkpoint.hf_id}'s weights)"
+    if ckpt.load and ckpt.load != ckpt.pretrained_checkpoint:
+        weights += f"; resumes from {ckpt.load} when it holds a checkpoint"
+    save = f"{ckpt.save} (every {ckpt.save_interval} steps)" if ckpt.save else "none (nothing is saved)"
+    export = f"{args.export_hf} (a Hugging Face folder, after training)" if args.export_hf else "none"
+    return "\n".join(
+        [
+            f"data              {describe(cfg)}",
+            f"peft              {adapters}",
+            f"weights           {weights}",
+            f"save              {save}",
+            f"export            {export}",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     # intermixed: KEY=VALUE tokens may come before, between or after the flags
     args = build_parser().parse_intermixed_args(argv)
@@ -249,6 +323,12 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(problem)
     if problem := gpus_conflict(args):
         return fail(problem)
+    try:  # what needs no Megatron import is answered before it
+        precheck(args.overrides)
+        if args.recipe:
+            registry.find(args.recipe)
+    except (OverrideError, registry.UnknownRecipe) as exc:
+        return fail(str(exc))
     try:
         entry, cfg = build(args)
     except registry.UnknownRecipe as exc:
@@ -258,6 +338,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     from bridge_recipes.runner import checks, environment
 
+    if warning := mock_data_warning(cfg, entry.meta.task):
+        print(warning, file=sys.stderr, flush=True)
     try:
         world = world_size_of(args)
     except ValueError as exc:
@@ -266,7 +348,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
-        return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above")
+        hint = ""
+        if args.hf_checkpoint and args.scale_down is None:
+            from bridge_recipes.hf.training import layers_and_experts
+
+            layers, _ = layers_and_experts(args.hf_folder)
+            hint = f" (for this checkpoint on fewer GPUs, add --scale-down {layers}: its layer count)"
+        return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above{hint}")
 
     if args.plan:
         from bridge_recipes.plan.memory import plan_report
@@ -279,35 +367,39 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
-        if not args.save_config:
-            cfg.print_yaml()
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
         if entry.checkpoint is not None:
             rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
             alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
-            print(f"# checkpoint: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
+            print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
         print(checks.summary(cfg, world))
+        print(run_summary(cfg, entry, args))
         problem = megatron_validation(cfg, world)
         if problem:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
-        if args.hf_checkpoint:
-            from bridge_recipes.hf.training import cache_folder
-
-            print(
-                f"hf checkpoint: {args.hf_folder.path} fits the model; at launch it is converted into (or reused "
-                f"from) {cache_folder(args.hf_folder)}, then finetune() starts from it"
-            )
         if warning:
             print(warning, file=sys.stderr)
+        if args.show_yaml:
+            cfg.print_yaml()
         if args.save_config:
             from bridge_recipes import config_files
             from bridge_recipes.outputs import write_text_atomic
 
-            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name))
+            run = {
+                o: os.path.abspath(v) for o in config_files.RUN_OPTIONS if (v := getattr(args, o.replace("-", "_")))
+            }
+            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
             print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
         print("checks: ok (layout checks and Megatron-Bridge validation passed)")
         return 0
 
+    if not args.show_env:
+        from bridge_recipes.runner.prerequisites import launch_problems
+
+        if missing := launch_problems(cfg):
+            for line in missing:
+                print(f"[run_recipe] {line}", file=sys.stderr)
+            return fail(f"this machine cannot train {entry.name}: {len(missing)} thing(s) missing, listed above")
     environment.reexec_with(cfg.env_vars)  # returns only once the environment is in place
     if args.show_env:
         state = start_state or {}
@@ -326,7 +418,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     from bridge_recipes.runner import launch
 
-    print(checks.summary(cfg, world), flush=True)
+    print(checks.summary(cfg, world))
+    print(run_summary(cfg, entry, args), flush=True)
     if args.hf_checkpoint:
         from bridge_recipes.hf.training import attach
 

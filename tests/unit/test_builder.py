@@ -102,6 +102,6 @@ def test_peft_flag_round_trips_through_the_runner_arguments_and_dry_runs(capsys)
     assert build_request(build_parser().parse_intermixed_args(["--recipe", SFT_35B, *args]))["peft"] == "lora"
     assert main(["--recipe", SFT_35B, *args, "--dry-run", "--world-size", "8"]) == 0
     out = capsys.readouterr()
-    assert "target_modules" in out.out and "no pretrained weights" in out.err
+    assert "peft              LoRA rank 32" in out.out and "no pretrained weights" in out.err
     assert main(["--recipe", SFT_35B, "--peft", "qlora", "--dry-run"]) == 2
     assert "--peft 'qlora' is not known; choose one of lora" in capsys.readouterr().err

@@ -9,7 +9,7 @@ SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 
 
 def test_dry_run_prints_yaml_summary_and_checks(capsys):
-    assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "train.train_iters=500"]) == 0
+    assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--show-yaml", "train.train_iters=500"]) == 0
     out = capsys.readouterr().out
     assert "expert_model_parallel_size: 8" in out and "train_iters: 500" in out  # resolved YAML
     assert "world size        8  ->  TP1 PP1 EP8 ETP1 DP8" in out  # layout summary

@@ -153,3 +153,35 @@ def test_compare_script_passes_two_whole_runs(tmp_path):
         extra=["--reference", "a", "--candidate", "b"],
     )
     assert p.returncode == 1  # compared, and they differ
+
+
+def _compare_two(tmp_path, ref: str, cand: str) -> subprocess.CompletedProcess:
+    import os
+
+    (tmp_path / "ref.txt").write_text(ref)
+    (tmp_path / "cand.txt").write_text(cand)
+    cmd = [sys.executable, "scripts/compare_losses.py", str(tmp_path / "ref.txt"), str(tmp_path / "cand.txt")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+
+
+def test_compare_script_reads_plain_step_loss_text(tmp_path):
+    ref = "step loss\n" + "".join(f"{s} {v}\n" for s, v in REF.items())
+    cand = "# candidate\n" + "".join(f"{s},{v * 1.001}\n" for s, v in REF.items())
+    p = _compare_two(tmp_path, ref, cand)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["passed"] is True
+    far = "".join(f"{s}\t{REF[21 - s]}\n" for s in REF)  # the curve reversed: they disagree
+    assert _compare_two(tmp_path, ref, far).returncode == 1
+
+
+def test_compare_script_names_a_line_that_is_neither_format(tmp_path):
+    p = _compare_two(tmp_path, "1 2.0\n2 1.9\nloss went down\n", "1 2.0\n2 1.9\n3 1.8\n")
+    assert p.returncode == 2 and "line 3" in p.stderr and "STEP LOSS" in p.stderr
+
+
+def test_help_documents_the_formats():
+    p = subprocess.run(
+        [sys.executable, "scripts/compare_losses.py", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert all(s in p.stdout for s in ("lm loss", "STEP LOSS", "===== run"))

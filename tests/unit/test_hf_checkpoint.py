@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+import bridge_recipes
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.cli import main as convert_main
-from bridge_recipes.hf.toy import make_toy, toy_spec
+from bridge_recipes.hf.toy import make_toy
 from bridge_recipes.models.qwen35 import QWEN35_35B_A3B, hf_text_config
 
 MOE_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
@@ -301,41 +302,76 @@ def runner(argv):
     return main(argv)
 
 
-def toy_overrides() -> list[str]:
-    from bridge_recipes.hf.toy import model_overrides
-
-    return [*model_overrides(toy_spec("moe", **{k: v for k, v in TINY.items() if k != "max_shard_size"}, **TINY_MOE))]
-
-
-def test_runner_dry_run_checks_folder_and_uses_its_tokenizer(toys, capsys, tmp_path, monkeypatch):
+def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokenizer(
+    toys, capsys, tmp_path, monkeypatch
+):
+    """A toy checkpoint needs --scale-down (its layer count) and nothing else: hidden size, heads,
+    experts, vocabulary and MTP depth come from its config.json; the recipe's policy stays."""
     monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
-    argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--scale-experts", "4"]
-    rc = runner([*argv, "--hf-checkpoint", str(toys / "moe"), *toy_overrides()])
+    from bridge_recipes.runner.cli import build, build_parser
+
+    argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")]
+    _, cfg = build(build_parser().parse_intermixed_args(argv))
+    m = cfg.model
+    shape = (
+        m.hidden_size,
+        m.num_attention_heads,
+        m.num_moe_experts,
+        m.moe_router_topk,
+        m.vocab_size,
+        m.mtp_num_layers,
+    )
+    assert shape == (TINY["hidden_size"], TINY["num_attention_heads"], 4, 2, TINY["vocab_size"], 0)
+    recipe = bridge_recipes.build(MOE_RECIPE, scale_down=4, scale_experts=4)
+    assert (m.recompute_granularity, m.moe_token_dispatcher_type, m.seq_length) == (
+        recipe.model.recompute_granularity,
+        recipe.model.moe_token_dispatcher_type,
+        recipe.model.seq_length,
+    )
+    assert "hf checkpoint: model.hidden_size: 2048 -> 64" in capsys.readouterr().out
+    rc = runner(argv)
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    assert "tokenizer_type: HuggingFaceTokenizer" in cap.out and f"tokenizer_model: {toys / 'moe'}" in cap.out
+    assert cfg.tokenizer.tokenizer_type == "HuggingFaceTokenizer" and cfg.tokenizer.tokenizer_model == str(
+        toys / "moe"
+    )
     key = ck.cache_key(ck.inspect_folder(toys / "moe"))
-    assert f"converted into (or reused from) {tmp_path / 'cache' / 'hf_import' / key}" in cap.out
+    cached = tmp_path / "cache" / "hf_import" / key
+    assert f"weights           {toys / 'moe'} (Hugging Face; converted at launch into {cached}" in cap.out
     assert "random initialization" not in cap.err
     assert not (tmp_path / "cache").exists()  # dry-run converts nothing
 
 
-def test_runner_refuses_checkpoint_that_does_not_fit_the_model(toys, capsys):
-    rc = runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")])
+def test_runner_refuses_a_checkpoint_of_another_family_naming_the_field(toys, capsys):
+    rc = runner(["--recipe", DENSE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")])
     err = capsys.readouterr().err
-    assert rc == 2 and "hidden_size: checkpoint has 64, the recipe's model has 2048" in err
-    assert "model.hidden_size=64" in err  # the fix for a scaled-down checkpoint
+    assert rc == 2 and "architecture: checkpoint has 'MoE text" in err
+
+
+def test_runner_refuses_a_scale_down_or_override_that_the_weights_do_not_fit(toys, capsys):
+    base = ["--recipe", MOE_RECIPE, "--dry-run", "--hf-checkpoint", str(toys / "moe")]
+    assert runner([*base, "--scale-down", "8"]) == 2
+    assert "--scale-down 4" in capsys.readouterr().err  # the checkpoint's layer count
+    assert runner([*base, "--scale-down", "4", "--scale-experts", "2"]) == 2
+    assert "--scale-experts" in capsys.readouterr().err
+    assert runner([*base, "--scale-down", "4", "model.hidden_size=128"]) == 2
+    err = capsys.readouterr().err
+    assert "hidden_size: checkpoint has 64, the recipe's model has 128" in err and "model.hidden_size" in err
+
+
+def test_runner_without_scale_down_says_how_to_fit_a_small_checkpoint(toys, capsys):
+    assert runner(["--recipe", MOE_RECIPE, "--dry-run", "--hf-checkpoint", str(toys / "moe")]) == 2
+    assert "--scale-down 4" in capsys.readouterr().err
 
 
 def test_runner_refuses_fp8_parameters_for_a_fine_tune_from_hf_weights(toys, capsys, tmp_path, monkeypatch):
     """The launch attaches the converted weights after the layout checks, so --hf-checkpoint is checked for
     FP8 parameters when it is read; BF16 parameters with FP8 GEMMs pass."""
     monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
-    argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--scale-experts", "4"]
+    argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4"]
     argv += [
         "--hf-checkpoint",
         str(toys / "moe"),
-        *toy_overrides(),
         "mixed_precision=bf16_with_fp8_current_scaling_mixed",
     ]
     assert runner(argv) == 2
@@ -525,13 +561,12 @@ def test_lora_settings_read_back_from_a_peft_recipes_saved_config(tmp_path):
 def test_toy_with_the_fixture_tokenizer_builds_rows_with_its_own_template(tmp_path):
     """The offline road from a toy folder: its tokenizer and chat template render reasoning and
     tool-call conversations into rows, nothing skipped, and the dry run of the SFT recipe accepts
-    the toy as --hf-checkpoint with its model.* overrides and those rows."""
+    the toy as --hf-checkpoint (its shape taken from it) with those rows."""
     import contextlib
     import io
 
     from bridge_recipes.data.sft_rows import build_sft_rows
     from bridge_recipes.data.synthetic_chat import conversations_jsonl
-    from bridge_recipes.hf.toy import model_overrides
     from bridge_recipes.runner.cli import main as run_main
 
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
@@ -546,9 +581,9 @@ def test_toy_with_the_fixture_tokenizer_builds_rows_with_its_own_template(tmp_pa
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         rc = run_main(
             [
-                "--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "--scale-down", "4",
-                "--scale-experts", str(spec.num_experts), "--dataset", "sft-rows", "-sl", "1024", "-gb", "4",
-                "--hf-checkpoint", str(toy), f"dataset.path={tmp_path / 'rows'}", *model_overrides(spec), "--dry-run",
+                "--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "--scale-down", str(spec.num_layers),
+                "--dataset", "sft-rows", "-sl", "1024", "-gb", "4",
+                "--hf-checkpoint", str(toy), f"dataset.path={tmp_path / 'rows'}", "--dry-run",
             ]
         )  # fmt: skip
     assert rc == 0, out.getvalue()[-2000:]
@@ -613,3 +648,52 @@ def test_toy_builds_through_the_gpu_path_of_the_gated_norm(tmp_path, monkeypatch
     make_toy(tmp_path / "dense", "dense", dtype="bfloat16", ffn_hidden_size=128, **TINY)
     assert seen and set(seen) == {torch.float32, torch.bfloat16}
     assert json.loads((tmp_path / "moe" / "config.json").read_text())["dtype"] == "float32"
+
+
+def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(tmp_path, capsys, monkeypatch):
+    """--save-config records the HF checkpoint and the export folder beside the config (which holds
+    PEFT and the dataset); --config-file builds the same config and starts from the same weights."""
+    from bridge_recipes import config_files
+    from bridge_recipes.bench.hf_evidence import ROWS, ROWS_TOKENIZER
+    from bridge_recipes.runner.cli import build, build_parser
+
+    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    toy = tmp_path / "toy"
+    make_toy(toy, "moe", tokenizer_json=ROWS_TOKENIZER, **TINY, **TINY_MOE)
+    saved, export = tmp_path / "run.yaml", tmp_path / "export"
+    argv = ["--recipe", MOE_RECIPE, "--scale-down", "4", "--peft", "lora", "--hf-checkpoint", str(toy)]
+    argv += ["--dataset", "sft-rows", f"dataset.path={ROWS}", "--export-hf", str(export)]
+    assert runner([*argv, "--dry-run", "--save-config", str(saved)]) == 0, capsys.readouterr().err
+    first = build_parser().parse_intermixed_args(argv)
+    _, cfg = build(first)
+    again = build_parser().parse_intermixed_args(["--config-file", str(saved)])
+    _, loaded = build(again)
+    assert (again.hf_checkpoint, again.export_hf) == (str(toy), str(export))
+    assert config_files.to_text(loaded, "x") == config_files.to_text(cfg, "x")
+    assert loaded.peft is not None and str(loaded.dataset.path) == str(ROWS)
+    capsys.readouterr()
+    assert runner(["--config-file", str(saved), "--dry-run"]) == 0
+    cap = capsys.readouterr()
+    assert "random initialization" not in cap.err and f"weights           {toy} (Hugging Face" in cap.out
+    assert f"export            {export}" in cap.out and "peft              LoRA rank 32" in cap.out
+
+
+def test_a_vl_checkpoint_sets_the_vision_tower_too(tmp_path):
+    from bridge_recipes.hf.toy import TOY_VISION
+
+    make_toy(tmp_path / "vl", "moe", vl=True, **TINY, **TINY_MOE)
+    changes = []
+    cfg = bridge_recipes.build(
+        "qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config",
+        scale_down=4,
+        hf_checkpoint=str(tmp_path / "vl"),
+        report=changes.append,
+    )
+    v = cfg.model.vision_config
+    assert (v.depth, v.hidden_size, cfg.model.hidden_size) == (
+        TOY_VISION.depth,
+        TOY_VISION.hidden_size,
+        TINY["hidden_size"],
+    )
+    (depth,) = [c for c in changes if c.startswith("hf checkpoint: model.vision_config.depth: ")]
+    assert depth.endswith(f" -> {TOY_VISION.depth} (from its config.json)")

@@ -515,3 +515,36 @@ def test_fusion_placeholders_are_what_fusion_added_to_the_measured_peaks():
     assert planned == pytest.approx(measured, abs=0.002)
     cfg.model.gradient_accumulation_fusion = False
     assert M.fused_wgrad_placeholder_bytes(cfg, d, par, list(range(16)), 0) == 0
+
+
+def test_over_budget_the_report_names_changes_that_fit_and_they_do():
+    import copy
+    import re
+
+    from bridge_recipes.overrides import apply_all
+
+    cfg = TABLE.build(SFT_27B, TABLE.pp2("block", 32))
+    text, fits = M.plan_report(cfg, 8, "h200")
+    assert not fits
+    fixes = text.split("changes that fit (each planned):\n")[1].splitlines()
+    assert fixes
+    for line in fixes:
+        name, _, rest = line.strip().partition(": ")
+        if name == "more GPUs":
+            world = int(rest.split()[0])
+            assert M.plan_memory(cfg, world, gpu="h200").fits and not M.plan_memory(cfg, world // 2, gpu="h200").fits
+            continue
+        tokens = rest.rsplit(" (peak", 1)[0].split()
+        flags = {"mb": int(tokens[tokens.index("-mb") + 1])} if "-mb" in tokens else {}
+        tokens = [t for t in tokens if "=" in t]
+        changed = copy.deepcopy(cfg)
+        apply_all(changed, flags, tokens)
+        assert M.plan_memory(changed, 8, gpu="h200").fits, line
+        planned = float(re.search(r"peak ([\d.]+) of", line).group(1))
+        assert planned == pytest.approx(M.plan_memory(changed, 8, gpu="h200").peak_gb, abs=0.05)
+
+
+def test_no_change_is_named_when_none_fits(monkeypatch):
+    monkeypatch.setattr(M, "GPU_MEMORY_GB", {**M.GPU_MEMORY_GB, "h200": 1.0})
+    text, fits = M.plan_report(build(SFT_27B), 8, "h200")
+    assert not fits and "changes that fit" not in text and "no usual change fits" in text

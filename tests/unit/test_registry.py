@@ -129,8 +129,6 @@ def test_list_filter_qwen36_shows_the_aliases_and_dry_run_takes_one(capsys):
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if "_config" in line]
     assert sorted(rows) == sorted(registry.aliases())
     name = "qwen36_35b_a3b_sft_8gpu_h200_bf16_config"
-    assert main(["--recipe", name, "--dry-run", "--world-size", "8"]) == 0
+    assert main(["--recipe", name, "--dry-run", "--world-size", "8", "--show-yaml"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "# checkpoint: Qwen/Qwen3.6-35B-A3B at revision 995ad96e" in out and "hf_model_id: Qwen/Qwen3.6-35B-A3B" in out
-    )
+    assert "# model: Qwen/Qwen3.6-35B-A3B at revision 995ad96e" in out and "hf_model_id: Qwen/Qwen3.6-35B-A3B" in out

@@ -350,7 +350,7 @@ def test_parquet_input_gives_the_same_rows_as_jsonl(tokenizer_file, tmp_path):
 def test_parquet_without_messages_column_is_refused(tokenizer_file, tmp_path):
     parquet = tmp_path / "convs.parquet"
     pq.write_table(pa.table({"text": ["a", "b"]}), parquet)
-    with pytest.raises(SftRowsError, match="has no 'messages' column"):
+    with pytest.raises(SftRowsError, match="columns text, which fit no accepted conversation format"):
         build(parquet, tokenizer_file, tmp_path / "out")
 
 

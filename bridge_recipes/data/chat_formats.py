@@ -1,0 +1,185 @@
+"""The conversation record formats an SFT rows build reads, detected once per input file.
+
+- ``openai``: ``{"messages": [{"role", "content", ...}], "tools": [...]}`` (roles ``system``,
+  ``developer``, ``user``, ``assistant``, ``tool``; the key is ``--messages-key``).
+- ``sharegpt``: ``{"conversations": [{"from", "value"}], "system": ..., "tools": ...}`` with
+  ``from`` one of ``system``, ``human``, ``gpt``, ``function_call`` (a JSON call the assistant
+  makes), ``observation`` or ``tool`` (its result); ``tools`` a list or its JSON text.
+- ``alpaca``: ``{"instruction", "input", "output", "system", "history"}``: the user turn is the
+  instruction, then a newline and the input when there is one; ``history`` is a
+  list of ``[instruction, response]`` pairs before it.
+
+Each record becomes OpenAI messages (and a tool list), which the renderer then validates; a
+record that lacks its file's keys is skipped as ``missing_<key>_key``. A file whose first record
+fits none of them is refused, with :func:`formats_help` listing what each looks like.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_recipes.data.conversations import MalformedConversation
+
+TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI and ShareGPT)
+# ShareGPT speaker -> OpenAI role; function_call becomes an assistant tool call
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "function_call": "assistant",
+    "observation": "tool",
+    "tool": "tool",
+}
+
+Convert = Callable[[dict, int], tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    name: str
+    required: tuple[str, ...]  # keys a record of this format must have (detection and checks)
+    optional: tuple[str, ...]  # keys it may have
+    shape: str  # one record's shape, for the error that lists the formats
+    convert: Convert  # record -> (OpenAI messages, tool list or None)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.required + self.optional
+
+    def read(self, record: dict, index: int) -> tuple[Any, Any]:
+        """The record as OpenAI messages and tools; MalformedConversation when it lacks a key."""
+        for key in self.required:
+            if key not in record:
+                raise MalformedConversation(
+                    index,
+                    f"missing_{key}_key",
+                    f"record has no {key!r} key (the file is {self.name}, from its first record)",
+                )
+        return self.convert(record, index)
+
+
+def _openai(messages_key: str) -> Convert:
+    def convert(record: dict, index: int) -> tuple[Any, Any]:
+        return record[messages_key], record.get(TOOLS_KEY)
+
+    return convert
+
+
+def _tools(value: Any, index: int) -> Any:
+    """A tool list, parsed when given as JSON text (ShareGPT files often store it so)."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise MalformedConversation(index, "tools_not_a_list", "tools is text that is not JSON") from None
+    return value
+
+
+def _sharegpt_call(value: Any, index: int, j: int) -> list:
+    """A function_call turn's value (a JSON object or list of them) as OpenAI tool calls."""
+    try:
+        calls = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        raise MalformedConversation(index, "tool_call_malformed", f"turn {j} function_call is not JSON") from None
+    calls = calls if isinstance(calls, list) else [calls]
+    return [{"function": c} if isinstance(c, dict) and "function" not in c else c for c in calls]
+
+
+def _sharegpt(record: dict, index: int) -> tuple[Any, Any]:
+    turns = record["conversations"]
+    if not isinstance(turns, list):
+        raise MalformedConversation(
+            index, "messages_not_a_list", f"conversations is {type(turns).__name__}, not a list"
+        )
+    messages = []
+    system = record.get("system")
+    if isinstance(system, str) and system:
+        messages.append({"role": "system", "content": system})
+    for j, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise MalformedConversation(index, "message_not_an_object", f"turn {j} is {type(turn).__name__}")
+        if "from" not in turn or "value" not in turn:
+            raise MalformedConversation(index, "missing_role_or_content", f"turn {j} lacks 'from' or 'value'")
+        speaker = turn["from"]
+        if speaker not in SHAREGPT_ROLES:
+            raise MalformedConversation(
+                index, "unknown_role", f"turn {j} is from {speaker!r} (expected one of {tuple(SHAREGPT_ROLES)})"
+            )
+        if speaker == "function_call":
+            messages.append(
+                {"role": "assistant", "content": None, "tool_calls": _sharegpt_call(turn["value"], index, j)}
+            )
+        else:
+            messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
+    return messages, _tools(record.get(TOOLS_KEY), index)
+
+
+def _text(record: dict, key: str, index: int) -> str:
+    value = record.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise MalformedConversation(index, "content_not_a_string", f"{key} is {type(value).__name__}, not a string")
+    return value
+
+
+def _alpaca(record: dict, index: int) -> tuple[Any, Any]:
+    messages = []
+    if system := _text(record, "system", index):
+        messages.append({"role": "system", "content": system})
+    history = record.get("history") or []
+    if not isinstance(history, list) or not all(isinstance(p, list | tuple) and len(p) == 2 for p in history):
+        raise MalformedConversation(
+            index, "history_malformed", "history is not a list of [instruction, response] pairs"
+        )
+    for question, answer in history:
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    instruction, given = _text(record, "instruction", index), _text(record, "input", index)
+    prompt = f"{instruction}\n{given}" if instruction and given else instruction or given
+    messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": _text(record, "output", index)}]
+    return messages, None
+
+
+def formats(messages_key: str = "messages") -> tuple[RecordFormat, ...]:
+    """The formats in detection order (the first whose required keys a record has wins)."""
+    return (
+        RecordFormat(
+            "openai",
+            (messages_key,),
+            (TOOLS_KEY,),
+            f'{{"{messages_key}": [{{"role": "user", "content": "..."}}, {{"role": "assistant", "content": "..."}}]}}',
+            _openai(messages_key),
+        ),
+        RecordFormat(
+            "sharegpt",
+            ("conversations",),
+            ("system", TOOLS_KEY),
+            '{"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}',
+            _sharegpt,
+        ),
+        RecordFormat(
+            "alpaca",
+            ("instruction", "output"),
+            ("input", "system", "history"),
+            '{"instruction": "...", "input": "...", "output": "..."}',
+            _alpaca,
+        ),
+    )
+
+
+def detect(keys: Any, messages_key: str = "messages") -> RecordFormat | None:
+    """The format of a record (or Parquet file) with these keys (column names), or None."""
+    return next((f for f in formats(messages_key) if all(k in keys for k in f.required)), None)
+
+
+def formats_help(messages_key: str = "messages") -> str:
+    """What each format's record looks like, for the error naming a file that fits none."""
+    lines = [f"  {f.name}: {f.shape}" for f in formats(messages_key)]
+    return "accepted formats (one record each; docs/sft_data.md):\n" + "\n".join(lines)
