@@ -146,14 +146,15 @@ def container_fields() -> tuple[str, ...] | None:
 
 
 def precheck(tokens: list[str]) -> list[Override]:
-    """The overrides parsed, and their top-level keys checked, before anything heavy is imported:
-    a malformed token or a misspelt section is answered at once. The full check runs on the built
+    """The overrides parsed, and their sections checked, before anything heavy is imported: a
+    malformed token or a misspelt section is answered at once. The full check runs on the built
     config (:func:`apply_all`)."""
     parsed = [parse(t) for t in tokens]
-    sections = container_fields()
-    for o in parsed if sections else []:
+    sections = container_fields() or ()
+    for o in parsed:
         top = o.key.split(".", 1)[0]
-        if top not in sections:
+        # a key without its section (``lr``) is left to the full check, which names the section it is in
+        if sections and top not in sections and "." in o.key:
             near = difflib.get_close_matches(top, sections, n=3, cutoff=0.5)
             hint = f" Nearest valid keys: {', '.join(near)}." if near else f" Sections: {', '.join(sections)}."
             raise OverrideError(f"unknown key {top!r} in {o.token!r}.{hint}")

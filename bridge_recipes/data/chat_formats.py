@@ -98,7 +98,7 @@ def _sharegpt(record: dict, index: int) -> tuple[Any, Any]:
         raise MalformedConversation(
             index, "messages_not_a_list", f"conversations is {type(turns).__name__}, not a list"
         )
-    messages = []
+    messages: list[dict[str, Any]] = []
     system = record.get("system")
     if isinstance(system, str) and system:
         messages.append({"role": "system", "content": system})
@@ -131,7 +131,7 @@ def _text(record: dict, key: str, index: int) -> str:
 
 
 def _alpaca(record: dict, index: int) -> tuple[Any, Any]:
-    messages = []
+    messages: list[dict[str, Any]] = []
     if system := _text(record, "system", index):
         messages.append({"role": "system", "content": system})
     history = record.get("history") or []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bridge_recipes import registry
 from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
-from tests.unit.test_sft_validation import TOKENIZER
 
+TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
 RECIPES = sorted(
     name
     for name, e in registry.discover().items()
