@@ -75,11 +75,11 @@ def build(
     """
     values = flag_values(dict(flags or {}))
     if peft is not None and peft not in PEFT_SCHEMES:
-        raise ValueError(f"--peft {peft!r} is not known; choose one of {', '.join(PEFT_SCHEMES)}")
+        raise ValueError(f"peft={peft!r} is not known; choose one of {', '.join(PEFT_SCHEMES)}")
     if scale_experts is not None and scale_down is None:
-        raise ValueError("--scale-experts needs --scale-down LAYERS (it shrinks a scaled-down model's experts)")
+        raise ValueError("scale_experts needs scale_down=LAYERS (it shrinks a scaled-down model's experts)")
     if gpus is not None and scale_down is None:
-        raise ValueError("--gpus needs --scale-down LAYERS (it is the GPU count the recipe is shrunk to)")
+        raise ValueError("gpus needs scale_down=LAYERS (it is the GPU count the recipe is shrunk to)")
     if config_file is not None:
         if scale_down is not None or dataset:
             raise ValueError(

@@ -31,7 +31,7 @@ def use_energon(cfg: Any) -> None:
     """An Energon (WebDataset) image-text dataset with Megatron-Bridge's Qwen-VL task encoder.
     ``dataset.path`` must then be given; Qwen3.5's vision tower uses 16-pixel patches."""
     if not is_vlm(cfg):
-        raise ValueError("--dataset energon needs a VL recipe (qwen35_vl_*): text recipes read token data")
+        raise ValueError("dataset='energon' needs a VL recipe (qwen35_vl_*): text recipes read token data")
     from megatron.bridge.data.builders.energon import EnergonDatasetConfig, QwenVLEnergonTaskEncoderConfig
 
     v = cfg.model.vision_config
@@ -52,7 +52,7 @@ def use_energon(cfg: Any) -> None:
 def use_sft_rows(cfg: Any) -> None:
     """Packed SFT rows from scripts/build_sft_rows.py (``dataset.path=DIR``); text models."""
     if is_vlm(cfg):
-        raise ValueError("--dataset sft-rows is for text recipes; VL recipes take --dataset energon")
+        raise ValueError("dataset='sft-rows' is for text recipes; VL recipes take dataset='energon'")
     from bridge_recipes.common import null_tokenizer
     from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
 
@@ -105,5 +105,5 @@ KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_ener
 
 def select(cfg: Any, kind: str) -> None:
     if kind not in KINDS:
-        raise ValueError(f"unknown --dataset {kind!r}; choose one of {', '.join(KINDS)}")
+        raise ValueError(f"dataset={kind!r} is not known; choose one of {', '.join(KINDS)}")
     KINDS[kind](cfg)

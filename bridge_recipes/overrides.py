@@ -61,6 +61,33 @@ def flag_option(dest: str) -> str:
     return f"-{dest}" if dest in SHORT_FLAGS else f"--{dest.replace('_', '-')}"
 
 
+# The library's keyword arguments that the command lines spell as options (``bridge_recipes.build``'s
+# and the benchmark's): library errors name the keyword (``scale_down=8``), the command lines turn it
+# into the option (``--scale-down 8``) with :func:`in_cli_terms`.
+CLI_OPTIONS = {
+    "scale_down": "--scale-down",
+    "scale_experts": "--scale-experts",
+    "gpus": "--gpus",
+    "dataset": "--dataset",
+    "peft": "--peft",
+    "hf_checkpoint": "--hf-checkpoint",
+    "export_hf": "--export-hf",
+    "config_file": "--config-file",
+    "candidate": "--candidate",
+    "without_mtp": "--without-mtp",
+    "intercept_result": "--intercept-result",
+}
+# a keyword with its value (``scale_down=8``), or alone where it cannot be a word of prose (``scale_down``)
+_KEYWORD = re.compile(
+    r"\b(?:(" + "|".join(CLI_OPTIONS) + r")=|(" + "|".join(k for k in CLI_OPTIONS if "_" in k) + r")\b(?![.\w=]))"
+)
+
+
+def in_cli_terms(message: str) -> str:
+    """``message`` with the library's keyword arguments spelt as the command line's options."""
+    return _KEYWORD.sub(lambda m: CLI_OPTIONS[m.group(1)] + " " if m.group(1) else CLI_OPTIONS[m.group(2)], message)
+
+
 def flag_values(flags: dict[str, Any] | None) -> dict[str, Any]:
     """``flags`` checked against :data:`FLAG_KEYS` and read as each flag's type (None: not given)."""
     out = {}

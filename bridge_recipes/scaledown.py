@@ -117,7 +117,7 @@ def fit_layout(
         if best_key is None or key > best_key:
             best, best_key = FittedLayout(tp, pp, cp, ep, etp, vpp, first, last), key
     if best is None:
-        raise ValueError(f"--scale-down {num_layers}: no layout of the recipe fits {gpus} GPU(s)")
+        raise ValueError(f"scale_down={num_layers}: no layout of the recipe fits {gpus} GPU(s)")
     return best
 
 
@@ -145,15 +145,17 @@ def scale_down(
     old_stage = max(old_stages)
     if not isinstance(num_layers, int) or not period <= num_layers <= m.num_layers or num_layers % period:
         raise ValueError(
-            f"--scale-down {num_layers}: layers must be a multiple of the GDN/attention period {period} "
+            f"scale_down={num_layers}: layers must be a multiple of the GDN/attention period {period} "
             f"between {period} and the recipe's {m.num_layers}"
         )
     if num_experts is not None:
         if not m.num_moe_experts:
-            raise ValueError(f"--scale-experts {num_experts}: the model is dense (no routed experts); drop the flag")
+            raise ValueError(
+                f"scale_experts={num_experts}: the model is dense (no routed experts); drop scale_experts"
+            )
         if not 1 <= num_experts <= m.num_moe_experts:
             raise ValueError(
-                f"--scale-experts {num_experts}: keep between 1 and the recipe's {m.num_moe_experts} routed experts"
+                f"scale_experts={num_experts}: keep between 1 and the recipe's {m.num_moe_experts} routed experts"
             )
     _set(m, "num_layers", num_layers, changes, "model.")
     pattern = hybrid_pattern(num_layers, period)
@@ -163,7 +165,7 @@ def scale_down(
 
     # The parallel layout: as much of the recipe's own as fits the GPUs (all 1 on one GPU).
     if not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"--gpus {gpus}: at least 1")
+        raise ValueError(f"gpus={gpus}: at least 1")
     fit = fit_layout(cfg, gpus, num_layers, num_experts, stages=old_stages)
     for field, value in (
         ("tensor_model_parallel_size", fit.tp),

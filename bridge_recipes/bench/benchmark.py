@@ -13,6 +13,7 @@ from pathlib import Path
 from bridge_recipes import registry, runner_args, te_wgrad
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.outputs import write_text_atomic
+from bridge_recipes.overrides import in_cli_terms
 
 DESCRIPTION = """Benchmark a recipe (and, side by side, a second one) and write OpenRecipes-shaped result files.
 
@@ -286,7 +287,7 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
             without_mtp=opts.without_mtp,
         )
     except (registry.UnknownRecipe, ValueError) as exc:
-        ap.error(str(exc))
+        ap.error(in_cli_terms(str(exc)))
     print(pr.report(prediction))
     if opts.out:
         write_text_atomic(Path(opts.out), json.dumps(prediction.as_dict(), indent=1) + "\n")
@@ -303,10 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runs = runs_of(opts)
     except (registry.UnknownRecipe, ValueError) as exc:
-        ap.error(str(exc))
+        ap.error(in_cli_terms(str(exc)))
     problems, plans = argument_problems(opts, runs)
     if problems:
-        ap.error("; ".join(problems))
+        ap.error(in_cli_terms("; ".join(problems)))
     out = Path(opts.out)
     names = [label for label, _, _ in runs]
     try:

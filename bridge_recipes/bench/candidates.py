@@ -85,7 +85,7 @@ def find(name: str) -> Candidate:
     for c in CANDIDATES:
         if c.name == name:
             return c
-    raise ValueError(f"--candidate {name!r} is not known; choose one of {', '.join(c.name for c in CANDIDATES)}")
+    raise ValueError(f"candidate={name!r} is not known; choose one of {', '.join(c.name for c in CANDIDATES)}")
 
 
 def full_scale_verdict(candidate: Candidate) -> dict[str, Any]:

@@ -221,7 +221,7 @@ def predict(
     notes = []
     if without_mtp:
         if intercept is None:
-            raise PredictionError("--without-mtp needs --intercept-result (a proxy with the real head and MTP)")
+            raise PredictionError("without_mtp needs intercept_result (a proxy with the real head and MTP)")
         mtp_s = mtp_share_s(p1, intercept, p1.micro_batch_s - slope * p1.layers, fixed)
         fixed -= mtp_s
         notes.append(f"without MTP: {mtp_s * 1e3:.1f} ms a micro batch of the fixed cost taken out (its FLOP share)")

@@ -232,7 +232,7 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
     d = cfg.dataset
     if not d.path:
         return [
-            "--dataset sft-rows needs the rows folder: add dataset.path=/path/to/rows "
+            "dataset='sft-rows' needs the rows folder: add dataset.path=/path/to/rows "
             "(scripts/build_sft_rows.py --out)"
         ], []
     tokenizer = d.tokenizer_path or _local_tokenizer(cfg)

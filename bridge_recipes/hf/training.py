@@ -58,7 +58,7 @@ def inspect(hf_dir: str) -> ck.HfFolder:
     try:
         return ck.inspect_folder(hf_dir)
     except ck.HfCheckpointError as e:
-        raise ValueError(f"--hf-checkpoint: {e}") from None
+        raise ValueError(f"hf_checkpoint: {e}") from None
 
 
 def check_family(cfg: Any, folder: ck.HfFolder) -> None:
@@ -69,7 +69,7 @@ def check_family(cfg: Any, folder: ck.HfFolder) -> None:
     found, expected = ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg))
     if problems := ck.check_against(found, expected, scaled=True):
         raise ValueError(
-            f"--hf-checkpoint {folder.path} is not of this recipe's model family: {'; '.join(problems)}. "
+            f"hf_checkpoint={folder.path} is not of this recipe's model family: {'; '.join(problems)}. "
             "Choose a recipe of its family (run_recipe.py --list) or a checkpoint of the recipe's"
         )
 
@@ -123,7 +123,7 @@ def check_model(cfg: Any, folder: ck.HfFolder) -> None:
         ]
         hint = f"; drop the override(s) of {', '.join(overridden)}" if overridden else ""
         raise ValueError(
-            f"--hf-checkpoint {folder.path}: its weights would not load into the model as overridden: "
+            f"hf_checkpoint={folder.path}: its weights would not load into the model as overridden: "
             + "; ".join(problems)
             + f"{hint} (the model's shape comes from the checkpoint's config.json)"
         )
@@ -139,7 +139,7 @@ def random_init_warning(cfg: Any, task: str, hf_checkpoint: str | None) -> str |
         return None
     return (
         f"WARNING: this {task} recipe has no pretrained weights: it would train from random initialization. "
-        "Pass --hf-checkpoint DIR (a Hugging Face folder, converted once and cached) or "
+        "Pass hf_checkpoint=DIR (a Hugging Face folder, converted once and cached) or "
         "checkpoint.pretrained_checkpoint=DIR (a Megatron checkpoint from scripts/convert_checkpoint.py import)."
     )
 
@@ -191,21 +191,23 @@ def check_export_target(cfg: Any, out: str) -> None:
 
     ckpt = cfg.checkpoint
     if not ckpt.save:
-        raise ValueError("--export-hf needs checkpoint.save (the export reads the run's final checkpoint)")
+        raise ValueError("export_hf needs checkpoint.save (the export reads the run's final checkpoint)")
     path = Path(out).expanduser()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"--export-hf {path} exists and is not empty; choose a new folder")
+        raise ValueError(f"export_hf={path} exists and is not empty; choose a new folder")
     folders = [
         ("checkpoint.save", ckpt.save),
         ("checkpoint.load", ckpt.load),
         ("checkpoint.pretrained_checkpoint", ckpt.pretrained_checkpoint),
-        ("--hf-checkpoint", getattr(ckpt, "hf_source_path", None)),
+        ("hf_checkpoint", getattr(ckpt, "hf_source_path", None)),
     ]
-    if problem := overlap_problem(path, option="--export-hf", inputs=[(n, p) for n, p in folders if p]):
+    if problem := overlap_problem(path, option="export_hf", inputs=[(n, p) for n, p in folders if p]):
         raise ValueError(problem)
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--export-hf {path}: {existing} is not a writable folder; choose a folder you can write")
+        raise ValueError(
+            f"export_hf={str(path)!r}: {existing} is not a writable folder; choose a folder you can write"
+        )
 
 
 def export_after_training(cfg: Any, out: str, template: str) -> int:

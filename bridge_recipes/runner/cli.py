@@ -17,7 +17,7 @@ from typing import Any
 import bridge_recipes
 from bridge_recipes import registry
 from bridge_recipes.builder import PEFT_SCHEMES
-from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, precheck
+from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, in_cli_terms, precheck
 
 USAGE_ERROR = 2
 
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def fail(msg: str) -> int:
-    print(f"run_recipe.py: error: {msg}", file=sys.stderr)
+    print(f"run_recipe.py: error: {in_cli_terms(msg)}", file=sys.stderr)
     return USAGE_ERROR
 
 
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         if problem:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
         if warning:
-            print(warning, file=sys.stderr)
+            print(in_cli_terms(warning), file=sys.stderr)
         if args.show_yaml:
             cfg.print_yaml()
         if args.save_config:

@@ -90,7 +90,7 @@ def test_peft_lora_switches_an_sft_recipe_to_common_lora_and_keeps_its_layout():
     assert sorted(cfg.peft.target_modules) == sorted(LORA_TARGETS)
     assert (cfg.peft.dim, cfg.peft.alpha, cfg.optimizer.lr) == (16, 32, 1e-4)  # the override wins
     assert cfg.model.expert_model_parallel_size == sft.model.expert_model_parallel_size == 8
-    with pytest.raises(ValueError, match="--peft 'dora' is not known"):
+    with pytest.raises(ValueError, match="peft='dora' is not known"):
         bridge_recipes.build(SFT_35B, peft="dora")
 
 

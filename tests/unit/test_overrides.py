@@ -160,3 +160,32 @@ def test_unquoted_non_ascii_value_names_the_quoting_fix():
     with pytest.raises(OverrideError, match=r"quote the value .*: dataset.path='/data/çé'"):
         parse("dataset.path=/data/çé")
     assert parse("dataset.path='/data/çé'").value == "/data/çé"
+
+
+def test_library_errors_name_keywords_and_the_command_line_names_options(capsys):
+    """The library speaks its own keywords (``scale_experts=...``); the runner turns them into its options."""
+    import bridge_recipes
+    from bridge_recipes.overrides import in_cli_terms
+    from bridge_recipes.runner.cli import main
+
+    assert (
+        in_cli_terms("scale_down=8: no layout; drop scale_experts")
+        == "--scale-down 8: no layout; drop --scale-experts"
+    )
+    assert in_cli_terms("dataset='energon' needs a VL recipe") == "--dataset 'energon' needs a VL recipe"
+    kept = "the dataset folder, dataset.path=/rows, model.gpus_per_node=8, the peft adapters"
+    assert in_cli_terms(kept) == kept  # prose and dotted keys stay as they are
+    with pytest.raises(ValueError) as err:
+        bridge_recipes.build("qwen35_27b_sft_8gpu_h200_bf16_config", scale_down=4, scale_experts=8)
+    assert "scale_experts=8" in str(err.value) and "--scale-experts" not in str(err.value)
+    args = [
+        "--recipe",
+        "qwen35_27b_sft_8gpu_h200_bf16_config",
+        "--dry-run",
+        "--scale-down",
+        "4",
+        "--scale-experts",
+        "8",
+    ]
+    assert main(args) == 2
+    assert "--scale-experts 8: the model is dense" in capsys.readouterr().err
