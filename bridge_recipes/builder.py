@@ -79,7 +79,7 @@ def build(
     if scale_experts is not None and scale_down is None:
         raise ValueError("scale_experts needs scale_down=LAYERS (it shrinks a scaled-down model's experts)")
     if gpus is not None and scale_down is None:
-        raise ValueError("gpus needs scale_down=LAYERS (it is the GPU count the recipe is shrunk to)")
+        raise ValueError(f"gpus={gpus} needs scale_down=LAYERS (it is the GPU count the recipe is shrunk to)")
     if config_file is not None:
         if scale_down is not None or dataset:
             raise ValueError(

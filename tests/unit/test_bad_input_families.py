@@ -127,9 +127,9 @@ def test_export_hf_is_checked_at_the_dry_run(tmp_path, capsys, monkeypatch):
     for out, text in [
         (tmp_path / "run", "checkpoint.save"),
         (tmp_path / "run" / "hf", "checkpoint.save"),
-        (tmp_path / "hf", "--hf-checkpoint"),
+        (tmp_path / "hf", "hf_checkpoint"),
     ]:
-        with pytest.raises(ValueError, match="--export-hf") as info:
+        with pytest.raises(ValueError, match="export_hf") as info:
             hf_training.check_export_target(Cfg, str(out))
         assert text in str(info.value)
     hf_training.check_export_target(Cfg, str(tmp_path / "export"))  # a free, writable folder passes

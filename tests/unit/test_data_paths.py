@@ -99,7 +99,7 @@ def test_dataset_kinds_refuse_the_wrong_model_kind(capsys):
         == 2
     )
     assert main(["--recipe", SFT, "--dry-run", "--dataset", "csv"]) == 2
-    assert "unknown --dataset 'csv'" in capsys.readouterr().err
+    assert "--dataset 'csv' is not known" in capsys.readouterr().err
 
 
 def test_energon_selection_keeps_the_execution_policy():

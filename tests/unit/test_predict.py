@@ -288,7 +288,7 @@ def test_proxies_recomputing_different_shares_are_refused(tmp_path):
 
     with pytest.raises(PredictionError, match="recompute different shares"):
         predict(bridge_recipes.build(R27), 8, [proxy_point(SMALL_HEAD[0]), proxy_point(other)], recipe=R27)
-    with pytest.raises(PredictionError, match="--without-mtp needs --intercept-result"):
+    with pytest.raises(PredictionError, match="without_mtp needs intercept_result"):
         predict(bridge_recipes.build(R27), 8, [proxy_point(p) for p in SMALL_HEAD], recipe=R27, without_mtp=True)
 
 

@@ -131,7 +131,7 @@ def test_uneven_split_is_scaled_in_proportion():
 @pytest.mark.parametrize("gpus", [0, -1])
 def test_gpu_count_must_be_positive(gpus):
     cfg = registry.load("qwen35_35b_a3b_sft_8gpu_h200_bf16_config")()
-    with pytest.raises(ValueError, match=f"--gpus {gpus}"):
+    with pytest.raises(ValueError, match=f"gpus={gpus}"):
         scale_down(cfg, num_layers=4, gpus=gpus)
 
 
@@ -143,4 +143,4 @@ def test_runner_scales_to_the_gpus_it_is_given(capsys):
     out = capsys.readouterr().out
     assert "world size        2  ->  TP1 PP1 EP2 ETP1 DP2" in out
     assert main(["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "--dry-run", "--gpus", "2"]) == 2
-    assert "--gpus needs --scale-down" in capsys.readouterr().err
+    assert "--gpus 2 needs --scale-down LAYERS" in capsys.readouterr().err
