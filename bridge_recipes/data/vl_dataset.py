@@ -50,6 +50,7 @@ from tqdm import tqdm
 from bridge_recipes.data.conversations import JsonlSource, MalformedConversation, json_record
 from bridge_recipes.data.integrity import MANIFEST_FILE
 from bridge_recipes.data.row_writer import check_output_dir, clean_stale_stages, publish, stage_dir
+from bridge_recipes.data.sft_rows import DEFAULT_SEED, PERMUTATION  # the SFT rows' order and seed
 from bridge_recipes.data.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -64,8 +65,6 @@ log = logging.getLogger(__name__)
 
 BUILDER_VERSION = "1"
 BUILDER = f"bridge_recipes.data.vl_dataset/{BUILDER_VERSION}"
-DEFAULT_SEED = 42  # the SFT rows' seed
-PERMUTATION = "numpy.random.default_rng(seed).permutation(conversations.indexed)"
 SPLITS = ("train", "val")  # the split names Megatron-Bridge's Energon data module asks for
 SAMPLES_FILE = "samples.parquet"
 META_DIR = ".nv-meta"  # Energon's metadata folder
@@ -82,6 +81,7 @@ SHARD_NAME = "{split}-{number:06d}.tar"
 _SHARD = re.compile(r"^(train|val)-\d{6}\.tar(\.idx)?$")
 DEFAULT_SAMPLES_PER_SHARD = 1000
 SHARD_BYTES = 2**30  # a shard is closed once it holds this much
+SAMPLES_PER_BATCH = 65536  # samples.parquet rows a row group
 MAX_REPORTED = 20  # skipped conversations logged one by one (and kept in the manifest)
 # The processor files a dataset is pinned to (those present in the folder are hashed).
 PROCESSOR_FILES = (
@@ -351,14 +351,13 @@ def build_vl_dataset(
             samples_per_shard=samples_per_shard,
             progress=progress,
         )
-        samples: list[dict] = []
         splits, counts = {}, {}
-        for split, part in (("val", order[:n_val]), ("train", order[n_val:])):
-            if len(part):
-                splits[split], counts[split] = _write_split(reader, part, split, samples, **settings)
+        with SamplesWriter(stage / SAMPLES_FILE) as samples:
+            for split, part in (("val", order[:n_val]), ("train", order[n_val:])):
+                if len(part):
+                    splits[split], counts[split] = _write_split(reader, part, split, samples, **settings)
         _refuse_empty(splits, counts, n_val, src, val_fraction)
-        table = _samples_table(samples)
-        pq.write_table(table, stage / SAMPLES_FILE, compression="zstd")
+        table = pq.read_table(stage / SAMPLES_FILE)
         _prepare_energon(stage, [s for s in SPLITS if splits.get(s, {}).get("samples")])
         budget = dict(
             patch=proc.fields["patch_size"],
@@ -403,7 +402,7 @@ def _write_split(
     reader: JsonlSource,
     order: np.ndarray,
     split: str,
-    samples: list[dict],
+    samples: SamplesWriter,
     *,
     stage: Path,
     proc: Processor,
@@ -412,7 +411,7 @@ def _write_split(
     samples_per_shard: int,
     progress: bool,
 ) -> tuple[dict, dict]:
-    """One split's conversations, in ``order``, into its shards (each used one appended to
+    """One split's conversations, in ``order``, into its shards (each used one's row added to
     ``samples``); returns the split's summary and its conversation counts."""
     writer = ShardWriter(stage, split, samples_per_shard)
     skipped: Counter[str] = Counter()
@@ -440,7 +439,7 @@ def _write_split(
                 images += len(loaded)
                 text_only += not loaded
                 pixels_max = max([pixels_max, *(im.width * im.height for im in loaded)])
-                samples.append(
+                samples.add(
                     {
                         "split": split,
                         "key": key,
@@ -501,8 +500,29 @@ SAMPLES_SCHEMA = pa.schema(
 )
 
 
-def _samples_table(samples: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(samples, schema=SAMPLES_SCHEMA)
+class SamplesWriter:
+    """``samples.parquet``, written :data:`SAMPLES_PER_BATCH` rows at a time (memory stays bounded)."""
+
+    def __init__(self, path: Path):
+        self._writer = pq.ParquetWriter(path, SAMPLES_SCHEMA, compression="zstd")
+        self._rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= SAMPLES_PER_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=SAMPLES_SCHEMA))
+            self._rows = []
+
+    def __enter__(self) -> SamplesWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._flush()
+        self._writer.close()
 
 
 def _prepare_energon(folder: Path, splits: list[str]) -> None:
