@@ -28,8 +28,9 @@ def use_mock(cfg: Any) -> None:
 
 
 def use_energon(cfg: Any) -> None:
-    """An Energon (WebDataset) image-text dataset with Megatron-Bridge's Qwen-VL task encoder.
-    ``dataset.path`` must then be given; Qwen3.5's vision tower uses 16-pixel patches."""
+    """An Energon (WebDataset) image-text dataset with Megatron-Bridge's Qwen-VL task encoder
+    (scripts/build_vl_dataset.py builds one). ``dataset.path`` must then be given; Qwen3.5's
+    vision tower uses 16-pixel patches."""
     if not is_vlm(cfg):
         raise ValueError("dataset='energon' needs a VL recipe (qwen35_vl_*): text recipes read token data")
     from megatron.bridge.data.builders.energon import EnergonDatasetConfig, QwenVLEnergonTaskEncoderConfig
@@ -47,6 +48,9 @@ def use_energon(cfg: Any) -> None:
         ),
         num_workers=2,
     )
+    # A dataset's val split (scripts/build_vl_dataset.py --val-fraction) is evaluated every
+    # validation.eval_interval steps: one global batch unless validation.eval_iters says more.
+    cfg.validation.eval_iters = cfg.validation.eval_iters or 1
 
 
 def use_sft_rows(cfg: Any) -> None:

@@ -80,7 +80,7 @@ class Log:
             f.write(line + "\n")
 
 
-def _child(log: Log, cmd: list[str], what: str) -> None:
+def run_child(log: Log, cmd: list[str], what: str) -> None:
     """Run ``cmd`` (offline, no torchrun variables inherited), log it and its output's tail;
     RuntimeError naming ``what`` when it fails."""
     from bridge_recipes.hf.training import child_env
@@ -95,7 +95,7 @@ def _child(log: Log, cmd: list[str], what: str) -> None:
 
 def _convert(log: Log, *args: str) -> None:
     cmd = [sys.executable, "-m", "bridge_recipes.hf.cli", *args, "--no-progress"]
-    _child(log, cmd, f"convert_checkpoint.py {args[0]}")
+    run_child(log, cmd, f"convert_checkpoint.py {args[0]}")
 
 
 def run(out: Path, scratch: Path) -> dict[str, Any]:
@@ -275,7 +275,7 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                    str(free_port()), "-m", "bridge_recipes.hf.parity_mp", str(imported[kind]), str(toys[kind]),
                    str(out_json), "--tp", str(tp), "--ep", str(ep), "--routing", routing, "--name", name]  # fmt: skip
-            _child(log, cmd, f"parity at TP{tp} EP{ep}")
+            run_child(log, cmd, f"parity at TP{tp} EP{ep}")
             if not out_json.exists():
                 raise RuntimeError(f"parity at TP{tp} EP{ep} wrote no case into {out_json}")
             summary["cases"].append(json.loads(out_json.read_text()))

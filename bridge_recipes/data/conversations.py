@@ -74,6 +74,26 @@ def chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
         yield order[start : start + size]
 
 
+def json_record(line: bytes, index: int) -> dict:
+    """One JSONL line as a record: a JSON object whose text UTF-8 can encode, else MalformedConversation."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise MalformedConversation(index, "invalid_json", f"line is not valid JSON ({e})") from None
+    except RecursionError:
+        raise MalformedConversation(index, "invalid_json", "line nests JSON deeper than Python can read") from None
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MalformedConversation(
+            index, "invalid_text", f"text holds a character UTF-8 cannot encode ({e.reason}: a lone surrogate)"
+        ) from None
+    if not isinstance(record, dict):
+        kind = type(record).__name__
+        raise MalformedConversation(index, "record_not_an_object", f"line is a JSON {kind}, not an object")
+    return record
+
+
 class JsonlSource:
     """A JSONL file indexed by the byte offset of each non-blank line (8 bytes per line)."""
 
@@ -135,21 +155,7 @@ class JsonlSource:
                     yield int(i), lines[int(i)]
 
     def decode(self, line: bytes, index: int) -> Any:
-        try:
-            record = json.loads(line)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-            raise MalformedConversation(index, "invalid_json", f"line is not valid JSON ({e})") from None
-        except RecursionError:
-            raise MalformedConversation(index, "invalid_json", "line nests JSON deeper than Python can read") from None
-        try:
-            json.dumps(record, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise MalformedConversation(
-                index, "invalid_text", f"text holds a character UTF-8 cannot encode ({e.reason}: a lone surrogate)"
-            ) from None
-        if not isinstance(record, dict):
-            kind = type(record).__name__
-            raise MalformedConversation(index, "record_not_an_object", f"line is a JSON {kind}, not an object")
+        record = json_record(line, index)
         return self.format.read(record, index)
 
 

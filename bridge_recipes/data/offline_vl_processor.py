@@ -66,20 +66,27 @@ def build(folder: str | Path, patch_size: int = 16, merge_size: int = 2, tempora
     return folder
 
 
-def vision_token_overrides(folder: str | Path) -> list[str]:
-    """Runner overrides that give the model this processor's special-token ids."""
+VISION_TOKENS = {
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+}
+
+
+def _token_ids(folder: str | Path, tokens: dict[str, str]) -> dict[str, int]:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-    ids = {
-        name: tok.token_to_id(t)
-        for name, t in (
-            ("image_token_id", "<|image_pad|>"),
-            ("video_token_id", "<|video_pad|>"),
-            ("vision_start_token_id", "<|vision_start|>"),
-            ("vision_end_token_id", "<|vision_end|>"),
-            ("bos_token_id", "<|im_start|>"),
-            ("eos_token_id", "<|im_end|>"),
-        )
-    }
+    return {name: tok.token_to_id(t) for name, t in tokens.items()}
+
+
+def vision_token_ids(folder: str | Path) -> dict[str, int]:
+    """The processor's vision token ids under their model-config names (``image_token_id``, ...)."""
+    return _token_ids(folder, VISION_TOKENS)
+
+
+def vision_token_overrides(folder: str | Path) -> list[str]:
+    """Runner overrides that give the model this processor's special-token ids."""
+    ids = _token_ids(folder, {**VISION_TOKENS, "bos_token_id": "<|im_start|>", "eos_token_id": "<|im_end|>"})
     return [f"model.{k}={v}" for k, v in ids.items()] + [f"dataset.hf_processor_path={Path(folder)}"]

@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -73,20 +74,25 @@ DATASET_ENTRIES = {ROWS_FILE, MANIFEST_FILE, VAL_DIR}  # what a build writes int
 _STAGE = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 
 
-def check_output_dir(out_dir: Path, overwrite: bool) -> None:
+def check_output_dir(
+    out_dir: Path,
+    overwrite: bool,
+    *,
+    ours: Callable[[str], bool] = DATASET_ENTRIES.__contains__,
+    described: str = f"its {ROWS_FILE}, {MANIFEST_FILE} and {VAL_DIR}/",
+    error: type[Exception] = SftRowsError,
+) -> None:
     """Refuse an output that is a file, or a folder that is not empty (without --overwrite) or
-    that holds anything a build did not write (with it: those files are the user's)."""
+    that holds anything a build did not write (with it: those files are the user's). ``ours``
+    tells a build's entries by name; ``described`` names them in the message."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise SftRowsError(f"output {out_dir} exists and is not a folder")
+        raise error(f"output {out_dir} exists and is not a folder")
     entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if entries and not overwrite:
-        raise SftRowsError(
-            f"output folder {out_dir} is not empty; pass --overwrite (overwrite=True) to replace "
-            f"its {ROWS_FILE}, {MANIFEST_FILE} and {VAL_DIR}/"
-        )
-    foreign = [e for e in entries if e not in DATASET_ENTRIES]
+        raise error(f"output folder {out_dir} is not empty; pass --overwrite (overwrite=True) to replace {described}")
+    foreign = [e for e in entries if not ours(e)]
     if foreign:
-        raise SftRowsError(
+        raise error(
             f"output folder {out_dir} holds files a build did not write ({', '.join(foreign[:5])}); "
             "--overwrite replaces the whole folder, so move them away or choose another --out"
         )
@@ -117,14 +123,14 @@ def clean_stale_stages(out_dir: Path) -> list[str]:
     return done
 
 
-def stage_dir(out_dir: Path) -> Path:
+def stage_dir(out_dir: Path, error: type[Exception] = SftRowsError) -> Path:
     """A fresh staging folder beside ``out_dir`` (same file system, so renames are atomic)."""
     stage = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     try:
         stage.mkdir(parents=True)
     except OSError as e:
-        raise SftRowsError(
+        raise error(
             f"cannot create the output folder's parent {out_dir.parent} ({e.strerror or e}); choose a writable --out"
         ) from None
     return stage

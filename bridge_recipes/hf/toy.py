@@ -5,7 +5,10 @@ A toy is a catalog spec scaled down (:func:`toy_spec`): the family fields stay t
 recipe's model (full-attention interval, head dimensions, GDN head dimensions, convolution
 width, rotary fraction), the size fields shrink. It is saved with ``save_pretrained`` (sharded,
 with the index) next to a small byte-level BPE tokenizer, so that Megatron-Bridge's
-``save_hf_pretrained`` finds tokenizer files in the source folder.
+``save_hf_pretrained`` finds tokenizer files in the source folder. A VL toy without a given
+tokenizer ships the offline Qwen-VL processor (:mod:`bridge_recipes.data.offline_vl_processor`)
+instead, its config's vision token ids pointing at that processor's tokens: the folder is then a
+whole VL checkpoint (weights, tokenizer, chat template, image processor), as a released one is.
 """
 
 from __future__ import annotations
@@ -123,6 +126,15 @@ def make_toy(
 
     spec = toy_spec(family, vl, **sizes)
     config = hf_config(spec)
+    out = Path(out)
+    with_processor = vl and tokenizer_json is None
+    if with_processor:
+        from bridge_recipes.data.offline_vl_processor import build, vision_token_ids
+
+        build(out)
+        for name, value in vision_token_ids(out).items():
+            if hasattr(config, name):
+                setattr(config, name, value)
     # Every sub-config too: Megatron-Bridge builds a VL model's parameters in its text config's
     # dtype, which otherwise stays transformers' default (BF16) under an FP32 top-level config.
     # A torch.dtype, not its name: on a GPU with flash-linear-attention installed, transformers
@@ -145,9 +157,46 @@ def make_toy(
         cls = Qwen3_5MoeForCausalLM if spec.is_moe else Qwen3_5ForCausalLM
     torch.manual_seed(seed)
     model = cls(config).to(getattr(torch, dtype))
-    out = Path(out)
     model.save_pretrained(str(out), max_shard_size=max_shard_size)
-    save_tokenizer(out, tokenizer_json)
+    if not with_processor:
+        save_tokenizer(out, tokenizer_json)
     meta = {"toy_of": recipe_spec_of(spec).name, "family": family, "vl": vl, "seed": seed}
+    if with_processor:
+        meta["processor"] = "bridge_recipes.data.offline_vl_processor"
     (out / "toy.json").write_text(json.dumps(meta, indent=1) + "\n")
     return spec
+
+
+def model_overrides(spec: Qwen35Spec) -> list[str]:
+    """``model.*`` overrides that make a recipe of ``spec``'s catalog model (after ``--scale-down
+    LAYERS --scale-experts N``) build the toy's architecture, so its weights load (a VL toy's
+    vision tower included)."""
+    out = [
+        f"model.hidden_size={spec.hidden_size}",
+        f"model.num_attention_heads={spec.num_attention_heads}",
+        f"model.num_query_groups={spec.num_query_groups}",
+        f"model.kv_channels={spec.head_dim}",
+        f"model.linear_num_key_heads={spec.linear_num_key_heads}",
+        f"model.linear_num_value_heads={spec.linear_num_value_heads}",
+        f"model.vocab_size={spec.vocab_size}",
+        f"model.mtp_num_layers={spec.mtp_num_layers or 'null'}",
+    ]
+    if spec.is_moe:
+        out += [
+            f"model.moe_router_topk={spec.moe_router_topk}",
+            f"model.moe_ffn_hidden_size={spec.moe_ffn_hidden_size}",
+            f"model.moe_shared_expert_intermediate_size={spec.moe_shared_expert_ffn_hidden_size}",
+        ]
+    else:
+        out.append(f"model.ffn_hidden_size={spec.ffn_hidden_size}")
+    if spec.vision is not None:
+        v = spec.vision
+        out += [
+            f"model.vision_config.depth={v.depth}",
+            f"model.vision_config.hidden_size={v.hidden_size}",
+            f"model.vision_config.intermediate_size={v.intermediate_size}",
+            f"model.vision_config.num_heads={v.num_heads}",
+            f"model.vision_config.num_position_embeddings={v.num_position_embeddings}",
+            f"model.vision_config.out_hidden_size={spec.hidden_size}",
+        ]
+    return out

@@ -6,7 +6,8 @@
   so a toy or scaled checkpoint needs no ``model.*`` overrides; the recipe keeps its policy.
 - :func:`use_checkpoint` (before the KEY=VALUE overrides): makes the folder's
   tokenizer the run's (Megatron-Bridge ``HuggingFaceTokenizer`` with ``tokenizer_model=DIR``,
-  so vocabulary, EOS and pad come from it) and the HF template of Megatron-Bridge's own
+  so vocabulary, EOS and pad come from it), for a VL checkpoint its processor the VL dataset's
+  (``hf_processor_path``), and the HF template of Megatron-Bridge's own
   ``also_save_hf_checkpoint`` (``checkpoint.hf_source_path``).
 - :func:`check_model` (after the overrides): the folder's architecture must be the recipe's
   model as configured (``model.*`` overrides included), or its weights cannot load.
@@ -34,6 +35,8 @@ from bridge_recipes.hf import checkpoint as ck
 LOG = "[run_recipe]"
 WAIT_S = 3600  # longest wait of the other ranks for rank 0's conversion (a 397B import takes long)
 FAILED_SUFFIX = ".failed"
+# Where a Hugging Face folder keeps its image processor (transformers 5 saves it in processor_config.json).
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 _TORCHRUN_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -104,11 +107,17 @@ def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
 
 
 def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
-    """Make the checked folder's tokenizer the run's."""
+    """Make the checked folder's tokenizer the run's (and, for a VL checkpoint with an image
+    processor, its processor the VL dataset's)."""
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
     cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(folder.path))
     cfg.checkpoint.hf_source_path = str(folder.path)
+    if folder.is_vl and any((folder.path / f).is_file() for f in IMAGE_PROCESSOR_FILES):
+        # a VL checkpoint's images go through its own processor, as its text through its tokenizer
+        for holder in (cfg.dataset, getattr(cfg.dataset, "task_encoder", None)):
+            if holder is not None and getattr(holder, "hf_processor_path", None) is not None:
+                holder.hf_processor_path = str(folder.path)
 
 
 def check_model(cfg: Any, folder: ck.HfFolder) -> None:

@@ -29,6 +29,7 @@ class LogIteration:
 
 
 _ITERATION = re.compile(r"(?:\[(?P<ts>[^\]]+)\]\s*)?iteration\s+(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*\|(?P<rest>.*)$")
+_VALIDATION = re.compile(r"validation loss at iteration\s+(?P<step>\d+)(?P<rest>.*)$")
 _MEMORY = re.compile(r"\[Rank (?P<rank>\d+)\] \(after (?P<step>\d+) iterations\) memory \(GB\)\s*\|(?P<rest>.*)$")
 
 
@@ -88,6 +89,17 @@ def parse_megatron_log(text: str) -> list[LogIteration]:
                 timestamp=m.group("ts"),
             )
         )
+    return out
+
+
+def validation_losses(text: str) -> dict[int, float]:
+    """``validation loss at iteration N ... | lm loss value: X`` lines: {N: X}, the last line of a
+    step winning (Megatron-Bridge prints the step's evaluation, then the final one again)."""
+    out = {}
+    for line in text.splitlines():
+        m = _VALIDATION.search(line)
+        if m and "lm loss value" in (values := _fields(m.group("rest"))):
+            out[int(m.group("step"))] = values["lm loss value"]
     return out
 
 

@@ -221,26 +221,18 @@ def vision_budget_problems(cfg: Any) -> list[str]:
 
 
 def dataset_findings(cfg: Any) -> tuple[list[str], list[str]]:
-    """Errors and warnings about the selected dataset (sft-rows: the rows checked in full)."""
-    if type(cfg.dataset).__name__ == "PackedSFTRowsConfig":
-        from bridge_recipes.data.packed_rows import dry_run_problems
-
-        return dry_run_problems(cfg)
-    return dataset_problems(cfg), []
-
-
-def dataset_problems(cfg: Any) -> list[str]:
-    d = cfg.dataset
-    kind = type(d).__name__
-    if kind == "EnergonDatasetConfig" and not getattr(d, "path", None):
-        return ["--dataset energon needs the dataset folder: add dataset.path=/path/to/energon/dataset"]
-    if kind == "EnergonDatasetConfig" and not os.path.isdir(d.path):
-        return [f"dataset.path={d.path} is not a folder; point it at a prepared Energon dataset"]
+    """Errors and warnings about the selected dataset: sft-rows checked in full, an Energon dataset's
+    metadata, and a built one's processor, files and image budget."""
+    kind = type(cfg.dataset).__name__
     if kind == "PackedSFTRowsConfig":
         from bridge_recipes.data.packed_rows import dry_run_problems
 
-        return dry_run_problems(cfg)[0]
-    return []
+        return dry_run_problems(cfg)
+    if kind == "EnergonDatasetConfig":
+        from bridge_recipes.data.vl_checks import dry_run_problems
+
+        return dry_run_problems(cfg)
+    return [], []
 
 
 def errors(problems: list[Problem]) -> list[Problem]:

@@ -347,13 +347,29 @@ def test_gb300_library_recipe_keeps_the_16gpu_policy_and_adds_mxfp8():
     assert lib.train.global_batch_size // (lib.train.micro_batch_size * 8) == 64  # micro batches per rank
 
 
+def _energon_metadata(folder: Path) -> Path:
+    """``folder`` with the metadata of a prepared Energon dataset (train and val splits), and no data."""
+    import yaml
+
+    from bridge_recipes.data.vl_dataset import META_DIR, SAMPLE_LOADER
+
+    meta = folder / META_DIR
+    meta.mkdir()
+    (meta / "dataset.yaml").write_text(yaml.safe_dump(SAMPLE_LOADER))
+    splits = {"split_parts": {"train": ["train-000000.tar"], "val": ["val-000000.tar"]}}
+    (meta / "split.yaml").write_text(yaml.safe_dump(splits))
+    (meta / "index.sqlite").write_bytes(b"")
+    (meta / ".info.json").write_text("{}")
+    return folder
+
+
 def test_gb300_image_budget_above_the_vision_graph_cap_is_refused(tmp_path):
     from bridge_recipes import datasets
     from bridge_recipes.overrides import apply_all
 
     cfg = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config")
     datasets.select(cfg, "energon")
-    apply_all(cfg, {}, [f"dataset.path={tmp_path}", "dataset.task_encoder.max_pixels=200704"])
+    apply_all(cfg, {}, [f"dataset.path={_energon_metadata(tmp_path)}", "dataset.task_encoder.max_pixels=200704"])
     assert checks.errors(checks.check(cfg, 8)) == []
     assert checks.vision_patches_per_micro_batch(cfg) == 4 * 784
     apply_all(cfg, {}, ["dataset.task_encoder.max_pixels=401408"])
@@ -491,7 +507,7 @@ def test_vl_sft_recipes_train_every_part_and_take_energon_data(tmp_path):
     cfg = build("qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config")
     datasets.select(cfg, "energon")
     assert any("needs the dataset folder" in str(p) for p in checks.errors(checks.check(cfg, 8)))
-    cfg.dataset.path = str(tmp_path)
+    cfg.dataset.path = str(_energon_metadata(tmp_path))
     cfg.dataset.task_encoder.max_pixels = 200704
     assert checks.errors(checks.check(cfg, 8)) == []
     assert checks.vision_patches_per_micro_batch(cfg) == 784  # one image of 448 x 448 per micro batch

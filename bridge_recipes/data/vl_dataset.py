@@ -1,0 +1,572 @@
+"""An Energon dataset of image conversations for the VL recipes (``--dataset energon dataset.path=DIR``).
+
+``build_vl_dataset`` reads a JSONL file of image conversations (the forms of
+:mod:`bridge_recipes.data.vl_conversations`) and writes what Megatron-Bridge's Qwen-VL task
+encoder reads:
+
+- ``train-NNNNNN.tar`` / ``val-NNNNNN.tar``: WebDataset shards, one sample a conversation: its
+  turns as JSON (``KEY.json``, image parts without payload) and its images' own file bytes as a
+  pickled list (``KEY.jpgs``), the layout of Megatron-Bridge's ``ChatMLWebdataset``;
+- ``.nv-meta/``: Energon's index, split and info files from Megatron-Bridge's
+  ``prepare_webdataset``, and the ``dataset.yaml`` that names the sample loader;
+- ``samples.parquet``: per sample, its text tokens (one image token an image, as the chat
+  template writes it) and each image's height and width, so that the dry run works out every
+  sample's length under any image budget (:func:`sequence_tokens`) without reading the shards;
+- ``manifest.json``: counts, conversations skipped by reason, the processor's files (sha256) and
+  fields, and each shard's size and sha256.
+
+The conversations are permuted with ``numpy.random.default_rng(seed)`` as the SFT rows are; the
+first ``ceil(val_fraction x n)`` form the validation split. Each conversation is rendered with
+the processor's own chat template and tokenizer: a conversation the template cannot render, or
+whose text would pass for vision tokens, is skipped and counted like a missing, unreadable or
+oversized image. Everything is written in a staging folder beside ``out`` and renamed into place
+when complete (:mod:`bridge_recipes.data.row_writer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import pickle
+import re
+import shutil
+import sys
+import tarfile
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from bridge_recipes.data.conversations import JsonlSource, MalformedConversation, json_record
+from bridge_recipes.data.integrity import MANIFEST_FILE
+from bridge_recipes.data.row_writer import check_output_dir, clean_stale_stages, publish, stage_dir
+from bridge_recipes.data.sft_rows import DEFAULT_SEED, PERMUTATION  # the SFT rows' order and seed
+from bridge_recipes.data.vl_conversations import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    VlConversation,
+    load_image,
+    parse_record,
+    relative_base,
+)
+from bridge_recipes.outputs import file_sha256, overlap_problem
+
+log = logging.getLogger(__name__)
+
+BUILDER_VERSION = "1"
+BUILDER = f"bridge_recipes.data.vl_dataset/{BUILDER_VERSION}"
+SPLITS = ("train", "val")  # the split names Megatron-Bridge's Energon data module asks for
+SAMPLES_FILE = "samples.parquet"
+META_DIR = ".nv-meta"  # Energon's metadata folder
+DATASET_YAML = "dataset.yaml"
+# Megatron-Bridge's ChatML sample loader: the turns from KEY.json, the images from KEY.jpgs (a
+# pickled list of image file bytes, decoded by its video handler's ``jpgs`` branch).
+SAMPLE_LOADER = {
+    "__module__": "megatron.bridge.data.energon.task_encoder_utils",
+    "__class__": "ChatMLWebdataset",
+    "field_map": {"imgs": "jpgs", "conversation": "json"},
+    "subflavors": {},
+}
+SHARD_NAME = "{split}-{number:06d}.tar"
+_SHARD = re.compile(r"^(train|val)-\d{6}\.tar(\.idx)?$")
+DEFAULT_SAMPLES_PER_SHARD = 1000
+SHARD_BYTES = 2**30  # a shard is closed once it holds this much
+SAMPLES_PER_BATCH = 65536  # samples.parquet rows a row group
+MAX_REPORTED = 20  # skipped conversations logged one by one (and kept in the manifest)
+# The processor files a dataset is pinned to (those present in the folder are hashed).
+PROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+)
+# Megatron-Bridge's Qwen-VL collate passes each image through qwen-vl-utils' fetch_image first
+# (its defaults: 14-pixel patches merged 2 x 2, 4 to 16,384 tokens), then the processor resizes
+# the result to multiples of patch x merge within [min_pixels, max_pixels].
+FETCH_FACTOR = 28
+FETCH_MIN_PIXELS = 4 * FETCH_FACTOR**2
+FETCH_MAX_PIXELS = 16384 * FETCH_FACTOR**2
+
+
+class VlDatasetError(Exception):
+    """Bad input to a VL dataset build; the message names the flag or file and the fix."""
+
+
+def is_dataset_entry(name: str) -> bool:
+    """Whether ``name`` in an output folder is something a build writes."""
+    return name in (MANIFEST_FILE, SAMPLES_FILE, META_DIR) or bool(_SHARD.match(name))
+
+
+# --------------------------------------------------------------------------- image budget
+
+
+@lru_cache(maxsize=65536)
+def image_tokens(height: int, width: int, *, patch: int, merge: int, min_pixels: int, max_pixels: int) -> int:
+    """Tokens one ``height`` x ``width`` image takes in a sample: qwen-vl-utils' resize (multiples of
+    28), then the processor's (multiples of ``patch`` x ``merge`` within [``min_pixels``,
+    ``max_pixels``]), one token a ``merge`` x ``merge`` block of patches."""
+    f = FETCH_FACTOR
+    h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
+    if h * w > FETCH_MAX_PIXELS:
+        beta = math.sqrt(height * width / FETCH_MAX_PIXELS)
+        h, w = math.floor(height / beta / f) * f, math.floor(width / beta / f) * f
+    elif h * w < FETCH_MIN_PIXELS:
+        beta = math.sqrt(FETCH_MIN_PIXELS / (height * width))
+        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    f = patch * merge
+    h2, w2 = round(h / f) * f, round(w / f) * f
+    if h2 * w2 > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        h2, w2 = max(f, math.floor(h / beta / f) * f), max(f, math.floor(w / beta / f) * f)
+    elif h2 * w2 < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        h2, w2 = math.ceil(h * beta / f) * f, math.ceil(w * beta / f) * f
+    return (h2 // patch) * (w2 // patch) // (merge * merge)
+
+
+def sequence_tokens(samples: pa.Table, *, patch: int, merge: int, min_pixels: int, max_pixels: int) -> np.ndarray:
+    """Each sample's length in tokens under an image budget: its text tokens with each image's one
+    token replaced by the tokens :func:`image_tokens` gives it."""
+    budget = dict(patch=patch, merge=merge, min_pixels=min_pixels, max_pixels=max_pixels)
+    text = samples.column("text_tokens").to_numpy().astype(np.int64)
+    heights = samples.column("image_heights").to_pylist()
+    widths = samples.column("image_widths").to_pylist()
+    extra = [sum(image_tokens(h, w, **budget) - 1 for h, w in zip(hs, ws)) for hs, ws in zip(heights, widths)]
+    return text + np.asarray(extra, dtype=np.int64)
+
+
+def visual_tokens(samples: pa.Table, *, patch: int, merge: int, min_pixels: int, max_pixels: int) -> np.ndarray:
+    """Each sample's image tokens under an image budget (the task encoder's ``max_visual_tokens`` counts these)."""
+    budget = dict(patch=patch, merge=merge, min_pixels=min_pixels, max_pixels=max_pixels)
+    heights = samples.column("image_heights").to_pylist()
+    widths = samples.column("image_widths").to_pylist()
+    return np.asarray(
+        [sum(image_tokens(h, w, **budget) for h, w in zip(hs, ws)) for hs, ws in zip(heights, widths)], dtype=np.int64
+    )
+
+
+# --------------------------------------------------------------------------- processor
+
+
+@dataclass
+class Processor:
+    """A checkpoint's processor, loaded, with what pins a dataset to it."""
+
+    folder: Path
+    processor: Any
+    files: dict[str, str]  # file name -> sha256
+    fields: dict[str, Any]
+    vision_texts: tuple[str, ...]  # special-token texts no conversation may carry
+
+    def render(self, conversation: VlConversation, index: int) -> int:
+        """Tokens of ``conversation`` through the chat template (one image token an image)."""
+        for message in conversation.messages:
+            for part in message["content"]:
+                found = [t for t in self.vision_texts if part["type"] == "text" and t in part["text"]]
+                if found:
+                    raise MalformedConversation(
+                        index, "vision_token_in_text", f"text holds {found[0]!r}, which would pass for an image token"
+                    )
+        try:
+            text = self.processor.apply_chat_template(conversation.messages, tokenize=False)
+            ids = self.processor.tokenizer(text)["input_ids"]
+        except Exception as e:  # a template or tokenizer error on one conversation: counted, never fatal
+            raise MalformedConversation(index, "render_failed", f"{type(e).__name__}: {e}") from None
+        pads = ids.count(self.fields["image_token_id"])
+        if pads != len(conversation.images):
+            raise MalformedConversation(
+                index,
+                "render_failed",
+                f"the chat template wrote {pads} image token(s) for {len(conversation.images)} image(s)",
+            )
+        return len(ids)
+
+
+def processor_files(folder: Path) -> dict[str, str]:
+    """sha256 of each of :data:`PROCESSOR_FILES` present in ``folder``."""
+    return {name: file_sha256(folder / name) for name in PROCESSOR_FILES if (folder / name).is_file()}
+
+
+def load_processor(folder: str | os.PathLike) -> Processor:
+    """The Qwen-VL processor of a checkpoint folder (tokenizer, chat template, image processor)."""
+    path = Path(folder).expanduser()
+    hint = "pass the model's Hugging Face folder (its tokenizer, chat template and image processor)"
+    if not path.is_dir():
+        raise VlDatasetError(f"--processor {folder} is not a folder; {hint}")
+    try:
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError ... on an unusable folder
+        raise VlDatasetError(
+            f"--processor {path}: no processor loads from it ({type(e).__name__}: {e}); {hint}"
+        ) from None
+    image_processor = getattr(processor, "image_processor", None)
+    tokenizer = getattr(processor, "tokenizer", None)
+    image_token = getattr(processor, "image_token", None)
+    if image_processor is None or tokenizer is None or not image_token:
+        raise VlDatasetError(
+            f"--processor {path}: {type(processor).__name__} is not a vision-language processor; {hint}"
+        )
+    if not getattr(processor, "chat_template", None):
+        raise VlDatasetError(f"--processor {path} has no chat template (chat_template.jinja); {hint}")
+    size = image_processor.size
+
+    def token_id(text: str | None) -> int | None:
+        return None if text is None else tokenizer.convert_tokens_to_ids(text)
+
+    texts = {
+        name: getattr(processor, name, None)
+        for name in ("image_token", "video_token", "vision_start_token", "vision_end_token")
+    }
+    fields = {
+        "class": type(processor).__name__,
+        "patch_size": image_processor.patch_size,
+        "merge_size": image_processor.merge_size,
+        "temporal_patch_size": image_processor.temporal_patch_size,
+        "min_pixels": size["shortest_edge"],
+        "max_pixels": size["longest_edge"],
+        "image_token": image_token,
+        "image_token_id": token_id(image_token),
+        "video_token_id": token_id(texts["video_token"]),
+        "vision_start_token_id": token_id(texts["vision_start_token"]),
+        "vision_end_token_id": token_id(texts["vision_end_token"]),
+        "vocab_size": len(tokenizer),
+    }
+    vision_texts = tuple(t for t in texts.values() if t)
+    return Processor(path.resolve(), processor, processor_files(path), fields, vision_texts)
+
+
+# --------------------------------------------------------------------------- shards
+
+
+class ShardWriter:
+    """Samples into ``{split}-NNNNNN.tar`` shards, reproducibly (fixed member metadata, so a build
+    of the same input gives the same bytes); a shard is closed at ``samples_per_shard`` samples or
+    :data:`SHARD_BYTES`."""
+
+    def __init__(self, folder: Path, split: str, samples_per_shard: int):
+        self.folder, self.split, self.samples_per_shard = folder, split, samples_per_shard
+        self.shards: list[dict] = []
+        self._tar: tarfile.TarFile | None = None
+
+    def add(self, key: str, conversation: list[dict], images: list[bytes]) -> str:
+        tar = self._tar
+        if tar is None or self.shards[-1]["samples"] >= self.samples_per_shard or tar.offset >= SHARD_BYTES:
+            self._close_current()
+            name = SHARD_NAME.format(split=self.split, number=len(self.shards))
+            tar = self._tar = tarfile.open(self.folder / name, "w", format=tarfile.USTAR_FORMAT)
+            self.shards.append({"file": name, "samples": 0})
+        self._member(tar, f"{key}.json", json.dumps(conversation, ensure_ascii=False).encode())
+        self._member(tar, f"{key}.jpgs", pickle.dumps(images, protocol=4))
+        self.shards[-1]["samples"] += 1
+        return self.shards[-1]["file"]
+
+    @staticmethod
+    def _member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = len(data), 0, 0o444
+        tar.addfile(info, io.BytesIO(data))
+
+    def _close_current(self) -> None:
+        if self._tar is not None:
+            self._tar.close()
+            self._tar = None
+            shard = self.shards[-1]
+            path = self.folder / shard["file"]
+            shard.update(bytes=path.stat().st_size, sha256=file_sha256(path))
+
+    def close(self) -> list[dict]:
+        self._close_current()
+        return self.shards
+
+
+# --------------------------------------------------------------------------- build
+
+
+def build_vl_dataset(
+    source: str | os.PathLike,
+    processor: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    val_fraction: float = 0.0,
+    seed: int = DEFAULT_SEED,
+    samples_per_shard: int = DEFAULT_SAMPLES_PER_SHARD,
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Build the Energon dataset of ``source`` (a ``.jsonl`` file) rendered with the processor of
+    the checkpoint folder ``processor`` into ``out_dir``; returns the manifest. Raises
+    VlDatasetError on bad input; a conversation that cannot be used is skipped and counted."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise VlDatasetError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if not 0 <= seed < 2**32:
+        raise VlDatasetError(f"--seed must be in [0, 2**32), got {seed}")
+    for flag, value in (
+        ("--samples-per-shard", samples_per_shard),
+        ("--max-image-bytes", max_image_bytes),
+        ("--max-image-pixels", max_image_pixels),
+    ):
+        if value < 1:
+            raise VlDatasetError(f"{flag} must be at least 1, got {value}")
+    src = Path(source).expanduser()
+    if not src.is_file():
+        raise VlDatasetError(f"--input {source}: no such file; pass the conversations' .jsonl file")
+    if src.suffix.lower() != ".jsonl":
+        raise VlDatasetError(f"--input {source}: {src.suffix or 'no suffix'} is not .jsonl; one JSON record a line")
+    out = Path(out_dir).expanduser()
+    if problem := overlap_problem(out, option="--out", inputs=[("--input", src), ("--processor", processor)]):
+        raise VlDatasetError(problem)
+    proc = load_processor(processor)
+    for note in clean_stale_stages(out):
+        log.warning("%s (left by a build that did not finish)", note)
+    described = f"its shards, {META_DIR}/, {SAMPLES_FILE} and {MANIFEST_FILE}"
+    check_output_dir(out, overwrite, ours=is_dataset_entry, described=described, error=VlDatasetError)
+
+    stage = stage_dir(out, error=VlDatasetError)
+    try:
+        reader = JsonlSource(src, progress=progress)
+        order = np.random.default_rng(seed).permutation(len(reader))
+        n_val = math.ceil(val_fraction * len(order)) if val_fraction else 0
+        settings: dict[str, Any] = dict(
+            stage=stage,
+            proc=proc,
+            base=relative_base(src),
+            limits=dict(max_bytes=max_image_bytes, max_pixels=max_image_pixels),
+            samples_per_shard=samples_per_shard,
+            progress=progress,
+        )
+        splits, counts = {}, {}
+        with SamplesWriter(stage / SAMPLES_FILE) as samples:
+            for split, part in (("val", order[:n_val]), ("train", order[n_val:])):
+                if len(part):
+                    splits[split], counts[split] = _write_split(reader, part, split, samples, **settings)
+        _refuse_empty(splits, counts, n_val, src, val_fraction)
+        table = pq.read_table(stage / SAMPLES_FILE)
+        _prepare_energon(stage, [s for s in SPLITS if splits.get(s, {}).get("samples")])
+        budget = dict(
+            patch=proc.fields["patch_size"],
+            merge=proc.fields["merge_size"],
+            min_pixels=proc.fields["min_pixels"],
+            max_pixels=proc.fields["max_pixels"],
+        )
+        lengths = sequence_tokens(table, **budget)
+        for split, info in splits.items():
+            mine = lengths[np.asarray(table.column("split").to_pylist()) == split]
+            info["sequence_tokens_at_processor_pixels"] = {
+                "max": int(mine.max()),
+                "mean": round(float(mine.mean()), 1),
+            }
+        manifest = {
+            "builder": BUILDER,
+            "builder_version": BUILDER_VERSION,
+            "format": "energon-webdataset",
+            "sample_loader": SAMPLE_LOADER,
+            "source": str(src),
+            "source_sha256": reader.sha256,
+            "images_relative_to": str(settings["base"]),
+            "seed": seed,
+            "val_fraction": val_fraction,
+            "permutation": PERMUTATION,
+            "processor": {"path": str(proc.folder), "files": proc.files, **proc.fields},
+            "image_limits": {"max_image_bytes": max_image_bytes, "max_image_pixels": max_image_pixels},
+            "splits": splits,
+            "conversations": _merge_counts(counts, len(reader), reader.blank_lines),
+            "samples_file": SAMPLES_FILE,
+            "samples_sha256": file_sha256(stage / SAMPLES_FILE),
+            "versions": _versions(),
+        }
+        (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        publish(stage, out)
+        return manifest
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _write_split(
+    reader: JsonlSource,
+    order: np.ndarray,
+    split: str,
+    samples: SamplesWriter,
+    *,
+    stage: Path,
+    proc: Processor,
+    base: Path,
+    limits: dict,
+    samples_per_shard: int,
+    progress: bool,
+) -> tuple[dict, dict]:
+    """One split's conversations, in ``order``, into its shards (each used one's row added to
+    ``samples``); returns the split's summary and its conversation counts."""
+    writer = ShardWriter(stage, split, samples_per_shard)
+    skipped: Counter[str] = Counter()
+    examples: list[str] = []
+    read = images = text_only = 0
+    pixels_max = 0
+    try:
+        with tqdm(total=len(order), desc=split, unit="conv", disable=not progress) as bar:
+            for index, line in reader.records(order):
+                read += 1
+                bar.update(1)
+                try:
+                    conversation = parse_record(json_record(line, index), index, base)
+                    loaded = [load_image(ref, index, **limits) for ref in conversation.images]
+                    tokens = proc.render(conversation, index)
+                except MalformedConversation as e:
+                    skipped[e.reason] += 1
+                    if len(examples) < MAX_REPORTED:
+                        examples.append(str(e))
+                        log.warning("skipping conversation, %s", e)
+                    bar.set_postfix(skipped=sum(skipped.values()), refresh=False)
+                    continue
+                key = f"{index:09d}"
+                shard = writer.add(key, conversation.messages, [im.data for im in loaded])
+                images += len(loaded)
+                text_only += not loaded
+                pixels_max = max([pixels_max, *(im.width * im.height for im in loaded)])
+                samples.add(
+                    {
+                        "split": split,
+                        "key": key,
+                        "shard": shard,
+                        "source_row": index,
+                        "text_tokens": tokens,
+                        "image_heights": [im.height for im in loaded],
+                        "image_widths": [im.width for im in loaded],
+                    }
+                )
+    finally:
+        shards = writer.close()
+    used = sum(s["samples"] for s in shards)
+    summary = {"samples": used, "images": images, "text_only": text_only, "image_pixels_max": pixels_max}
+    summary["shards"] = shards
+    counts = {"read": read, "used": used, "skipped": skipped, "examples": examples, "text_only": text_only}
+    return summary, counts
+
+
+def _refuse_empty(splits: dict, counts: dict, n_val: int, src: Path, val_fraction: float) -> None:
+    def why(split: str) -> str:
+        c = counts.get(split, {"read": 0, "used": 0, "skipped": {}})
+        skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(c["skipped"].items()))
+        return f"{c['read']} conversation(s) read, {c['used']} used" + (f", skipped: {skipped}" if skipped else "")
+
+    if not splits.get("train", {}).get("samples"):
+        raise VlDatasetError(f"no training samples from {src}: {why('train')}; fix the skipped conversations")
+    if n_val and not splits.get("val", {}).get("samples"):
+        raise VlDatasetError(
+            f"the validation split gave no samples: {why('val')}; raise --val-fraction (now {val_fraction})"
+        )
+
+
+def _merge_counts(counts: dict, indexed: int, blank_lines: int) -> dict:
+    skipped: Counter[str] = sum((c["skipped"] for c in counts.values()), Counter())
+    return {
+        "indexed": indexed,
+        "read": sum(c["read"] for c in counts.values()),
+        "used": sum(c["used"] for c in counts.values()),
+        "text_only": sum(c["text_only"] for c in counts.values()),
+        "skipped": dict(sorted(skipped.items())),
+        "skipped_total": sum(skipped.values()),
+        "skipped_examples": [e for c in counts.values() for e in c["examples"]][:MAX_REPORTED],
+        "blank_lines": blank_lines,
+    }
+
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("split", pa.string()),
+        ("key", pa.string()),
+        ("shard", pa.string()),
+        ("source_row", pa.int64()),
+        ("text_tokens", pa.int32()),
+        ("image_heights", pa.list_(pa.int32())),
+        ("image_widths", pa.list_(pa.int32())),
+    ]
+)
+
+
+class SamplesWriter:
+    """``samples.parquet``, written :data:`SAMPLES_PER_BATCH` rows at a time (memory stays bounded)."""
+
+    def __init__(self, path: Path):
+        self._writer = pq.ParquetWriter(path, SAMPLES_SCHEMA, compression="zstd")
+        self._rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= SAMPLES_PER_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=SAMPLES_SCHEMA))
+            self._rows = []
+
+    def __enter__(self) -> SamplesWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._flush()
+        self._writer.close()
+
+
+def _prepare_energon(folder: Path, splits: list[str]) -> None:
+    """Energon's index, split and info files (Megatron-Bridge's ``prepare_webdataset``) and the
+    sample loader's ``dataset.yaml``. Energon prints as it indexes; that goes to stderr, so the
+    command's own output stays its summary."""
+    import yaml
+    from megatron.bridge.data.energon import prepare_webdataset
+
+    # regular expressions without braces: Energon brace-expands a split pattern before compiling it
+    patterns = {split: rf"{split}-[0-9]+\.tar$" for split in splits}
+    shards = len(list(folder.glob("*.tar")))
+    log.info("indexing %d shard(s) with Energon", shards)
+    with contextlib.redirect_stdout(sys.stderr):
+        prepare_webdataset(folder, patterns, num_workers=max(1, min(4, shards, os.cpu_count() or 1)))
+    (folder / META_DIR / DATASET_YAML).write_text(yaml.safe_dump(SAMPLE_LOADER, sort_keys=False))
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("megatron-bridge", "megatron-energon", "transformers", "pillow"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def read_manifest(folder: str | os.PathLike) -> dict | None:
+    """A built dataset's manifest, or None when the folder holds none (an Energon dataset prepared
+    elsewhere). Raises VlDatasetError for one that cannot be read."""
+    path = Path(folder) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise VlDatasetError(
+            f"{path} cannot be read ({e}); rebuild the dataset with scripts/build_vl_dataset.py"
+        ) from None
+    if not isinstance(manifest, dict) or not str(manifest.get("builder", "")).startswith(
+        "bridge_recipes.data.vl_dataset"
+    ):
+        return None
+    return manifest
