@@ -99,7 +99,15 @@ class JsonlSource:
 
     kind = "jsonl"
 
-    def __init__(self, path: str | os.PathLike, messages_key: str = DEFAULT_MESSAGES_KEY, progress: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        messages_key: str = DEFAULT_MESSAGES_KEY,
+        progress: bool = False,
+        chat_format: bool = True,
+    ):
+        """``chat_format``: detect the file's chat record format (:mod:`chat_formats`) for ``decode``;
+        False for readers of other records, which take the lines as JSON records themselves."""
         self.path = Path(path)
         self.messages_key = messages_key
         offsets = array("q")
@@ -117,7 +125,7 @@ class JsonlSource:
                 bar.update(len(line))
         self.offsets = np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, dtype=np.int64)
         self.sha256 = hasher.hexdigest()
-        self.format = self._first_record_format() if len(self.offsets) else None
+        self.format = self._first_record_format() if chat_format and len(self.offsets) else None
 
     def _first_record_format(self):
         """The format of the file's first record; SftRowsError listing the formats when it fits none."""

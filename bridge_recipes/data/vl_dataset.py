@@ -340,7 +340,9 @@ def build_vl_dataset(
 
     stage = stage_dir(out, error=VlDatasetError)
     try:
-        reader = JsonlSource(src, progress=progress)
+        reader = JsonlSource(
+            src, progress=progress, chat_format=False
+        )  # image conversations: vl_conversations reads them
         order = np.random.default_rng(seed).permutation(len(reader))
         n_val = math.ceil(val_fraction * len(order)) if val_fraction else 0
         settings: dict[str, Any] = dict(

@@ -50,7 +50,7 @@ def test_the_sft_and_peft_recipes_dry_run_on_the_dataset(setup, peft):
     """From the checkpoint folder: its tokenizer and its processor become the run's."""
     rc, text = _dry_run(
         "--recipe", RECIPE, *setup["fit"], "--dataset", "energon", f"dataset.path={setup['dataset']}",
-        "--hf-checkpoint", setup["toy"], *peft, "--dry-run",
+        "--hf-checkpoint", setup["toy"], *peft, "--dry-run", "--show-yaml",
     )  # fmt: skip
     assert rc == 0, text[-3000:]
     assert f"hf_processor_path: {setup['toy']}" in text
