@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge_recipes import registry, runner_args, te_wgrad
+from bridge_recipes.bench import random_lora
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.outputs import write_text_atomic
 
@@ -93,6 +94,11 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
     return runs
 
 
+def launch_args(request: dict, opts) -> list[str]:
+    """``run_recipe.py`` arguments after ``--recipe NAME`` of a run's :func:`planned_run` request."""
+    return runner_args(**request) + ([random_lora.OPTION] if opts.lora_from_random_init else [])
+
+
 def one(
     name: str, opts, out: Path, request: dict, cfg, label: str | None = None
 ) -> tuple[dict, object, dict[int, float]]:
@@ -103,7 +109,7 @@ def one(
 
     entry = registry.find(name)
     nproc = gpus_of(name, opts)
-    args = runner_args(**request)
+    args = launch_args(request, opts)
     log_path = out.with_suffix(".log")
     step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
@@ -128,6 +134,7 @@ def one(
         window=tuple(opts.window),
         command=command,
         proxy=bool(opts.proxy_layers),
+        notes=[random_lora.NOTE] if opts.lora_from_random_init else None,
     )
     r = doc["result"]
     print(
@@ -170,6 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="packed SFT rows (scripts/build_sft_rows.py) both runs train on instead of mock data; with "
         "--candidate, the recipe itself runs instead of its mock form (a loss-curve check on chat rows)",
+    )
+    ap.add_argument(
+        random_lora.OPTION,
+        action="store_true",
+        help="LoRA recipes on random base weights instead of a checkpoint (their speed and memory; the result "
+        "says so); the runs keep nothing",
     )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
@@ -240,6 +253,8 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
             continue
         nproc = gpus_of(name, opts)
         out += [f"{label}: {p}" for p in value_problems(plans[-1][1], nproc)]
+        if opts.lora_from_random_init:
+            out += [f"{label}: {p}" for p in random_lora.problems(plans[-1][1])]
     if opts.rows:
         # the runner's own dry-run check of the rows against each run's model (once per distinct message)
         from bridge_recipes.data.packed_rows import dry_run_problems
