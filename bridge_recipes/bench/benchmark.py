@@ -213,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def steps_problems(steps: int, window: Sequence[int]) -> list[str]:
+    """What is wrong with ``--steps`` and ``--window FIRST LAST`` (1-based, inclusive)."""
+    out = []
+    if steps < 1:
+        out.append(f"--steps {steps}: run at least one step")
+    first, last = window
+    if not 1 <= first <= last:
+        out.append(f"--window {first} {last}: need 1 <= FIRST <= LAST")
+    elif last > steps:
+        out.append(f"--window ends at step {last} but only {steps} steps run; raise --steps or lower LAST")
+    return out
+
+
 def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[list[str], list[tuple[dict, object]]]:
     """Everything wrong with the arguments that can be known before a run starts: step counts,
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
@@ -223,14 +236,7 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     from bridge_recipes.overrides import OverrideError
     from bridge_recipes.values import value_problems
 
-    out = []
-    if opts.steps < 1:
-        out.append(f"--steps {opts.steps}: run at least one step")
-    first, last = opts.window
-    if not 1 <= first <= last:
-        out.append(f"--window {first} {last}: need 1 <= FIRST <= LAST")
-    elif last > opts.steps:
-        out.append(f"--window ends at step {last} but only {opts.steps} steps run; raise --steps or lower LAST")
+    out = steps_problems(opts.steps, opts.window)
     if opts.gpu.upper() not in GPUS:
         out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
     if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):

@@ -80,6 +80,30 @@ HF_EXPERT_PARAMETERS: dict[str, str] = {
     "linear_fc1": "mlp.experts.gate_up_proj",
     "linear_fc2": "mlp.experts.down_proj",
 }
+# The unit tests' CPU toys (--size), by model kind: a few layers of the real Gated DeltaNet /
+# attention pattern, widths of tens, the fixture tokenizer's vocabulary.
+_CPU_TOY = {
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_query_groups": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "vocab_size": 1024,
+}
+CPU_TOY_SIZES: dict[str, dict[str, int]] = {
+    "dense": {**_CPU_TOY, "ffn_hidden_size": 128},
+    "moe": {
+        **_CPU_TOY,
+        "num_experts": 4,
+        "moe_router_topk": 2,
+        "moe_ffn_hidden_size": 32,
+        "moe_shared_expert_ffn_hidden_size": 32,
+    },
+}
 FLA = "fla."  # flash-linear-attention's modules
 LOG = "[peer]"
 
@@ -396,6 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def size_args(sizes: dict[str, int]) -> list[str]:
+    """``--size FIELD=N`` arguments of ``sizes`` (e.g. a :data:`CPU_TOY_SIZES` entry)."""
+    return [a for k, v in sizes.items() for a in ("--size", f"{k}={v}")]
+
+
 def sizes_of(items: Sequence[str]) -> dict[str, int]:
     out = {}
     for item in items:
@@ -410,16 +439,10 @@ def sizes_of(items: Sequence[str]) -> dict[str, int]:
 
 
 def argument_problems(opts: argparse.Namespace) -> list[str]:
+    from bridge_recipes.bench.benchmark import steps_problems
     from bridge_recipes.outputs import output_problem
 
-    out = []
-    if opts.steps < 1:
-        out.append(f"--steps {opts.steps}: run at least one step")
-    first, last = opts.window
-    if not 1 <= first <= last:
-        out.append(f"--window {first} {last}: need 1 <= FIRST <= LAST")
-    elif last > opts.steps:
-        out.append(f"--window ends at step {last} but only {opts.steps} steps run; raise --steps or lower LAST")
+    out = steps_problems(opts.steps, opts.window)
     if not opts.dry_run and not opts.out:
         out.append("--out FILE is required (the result file)")
     elif opts.out and (problem := output_problem(opts.out, option="--out", inputs=[("--rows", opts.rows)])):
