@@ -105,6 +105,8 @@ CPU_TOY_SIZES: dict[str, dict[str, int]] = {
     },
 }
 FLA = "fla."  # flash-linear-attention's modules
+# transformers' module-level Gated DeltaNet chunk kernel after 5.12 (5.12 binds one to each layer)
+MODULE_KERNEL = "torch_chunk_gated_delta_rule"
 LOG = "[peer]"
 
 
@@ -235,7 +237,7 @@ def gdn_kernel(model: Any) -> str | None:
         if type(module).__name__.endswith("GatedDeltaNet"):
             fn = getattr(module, "chunk_gated_delta_rule", None)
             if fn is None:
-                fn = getattr(sys.modules[type(module).__module__], "torch_chunk_gated_delta_rule", None)
+                fn = getattr(sys.modules[type(module).__module__], MODULE_KERNEL, None)
             return _called_module(fn)
     return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,7 @@ def test_the_adapters_follow_the_recipes_lora(short_rows):
         peer_peft.lora_config(cfg.peft, moe=False)
 
 
-def test_a_packed_rows_conversations_see_only_themselves(short_rows):
+def test_a_packed_rows_conversations_see_only_themselves(short_rows, monkeypatch):
     """Attention through the position ids the peer passes: each conversation of a packed row gives
     the logits it gives alone (every layer attention here: on a CPU transformers' Gated DeltaNet
     is its PyTorch reference, which takes no boundaries); the boundaries reach the Gated DeltaNet
@@ -149,11 +150,20 @@ def test_a_packed_rows_conversations_see_only_themselves(short_rows):
             alone = attention(input_ids=sample["tokens"][None, a:b]).logits[0]
             assert torch.allclose(packed[a:b], alone, atol=1e-4), (a, b)
     seen = []
+
+    def spy(kernel):
+        return lambda *args, **kw: seen.append(kw["cu_seqlens"]) or kernel(*args, **kw)
+
     gdn = peer_peft.build_model(spec, "cpu", "sdpa", False)
     for module in gdn.modules():
         if type(module).__name__.endswith("GatedDeltaNet"):
-            kernel = module.chunk_gated_delta_rule
-            module.chunk_gated_delta_rule = lambda *a, _k=kernel, **kw: seen.append(kw["cu_seqlens"]) or _k(*a, **kw)
+            if hasattr(module, "chunk_gated_delta_rule"):  # transformers 5.12: a kernel bound to each layer
+                module.chunk_gated_delta_rule = spy(module.chunk_gated_delta_rule)
+            else:  # later releases: one module-level kernel
+                modeling = sys.modules[type(module).__module__]
+                kernel = peer_peft.MODULE_KERNEL
+                monkeypatch.setattr(modeling, kernel, spy(getattr(modeling, kernel)))
+                break
     with torch.no_grad():
         gdn(**kwargs)
     assert len(seen) == spec.num_gdn_layers and all(s.tolist() == cu for s in seen)
