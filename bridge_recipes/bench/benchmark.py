@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bridge_recipes import registry, runner_args, te_wgrad
+from bridge_recipes.bench import random_lora
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.outputs import write_text_atomic
 from bridge_recipes.overrides import in_cli_terms
@@ -94,6 +95,11 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
     return runs
 
 
+def launch_args(request: dict, opts) -> list[str]:
+    """``run_recipe.py`` arguments after ``--recipe NAME`` of a run's :func:`planned_run` request."""
+    return runner_args(**request) + ([random_lora.OPTION] if opts.lora_from_random_init else [])
+
+
 def one(
     name: str, opts, out: Path, request: dict, cfg, label: str | None = None
 ) -> tuple[dict, object, dict[int, float]]:
@@ -104,7 +110,7 @@ def one(
 
     entry = registry.find(name)
     nproc = gpus_of(name, opts)
-    args = runner_args(**request)
+    args = launch_args(request, opts)
     log_path = out.with_suffix(".log")
     step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
@@ -129,6 +135,7 @@ def one(
         window=tuple(opts.window),
         command=command,
         proxy=bool(opts.proxy_layers),
+        notes=[random_lora.NOTE] if opts.lora_from_random_init else None,
     )
     r = doc["result"]
     print(
@@ -172,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="packed SFT rows (scripts/build_sft_rows.py) both runs train on instead of mock data; with "
         "--candidate, the recipe itself runs instead of its mock form (a loss-curve check on chat rows)",
     )
+    ap.add_argument(
+        random_lora.OPTION,
+        action="store_true",
+        help="LoRA recipes on random base weights instead of a checkpoint (their speed and memory; the result "
+        "says so); the runs keep nothing",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
@@ -201,6 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def steps_problems(steps: int, window: Sequence[int]) -> list[str]:
+    """What is wrong with ``--steps`` and ``--window FIRST LAST`` (1-based, inclusive)."""
+    out = []
+    if steps < 1:
+        out.append(f"--steps {steps}: run at least one step")
+    first, last = window
+    if not 1 <= first <= last:
+        out.append(f"--window {first} {last}: need 1 <= FIRST <= LAST")
+    elif last > steps:
+        out.append(f"--window ends at step {last} but only {steps} steps run; raise --steps or lower LAST")
+    return out
+
+
 def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[list[str], list[tuple[dict, object]]]:
     """Everything wrong with the arguments that can be known before a run starts: step counts,
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
@@ -211,14 +237,7 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     from bridge_recipes.overrides import OverrideError
     from bridge_recipes.values import value_problems
 
-    out = []
-    if opts.steps < 1:
-        out.append(f"--steps {opts.steps}: run at least one step")
-    first, last = opts.window
-    if not 1 <= first <= last:
-        out.append(f"--window {first} {last}: need 1 <= FIRST <= LAST")
-    elif last > opts.steps:
-        out.append(f"--window ends at step {last} but only {opts.steps} steps run; raise --steps or lower LAST")
+    out = steps_problems(opts.steps, opts.window)
     if opts.gpu.upper() not in GPUS:
         out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
     if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):
@@ -241,6 +260,8 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
             continue
         nproc = gpus_of(name, opts)
         out += [f"{label}: {p}" for p in value_problems(plans[-1][1], nproc)]
+        if opts.lora_from_random_init:
+            out += [f"{label}: {p}" for p in random_lora.problems(plans[-1][1])]
     if opts.rows:
         # the runner's own dry-run check of the rows against each run's model (once per distinct message)
         from bridge_recipes.data.packed_rows import dry_run_problems

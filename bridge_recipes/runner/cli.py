@@ -16,6 +16,7 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import registry
+from bridge_recipes.bench import random_lora
 from bridge_recipes.builder import PEFT_SCHEMES
 from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, in_cli_terms, precheck
 
@@ -109,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-yaml", action="store_true", help="with --dry-run: also print the resolved YAML")
     p.add_argument("--overwrite-config", action="store_true", help="let --save-config replace an existing file")
     p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
+    p.add_argument(
+        random_lora.OPTION,
+        action="store_true",
+        help="benchmark only: train a LoRA recipe's adapters on random base weights (speed and memory, no "
+        "checkpoint); refused unless checkpoint.save and checkpoint.load are null and no weights are named",
+    )
     g = p.add_argument_group("convenience flags (applied before trailing overrides)")
     for dest, flag in FLAG_KEYS.items():
         g.add_argument(flag_option(dest), dest=dest, type=flag.type, help=" and ".join(flag.keys))
@@ -335,6 +342,10 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(str(exc))
     except (OverrideError, ValueError) as exc:
         return fail(str(exc))
+    if args.lora_from_random_init and (
+        refused := random_lora.problems(cfg, hf_checkpoint=args.hf_checkpoint, export_hf=args.export_hf)
+    ):
+        return fail("; ".join(refused))
 
     from bridge_recipes.runner import checks, environment
 
@@ -365,7 +376,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
     from bridge_recipes.hf.training import random_init_warning
 
-    warning = random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
+    warning = None if args.lora_from_random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if args.dry_run:
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
         if entry.checkpoint is not None:
@@ -379,6 +390,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             return fail(f"Megatron-Bridge rejects this config: {problem}")
         if warning:
             print(in_cli_terms(warning), file=sys.stderr)
+        if args.lora_from_random_init:
+            print(f"{random_lora.NOTE}; at launch the adapters go on the random weights and nothing is loaded")
         if args.show_yaml:
             cfg.print_yaml()
         if args.save_config:
@@ -424,7 +437,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         from bridge_recipes.hf.training import attach
 
         attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
-    launch.run(cfg, entry.meta.task)
+    launch.run(cfg, entry.meta.task, args.lora_from_random_init)
     if args.export_hf:
         from bridge_recipes.hf.training import export_after_training
 

@@ -122,20 +122,27 @@ def forward_step_for(cfg: Any) -> Callable:
     return forward_step
 
 
-def entry_point_name(cfg: Any, task: str) -> str:
-    """``finetune`` for SFT/PEFT starting from weights; ``pretrain`` otherwise (random init)."""
+def entry_point_name(cfg: Any, task: str, lora_from_random_init: bool = False) -> str:
+    """``finetune`` for SFT/PEFT starting from weights; ``pretrain`` otherwise (random init, and a
+    LoRA benchmark from random weights: :mod:`bridge_recipes.bench.random_lora`)."""
+    if lora_from_random_init:
+        return "pretrain"
     if task in ("sft", "peft") and (cfg.checkpoint.pretrained_checkpoint or cfg.peft is not None):
         return "finetune"
     return "pretrain"
 
 
-def entry_point_for(cfg: Any, task: str) -> Callable:
-    name = entry_point_name(cfg, task)
+def entry_point_for(cfg: Any, task: str, lora_from_random_init: bool = False) -> Callable:
+    name = entry_point_name(cfg, task, lora_from_random_init)
     if name == "finetune":
         from megatron.bridge.training.finetune import finetune
 
         return finetune
-    if task in ("sft", "peft"):
+    if lora_from_random_init:
+        from bridge_recipes.bench import random_lora
+
+        _log(random_lora.log_line(random_lora.install(cfg)))
+    elif task in ("sft", "peft"):
         _log("no checkpoint.pretrained_checkpoint: fine-tuning recipe runs from random init through pretrain()")
     from megatron.bridge.training.pretrain import pretrain
 
@@ -154,10 +161,10 @@ def attention_per_conversation_on_packed_rows(cfg: Any) -> bool:
     return True
 
 
-def run(cfg: Any, task: str) -> None:
+def run(cfg: Any, task: str, lora_from_random_init: bool = False) -> None:
     prepare_for_registry_install(cfg)
     attention_per_conversation_on_packed_rows(cfg)
     step = forward_step_for(cfg)
-    entry = entry_point_for(cfg, task)
+    entry = entry_point_for(cfg, task, lora_from_random_init)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")
     entry(cfg, step)

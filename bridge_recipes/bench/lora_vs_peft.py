@@ -1,0 +1,317 @@
+"""Each one-GPU LoRA recipe at its released size and its transformers + PEFT peer, back to back on
+one GPU: the same rows, the same tokens a step, the same steps and window.
+
+    python -m bridge_recipes.bench.lora_vs_peft --rows DIR --out results/single_gpu_lora_vs_peft.json
+    python -m bridge_recipes.bench.lora_vs_peft --rows DIR --dry-run   # on a CPU: checks, trains nothing
+
+For each recipe (default :data:`RECIPES`), in this order:
+
+- ours: ``scripts/benchmark.py --recipe NAME --rows DIR --lora-from-random-init`` (the recipe's own
+  layout on its one GPU, random base weights: :mod:`bridge_recipes.bench.random_lora`), its result
+  file and log in ``--work``;
+- the peer: ``python -m bridge_recipes.bench.peer_peft`` with the same recipe, rows, overrides,
+  steps and window, in a process of its own (its JSON and log in ``--work``);
+- the planner: :func:`bridge_recipes.plan.memory.plan_memory` of the config ours runs: its peak
+  allocated memory (``planner_gb``, the figure a measured peak is compared with) and that plus the
+  framework overhead (``planner_total_gb``, the recipes' docstring figure).
+
+Both run ``--global-batch`` rows a step (default :data:`GLOBAL_BATCH`) instead of the recipes' 128:
+one row is one micro batch either way, so a row costs the same; the optimizer step, over
+adapters only, is amortized over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
+more per recipe (tokens/s ratio, step-time spread, useful-token share, errors), rewritten after each
+recipe so that a run cut short keeps what finished. A run that fails is recorded with its error and
+the next one runs. ``--dry-run`` runs ours' runner dry run with the exact launch arguments, the
+planner, and the peer's ``--dry-run`` (full model and adapters on the meta device): what fails on
+the GPU host for a reason a CPU can see fails here. Exit status 0 when every run gave figures,
+1 otherwise, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.bench.runs import ROOT
+from bridge_recipes.outputs import write_text_atomic
+
+RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
+GLOBAL_BATCH = 2  # rows a step for both runs (16,384 tokens), in place of the recipes' 128 (1,048,576 tokens)
+FIELDS = (
+    "model",
+    "ours_tokens_per_s",
+    "peer_tokens_per_s",
+    "ours_peak_gb",
+    "peer_peak_gb",
+    "planner_gb",
+    "steps",
+    "row_tokens",
+    "peer_stack",
+)
+LOG = "[lora_vs_peft]"
+# lines of the peer's and the runner's output shown as they come (the rest goes to the logs only)
+SHOWN = ("[peer]", "peer_peft:", "run_recipe.py: error", "checks: ok", "base weights:")
+
+
+def _log(msg: str) -> None:
+    print(f"{LOG} {msg}", flush=True)
+
+
+def benchmark_argv(recipe: str, opts: argparse.Namespace, out: Path) -> list[str]:
+    """``scripts/benchmark.py`` arguments of ours' run of ``recipe``."""
+    from bridge_recipes.bench import random_lora
+
+    return [
+        "--recipe",
+        recipe,
+        "--rows",
+        str(opts.rows),
+        random_lora.OPTION,
+        "--steps",
+        str(opts.steps),
+        "--window",
+        *map(str, opts.window),
+        "--out",
+        str(out),
+        *overrides(opts),
+    ]
+
+
+def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[str]:
+    """``python -m bridge_recipes.bench.peer_peft`` arguments of the peer of ``recipe`` (``out``
+    None: its dry run)."""
+    return [
+        "--recipe",
+        recipe,
+        "--rows",
+        str(opts.rows),
+        "--steps",
+        str(opts.steps),
+        "--window",
+        *map(str, opts.window),
+        *(["--out", str(out)] if out else ["--dry-run"]),
+        *overrides(opts),
+    ]
+
+
+def overrides(opts: argparse.Namespace) -> list[str]:
+    """The recipe overrides both runs get: the rows a step, then the command's KEY=VALUE."""
+    return [f"train.global_batch_size={opts.global_batch}", *opts.overrides]
+
+
+def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str], Any, Any]:
+    """Ours' run as ``scripts/benchmark.py`` plans it: the runner arguments it launches, its
+    config, and the planner's memory plan of that config on one H200. Raises ValueError on bad input."""
+    from bridge_recipes.bench import benchmark
+    from bridge_recipes.plan.memory import plan_memory
+
+    bench_opts = benchmark.build_parser().parse_intermixed_args(benchmark_argv(recipe, opts, out))
+    problems, plans = benchmark.argument_problems(bench_opts, benchmark.runs_of(bench_opts))
+    if problems:
+        raise ValueError("; ".join(problems))
+    request, cfg = plans[0]
+    return benchmark.launch_args(request, bench_opts), cfg, plan_memory(cfg, 1, gpu="h200")
+
+
+def streamed(cmd: list[str], log_path: Path) -> int:
+    """Run ``cmd`` from the repository root, its output both printed and written to ``log_path``."""
+    with open(log_path, "a") as log:
+        log.write(f"\n===== {' '.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout or ():
+            log.write(line)
+            if line.startswith(SHOWN):
+                print(line, end="", flush=True)
+        return proc.wait()
+
+
+def run_ours(recipe: str, opts: argparse.Namespace, out: Path) -> dict:
+    """Ours' benchmark run of ``recipe``: its result document (scripts/benchmark.py's), or
+    ``{"error": ...}``."""
+    from bridge_recipes.bench import benchmark
+    from bridge_recipes.bench.result import read_result
+
+    try:
+        code = benchmark.main(benchmark_argv(recipe, opts, out))
+    except SystemExit as exc:  # its argument errors
+        code = exc.code if isinstance(exc.code, int) else 2
+    if code != 0 or not out.is_file():
+        return {"error": f"scripts/benchmark.py exited {code}; see {out.with_suffix('.log')}"}
+    return read_result(out)
+
+
+def run_peer(recipe: str, opts: argparse.Namespace, out: Path) -> dict:
+    """The peer's run of ``recipe`` in its own process: its result JSON, or ``{"error": ...}``."""
+    cmd = [sys.executable, "-m", "bridge_recipes.bench.peer_peft", *peer_argv(recipe, opts, out)]
+    out.unlink(missing_ok=True)
+    code = streamed(cmd, out.with_suffix(".log"))
+    doc = json.loads(out.read_text()) if out.is_file() else {}
+    if code != 0:
+        doc["error"] = doc.get("error") or f"peer_peft exited {code}; see {out.with_suffix('.log')}"
+    return doc
+
+
+def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, row_tokens: int) -> dict:
+    """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
+    result documents say (``plan``: the planner's memory plan of ours' config)."""
+    o, p = ours.get("result") or {}, peer.get("result") or {}
+    line = {
+        "model": ours.get("model") or peer.get("model"),
+        "ours_tokens_per_s": o.get("tokens_per_s_per_gpu"),
+        "peer_tokens_per_s": p.get("tokens_per_s"),
+        "ours_peak_gb": o.get("peak_allocated_gb"),
+        "peer_peak_gb": p.get("peak_allocated_gb"),
+        "planner_gb": round(plan.peak_allocated_gb, 1),
+        "steps": opts.steps,
+        "row_tokens": row_tokens,
+        "peer_stack": peer.get("peer_stack"),
+        "recipe": recipe,
+        "global_batch": opts.global_batch,
+        "window": list(opts.window),
+        "planner_total_gb": round(plan.peak_gb, 1),
+    }
+    if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
+        line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
+    if line["ours_peak_gb"]:
+        line["ours_peak_vs_planner"] = round(line["ours_peak_gb"] / plan.peak_allocated_gb - 1, 4)
+    line["ours_step_time_cv_percent"] = o.get("step_time_cv_percent")
+    line["peer_step_time_cv_percent"] = p.get("step_time_cv_percent")
+    rows = (ours.get("workload") or {}).get("rows") or (peer.get("workload") or {}).get("rows") or {}
+    line["useful_token_share"] = rows.get("useful_token_share")
+    line["ours_notes"] = ours.get("notes") or []
+    for side, doc in (("ours", ours), ("peer", peer)):
+        if doc.get("error"):
+            line[f"{side}_error"] = doc["error"]
+    return line
+
+
+def dry_run(opts: argparse.Namespace, work: Path) -> int:
+    """Everything a CPU can check of the comparison: ours' runner dry run with its launch arguments,
+    the planner's figure, the peer's model and adapters at full size on the meta device."""
+    failed = 0
+    for recipe in opts.recipe:
+        try:
+            args, cfg, plan = planned(recipe, opts, work / f"{recipe}.yaml")
+        except ValueError as exc:
+            _log(f"{recipe}: ours cannot run: {exc}")
+            failed += 1
+            continue
+        ours_cmd = [sys.executable, "-m", "bridge_recipes.runner", "--recipe", recipe, "--dry-run", *args]
+        ours_rc = streamed(ours_cmd, work / f"{recipe}_dry_run.log")
+        peer_cmd = [sys.executable, "-m", "bridge_recipes.bench.peer_peft", *peer_argv(recipe, opts, None)]
+        peer_rc = streamed(peer_cmd, work / f"{recipe}_peer_dry_run.log")
+        _log(
+            f"{recipe}: ours' dry run {'passes' if ours_rc == 0 else f'FAILS (exit {ours_rc})'} "
+            f"({' '.join(args)}); planner {plan.peak_allocated_gb:.1f} GB allocated, {plan.peak_gb:.1f} GB with "
+            f"the framework's overhead, of {plan.gpu_memory_gb:.1f}; the peer's dry run "
+            f"{'passes' if peer_rc == 0 else f'FAILS (exit {peer_rc})'}; logs in {work}"
+        )
+        failed += ours_rc != 0 or peer_rc != 0
+    return 1 if failed else 0
+
+
+def gpu_problem() -> str | None:
+    """Why the comparison cannot run here (no GPU), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA GPU: the comparison runs on one GPU (--dry-run checks it on a CPU)"
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m bridge_recipes.bench.lora_vs_peft",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--rows", required=True, metavar="DIR", help="packed SFT rows both runs train on")
+    ap.add_argument("--out", help="the comparison file (.json); required unless --dry-run")
+    ap.add_argument(
+        "--work",
+        default="experiments/lora_vs_peft",
+        metavar="DIR",
+        help="where each run's result and log go (default experiments/lora_vs_peft)",
+    )
+    ap.add_argument(
+        "--recipe", action="append", help=f"a one-GPU LoRA recipe (repeatable; default {', '.join(RECIPES)})"
+    )
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
+    ap.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=f"rows a step (default {GLOBAL_BATCH})")
+    ap.add_argument("--dry-run", action="store_true", help="check everything a CPU can; train nothing")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides both runs get")
+    return ap
+
+
+def argument_problems(opts: argparse.Namespace) -> list[str]:
+    from bridge_recipes import registry
+    from bridge_recipes.outputs import output_problem
+
+    out = []
+    if not Path(opts.rows).is_dir():
+        out.append(f"--rows {opts.rows}: not a folder (build one with scripts/build_sft_rows.py)")
+    if opts.global_batch < 1:
+        out.append(f"--global-batch {opts.global_batch}: at least 1")
+    if not opts.dry_run:
+        if not opts.out:
+            out.append("--out FILE is required (the comparison file), or --dry-run")
+        elif problem := output_problem(opts.out, option="--out", inputs=[("--rows", opts.rows)]):
+            out.append(problem)
+    for recipe in opts.recipe:
+        try:
+            entry = registry.find(recipe)
+        except registry.UnknownRecipe as exc:
+            out.append(str(exc))
+            continue
+        if entry.meta.task != "peft" or entry.meta.gpus != 1:
+            out.append(
+                f"--recipe {recipe}: a one-GPU LoRA recipe is needed (this one is {entry.meta.task} on "
+                f"{entry.meta.gpus} GPU(s))"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    opts = ap.parse_intermixed_args(argv)
+    opts.recipe = opts.recipe or list(RECIPES)
+    problems = argument_problems(opts)
+    if problems:
+        ap.error("; ".join(problems))
+    work = Path(opts.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if opts.dry_run:
+        return dry_run(opts, work)
+    if problem := gpu_problem():
+        ap.error(problem)
+    plans = {}
+    for recipe in opts.recipe:  # every run's arguments checked before the first starts
+        try:
+            plans[recipe] = planned(recipe, opts, work / f"{recipe}.yaml")
+        except ValueError as exc:
+            ap.error(str(exc))
+    lines: list[dict] = []
+    for recipe in opts.recipe:
+        _, cfg, plan = plans[recipe]
+        start = time.time()
+        _log(f"{recipe}: ours ({opts.steps} steps of {opts.global_batch} rows), then the peer; logs in {work}")
+        ours = run_ours(recipe, opts, work / f"{recipe}.yaml")
+        peer = run_peer(recipe, opts, work / f"{recipe}_peer.json")
+        lines.append(entry(recipe, opts, ours, peer, plan, cfg.model.seq_length))
+        write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
+        last = lines[-1]
+        _log(
+            f"{recipe} ({time.time() - start:.0f} s): ours {last['ours_tokens_per_s']} tokens/s, peak "
+            f"{last['ours_peak_gb']} GB (planner {last['planner_gb']}); peer {last['peer_tokens_per_s']} tokens/s, "
+            f"peak {last['peer_peak_gb']} GB; ratio {last.get('tokens_per_s_ratio')}"
+        )
+    return 0 if all(not (line.get("ours_error") or line.get("peer_error")) for line in lines) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
