@@ -53,6 +53,24 @@ TOKENIZER_TEXT = (
 )
 
 
+# The sizes of a toy small enough for a CPU (a few thousand parameters wide): make_toy(..., **CPU_SIZES)
+# for either family, with CPU_MOE_SIZES added for the MoE one.
+CPU_SIZES: dict[str, Any] = dict(
+    hidden_size=64,
+    num_attention_heads=2,
+    num_query_groups=1,
+    linear_num_key_heads=1,
+    linear_num_value_heads=2,
+    vocab_size=1024,
+)
+CPU_MOE_SIZES: dict[str, Any] = dict(
+    num_experts=4,
+    moe_router_topk=2,
+    moe_ffn_hidden_size=32,
+    moe_shared_expert_ffn_hidden_size=32,
+)
+
+
 def toy_spec(family: str = "moe", vl: bool = False, **sizes: Any) -> Qwen35Spec:
     """The catalog spec of ``family`` (dense: 27B, moe: 35B-A3B) scaled to the toy sizes;
     ``sizes`` override single fields (e.g. ``hidden_size=64`` for CPU tests)."""

@@ -16,22 +16,14 @@ import pytest
 import bridge_recipes
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.cli import main as convert_main
-from bridge_recipes.hf.toy import make_toy
+from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 from bridge_recipes.models.qwen35 import QWEN35_35B_A3B, hf_text_config
 
 MOE_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 DENSE_RECIPE = "qwen35_27b_sft_8gpu_h200_bf16_config"
 # CPU-sized toys: the family fields (head dims, GDN dims, interval) stay the catalog's.
-TINY = dict(
-    hidden_size=64,
-    num_attention_heads=2,
-    num_query_groups=1,
-    linear_num_key_heads=1,
-    linear_num_value_heads=2,
-    vocab_size=1024,
-    max_shard_size="300KB",
-)
-TINY_MOE = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_ffn_hidden_size=32)
+TINY = dict(**CPU_SIZES, max_shard_size="300KB")
+TINY_MOE = CPU_MOE_SIZES
 
 
 @pytest.fixture(scope="module")
