@@ -134,11 +134,10 @@ def build(
         raise ValueError(problem)
     if folder is not None:
         hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
-    if dataset == "sft-rows" or getattr(cfg.dataset, "rows_per_sample", None) is not None:
-        from bridge_recipes.data.packed_rows import fit_micro_batch
+    from bridge_recipes.data.packed_rows import fit_micro_batch
 
-        if (packed := fit_micro_batch(cfg)) and report:
-            report(packed)
+    if (packed := fit_micro_batch(cfg)) and report:  # rows with boundaries: one packed sequence a micro batch
+        report(packed)
     return cfg
 
 
