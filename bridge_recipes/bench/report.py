@@ -199,6 +199,40 @@ def parity_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def vl_table() -> str:
+    """VL fine-tuning from image conversations (docs/evidence/vl): the run's curve, its validation
+    losses and the held-out loss of the toy it started from and of its export."""
+    path = EVIDENCE / "vl" / "vl_finetune_summary.json"
+    if not path.is_file():
+        return ""
+    doc = json.loads(path.read_text())
+    train, held = doc["training"], doc["held_out"]
+    losses = [train["losses"][k] for k in sorted(train["losses"], key=int)]
+    run_log = (path.parent / "vl_finetune_run.log").read_text()
+    day = next((w[1:] for w in run_log.split() if w.startswith("[20") and len(w) == 11), "-")
+    device = (path.parent / "vl_finetune.log").read_text().split("device ", 1)[-1].split(";", 1)[0]
+    validation = ", ".join(
+        f"{v:.3f} (step {k})" for k, v in sorted(train["validation_losses"].items(), key=lambda kv: int(kv[0]))
+    )
+    samples = doc["dataset"]["splits"]["train"]["samples"]
+    cells = [
+        str(train["steps"]),
+        f"{losses[0]:.3f} -> {losses[-1]:.3f}",
+        validation,
+        *(f"{held[k]['loss']:.3f}" for k in ("toy", "export", "export_swapped_images")),
+        "yes" if doc["passed"] else "no",
+    ]
+    lines = [
+        f"`{_rel(path)}`: `{doc['recipe']}` scaled to the imported VL toy, {samples} generated image "
+        f"conversations; measured {day} on {device}.",
+        "",
+        "| steps | train loss | validation loss | held out: toy | export | export, images swapped | passed |",
+        "|---:|---|---|---:|---:|---:|---|",
+        f"| {' | '.join(cells)} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     """The whole of docs/performance.md."""
     from bridge_recipes.bench.candidates import candidates_table
@@ -240,6 +274,9 @@ def render() -> str:
             "Useful tokens/s of packed rows against one conversation per row, on the same conversations:",
             "",
             packing_table(),
+            "## VL fine-tuning from image conversations",
+            "",
+            vl_table(),
             "## Evidence suites",
             "",
             evidence_table(),

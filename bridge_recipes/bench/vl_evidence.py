@@ -15,7 +15,7 @@
    answer (what the images themselves teach).
 
 OUT_DIR gets vl_finetune.log (this driver), vl_finetune_run.log (the training run) and
-vl_finetune_summary.json; :func:`failures` are the gates.
+vl_finetune_summary.json; :func:`failures` are the gates (``passed`` when it lists none).
 """
 
 from __future__ import annotations
@@ -196,6 +196,7 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
         summary["errors"].append(f"{type(e).__name__}: {e}")
         log(f"FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
     summary["failures"] = failures(summary)
+    summary["passed"] = not summary["failures"]
     log(f"gates: {'ok' if not summary['failures'] else summary['failures']}")
     save()
     return summary

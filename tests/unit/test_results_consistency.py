@@ -260,3 +260,28 @@ def test_packed_gradient_parity_is_what_its_log_gives():
     assert committed["rule"]["grad_norm_ratio"] == list(parity.NORM_RATIO)
     defaults = [c for c in committed["cases"] if c["default_path"]]
     assert defaults and all(c["holds"] for c in defaults)  # the default path is the one proven
+
+
+# --- VL fine-tuning from image conversations ---------------------------------------------------------
+
+VL = EVIDENCE / "vl"
+
+
+def test_vl_finetune_summary_is_what_its_logs_give():
+    """The VL evidence's training curve and validation losses are its run log's, its held-out losses its
+    driver log's, and its gates are recomputed from them."""
+    from bridge_recipes.bench.vl_evidence import failures
+    from bridge_recipes.logs.megatron_log import validation_losses
+
+    summary = json.loads((VL / "vl_finetune_summary.json").read_text())
+    run_log = (VL / "vl_finetune_run.log").read_text()
+    train = summary["training"]
+    assert {int(k): v for k, v in train["losses"].items()} == {
+        it.step: it.lm_loss for it in parse_megatron_log(run_log)
+    }
+    assert {int(k): v for k, v in train["validation_losses"].items()} == validation_losses(run_log)
+    assert check_training({int(k): v for k, v in train["losses"].items()}).passed == train["check"]["passed"]
+    held = [ln for ln in (VL / "vl_finetune.log").read_text().splitlines() if "] held out: {" in ln]
+    assert json.loads(held[-1].split("] held out: ", 1)[1]) == {k: v["loss"] for k, v in summary["held_out"].items()}
+    assert summary["failures"] == failures(summary)
+    assert summary["passed"] is (not summary["failures"])
