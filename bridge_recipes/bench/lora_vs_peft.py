@@ -3,6 +3,8 @@ one GPU: the same rows, the same tokens a step, the same steps and window.
 
     python -m bridge_recipes.bench.lora_vs_peft --rows DIR --out results/single_gpu_lora_vs_peft.json
     python -m bridge_recipes.bench.lora_vs_peft --rows DIR --dry-run   # on a CPU: checks, trains nothing
+    python -m bridge_recipes.bench.lora_vs_peft --rows DIR --work DIR --assemble --out FILE
+                                           # the comparison of runs already in --work; trains nothing
 
 For each recipe (default :data:`RECIPES`), in this order:
 
@@ -119,7 +121,7 @@ def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str]
 
 def streamed(cmd: list[str], log_path: Path) -> int:
     """Run ``cmd`` from the repository root, its output both printed and written to ``log_path``."""
-    with open(log_path, "a") as log:
+    with open(log_path, "a", buffering=1) as log:  # line by line: a run cut short keeps its log
         log.write(f"\n===== {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout or ():
@@ -144,15 +146,45 @@ def run_ours(recipe: str, opts: argparse.Namespace, out: Path) -> dict:
     return read_result(out)
 
 
-def run_peer(recipe: str, opts: argparse.Namespace, out: Path) -> dict:
-    """The peer's run of ``recipe`` in its own process: its result JSON, or ``{"error": ...}``."""
+def run_peer(recipe: str, opts: argparse.Namespace, out: Path, useful_share: float | None) -> dict:
+    """The peer's run of ``recipe`` in its own process: its result JSON, or ``{"error": ...}`` (with
+    the figures of the steps its log holds when it stopped part way)."""
     cmd = [sys.executable, "-m", "bridge_recipes.bench.peer_peft", *peer_argv(recipe, opts, out)]
     out.unlink(missing_ok=True)
+    out.with_suffix(".log").unlink(missing_ok=True)
     code = streamed(cmd, out.with_suffix(".log"))
-    doc = json.loads(out.read_text()) if out.is_file() else {}
+    doc = peer_document(out, tuple(opts.window), useful_share)
     if code != 0:
-        doc["error"] = doc.get("error") or f"peer_peft exited {code}; see {out.with_suffix('.log')}"
+        own = json.loads(out.read_text()).get("error") if out.is_file() else None
+        doc["error"] = own or f"peer_peft exited {code}; see {out.with_suffix('.log')}"
     return doc
+
+
+def peer_document(out: Path, window: tuple[int, int], useful_share: float | None) -> dict:
+    """The peer's result JSON ``out``; when it holds no figures, the figures of its log
+    (:func:`bridge_recipes.bench.peer_peft.result_from_log`) with the JSON's error, if any."""
+    from bridge_recipes.bench.peer_peft import result_from_log
+
+    doc = json.loads(out.read_text()) if out.is_file() else {}
+    log = out.with_suffix(".log")
+    if not doc.get("result") and log.is_file():
+        try:
+            doc = {
+                **result_from_log(log.read_text(), window, useful_share),
+                **({"error": doc["error"]} if doc.get("error") else {}),
+            }
+        except ValueError as exc:
+            doc.setdefault("error", f"{log}: {exc}")
+    if not doc:
+        doc["error"] = f"neither {out} nor its log is there"
+    return doc
+
+
+def ours_document(out: Path) -> dict:
+    """Ours' benchmark result ``out``, or ``{"error": ...}``."""
+    from bridge_recipes.bench.result import read_result
+
+    return read_result(out) if out.is_file() else {"error": f"no result file {out}"}
 
 
 def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, row_tokens: int) -> dict:
@@ -174,6 +206,10 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
         "window": list(opts.window),
         "planner_total_gb": round(plan.peak_gb, 1),
     }
+    if p.get("window") and list(p["window"]) != list(opts.window):
+        line["peer_window"] = list(p["window"])
+    if peer.get("cut_short"):
+        line["peer_cut_short"] = peer["cut_short"]
     if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
         line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     if line["ours_peak_gb"]:
@@ -244,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
     ap.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=f"rows a step (default {GLOBAL_BATCH})")
     ap.add_argument("--dry-run", action="store_true", help="check everything a CPU can; train nothing")
+    ap.add_argument(
+        "--assemble",
+        action="store_true",
+        help="write --out from the runs already in --work (a run cut short: the steps its log holds); train nothing",
+    )
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides both runs get")
     return ap
 
@@ -287,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     if opts.dry_run:
         return dry_run(opts, work)
-    if problem := gpu_problem():
+    if not opts.assemble and (problem := gpu_problem()):
         ap.error(problem)
     plans = {}
     for recipe in opts.recipe:  # every run's arguments checked before the first starts
@@ -299,9 +340,20 @@ def main(argv: list[str] | None = None) -> int:
     for recipe in opts.recipe:
         _, cfg, plan = plans[recipe]
         start = time.time()
-        _log(f"{recipe}: ours ({opts.steps} steps of {opts.global_batch} rows), then the peer; logs in {work}")
-        ours = run_ours(recipe, opts, work / f"{recipe}.yaml")
-        peer = run_peer(recipe, opts, work / f"{recipe}_peer.json")
+        what = (
+            "assembled from"
+            if opts.assemble
+            else f"ours ({opts.steps} steps of {opts.global_batch} rows), then the peer; logs in"
+        )
+        _log(f"{recipe}: {what} {work}")
+        if opts.assemble:
+            ours = ours_document(work / f"{recipe}.yaml")
+            share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
+            peer = peer_document(work / f"{recipe}_peer.json", tuple(opts.window), share)
+        else:
+            ours = run_ours(recipe, opts, work / f"{recipe}.yaml")
+            share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
+            peer = run_peer(recipe, opts, work / f"{recipe}_peer.json", share)
         lines.append(entry(recipe, opts, ours, peer, plan, cfg.model.seq_length))
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
         last = lines[-1]

@@ -55,6 +55,7 @@ import importlib.metadata
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -390,6 +391,54 @@ def measured(records: list[dict], window: tuple[int, int], useful_share: float |
     return out
 
 
+_HEADER = re.compile(
+    r"^\[peer\] \S+: (?P<model>\S+) .* on \S+; (?P<gb>\d+) rows of (?P<row>\d+) tokens a step"
+    r" .*, (?P<steps>\d+) steps$"
+)
+_STEP = re.compile(
+    r"^\[peer\] step (?P<step>\d+)/\d+: (?P<s>[\d.]+) s, [\d.]+ tokens/s, loss (?P<loss>[\d.naninf+-]+)"
+    r"(?:, peak (?P<peak>[\d.]+) GB)?$"
+)
+
+
+def result_from_log(text: str, window: tuple[int, int], useful_share: float | None) -> dict:
+    """The peer's figures from its log alone (the ``[peer]`` lines), for a run whose JSON was never
+    written, such as one stopped before its last step: the window ends at the last step logged,
+    and ``cut_short`` says so. The peak is the log's (0.1 GB), the step times its (10 ms)."""
+    lines = text.splitlines()
+    header = next((m for m in map(_HEADER.match, lines) if m), None)
+    if header is None:
+        raise ValueError("no '[peer] RECIPE: MODEL ... N rows of T tokens a step ..., S steps' line in the log")
+    tokens = int(header["gb"]) * int(header["row"])
+    records: list[dict[str, Any]] = [
+        {
+            "step": int(m["step"]),
+            "time_s": float(m["s"]),
+            "tokens": tokens,
+            "loss": float(m["loss"]),
+            "peak_bytes": None if m["peak"] is None else round(float(m["peak"]) * BYTES_PER_GB),
+        }
+        for m in map(_STEP.match, lines)
+        if m
+    ]
+    last: int = records[-1]["step"] if records else 0
+    planned = int(header["steps"])
+    first = window[0]
+    if last < first + 2:
+        raise ValueError(f"the log ends after step {last}: too few steps for a window from step {first}")
+    stack = next((ln.split("] stack: ", 1)[1] for ln in lines if ln.startswith(f"{LOG} stack: ")), None)
+    kernel = next((ln.split("] ", 1)[1] for ln in lines if ln.startswith(f"{LOG} Gated DeltaNet chunk kernel")), None)
+    doc = {
+        "model": header["model"],
+        "peer_stack": stack or kernel,
+        "result": measured(records, (first, min(window[1], last)), useful_share),
+        "steps": [{"step": r["step"], "time_s": r["time_s"], "loss": r["loss"]} for r in records],
+    }
+    if last < planned:
+        doc["cut_short"] = f"the log ends after step {last} of {planned}"
+    return doc
+
+
 # --- command line ----------------------------------------------------------------------------
 
 
@@ -528,6 +577,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
             f"on {', '.join(lora['modules'])}"
         )
         _log(f"Gated DeltaNet chunk kernel here: {kernel}; attention {stack['attention']}")
+        _log(f"stack: {doc['peer_stack']}")
         if device == "cuda" and not opts.dry_run and not kernel.startswith(FLA):
             raise PeerError(
                 f"the Gated DeltaNet runs {kernel}, not flash-linear-attention's kernel: install "

@@ -50,8 +50,13 @@ def _ratio_file(evidence: str | None) -> Path | None:
 def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     """One figure for a recipe and the file or source it comes from."""
     meta = entry.meta
-    if meta.measured and meta.measured.get("tokens_per_s_per_gpu") is not None:
-        return f"{meta.measured['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU", meta.measured["result"]
+    if meta.measured:  # the figure is the result file's: useful tokens/s/GPU on SFT rows
+        from bridge_recipes.bench.result import read_result
+
+        r = read_result(ROOT / meta.measured["result"])["result"]
+        useful = r.get("useful_tokens_per_s_per_gpu")
+        figure = f"{useful:,.1f} useful tokens/s/GPU" if useful else f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
+        return figure, meta.measured["result"]
     ratio = _ratio_file(meta.evidence)
     if ratio is not None:
         doc = json.loads(ratio.read_text())
@@ -233,6 +238,40 @@ def vl_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def lora_vs_peft_table() -> str:
+    """The one-GPU LoRA recipes at full size against transformers + PEFT (results/single_gpu_lora_vs_peft.json)."""
+    from bridge_recipes.bench.result import read_result
+
+    path = RESULTS / "single_gpu_lora_vs_peft.json"
+    if not path.is_file():
+        return ""
+    lines = [
+        f"`{_rel(path)}` (`python -m bridge_recipes.bench.lora_vs_peft`), logs in `docs/evidence/lora_vs_peft/`.",
+        "",
+        "| recipe | measured | ours tokens/s | peer tokens/s | ratio | ours peak GB | planner GB | peer GB | peer |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for line in json.loads(path.read_text()):
+        ours = EVIDENCE / "lora_vs_peft" / f"{line['recipe']}.yaml"
+        doc = read_result(ours) if ours.is_file() else {}
+        day = (doc.get("result") or {}).get("measured", "-")
+        gpu = (doc.get("stack") or {}).get("gpu_name", "-")
+
+        def num(x: Any, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+
+        peer = (
+            line.get("peer_cut_short") or line.get("peer_error") or f"window {line['window'][0]}-{line['window'][1]}"
+        )
+        lines.append(
+            f"| `{line['recipe']}` | {day}, {gpu} | {num(line['ours_tokens_per_s'], ',.1f')} "
+            f"| {num(line['peer_tokens_per_s'], ',.1f')} | {num(line.get('tokens_per_s_ratio'), '.3f')} "
+            f"| {num(line['ours_peak_gb'], '.1f')} | {num(line['planner_gb'], '.1f')} "
+            f"| {num(line['peer_peak_gb'], '.1f')} | {peer} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     """The whole of docs/performance.md."""
     from bridge_recipes.bench.candidates import candidates_table
@@ -274,6 +313,12 @@ def render() -> str:
             "Useful tokens/s of packed rows against one conversation per row, on the same conversations:",
             "",
             packing_table(),
+            "## One GPU at full size: LoRA against transformers + PEFT",
+            "",
+            "The one-GPU LoRA recipes at their released size (random base weights) and the same workload",
+            "through transformers + PEFT, back to back on one GPU: tokens/s over the same window of steps.",
+            "",
+            lora_vs_peft_table(),
             "## VL fine-tuning from image conversations",
             "",
             vl_table(),

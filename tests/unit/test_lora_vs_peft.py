@@ -2,11 +2,12 @@
 
 The transformers + PEFT peer: a toy of the recipe's model trains on packed rows and writes its
 figures; the adapters sit where the recipe's do, with its rank and alpha; a packed row's
-conversations see only themselves. The one command: its dry run passes for both one-GPU LoRA
-recipes at full size (ours' runner dry run with --lora-from-random-init as the benchmark launches
-it, the planner, the peer's every layer, expert and vocabulary row on the meta device); the
-benchmark passes the option and its result says so; ours faked at the launch and the peer a toy,
-it writes the comparison list after each recipe, errors included."""
+conversations see only themselves; a run cut short keeps the figures of its logged steps. The
+one command: its dry run passes for both one-GPU LoRA recipes at full size (ours' runner dry run
+with --lora-from-random-init as the benchmark launches it, the planner, the peer's every layer,
+expert and vocabulary row on the meta device); the benchmark passes the option and its result
+says so; ours faked at the launch and the peer a toy, it writes the comparison list after each
+recipe, errors included, and --assemble writes it again from the work folder."""
 
 from __future__ import annotations
 
@@ -409,3 +410,64 @@ def test_the_queued_command_passes_its_checks(rows, tmp_path):
     assert lora_vs_peft.argument_problems(opts) == [] and Path(opts.out).name == "single_gpu_lora_vs_peft.json"
     for recipe in opts.recipe:
         lora_vs_peft.planned(recipe, opts, tmp_path / f"{recipe}.yaml")  # raises on a problem
+
+
+# --- a run cut short, and the comparison assembled from a work folder -----------------------------
+
+
+def peer_log(steps_logged: int, steps: int = 10, gb: int = 2, row: int = 2048) -> str:
+    """The ``[peer]`` lines of a peer run that logged ``steps_logged`` of its ``steps`` steps."""
+    lines = [
+        f"[peer] {DENSE}: qwen35_27b (64 layers, no experts, vocabulary 248320) on cuda; {gb} rows of {row} "
+        f"tokens a step (boundaries rows), {steps} steps",
+        "[peer] Gated DeltaNet chunk kernel here: fla.ops.gated_delta_rule.chunk; attention sdpa",
+        "[peer] stack: transformers + PEFT (as logged)",
+    ]
+    lines += [
+        f"[peer] step {i}/{steps}: {2.0 + i / 100:.2f} s, {gb * row / 2.0:.0f} tokens/s, loss {9 - i / 10:.4f}, "
+        "peak 91.8 GB"
+        for i in range(1, steps_logged + 1)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_peers_figures_come_from_its_log_when_it_stopped_part_way():
+    doc = peer_peft.result_from_log(peer_log(8), (3, 9), 0.5)
+    r = doc["result"]
+    assert r["window"] == [3, 8] and doc["cut_short"] == "the log ends after step 8 of 10"
+    times = [2.0 + i / 100 for i in range(3, 9)]
+    assert r["tokens_per_s"] == pytest.approx(len(times) * 2 * 2048 / sum(times), abs=0.1)
+    assert r["useful_tokens_per_s"] == pytest.approx(r["tokens_per_s"] / 2, abs=0.1)
+    assert r["peak_allocated_gb"] == pytest.approx(91.8) and doc["peer_stack"] == "transformers + PEFT (as logged)"
+    assert "cut_short" not in peer_peft.result_from_log(peer_log(10), (3, 9), None)
+    with pytest.raises(ValueError, match="after step 4"):
+        peer_peft.result_from_log(peer_log(4), (3, 9), None)
+    with pytest.raises(ValueError, match="rows of"):
+        peer_peft.result_from_log("[peer] step 1/10: 2.00 s, 1 tokens/s, loss 1.0\n", (3, 9), None)
+
+
+def test_a_peer_that_dies_part_way_keeps_the_figures_of_its_logged_steps(short_rows, tmp_path, monkeypatch):
+    monkeypatch.setattr(lora_vs_peft, "gpu_problem", lambda: None)
+    fake_launches(monkeypatch, ms=2000.0, peak_gb=95.0)
+
+    def dies_at_step_8(cmd, log):
+        log.write_text(peer_log(8, row=ROW_TOKENS))
+        return 1
+
+    monkeypatch.setattr(lora_vs_peft, "streamed", dies_at_step_8)
+    out = tmp_path / "c.json"
+    argv = ["--rows", str(short_rows), "--out", str(out), "--work", str(tmp_path / "w"), "--recipe", DENSE]
+    assert lora_vs_peft.main([*argv, "--steps", "10", "--window", "3", "9", *SHORT_ROWS]) == 1
+    (line,) = json.loads(out.read_text())
+    assert line["peer_tokens_per_s"] > 0 and line["peer_window"] == [3, 8]
+    assert line["peer_cut_short"] == "the log ends after step 8 of 10" and "peer_peft exited 1" in line["peer_error"]
+    # the same comparison assembled again from the work folder, nothing run
+    monkeypatch.setattr(lora_vs_peft, "run_ours", None)
+    monkeypatch.setattr(lora_vs_peft, "run_peer", None)
+    again = tmp_path / "again.json"
+    argv[3] = str(again)
+    assert lora_vs_peft.main([*argv, "--assemble", "--steps", "10", "--window", "3", "9", *SHORT_ROWS]) == 0
+    (assembled,) = json.loads(again.read_text())
+    assert {k: v for k, v in assembled.items() if k != "peer_error"} == {
+        k: v for k, v in line.items() if k != "peer_error"
+    }

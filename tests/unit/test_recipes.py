@@ -84,8 +84,12 @@ def test_evidence_files_exist(name):
         if meta.evidence.endswith(".json"):  # an evidence result: it is this recipe's, and it passed
             doc = json.loads((ROOT / meta.evidence).read_text())
             assert doc["recipe"] == name and doc["passed"] is True
-    if meta.status == "measured":
-        assert (ROOT / meta.measured["result"]).is_file()
+    if meta.status == "measured":  # a benchmark result of this recipe, at its own GPU count and type
+        from bridge_recipes.bench.result import read_result
+
+        doc = read_result(ROOT / meta.measured["result"])
+        assert doc["recipe"] == name and doc["result"]["tokens_per_s_per_gpu"] > 0
+        assert (doc["gpu"]["count"], doc["gpu"]["type"].lower()) == (meta.gpus, meta.gpu)
 
 
 # A recipe's docstring says what the policy is and why; measurements live in results/ and its evidence.

@@ -28,7 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
 EVIDENCE = ROOT / "docs/evidence"
 # Where a benchmark result's log lives: results/candidates/X.yaml -> candidates/X.log, results/X.yaml -> proxy/X.log
-LOG_FOLDERS = {RESULTS / "candidates": EVIDENCE / "candidates", RESULTS: EVIDENCE / "proxy"}
+LOG_FOLDERS = {
+    RESULTS / "candidates": EVIDENCE / "candidates",
+    RESULTS: EVIDENCE / "proxy",
+    EVIDENCE / "lora_vs_peft": EVIDENCE / "lora_vs_peft",
+}
 BENCHMARK_RESULTS = sorted(p for folder in LOG_FOLDERS for p in folder.glob("*.yaml"))
 # Ratio files of pairs whose two result files are not STEM.yaml and STEM_against.yaml
 PAIRED_ELSEWHERE = {
@@ -65,7 +69,7 @@ def _arms(ratio: Path) -> tuple[Path, Path]:
     return ratio.parent / f"{stem}.yaml", ratio.parent / f"{stem}_against.yaml"
 
 
-@pytest.mark.parametrize("result", BENCHMARK_RESULTS, ids=lambda p: str(p.relative_to(RESULTS)))
+@pytest.mark.parametrize("result", BENCHMARK_RESULTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_benchmark_result_is_what_its_log_gives(result):
     doc = read_result(result)
     r = doc["result"]
@@ -285,3 +289,26 @@ def test_vl_finetune_summary_is_what_its_logs_give():
     assert json.loads(held[-1].split("] held out: ", 1)[1]) == {k: v["loss"] for k, v in summary["held_out"].items()}
     assert summary["failures"] == failures(summary)
     assert summary["passed"] is (not summary["failures"])
+
+
+# --- one-GPU LoRA at full size against transformers + PEFT -------------------------------------------
+
+LORA_VS_PEFT = EVIDENCE / "lora_vs_peft"
+
+
+@pytest.mark.parametrize("line", json.loads((RESULTS / "single_gpu_lora_vs_peft.json").read_text()), ids=str)
+def test_lora_vs_peft_lines_are_their_runs(line):
+    """Each line's figures are ours' benchmark result (itself checked against its log above) and the
+    peer's result or log, as ``lora_vs_peft --assemble`` reads them from the evidence folder."""
+    from bridge_recipes.bench.lora_vs_peft import ours_document, peer_document
+
+    ours = ours_document(LORA_VS_PEFT / f"{line['recipe']}.yaml")
+    share = ours["workload"]["rows"]["useful_token_share"]
+    peer = peer_document(LORA_VS_PEFT / f"{line['recipe']}_peer.json", tuple(line["window"]), share)
+    assert line["ours_tokens_per_s"] == ours["result"]["tokens_per_s_per_gpu"]
+    assert line["ours_peak_gb"] == ours["result"]["peak_allocated_gb"]
+    assert line["peer_tokens_per_s"] == peer["result"]["tokens_per_s"]
+    assert line["peer_peak_gb"] == peer["result"]["peak_allocated_gb"]
+    assert line.get("peer_cut_short") == peer.get("cut_short")
+    assert line["tokens_per_s_ratio"] == round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
+    assert line["useful_token_share"] == share

@@ -481,7 +481,8 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     gpu="h200",
     precision="bf16",
     layout="TP1 PP1 DP1",
-    status="unmeasured",
+    status="measured",
+    measured={"result": "docs/evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 99.0 GB)."""
