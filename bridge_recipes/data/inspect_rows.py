@@ -50,6 +50,24 @@ def row_stats(ids: np.ndarray, mask: np.ndarray, cu: np.ndarray | None, packing:
     return RowStats(n, int(mask.sum()), padding, conversations)
 
 
+def row_conversations(
+    ids: np.ndarray, mask: np.ndarray, cu: np.ndarray | None, packing: str, eos_id: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (tokens, loss mask) of each conversation a ``boundaries`` or ``one_per_row`` row holds, in
+    order, padding (as :func:`row_stats` finds it) stripped: a boundaries row's segments between
+    its ``cu_seqlens``, a one_per_row row's one conversation."""
+    if packing == "eos_joined":
+        raise ValueError("eos_joined rows are cut from one stream: their conversations have no boundaries")
+    stats = row_stats(ids, mask, cu, packing, eos_id)
+    end = stats.tokens - stats.padding
+    if cu is None:
+        edges = [0, end] if end else []
+    else:  # the padding is a segment of its own when it ends where a conversation does
+        edges = [int(c) for c in cu]
+        edges = edges[:-1] if stats.padding and end in edges else edges
+    return [(ids[a:b], mask[a:b]) for a, b in zip(edges, edges[1:])]
+
+
 def _spans(mask: np.ndarray, end: int) -> list[tuple[int, int, bool]]:
     """(start, stop, supervised) runs of ``mask[:end]``."""
     out, start = [], 0

@@ -17,6 +17,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 WORDS = "the a river city light model token layer weight data train north south quick slow".split()
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
@@ -74,12 +76,18 @@ def build_evidence_rows(out: str | Path, tokenizer: str | Path, packing: str = "
     """Write the evidence's conversations to ``out``'s parent as ``chat.jsonl`` and build them into
     rows in ``out`` (replacing it) with ``packing``; returns the manifest. One definition for the
     GPU tests that train on these rows, so their first steps read the same rows."""
+    return _build_rows(out, tokenizer, packing, conversations_jsonl(EVIDENCE_CONVERSATIONS, seed=0))
+
+
+def _build_rows(out: str | Path, tokenizer: str | Path, packing: str, text: str) -> dict[str, Any]:
+    """``text`` (JSON lines) written to ``out``'s parent as ``chat.jsonl`` and built into rows in ``out``
+    as the evidence builds them (``EVIDENCE_ROW_TOKENS``, ``EVIDENCE_VAL_FRACTION``, the default seed)."""
     from bridge_recipes.data.sft_rows import build_sft_rows
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     src = out.parent / "chat.jsonl"
-    src.write_text(conversations_jsonl(EVIDENCE_CONVERSATIONS, seed=0))
+    src.write_text(text)
     return build_sft_rows(
         src,
         tokenizer,
@@ -90,6 +98,99 @@ def build_evidence_rows(out: str | Path, tokenizer: str | Path, packing: str = "
         overwrite=True,
         progress=False,
     )
+
+
+# The conversations of the packed-against-one-per-row comparison: the evidence's kinds, each
+# rendered to exactly ALIGNED_TOKENS tokens, so a boundaries row holds three (3 x 640 = 1,920 of
+# 2,048 tokens) and never four. Equal lengths, not a band: the boundaries packer closes the
+# fullest open row first, so rows close in the order they opened only when they are equally full;
+# then packed row i holds one_per_row rows 3i, 3i+1 and 3i+2. 180 conversations: 18 validation
+# (six packed rows), 162 training (54 packed rows: 13 steps of 4 packed or 12 one-per-row rows).
+ALIGNED_CONVERSATIONS = 180
+ALIGNED_TOKENS = 640
+ALIGNED_PER_ROW = 3
+
+
+def aligned_conversations_jsonl(tokenizer: str | Path, n: int = ALIGNED_CONVERSATIONS, seed: int = 0) -> str:
+    """``n`` conversations of :func:`conversation`'s kinds, each rendered by ``tokenizer``'s chat
+    template (the row builder's render) to exactly ``ALIGNED_TOKENS`` tokens: the last answer's
+    words are cut or extended until it does. Lengths are measured, never estimated: a word's tokens
+    at the end of an answer are rendered once, and every conversation is rendered again to check."""
+    from bridge_recipes.data.chat_template import TemplateRenderer
+
+    renderer = TemplateRenderer(tokenizer)
+
+    def measure(conv: dict) -> int:
+        plain = json.loads(json.dumps(conv))  # what the builder reads back from the JSON line
+        return len(renderer.render(plain["messages"], plain.get("tools"))[0])
+
+    rng = random.Random(seed)
+    probe = conversation(random.Random(seed), 0)
+    bare = measure(probe)
+    cost = {}
+    for word in WORDS:
+        probe["messages"][-1]["content"] += f" {word}"
+        cost[word] = measure(probe) - bare
+        probe["messages"][-1]["content"] = probe["messages"][-1]["content"].rsplit(" ", 1)[0]
+    fillers = [w for w in WORDS if cost[w] == 1]
+    lines = []
+    for i in range(n):
+        conv = conversation(rng, i)
+        answer = conv["messages"][-1]
+        words = answer["content"].split()
+        length = measure(conv)
+        while length > ALIGNED_TOKENS and len(words) > 1:
+            length -= cost[words.pop()]
+        while length < ALIGNED_TOKENS:
+            word = rng.choice(WORDS)
+            word = word if cost[word] <= ALIGNED_TOKENS - length else rng.choice(fillers)
+            words.append(word)
+            length += cost[word]
+        answer["content"] = " ".join(words)
+        if (got := measure(conv)) != ALIGNED_TOKENS:
+            raise ValueError(
+                f"conversation {i} renders to {got} tokens, not {ALIGNED_TOKENS}: the tokenizer "
+                f"{tokenizer} joins words across spaces; use the fixture tokenizer"
+            )
+        lines.append(json.dumps(conv) + "\n")
+    return "".join(lines)
+
+
+def build_aligned_rows(out: str | Path, tokenizer: str | Path, packing: str) -> dict[str, Any]:
+    """:func:`aligned_conversations_jsonl` built into rows in ``out`` with ``packing``, as the evidence
+    builds its rows (``chat.jsonl`` in ``out``'s parent); returns the manifest."""
+    return _build_rows(out, tokenizer, packing, aligned_conversations_jsonl(tokenizer))
+
+
+def aligned_row_problems(packed: str | Path, single: str | Path, per_row: int = ALIGNED_PER_ROW) -> list[str]:
+    """Where ``boundaries`` rows (``packed``) are not ``one_per_row`` rows (``single``) taken ``per_row``
+    at a time: packed row i must hold exactly one_per_row rows ``per_row * i`` ... ``per_row * i +
+    per_row - 1``, in order (tokens and loss masks, padding stripped, its conversations cut at its
+    ``cu_seqlens``), in the training rows and in the validation rows. Empty when they are."""
+    from bridge_recipes.data.inspect_rows import row_conversations
+    from bridge_recipes.data.integrity import VAL_DIR, check_rows
+
+    problems = []
+    for split in ("train", "validation"):
+        sub = VAL_DIR if split == "validation" else ""
+        a, b = check_rows(Path(packed) / sub), check_rows(Path(single) / sub)
+        modes = (a.manifest["packing"], b.manifest["packing"])
+        if modes != ("boundaries", "one_per_row"):
+            return [f"{split}: packing {modes[0]} against {modes[1]}, not boundaries against one_per_row"]
+        eos = a.manifest["eos_token_id"]
+        if len(a.ids) * per_row != len(b.ids):
+            problems.append(f"{split}: {len(a.ids)} packed rows against {len(b.ids)} one_per_row rows")
+        singles = [row_conversations(ids, mask, None, "one_per_row", eos) for ids, mask in zip(b.ids, b.mask)]
+        for i, (ids, mask, cu) in enumerate(zip(a.ids, a.mask, a.cu)):
+            held = row_conversations(ids, mask, cu, "boundaries", eos)
+            if len(held) != per_row:
+                problems.append(f"{split} row {i}: {len(held)} conversations, not {per_row}")
+            for j, (c_ids, c_mask) in enumerate(held):
+                k = per_row * i + j
+                alone = singles[k] if k < len(singles) else []
+                if len(alone) != 1 or not (np.array_equal(c_ids, alone[0][0]) and np.array_equal(c_mask, alone[0][1])):
+                    problems.append(f"{split} row {i}: conversation {j} is not one_per_row row {k}")
+    return problems
 
 
 def lognormal_conversation(rng: random.Random, words: int) -> dict[str, Any]:
