@@ -272,6 +272,37 @@ def lora_vs_peft_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def convergence_table() -> str:
+    """SFT through packed rows against one conversation per row, the same conversations every step
+    (docs/evidence/packing/packed_sft_convergence_*.json): the loss curves compared and the
+    validation losses; empty when no such file is committed."""
+    files = sorted((EVIDENCE / "packing").glob("packed_sft_convergence_*.json"))
+    if not files:
+        return ""
+
+    def validation(doc: dict, packing: str) -> str:
+        losses = doc[packing]["validation_losses"]
+        return ", ".join(f"{losses[k]:.4f} (step {k})" for k in sorted(losses, key=int)) or "-"
+
+    lines = [
+        "SFT loss curves through packed rows against one conversation per row, on the same conversations",
+        "every step, by Megatron-Bridge's convergence rules:",
+        "",
+        "| file | family | steps | correlation | final-loss difference | validation, packed "
+        "| validation, one per row | passed | measured |",
+        "|---|---|---:|---:|---:|---|---|---|---|",
+    ]
+    for path in files:
+        doc = json.loads(path.read_text())
+        c = doc["comparison"]
+        lines.append(
+            f"| `{_rel(path)}` | {doc['family']} | {len(doc['boundaries']['losses'])} | {c['correlation']:.4f} "
+            f"| {c['final_loss_difference']:.2%} | {validation(doc, 'boundaries')} | {validation(doc, 'one_per_row')} "
+            f"| {'yes' if c['passed'] else 'no'} | {doc['measured']} on {doc['gpu']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     """The whole of docs/performance.md."""
     from bridge_recipes.bench.candidates import candidates_table
@@ -310,6 +341,7 @@ def render() -> str:
             "(docs/sft_data.md says what each path is):",
             "",
             parity_table(),
+            *([table] if (table := convergence_table()) else []),
             "Useful tokens/s of packed rows against one conversation per row, on the same conversations:",
             "",
             packing_table(),

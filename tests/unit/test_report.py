@@ -89,3 +89,24 @@ def test_result_files_of_another_shape_are_left_out_of_the_tables(tmp_path, monk
     monkeypatch.setattr(report, "ROOT", tmp_path)
     rows = report.proxy_table().splitlines()[2:]
     assert len(rows) == 1 and "`a_ratio.json`" in rows[0] and "1.250" in rows[0] and "not compared" in rows[0]
+
+
+def test_packed_sft_convergence_files_are_shown_when_present(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "EVIDENCE", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    assert report.convergence_table() == ""  # no file: no section text
+    (tmp_path / "packing").mkdir()
+    losses = {str(s): 1.0 / s for s in range(1, 11)}
+    doc = {
+        "family": "qwen35_27b",
+        "measured": "2026-01-02",
+        "gpu": "NVIDIA H200",
+        "boundaries": {"losses": losses, "validation_losses": {"10": 2.5, "5": 3.25}},
+        "one_per_row": {"losses": losses, "validation_losses": {"5": 3.5, "10": 2.625}},
+        "comparison": {"correlation": 0.99876, "final_loss_difference": 0.0123, "passed": True},
+    }
+    (tmp_path / "packing" / "packed_sft_convergence_qwen35_27b.json").write_text(json.dumps(doc))
+    (row,) = [line for line in report.convergence_table().splitlines() if "packed_sft_convergence_qwen35_27b" in line]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:6] == ["qwen35_27b", "10", "0.9988", "1.23%", "3.2500 (step 5), 2.5000 (step 10)"]
+    assert cells[6:8] == ["3.5000 (step 5), 2.6250 (step 10)", "yes"]

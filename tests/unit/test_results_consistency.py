@@ -15,12 +15,13 @@ import pytest
 from bridge_recipes import overrides, registry
 from bridge_recipes.bench import benchmark as bench
 from bridge_recipes.bench.candidates import find, parse_stem
+from bridge_recipes.bench.convergence import compare
 from bridge_recipes.bench.evidence import RESUME_SAVE_INTERVAL, check_resume, check_training
 from bridge_recipes.bench.harness import comparison, different_training, proxy_config
 from bridge_recipes.bench.hf_evidence import lora_failures
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.hf.parity import cases_in_log, gate_failures
-from bridge_recipes.logs.megatron_log import parse_megatron_log, step_records_from_log
+from bridge_recipes.logs.megatron_log import parse_megatron_log, step_records_from_log, validation_losses
 from bridge_recipes.logs.run_log import log_losses, split_runs
 from bridge_recipes.logs.stats import summarize
 
@@ -312,3 +313,66 @@ def test_lora_vs_peft_lines_are_their_runs(line):
     assert line.get("peer_cut_short") == peer.get("cut_short")
     assert line["tokens_per_s_ratio"] == round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     assert line["useful_token_share"] == share
+
+
+# --- SFT through packed rows against one conversation per row -----------------------------------------
+
+PACKED_SFT = sorted((EVIDENCE / "packing").glob("packed_sft_convergence_*.json"))
+PACKINGS = ("boundaries", "one_per_row")
+
+
+def _by_step(mapping: dict) -> dict[int, float]:
+    return {int(k): v for k, v in mapping.items()}
+
+
+def check_packed_sft_convergence(result: Path) -> None:
+    """A family's file holds what its two logs give (losses, grad norms, validation losses) and the
+    comparison bench.convergence recomputes from them, which passes."""
+    doc = json.loads(result.read_text())
+    curves = {}
+    for packing in PACKINGS:
+        log = (result.parent / doc[packing]["log"]).read_text()
+        iterations = parse_megatron_log(log)
+        curves[packing] = {it.step: it.lm_loss for it in iterations if it.lm_loss is not None}
+        assert _by_step(doc[packing]["losses"]) == curves[packing], packing
+        assert _by_step(doc[packing]["grad_norms"]) == {it.step: it.grad_norm for it in iterations}, packing
+        assert _by_step(doc[packing]["validation_losses"]) == validation_losses(log) != {}, packing
+    recomputed = compare(curves["one_per_row"], curves["boundaries"])
+    assert json.loads(json.dumps(recomputed.as_dict())) == doc["comparison"]
+    assert recomputed.passed, recomputed.reasons
+
+
+@pytest.mark.parametrize("result", PACKED_SFT, ids=lambda p: p.stem)
+def test_packed_sft_convergence_is_what_its_logs_give(result):
+    check_packed_sft_convergence(result)
+
+
+def test_the_packed_sft_check_finds_an_edited_figure(tmp_path):
+    def log(scale: float) -> str:
+        lines = [
+            f"[2026-01-01 00:00:00] iteration {s}/ 10 | elapsed time per iteration (ms): 100.0 | "
+            f"global batch size: 4 | lm loss: {12.0 * 0.8**s * scale:.6E} | grad norm: {3.0 / s:.3f} |"
+            for s in range(1, 11)
+        ]
+        lines += [f" validation loss at iteration {s} | lm loss value: {2.0 * scale / s:.6E} |" for s in (5, 10)]
+        return "\n".join(lines) + "\n"
+
+    doc = {}
+    for packing, scale in zip(PACKINGS, (1.0, 1.01)):
+        (tmp_path / f"{packing}.log").write_text(text := log(scale))
+        iterations = parse_megatron_log(text)
+        doc[packing] = {
+            "log": f"{packing}.log",
+            "losses": {it.step: it.lm_loss for it in iterations},
+            "grad_norms": {it.step: it.grad_norm for it in iterations},
+            "validation_losses": validation_losses(text),
+        }
+    curves = [{int(k): v for k, v in doc[p]["losses"].items()} for p in ("one_per_row", "boundaries")]
+    doc["comparison"] = compare(*curves).as_dict()
+    result = tmp_path / "packed_sft_convergence_toy.json"
+    result.write_text(json.dumps(doc))
+    check_packed_sft_convergence(result)
+    doc["boundaries"]["validation_losses"]["10"] = 0.1
+    result.write_text(json.dumps(doc))
+    with pytest.raises(AssertionError):
+        check_packed_sft_convergence(result)
