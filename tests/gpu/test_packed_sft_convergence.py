@@ -16,11 +16,11 @@ The two runs optimise the same objective. The recipes compute a per-token loss
 (``calculate_per_token_loss``): Megatron-Core sums each micro batch's token losses and divides the
 step's gradient, and the reported ``lm loss``, by the supervised tokens of the whole global batch,
 so a token weighs the same whether its micro batch holds three conversations or one (with a mean
-per micro batch it would not: a conversation's tokens would weigh 1/(4 x its row's tokens) packed
-and 1/(12 x its own) alone). The MTP loss is scaled the same way. The MoE load-balancing loss is
-not: it is computed per micro batch over every token routed, padding included (1,408 padding tokens
-beside each conversation alone, 128 beside three packed), so it differs between the two data paths;
-the 35B-A3B runs both turn it off (``FAMILIES``' overrides), leaving one objective.
+per micro batch it would not: a token would weigh 1/(4 x its row's supervised tokens) packed and
+1/(12 x its conversation's) alone). The MTP loss is summed the same way. The MoE load-balancing
+loss is not: it is computed per micro batch over every token routed, padding included (1,408
+padding tokens beside each conversation alone, 128 beside three packed), so it differs between the
+two data paths; the 35B-A3B runs both turn it off (``FAMILIES``' overrides), leaving one objective.
 
 Each family writes its own ``packed_sft_convergence_{family}.json`` to $OUT (so the two families
 can run as two processes at once), beside the logs ``packed_sft_convergence_{family}_{packing}.log``.
