@@ -181,6 +181,9 @@ def aligned_row_problems(packed: str | Path, single: str | Path, per_row: int = 
         if len(a.ids) * per_row != len(b.ids):
             problems.append(f"{split}: {len(a.ids)} packed rows against {len(b.ids)} one_per_row rows")
         singles = [row_conversations(ids, mask, None, "one_per_row", eos) for ids, mask in zip(b.ids, b.mask)]
+        if a.cu is None:
+            problems.append(f"{split}: the packed rows carry no cu_seqlens")
+            continue
         for i, (ids, mask, cu) in enumerate(zip(a.ids, a.mask, a.cu)):
             held = row_conversations(ids, mask, cu, "boundaries", eos)
             if len(held) != per_row:
