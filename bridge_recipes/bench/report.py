@@ -178,6 +178,16 @@ def packing_table() -> str:
     )
 
 
+def _row(cells: list[str]) -> str:
+    """One Markdown table row."""
+    return f"| {' | '.join(cells)} |"
+
+
+def _num(x: float | None, fmt: str, missing: str = "-") -> str:
+    """``x`` formatted, or ``missing`` where there is no figure."""
+    return missing if x is None else format(x, fmt)
+
+
 def parity_table() -> str:
     """Each path of a packed row's gradient against its FP32 reference (results/packed_gradient_parity.json)."""
     path = RESULTS / "packed_gradient_parity.json"
@@ -186,7 +196,7 @@ def parity_table() -> str:
     doc = json.loads(path.read_text())
 
     def num(x: float | None, fmt: str) -> str:
-        return "not finite" if x is None else format(x, fmt)
+        return _num(x, fmt, "not finite")
 
     lines = [
         f"`{_rel(path)}`: {doc['workload']}; measured {doc['measured']} on {doc['hardware']}.",
@@ -195,12 +205,9 @@ def parity_table() -> str:
         "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for c in doc["cases"]:
-        lines.append(
-            f"| {c['name']} | {c['path']} | {'yes' if c['default_path'] else ''} "
-            f"| {num(c['grad_norm_ratio'], '.4f')} | {num(c['max_rel_err_attention'], '.4g')} "
-            f"| {num(c['noise_floor'], '.4g')} | {num(c['max_rel_err_gdn'], '.4g')} "
-            f"| {'yes' if c['holds'] else 'no'} |"
-        )
+        errors = (num(c[k], ".4g") for k in ("max_rel_err_attention", "noise_floor", "max_rel_err_gdn"))
+        cells = [c["name"], c["path"], "yes" if c["default_path"] else "", num(c["grad_norm_ratio"], ".4f"), *errors]
+        lines.append(_row([*cells, "yes" if c["holds"] else "no"]))
     return "\n".join(lines) + "\n"
 
 
@@ -233,7 +240,7 @@ def vl_table() -> str:
         "",
         "| steps | train loss | validation loss | held out: toy | export | export, images swapped | passed |",
         "|---:|---|---|---:|---:|---:|---|",
-        f"| {' | '.join(cells)} |",
+        _row(cells),
     ]
     return "\n".join(lines) + "\n"
 
@@ -256,19 +263,14 @@ def lora_vs_peft_table() -> str:
         doc = read_result(ours) if ours.is_file() else {}
         day = (doc.get("result") or {}).get("measured", "-")
         gpu = (doc.get("stack") or {}).get("gpu_name", "-")
-
-        def num(x: Any, fmt: str) -> str:
-            return "-" if x is None else format(x, fmt)
-
+        num = _num
         peer = (
             line.get("peer_cut_short") or line.get("peer_error") or f"window {line['window'][0]}-{line['window'][1]}"
         )
-        lines.append(
-            f"| `{line['recipe']}` | {day}, {gpu} | {num(line['ours_tokens_per_s'], ',.1f')} "
-            f"| {num(line['peer_tokens_per_s'], ',.1f')} | {num(line.get('tokens_per_s_ratio'), '.3f')} "
-            f"| {num(line['ours_peak_gb'], '.1f')} | {num(line['planner_gb'], '.1f')} "
-            f"| {num(line['peer_peak_gb'], '.1f')} | {peer} |"
-        )
+        rates = (num(line.get(k), ",.1f") for k in ("ours_tokens_per_s", "peer_tokens_per_s"))
+        peaks = (num(line.get(k), ".1f") for k in ("ours_peak_gb", "planner_gb", "peer_peak_gb"))
+        ratio = num(line.get("tokens_per_s_ratio"), ".3f")
+        lines.append(_row([f"`{line['recipe']}`", f"{day}, {gpu}", *rates, ratio, *peaks, peer]))
     return "\n".join(lines) + "\n"
 
 
