@@ -110,3 +110,8 @@ def test_packed_sft_convergence_files_are_shown_when_present(tmp_path, monkeypat
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:6] == ["qwen35_27b", "10", "0.9988", "1.23%", "3.2500 (step 5), 2.5000 (step 10)"]
     assert cells[6:8] == ["3.5000 (step 5), 2.6250 (step 10)", "yes"]
+    assert cells[8] == "-"  # no joined micro-batch run in this file
+    doc["micro_batch"] = {"comparison": {"correlation": 0.999, "final_loss_difference": 0.004, "passed": False}}
+    (tmp_path / "packing" / "packed_sft_convergence_qwen35_27b.json").write_text(json.dumps(doc))
+    (row,) = [line for line in report.convergence_table().splitlines() if "packed_sft_convergence_qwen35_27b" in line]
+    assert [c.strip() for c in row.strip("|").split("|")][8] == "FAILED, 0.40%"

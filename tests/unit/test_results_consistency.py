@@ -330,16 +330,23 @@ def check_packed_sft_convergence(result: Path) -> None:
     comparison bench.convergence recomputes from them, which passes."""
     doc = json.loads(result.read_text())
     curves = {}
-    for packing in PACKINGS:
-        log = (result.parent / doc[packing]["log"]).read_text()
+    arms = {packing: doc[packing] for packing in PACKINGS}
+    if "micro_batch" in doc:  # the packed rows again, several a micro batch
+        arms["micro_batch"] = doc["micro_batch"]
+    for arm, run in arms.items():
+        log = (result.parent / run["log"]).read_text()
         iterations = parse_megatron_log(log)
-        curves[packing] = {it.step: it.lm_loss for it in iterations if it.lm_loss is not None}
-        assert _by_step(doc[packing]["losses"]) == curves[packing], packing
-        assert _by_step(doc[packing]["grad_norms"]) == {it.step: it.grad_norm for it in iterations}, packing
-        assert _by_step(doc[packing]["validation_losses"]) == validation_losses(log) != {}, packing
-    recomputed = compare(curves["one_per_row"], curves["boundaries"])
-    assert json.loads(json.dumps(recomputed.as_dict())) == doc["comparison"]
-    assert recomputed.passed, recomputed.reasons
+        curves[arm] = {it.step: it.lm_loss for it in iterations if it.lm_loss is not None}
+        assert _by_step(run["losses"]) == curves[arm], arm
+        assert _by_step(run["grad_norms"]) == {it.step: it.grad_norm for it in iterations}, arm
+        assert _by_step(run["validation_losses"]) == validation_losses(log) != {}, arm
+    pairs = [("one_per_row", "boundaries", doc["comparison"])]
+    if "micro_batch" in doc:
+        pairs.append(("boundaries", "micro_batch", doc["micro_batch"]["comparison"]))
+    for reference, candidate, committed in pairs:
+        recomputed = compare(curves[reference], curves[candidate])
+        assert json.loads(json.dumps(recomputed.as_dict())) == committed, candidate
+        assert recomputed.passed, (candidate, recomputed.reasons)
 
 
 @pytest.mark.parametrize("result", PACKED_SFT, ids=lambda p: p.stem)
@@ -357,22 +364,30 @@ def test_the_packed_sft_check_finds_an_edited_figure(tmp_path):
         lines += [f" validation loss at iteration {s} | lm loss value: {2.0 * scale / s:.6E} |" for s in (5, 10)]
         return "\n".join(lines) + "\n"
 
-    doc = {}
-    for packing, scale in zip(PACKINGS, (1.0, 1.01)):
-        (tmp_path / f"{packing}.log").write_text(text := log(scale))
+    def arm(name: str, scale: float) -> dict:
+        (tmp_path / f"{name}.log").write_text(text := log(scale))
         iterations = parse_megatron_log(text)
-        doc[packing] = {
-            "log": f"{packing}.log",
+        return {
+            "log": f"{name}.log",
             "losses": {it.step: it.lm_loss for it in iterations},
             "grad_norms": {it.step: it.grad_norm for it in iterations},
             "validation_losses": validation_losses(text),
         }
-    curves = [{int(k): v for k, v in doc[p]["losses"].items()} for p in ("one_per_row", "boundaries")]
-    doc["comparison"] = compare(*curves).as_dict()
+
+    doc = {packing: arm(packing, scale) for packing, scale in zip(PACKINGS, (1.0, 1.01))}
+    curves = {p: {int(k): v for k, v in doc[p]["losses"].items()} for p in PACKINGS}
+    doc["comparison"] = compare(curves["one_per_row"], curves["boundaries"]).as_dict()
     result = tmp_path / "packed_sft_convergence_toy.json"
     result.write_text(json.dumps(doc))
     check_packed_sft_convergence(result)
-    doc["boundaries"]["validation_losses"]["10"] = 0.1
+    joined = arm("boundaries_mb2", 1.005)
+    joined["comparison"] = compare(curves["boundaries"], {int(k): v for k, v in joined["losses"].items()}).as_dict()
+    doc["micro_batch"] = joined
     result.write_text(json.dumps(doc))
-    with pytest.raises(AssertionError):
-        check_packed_sft_convergence(result)
+    check_packed_sft_convergence(result)
+    for edit in (("boundaries", "validation_losses"), ("micro_batch", "losses")):
+        edited = json.loads(json.dumps(doc))
+        edited[edit[0]][edit[1]]["10"] = 0.1
+        result.write_text(json.dumps(edited))
+        with pytest.raises(AssertionError):
+            check_packed_sft_convergence(result)
