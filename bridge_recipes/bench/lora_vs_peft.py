@@ -346,14 +346,13 @@ def main(argv: list[str] | None = None) -> int:
             else f"ours ({opts.steps} steps of {opts.global_batch} rows), then the peer; logs in"
         )
         _log(f"{recipe}: {what} {work}")
+        ours_out, peer_out = work / f"{recipe}.yaml", work / f"{recipe}_peer.json"
+        ours = ours_document(ours_out) if opts.assemble else run_ours(recipe, opts, ours_out)
+        share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
         if opts.assemble:
-            ours = ours_document(work / f"{recipe}.yaml")
-            share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
-            peer = peer_document(work / f"{recipe}_peer.json", tuple(opts.window), share)
+            peer = peer_document(peer_out, tuple(opts.window), share)
         else:
-            ours = run_ours(recipe, opts, work / f"{recipe}.yaml")
-            share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
-            peer = run_peer(recipe, opts, work / f"{recipe}_peer.json", share)
+            peer = run_peer(recipe, opts, peer_out, share)
         lines.append(entry(recipe, opts, ours, peer, plan, cfg.model.seq_length))
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
         last = lines[-1]

@@ -220,8 +220,10 @@ def vl_table() -> str:
     doc = json.loads(path.read_text())
     train, held = doc["training"], doc["held_out"]
     losses = [train["losses"][k] for k in sorted(train["losses"], key=int)]
-    run_log = (path.parent / "vl_finetune_run.log").read_text()
-    day = next((w[1:] for w in run_log.split() if w.startswith("[20") and len(w) == 11), "-")
+    from bridge_recipes.logs.megatron_log import parse_megatron_log
+
+    stamps = [it.timestamp for it in parse_megatron_log((path.parent / "vl_finetune_run.log").read_text())]
+    day = stamps[0].split()[0] if stamps and stamps[0] else "-"
     device = (path.parent / "vl_finetune.log").read_text().split("device ", 1)[-1].split(";", 1)[0]
     validation = ", ".join(
         f"{v:.3f} (step {k})" for k, v in sorted(train["validation_losses"].items(), key=lambda kv: int(kv[0]))

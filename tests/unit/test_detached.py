@@ -114,7 +114,7 @@ def _queued_benchmarks(out: str = "$OUT"):
 
 def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
     """A full-scale benchmark's steps (both recipes' with --against, at the global batch its
-    overrides set) take at most 10 minutes at the published or measured rates, so a 30-minute lease holds two
+    overrides set) take at most 10 minutes at the published or measured rates, so 30 minutes of device time holds two
     with their start-ups; each measures a window of 2+ steps after step 2; a pair trains one model
     on the same rows, so that its loss curves are compared."""
     from bridge_recipes import registry

@@ -281,11 +281,10 @@ def test_vl_finetune_summary_is_what_its_logs_give():
     summary = json.loads((VL / "vl_finetune_summary.json").read_text())
     run_log = (VL / "vl_finetune_run.log").read_text()
     train = summary["training"]
-    assert {int(k): v for k, v in train["losses"].items()} == {
-        it.step: it.lm_loss for it in parse_megatron_log(run_log)
-    }
-    assert {int(k): v for k, v in train["validation_losses"].items()} == validation_losses(run_log)
-    assert check_training({int(k): v for k, v in train["losses"].items()}).passed == train["check"]["passed"]
+    losses = _by_step(train["losses"])
+    assert losses == {it.step: it.lm_loss for it in parse_megatron_log(run_log)}
+    assert _by_step(train["validation_losses"]) == validation_losses(run_log)
+    assert check_training(losses).passed == train["check"]["passed"]
     held = [ln for ln in (VL / "vl_finetune.log").read_text().splitlines() if "] held out: {" in ln]
     assert json.loads(held[-1].split("] held out: ", 1)[1]) == {k: v["loss"] for k, v in summary["held_out"].items()}
     assert summary["failures"] == failures(summary)
