@@ -12,7 +12,8 @@ For each recipe (default :data:`RECIPES`), in this order:
   layout on its one GPU, random base weights: :mod:`bridge_recipes.bench.random_lora`), its result
   file and log in ``--work``;
 - the peer: ``python -m bridge_recipes.bench.peer_peft`` with the same recipe, rows, overrides,
-  steps and window, in a process of its own (its JSON and log in ``--work``);
+  steps and window, in a process of its own (its JSON and log in ``--work``); once for recipes
+  whose peer workload is the same (a variant that changes only ours' execution shares its base's);
 - the planner: :func:`bridge_recipes.plan.memory.plan_memory` of the config ours runs: its peak
   allocated memory (``planner_gb``, the figure a measured peak is compared with) and that plus the
   framework overhead (``planner_total_gb``, the recipes' docstring figure).
@@ -317,6 +318,25 @@ def argument_problems(opts: argparse.Namespace) -> list[str]:
     return out
 
 
+def shared_peers(recipes: list[str], opts: argparse.Namespace) -> dict[str, str]:
+    """Each recipe's peer run: its own, or that of the first recipe before it whose peer workload is
+    the same (:func:`bridge_recipes.bench.peer_peft.workload_key`; e.g. a recipe and a variant
+    changing only ours' execution). The peer runs once for both."""
+    from bridge_recipes.bench import peer_peft
+
+    keys: dict[str, Any] = {}
+    for recipe in recipes:
+        try:
+            cfg = peer_peft.workload_config(recipe, opts.rows, overrides(opts))
+            keys[recipe] = peer_peft.workload_key(cfg)
+        except peer_peft.PeerError:
+            keys[recipe] = None  # the peer's own run names the problem
+    return {
+        recipe: next((r for r in recipes if keys[r] is not None and keys[r] == keys[recipe]), recipe)
+        for recipe in recipes
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     opts = ap.parse_intermixed_args(argv)
@@ -336,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             plans[recipe] = planned(recipe, opts, work / f"{recipe}.yaml")
         except ValueError as exc:
             ap.error(str(exc))
+    peer_of = shared_peers(opts.recipe, opts)
+    peers: dict[str, dict] = {}
     lines: list[dict] = []
     for recipe in opts.recipe:
         _, cfg, plan = plans[recipe]
@@ -346,14 +368,20 @@ def main(argv: list[str] | None = None) -> int:
             else f"ours ({opts.steps} steps of {opts.global_batch} rows), then the peer; logs in"
         )
         _log(f"{recipe}: {what} {work}")
-        ours_out, peer_out = work / f"{recipe}.yaml", work / f"{recipe}_peer.json"
+        ours_out, peer_out = work / f"{recipe}.yaml", work / f"{peer_of[recipe]}_peer.json"
         ours = ours_document(ours_out) if opts.assemble else run_ours(recipe, opts, ours_out)
         share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
-        if opts.assemble:
+        if peer_of[recipe] in peers:
+            _log(f"{recipe}: the peer's workload is {peer_of[recipe]}'s; its run is shared")
+            peer = peers[peer_of[recipe]]
+        elif opts.assemble:
             peer = peer_document(peer_out, tuple(opts.window), share)
         else:
             peer = run_peer(recipe, opts, peer_out, share)
+        peers[peer_of[recipe]] = peer
         lines.append(entry(recipe, opts, ours, peer, plan, cfg.model.seq_length))
+        if peer_of[recipe] != recipe:
+            lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
         last = lines[-1]
         _log(

@@ -145,6 +145,19 @@ def workload_config(recipe: str, rows: str | Path, overrides: Sequence[str] = ()
     return cfg
 
 
+def workload_key(cfg: Any) -> dict[str, Any]:
+    """Everything the peer takes from a recipe's config (:func:`workload_config`): two recipes with
+    the same key give the same peer run, so a comparison runs it once for both."""
+    o, peft = cfg.optimizer, cfg.peft
+    return {
+        "model": dataclasses.asdict(model_spec(cfg)),
+        "lora": [peft.dim, peft.alpha, peft.dropout, sorted(peft.target_modules)],
+        "optimizer": [o.lr, o.adam_beta1, o.adam_beta2, o.adam_eps, o.weight_decay, o.clip_grad],
+        "rows": [str(cfg.dataset.path), cfg.train.global_batch_size, cfg.model.seq_length],
+        "allocator": (cfg.env_vars or {}).get(ALLOCATOR),
+    }
+
+
 def model_spec(cfg: Any, sizes: dict[str, int] | None = None) -> Any:
     """The catalog spec of the recipe's model as configured, with ``sizes`` (spec fields) changed."""
     from bridge_recipes.bench.harness import model_spec as spec_of

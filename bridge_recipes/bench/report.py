@@ -269,6 +269,8 @@ def lora_vs_peft_table() -> str:
         peer = (
             line.get("peer_cut_short") or line.get("peer_error") or f"window {line['window'][0]}-{line['window'][1]}"
         )
+        if line.get("peer_recipe"):  # a variant's peer workload is its base's: one run for both
+            peer = f"the run of `{line['peer_recipe']}`; {peer}"
         rates = (num(line.get(k), ",.1f") for k in ("ours_tokens_per_s", "peer_tokens_per_s"))
         peaks = (num(line.get(k), ".1f") for k in ("ours_peak_gb", "planner_gb", "peer_peak_gb"))
         ratio = num(line.get("tokens_per_s_ratio"), ".3f")

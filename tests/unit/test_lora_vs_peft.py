@@ -471,3 +471,32 @@ def test_a_peer_that_dies_part_way_keeps_the_figures_of_its_logged_steps(short_r
     assert {k: v for k, v in assembled.items() if k != "peer_error"} == {
         k: v for k, v in line.items() if k != "peer_error"
     }
+
+
+def test_a_variant_changing_only_ours_shares_its_bases_peer_run(short_rows, tmp_path, monkeypatch, capsys):
+    fast = "qwen35_27b_peft_1gpu_h200_bf16_fast_config"
+    opts = lora_vs_peft.build_parser().parse_intermixed_args(["--rows", str(short_rows), *SHORT_ROWS])
+    assert lora_vs_peft.shared_peers([DENSE, fast, MOE], opts) == {DENSE: DENSE, fast: DENSE, MOE: MOE}
+    # a changed LoRA rank is another peer workload
+    monkeypatch.setattr(
+        peer_peft, "workload_key", lambda cfg: {"rank": cfg.peft.dim, "fast": cfg.model.cross_entropy_fusion_impl}
+    )
+    assert lora_vs_peft.shared_peers([DENSE, fast], opts)[fast] == fast
+    monkeypatch.undo()
+    # the one command runs the shared peer once and both lines carry its figures
+    monkeypatch.setattr(lora_vs_peft, "gpu_problem", lambda: None)
+    fake_launches(monkeypatch, ms=2000.0, peak_gb=95.0)
+    seen = in_process(monkeypatch, {DENSE: TOY[DENSE], fast: TOY[DENSE]})
+    out, work = tmp_path / "c.json", tmp_path / "work"
+    argv = ["--rows", str(short_rows), "--out", str(out), "--work", str(work), "--steps", "6", "--window", "3", "6"]
+    assert lora_vs_peft.main([*argv, "--recipe", DENSE, "--recipe", fast, *SHORT_ROWS]) == 0
+    peers = [a for a in seen if "--steps" in a]
+    assert [a[a.index("--recipe") + 1] for a in peers] == [DENSE] and not (work / f"{fast}_peer.json").exists()
+    base, variant = json.loads(out.read_text())
+    assert variant["peer_recipe"] == DENSE and "peer_recipe" not in base
+    assert variant["peer_tokens_per_s"] == base["peer_tokens_per_s"] > 0
+    # --assemble reads the shared run from the work folder the same way
+    again = tmp_path / "again.json"
+    assemble = [*argv[:3], str(again), *argv[4:], "--assemble", "--recipe", DENSE, "--recipe", fast, *SHORT_ROWS]
+    assert lora_vs_peft.main(assemble) == 0
+    assert json.loads(again.read_text())[1]["peer_tokens_per_s"] == variant["peer_tokens_per_s"]

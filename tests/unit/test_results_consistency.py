@@ -304,7 +304,8 @@ def test_lora_vs_peft_lines_are_their_runs(line):
 
     ours = ours_document(LORA_VS_PEFT / f"{line['recipe']}.yaml")
     share = ours["workload"]["rows"]["useful_token_share"]
-    peer = peer_document(LORA_VS_PEFT / f"{line['recipe']}_peer.json", tuple(line["window"]), share)
+    peer_run = line.get("peer_recipe", line["recipe"])  # a variant shares its base's peer run
+    peer = peer_document(LORA_VS_PEFT / f"{peer_run}_peer.json", tuple(line["window"]), share)
     assert line["ours_tokens_per_s"] == ours["result"]["tokens_per_s_per_gpu"]
     assert line["ours_peak_gb"] == ours["result"]["peak_allocated_gb"]
     assert line["peer_tokens_per_s"] == peer["result"]["tokens_per_s"]

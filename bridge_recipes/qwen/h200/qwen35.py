@@ -499,7 +499,8 @@ def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     gpu="h200",
     precision="bf16",
     layout="TP1 PP1 DP1",
-    status="unmeasured",
+    status="measured",
+    measured={"result": "docs/evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The one-GPU 27B LoRA recipe with the memory its frozen base leaves spent on speed. With the
@@ -566,7 +567,8 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     gpu="h200",
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
-    status="unmeasured",
+    status="measured",
+    measured={"result": "docs/evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The one-GPU 35B-A3B LoRA recipe with the memory its frozen base leaves spent on speed, as the
