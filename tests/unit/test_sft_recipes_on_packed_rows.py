@@ -54,4 +54,4 @@ def test_recipe_dry_runs_on_packed_rows(rows, recipe, capsys):
     assert code == 0, captured.err[-2000:]
     assert "checks: ok" in captured.out
     mb = cfg.train.micro_batch_size
-    assert (f"a micro batch of {mb} rows is one packed sequence" in captured.out) == (mb > 1)
+    assert (f"one row a micro batch (train.micro_batch_size {mb} -> 1)" in captured.out) == (mb > 1)

@@ -180,8 +180,8 @@ def test_runner_dry_run_passes_megatron_validation_with_boundaries_rows(tmp_path
     rows = ["--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}"]
     assert main([*args, *rows]) == 0
     assert "checks: ok" in capsys.readouterr().out
-    assert main([*args, *rows, "-mb", "2"]) == 0  # two rows a micro batch: one packed sequence of both
+    assert main([*args, *rows, "-mb", "2"]) == 0  # two rows a micro batch: two micro batches of one row
     out = capsys.readouterr().out
-    assert "a micro batch of 2 rows is one packed sequence" in out and "checks: ok" in out
+    assert "one row a micro batch (train.micro_batch_size 2 -> 1)" in out and "checks: ok" in out
     assert main([*args, *rows, "-cp", "2"]) == 2
     assert "set -cp 1" in capsys.readouterr().err

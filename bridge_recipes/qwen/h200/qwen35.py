@@ -157,8 +157,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     """The fast recipe's kernels and BF16 Adam moments, spending the memory they free on a second
     8,192-token row a micro batch (16,384 tokens a GPU) with the published full recompute. The step
     is bound by the host's kernel launches, and a launch that carries two rows halves them. Rows with
-    conversation boundaries (``--packing boundaries``) need one row a micro batch; the runner refuses
-    them here."""
+    conversation boundaries (``--packing boundaries``) take one row a micro batch; the runner runs
+    them so, twice the micro batches."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
     # two 8,192-token rows a micro batch: 16 rows a GPU a step in 8 micro batches, every layer recomputed
