@@ -37,10 +37,6 @@ REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 OUT = Path(os.environ.get("OUT") or REPO / "gpu-out")
 ROW = EVIDENCE_ROW_TOKENS
-FAMILIES = {
-    "qwen35_35b_a3b": ("qwen35_35b_a3b_sft_8gpu_h200_bf16_config", 32),
-    "qwen35_27b": ("qwen35_27b_sft_8gpu_h200_bf16_config", None),
-}
 NO_AUX = {"moe_aux_loss_coeff": 0.0, "moe_router_load_balancing_type": "none"}
 # name: (family, model.* changes); each keeps the recipe's recompute
 CASES = {
@@ -66,52 +62,6 @@ def row(tmp_path_factory):
     batch = next(iter(torch.utils.data.DataLoader(PackedRowsDataset(folder, ROW, 1), batch_size=1)))
     meta = {k: (v.cuda() if k.startswith("cu_") else v) for k, v in _packed_metadata_for_forward(batch).items()}
     return batch, meta
-
-
-def model_config(family: str, changes: dict, fp32: bool = False):
-    import torch
-
-    from bridge_recipes import registry
-    from bridge_recipes.runner.launch import prepare_for_registry_install
-    from bridge_recipes.scaledown import scale_down
-
-    recipe, experts = FAMILIES[family]
-    cfg = registry.load(recipe)()
-    scale_down(cfg, num_layers=4, num_experts=experts, global_batch_size=1, seq_length=ROW)
-    prepare_for_registry_install(cfg)
-    m = cfg.model
-    m.gradient_accumulation_fusion = False  # a bare model: gradients in .grad, no DDP main_grad
-    for field, value in changes.items():
-        setattr(m, field, value)
-    if fp32:
-        m.bf16 = False
-        m.params_dtype = torch.float32
-        m.pipeline_dtype = torch.float32
-        m.deterministic_mode = True  # Megatron-Core's PyTorch Gated DeltaNet instead of the Triton kernels
-        m.cross_entropy_loss_fusion = False
-    m.finalize()
-    return m
-
-
-def build(family: str, changes: dict, fp32: bool = False):
-    import torch
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    m = model_config(family, changes, fp32)
-    torch.manual_seed(1234)
-    model_parallel_cuda_manual_seed(1234)
-    old = os.environ.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")
-    if fp32:  # Megatron-Core's TE attention asks for it in deterministic mode (the FP32 path is unfused)
-        os.environ["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] = "0"
-    try:
-        model = m.provide(pre_process=True, post_process=True).cuda().train()
-    finally:
-        if fp32:
-            if old is None:
-                os.environ.pop("NVTE_ALLOW_NONDETERMINISTIC_ALGO")
-            else:
-                os.environ["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] = old
-    return model
 
 
 def copy_weights(src, dst) -> None:
@@ -185,7 +135,7 @@ def log_line(record: dict) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_packed_row_gradient_against_fp32_reference(row, case):
+def test_packed_row_gradient_against_fp32_reference(row, case, bare_model):
     import torch
 
     from bridge_recipes import packed_attention
@@ -198,8 +148,8 @@ def test_packed_row_gradient_against_fp32_reference(row, case):
     cu = [int(x) for x in batch["cu_seqlens_q"][0]]
     segments = list(zip(cu[:-1], cu[1:]))
 
-    model = build(family, changes)
-    ref_model = build(family, changes, fp32=True)
+    model = bare_model.build(family, changes)
+    ref_model = bare_model.build(family, changes, fp32=True)
     copy_weights(model, ref_model)
     ref_loss, ref = gradient(ref_model, batch, meta, segments)
     del ref_model
@@ -212,7 +162,7 @@ def test_packed_row_gradient_against_fp32_reference(row, case):
         "per_conversation": ("per_conversation", batch, meta, None),
         "per_conversation_no_pad": ("per_conversation", *trimmed, None),
     }
-    m = model_config(family, changes)
+    m = bare_model.model_config(family, changes)
     facts = {
         "model": family,
         "mtp": bool(m.mtp_num_layers),

@@ -139,12 +139,11 @@ def forward(model, ids, mask, cu, hidden: list, spans=None) -> tuple[list[float]
     return [float(loss[s:e].sum()) for s, e in spans], layers
 
 
-def test_a_conversations_loss_does_not_depend_on_its_row(rows):
+def test_a_conversations_loss_does_not_depend_on_its_row(rows, bare_model):
     import numpy as np
     import torch
 
     from bridge_recipes import packed_attention
-    from tests.gpu.test_packed_gradient_parity import build
 
     packed_attention.install()
     packed_attention.set_mode("per_conversation")
@@ -159,7 +158,7 @@ def test_a_conversations_loss_does_not_depend_on_its_row(rows):
         hidden.append((output[0] if isinstance(output, tuple) else output)[:, 0])  # [s, b, h] -> [s, h]
 
     for family, changes in FAMILIES.items():
-        model = build(family, {**changes, "seq_length": LONGEST})
+        model = bare_model.build(family, {**changes, "seq_length": LONGEST})
         hooks = [layer.register_forward_hook(keep_output) for layer in model.decoder.layers]
         alone_loss, alone_layers = [], []
         for ids, mask in convs:  # a one_per_row sample: the conversation, then padding to the row
