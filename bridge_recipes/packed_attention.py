@@ -4,8 +4,8 @@ A packed (THD) row reaches Transformer Engine's attention with ``cu_seqlens``; T
 variable-length kernel. This module adds a second way for the same call: the row is cut at its
 boundaries and each conversation goes through TE's dense (``sbhd``) attention on its own, the
 kernel a conversation takes when it is the only one in its row. Each conversation's output is the
-one it would have alone, forward and backward, with one small host read of the boundaries per layer
-call. Each conversation is padded at its end to a multiple of ``PAD_TO`` tokens before the call: under
+one it would have alone, forward and backward, with one small host read of the boundaries a micro
+batch. Each conversation is padded at its end to a multiple of ``PAD_TO`` tokens before the call: under
 the causal mask its own tokens never see the padding, and the kernels meet a few dozen sequence
 lengths instead of one per conversation length (each new length costs a kernel plan).
 
@@ -38,8 +38,16 @@ def installed() -> bool:
     return _state["original"] is not None
 
 
+_BOUNDS = "_per_conversation_bounds"  # the host copy kept on a micro batch's packed-sequence parameters
+
+
 def boundaries(packed_seq_params: Any) -> list[int]:
-    """The row's conversation boundaries on the host; refuses padding between conversations."""
+    """The row's conversation boundaries on the host; refuses padding between conversations. Read
+    once a micro batch: every attention layer, and the recompute and backward, get the same
+    parameters object, which keeps the host copy (one device read, not one a layer call)."""
+    kept = getattr(packed_seq_params, _BOUNDS, None)
+    if kept is not None and kept[0] is packed_seq_params.cu_seqlens_q:
+        return kept[1]
     cu = packed_seq_params.cu_seqlens_q
     padded = getattr(packed_seq_params, "cu_seqlens_q_padded", None)
     bounds = [int(x) for x in cu.tolist()]
@@ -51,6 +59,7 @@ def boundaries(packed_seq_params: Any) -> list[int]:
     kv = getattr(packed_seq_params, "cu_seqlens_kv", None)
     if kv is not None and kv is not cu and [int(x) for x in kv.tolist()] != bounds:
         raise ValueError("per-conversation attention needs the same boundaries for queries and keys")
+    setattr(packed_seq_params, _BOUNDS, (cu, bounds))
     return bounds
 
 

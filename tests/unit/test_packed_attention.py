@@ -52,6 +52,14 @@ def test_boundaries_refuse_padding_between_conversations():
         pa.boundaries(NS(cu_seqlens_q=cu, cu_seqlens_q_padded=torch.tensor([0, 8, 16]), cu_seqlens_kv=cu))
     with pytest.raises(ValueError, match="same boundaries"):
         pa.boundaries(NS(cu_seqlens_q=cu, cu_seqlens_q_padded=None, cu_seqlens_kv=torch.tensor([0, 4, 9])))
+    # read once a micro batch: later calls with the same parameters do not read the device again
+    params = NS(cu_seqlens_q=cu, cu_seqlens_q_padded=None, cu_seqlens_kv=cu)
+    assert pa.boundaries(params) == [0, 5, 9]
+    params.cu_seqlens_kv = torch.tensor([0, 4, 9])  # not read again: the kept copy answers
+    assert pa.boundaries(params) == [0, 5, 9]
+    params.cu_seqlens_q = torch.tensor([0, 3, 9], dtype=torch.int32)  # new boundaries are read
+    with pytest.raises(ValueError, match="same boundaries"):
+        pa.boundaries(params)
     with pytest.raises(ValueError, match="not one of"):
         pa.set_mode("thd")
     pa.set_mode("varlen")
