@@ -200,9 +200,9 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
 
 def one_row_a_micro_batch(cfg: Any) -> str | None:
     """A micro batch of k > 1 rows with boundaries becomes k micro batches of one row: the same rows
-    and tokens a step. Megatron-Bridge takes one packed (THD) sequence a micro batch, and two rows
-    joined into one sequence were measured to give a different loss from the same rows one a micro
-    batch (docs/sft_data.md), so rows are never joined. Sets ``train.micro_batch_size`` 1; returns
+    and tokens a step. Megatron-Bridge takes one packed (THD) sequence a micro batch; rows joined
+    into one longer sequence stay out until a training run from the same initial weights matches
+    them with one row a micro batch (docs/sft_data.md). Sets ``train.micro_batch_size`` 1; returns
     what changed, or None (other data, or one row already)."""
     d, t = cfg.dataset, cfg.train
     k = t.micro_batch_size

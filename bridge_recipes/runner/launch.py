@@ -161,8 +161,36 @@ def attention_per_conversation_on_packed_rows(cfg: Any) -> bool:
     return True
 
 
+def init_independent_of_warmup_shapes() -> None:
+    """Keep the CUDA random state through Megatron-Bridge's JIT warm-up (idempotent).
+
+    ``setup()`` seeds the generators, then warms the fused kernels up on ``torch.rand`` tensors of
+    ``model.seq_length`` x ``train.micro_batch_size`` tokens, then builds the model: the initial
+    weights from one seed then differed with the sequence length and micro batch (a run on two rows
+    joined into one sequence started from other weights than the same rows one a micro batch). With
+    the state restored after the warm-up they depend on the seed alone."""
+    import torch
+    from megatron.bridge.training import initialize
+
+    warmup = initialize._warmup_jit_function
+    if getattr(warmup, "keeps_rng", False):
+        return
+
+    def keeping_rng(*args: Any, **kwargs: Any) -> None:
+        state = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+        try:
+            warmup(*args, **kwargs)
+        finally:
+            if state is not None:
+                torch.cuda.set_rng_state(state)
+
+    keeping_rng.keeps_rng = True  # type: ignore[attr-defined]
+    initialize._warmup_jit_function = keeping_rng
+
+
 def run(cfg: Any, task: str, lora_from_random_init: bool = False) -> None:
     prepare_for_registry_install(cfg)
+    init_independent_of_warmup_shapes()
     attention_per_conversation_on_packed_rows(cfg)
     step = forward_step_for(cfg)
     entry = entry_point_for(cfg, task, lora_from_random_init)

@@ -173,3 +173,29 @@ def test_entry_point_by_task(smoke):
     assert launch.entry_point_name(smoke, "sft") == "pretrain"  # no weights: random init
     smoke.checkpoint.pretrained_checkpoint = "/ckpt"
     assert launch.entry_point_name(smoke, "sft") == "finetune"
+
+
+def test_the_initial_weights_do_not_depend_on_the_warmup_shapes(monkeypatch):
+    """Megatron-Bridge's JIT warm-up draws random tensors sized by the sequence and micro batch between
+    the seeding and the model build; the runner restores the CUDA random state after it."""
+    import torch
+    from megatron.bridge.training import initialize
+
+    state = {"offset": 0}  # a stand-in CUDA generator: its state is how much was drawn
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: state["offset"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: state.update(offset=s))
+
+    def warmup(model_config, micro_batch_size):
+        state["offset"] += model_config.seq_length * micro_batch_size  # torch.rand of that many tokens
+
+    monkeypatch.setattr(initialize, "_warmup_jit_function", warmup)
+    cfg = SimpleNamespace(seq_length=4096)
+    initialize._warmup_jit_function(cfg, 2)
+    assert state["offset"] == 8192  # unpatched, the warm-up moves the generator
+    launch.init_independent_of_warmup_shapes()
+    launch.init_independent_of_warmup_shapes()  # once
+    state["offset"] = 7
+    initialize._warmup_jit_function(cfg, 2)
+    assert state["offset"] == 7
+    assert initialize._warmup_jit_function.keeps_rng
