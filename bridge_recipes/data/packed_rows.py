@@ -1,7 +1,8 @@
 """Megatron-Bridge dataset over packed SFT rows (``scripts/build_sft_rows.py`` output).
 
 Each row of ``rows.parquet`` is exactly ``row_tokens`` token ids with a per-token loss mask
-(1 = a supervised target: what the assistant writes). A training sample is one whole row
+(1 = a supervised target: what the assistant writes). A training sample is one whole row, or with
+``dataset.rows_per_sample`` k, k consecutive rows with boundaries joined into one packed sequence
 (:func:`row_sample`):
 
 - ``tokens`` = the row; ``labels[j]`` = ``row[j + 1]``;
@@ -51,7 +52,8 @@ PackedRowsError = RowsIntegrityError
 
 
 class PackedRowsDataset:
-    """``num_samples`` samples cycling over the rows in file order, one row a sample."""
+    """``num_samples`` samples cycling over the rows in file order; with ``rows_per_sample`` k > 1
+    (rows with boundaries only) a sample is k consecutive rows joined into one packed sequence."""
 
     def __init__(
         self,
@@ -60,11 +62,17 @@ class PackedRowsDataset:
         num_samples: int,
         vocab_size: int | None = None,
         tokenizer: str | None = None,
+        rows_per_sample: int = 1,
     ):
         rows = check_rows(folder, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
         self.manifest = rows.manifest
         self.ids, self.mask, self.cu = rows.ids, rows.mask, rows.cu
         self.boundaries = rows.cu is not None
+        if rows_per_sample < 1 or (rows_per_sample > 1 and not self.boundaries):
+            raise ValueError(
+                f"rows_per_sample {rows_per_sample}: joining rows needs rows with boundaries (and at least 1)"
+            )
+        self.rows_per_sample = rows_per_sample
         self.num_samples = num_samples
 
     def __len__(self) -> int:
@@ -73,11 +81,17 @@ class PackedRowsDataset:
     @property
     def epochs(self) -> float:
         """How many times ``num_samples`` passes over the rows."""
-        return self.num_samples / len(self.ids)
+        return self.num_samples * self.rows_per_sample / len(self.ids)
 
     def __getitem__(self, index: int) -> dict:
-        r = index % len(self.ids)
-        return row_sample(self.ids[r], self.mask[r], self.cu[r] if self.boundaries else None)
+        k = self.rows_per_sample
+        rows = [(index * k + j) % len(self.ids) for j in range(k)]
+        if not self.boundaries:
+            return row_sample(self.ids[rows[0]], self.mask[rows[0]])
+        row_tokens = len(self.ids[rows[0]])
+        cu = np.concatenate([[0]] + [self.cu[r][1:] + j * row_tokens for j, r in enumerate(rows)])
+        ids = np.concatenate([self.ids[r] for r in rows])
+        return row_sample(ids, np.concatenate([self.mask[r] for r in rows]), cu)
 
 
 def row_sample(ids: Any, mask: Any, cu: Any = None) -> dict:
@@ -148,6 +162,9 @@ class PackedSFTRowsConfig(DatasetProvider):
     seq_length: int
     vocab_size: int | None = None
     tokenizer_path: str | None = None
+    # k consecutive rows with boundaries joined into one packed sequence a sample (model.seq_length
+    # k x the row): fewer, longer micro batches for the same rows
+    rows_per_sample: int = 1
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
     pad_to_max_length: bool = True  # every row is exactly seq_length tokens
@@ -163,7 +180,7 @@ class PackedSFTRowsConfig(DatasetProvider):
             return None
         from megatron.bridge.data.packing.config import PackedSequenceSpecs
 
-        return PackedSequenceSpecs(packed_sequence_size=self.seq_length)
+        return PackedSequenceSpecs(packed_sequence_size=self.seq_length * self.rows_per_sample)
 
     def build_datasets(self, context: DatasetBuildContext):
         if not self.path:
@@ -174,9 +191,10 @@ class PackedSFTRowsConfig(DatasetProvider):
             context.train_samples,
             self.vocab_size,
             self.tokenizer_path,
+            self.rows_per_sample,
         )
         if train.epochs > 1:
-            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples))
+            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples * self.rows_per_sample))
         valid = None
         val_dir = Path(self.path) / VAL_DIR
         if context.valid_samples and train.manifest.get("validation"):
@@ -186,6 +204,7 @@ class PackedSFTRowsConfig(DatasetProvider):
                 context.valid_samples,
                 self.vocab_size,
                 self.tokenizer_path,
+                self.rows_per_sample,
             )
         return train, valid, None
 
@@ -230,7 +249,8 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         return [str(exc)], []
     errors, warnings = [], []
     n_rows = len(rows.ids)
-    samples = cfg.train.train_iters * cfg.train.global_batch_size
+    k = getattr(d, "rows_per_sample", 1)
+    samples = cfg.train.train_iters * cfg.train.global_batch_size * k
     if samples > n_rows:
         warnings.append(epochs_warning(d.path, n_rows, samples))
     packing = rows.manifest.get("packing")
@@ -240,8 +260,18 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
             "in its row; for fine-tuning build the default rows (--packing boundaries)"
         )
     if rows.cu is None:
+        if k != 1:
+            errors.append(
+                f"dataset.rows_per_sample {k}: rows in {d.path} carry no conversation boundaries ({packing}); "
+                "set dataset.rows_per_sample=1"
+            )
         return errors, warnings
     m = cfg.model
+    if m.seq_length != d.seq_length * k:
+        errors.append(
+            f"model.seq_length {m.seq_length} is not dataset.seq_length {d.seq_length} x dataset.rows_per_sample {k}: "
+            f"a packed sample of {k} rows holds {d.seq_length * k} tokens; set model.seq_length={d.seq_length * k}"
+        )
     if cfg.train.micro_batch_size != 1:
         errors.append(
             f"rows in {d.path} carry conversation boundaries (packed THD), which take one row a micro batch: "

@@ -59,7 +59,8 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     # The parallel sizes against the world, the stages, the heads, the experts and the sequence.
     for msg in rule_problems(model_shape(m), lay, stages):
         err(msg)
-    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length)
+    # a packed sample may join several rows (dataset.rows_per_sample): its length is theirs together
+    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length) * (getattr(cfg.dataset, "rows_per_sample", 1) or 1)
     if data_seq != m.seq_length:
         err(f"model.seq_length={m.seq_length} differs from dataset.seq_length={data_seq}; set both (-sl sets both)")
     # Megatron-Bridge stops at setup when the tokenizer's vocabulary outgrows the embedding.

@@ -22,6 +22,11 @@ loss is not: it is computed per micro batch over every token routed, padding inc
 padding tokens beside each conversation alone, 128 beside three packed), so it differs between the
 two data paths; the 35B-A3B runs both turn it off (``FAMILIES``' overrides), leaving one objective.
 
+The same test trains the packed rows once more two a packed sequence (``dataset.rows_per_sample``
+2, a 4,096-token sequence a micro batch, half the micro batches): the same rows every step from
+the same initial weights (the runner keeps the warm-up from moving the random state), compared
+with the packed run by the same rules (``micro_batch`` in the result).
+
 Each family writes its own ``packed_sft_convergence_{family}.json`` to $OUT (so the two families
 can run as two processes at once), beside the logs ``packed_sft_convergence_{family}_{packing}.log``.
 """
@@ -67,10 +72,15 @@ NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_sav
 # curves; lr 1e-4 warming up over 2 steps compares the data paths instead.
 COMPARISON_FLAGS = {**EVIDENCE_TRAIN_FLAGS, "lr": 1e-4, "min_lr": 1e-5, "warmup_iters": 2, "max_steps": 10}
 PACKED_ROWS_A_STEP = COMPARISON_FLAGS["gb"]
+# The packed rows two a sequence: half the samples a step, each twice the length
+JOINED, JOINED_ROWS = "boundaries_joined", 2
 ROWS_A_STEP = {
     "boundaries": PACKED_ROWS_A_STEP,
     "one_per_row": PACKED_ROWS_A_STEP * ALIGNED_PER_ROW,
+    JOINED: PACKED_ROWS_A_STEP,
 }
+SAMPLES_A_STEP = {**ROWS_A_STEP, JOINED: PACKED_ROWS_A_STEP // JOINED_ROWS}
+JOINED_OVERRIDES = [f"dataset.rows_per_sample={JOINED_ROWS}", f"model.seq_length={EVIDENCE_ROW_TOKENS * JOINED_ROWS}"]
 
 
 def log_name(family: str, packing: str) -> str:
@@ -84,13 +94,14 @@ def train(family: str, packing: str, folder: Path):
         "scale_down": 4,
         "scale_experts": experts,
         "dataset": "sft-rows",
-        "flags": {**COMPARISON_FLAGS, "gb": ROWS_A_STEP[packing], "sl": EVIDENCE_ROW_TOKENS, "mb": 1},
+        "flags": {**COMPARISON_FLAGS, "gb": SAMPLES_A_STEP[packing], "sl": EVIDENCE_ROW_TOKENS, "mb": 1},
         "overrides": [
             f"dataset.path={folder}",
             "validation.eval_interval=5",
             "validation.eval_iters=1",
             *NO_SAVE,
             *extra,
+            *(JOINED_OVERRIDES if packing == JOINED else []),
         ],
     }
     log = OUT / log_name(family, packing)
@@ -119,6 +130,8 @@ def test_packed_rows_train_like_one_conversation_per_row(family):
         build_aligned_rows(folder, TOKENIZER, packing)
     assert aligned_row_problems(folders["boundaries"], folders["one_per_row"]) == []
     runs = {packing: train(family, packing, folder) for packing, folder in folders.items()}
+    joined = train(family, JOINED, folders["boundaries"])
+    joined_curves = compare(runs["boundaries"].losses, joined.losses)
     curves = compare(runs["one_per_row"].losses, runs["boundaries"].losses)
     training = check_training(runs["boundaries"].losses)
     result = {
@@ -132,9 +145,17 @@ def test_packed_rows_train_like_one_conversation_per_row(family):
         **{packing: record(run, family, packing) for packing, run in runs.items()},
         "training": training.as_dict(),
         "comparison": curves.as_dict(),
+        # the packed rows two a packed sequence against one: the same rows every step
+        "micro_batch": {
+            "rows_a_sequence": JOINED_ROWS,
+            **record(joined, family, JOINED),
+            "comparison": joined_curves.as_dict(),
+        },
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"packed_sft_convergence_{family}.json").write_text(json.dumps(result, indent=1) + "\n")
     assert training.passed, training.reasons
     assert all(result[p]["validation_losses"] for p in PACKINGS), result
     assert curves.passed, curves.reasons
+    assert result["micro_batch"]["validation_losses"], result["micro_batch"]
+    assert joined_curves.passed, joined_curves.reasons

@@ -130,12 +130,12 @@ def test_config_reports_offline_packing_only_for_boundaries_rows(built, tmp_path
 class _Cfg:
     """The parts of a recipe config the dry-run check reads."""
 
-    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1):
+    def __init__(self, path, mbs=1, cp=1, graphs="none", deterministic=False, iters=1, gbs=1, k=1, seq=None):
         from types import SimpleNamespace as NS
 
-        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW)
+        self.dataset = PackedSFTRowsConfig(path=str(path), seq_length=ROW, rows_per_sample=k)
         self.model = NS(
-            seq_length=ROW,
+            seq_length=seq or ROW * k,
             vocab_size=512,
             context_parallel_size=cp,
             cuda_graph_impl=graphs,
@@ -181,6 +181,32 @@ def test_a_micro_batch_of_rows_becomes_micro_batches_of_one_row(built):
         model=NS(seq_length=8192),
     )
     assert one_row_a_micro_batch(one) is None and one.train.micro_batch_size == 2
+
+
+def test_rows_joined_into_one_packed_sequence_on_request(built):
+    """dataset.rows_per_sample k: a sample is k consecutive rows joined, their boundaries kept."""
+    out, _, _ = built
+    one = PackedRowsDataset(out, ROW, 4)
+    two = PackedRowsDataset(out, ROW, 2, rows_per_sample=2)
+    a, b, joined = one[2], one[3], two[1]
+    assert joined["tokens"].tolist() == a["tokens"].tolist() + b["tokens"].tolist()
+    cu_a, cu_b = a["cu_seqlens_q"].tolist(), b["cu_seqlens_q"].tolist()
+    assert joined["cu_seqlens_q"].tolist() == cu_a + [ROW + c for c in cu_b[1:]]
+    assert joined["position_ids"].tolist() == a["position_ids"].tolist() + b["position_ids"].tolist()
+    assert joined["loss_mask"].tolist() == a["loss_mask"].tolist() + b["loss_mask"].tolist()
+    assert int(joined["max_seqlen_q"]) == max(int(a["max_seqlen_q"]), int(b["max_seqlen_q"]))
+    assert two.epochs == one.epochs
+    assert (
+        PackedSFTRowsConfig(
+            path=str(out), seq_length=ROW, rows_per_sample=2
+        ).offline_packing_specs.packed_sequence_size
+        == 2 * ROW
+    )
+    assert dry_run_problems(_Cfg(out, k=2))[0] == []
+    (error,) = dry_run_problems(_Cfg(out, k=2, seq=ROW))[0]
+    assert f"model.seq_length={2 * ROW}" in error
+    with pytest.raises(ValueError, match="needs rows with boundaries"):
+        PackedRowsDataset(REPO / "docs/evidence/sft_rows_synthetic/rows", 8192, 1, rows_per_sample=2)
 
 
 def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
@@ -251,6 +277,8 @@ def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(buil
     assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(ROW))
     for mbs, cp, graphs in ((2, 1, "none"), (1, 2, "none"), (1, 1, "transformer_engine")):
         assert dry_run_problems(_Cfg(tmp_path / "one", mbs=mbs, cp=cp, graphs=graphs))[0] == []
+    (error,) = dry_run_problems(_Cfg(tmp_path / "one", k=2))[0]
+    assert "dataset.rows_per_sample=1" in error
     from bridge_recipes.data.conversations import SftRowsError
 
     with pytest.raises(SftRowsError, match="one_per_row rows have no EOS separators"):

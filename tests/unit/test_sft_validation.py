@@ -183,5 +183,10 @@ def test_runner_dry_run_passes_megatron_validation_with_boundaries_rows(tmp_path
     assert main([*args, *rows, "-mb", "2"]) == 0  # two rows a micro batch: two micro batches of one row
     out = capsys.readouterr().out
     assert "one row a micro batch (train.micro_batch_size 2 -> 1)" in out and "checks: ok" in out
+    joined = ["dataset.rows_per_sample=2", "model.seq_length=16384"]  # two rows a packed sequence, on request
+    assert main([*args, *rows, *joined]) == 0
+    assert "checks: ok" in capsys.readouterr().out
+    assert main([*args, *rows, "dataset.rows_per_sample=2"]) == 2
+    assert "model.seq_length=16384" in capsys.readouterr().err
     assert main([*args, *rows, "-cp", "2"]) == 2
     assert "set -cp 1" in capsys.readouterr().err
