@@ -313,7 +313,8 @@ def convergence_table() -> str:
             "yes" if c["passed"] else "no",
             "-"
             if joined is None
-            else f"{'passed' if joined['passed'] else 'FAILED'}, {joined['final_loss_difference']:.2%}",
+            else f"{'passed' if joined['passed'] else 'FAILED'}, {joined['final_loss_difference']:.2%}"
+            + ("" if doc["micro_batch"].get("same_initial_weights", True) else " (other initial weights)"),
             f"{doc['measured']} on {doc['gpu']}",
         ]
         lines.append(_row(cells))

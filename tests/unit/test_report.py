@@ -115,3 +115,7 @@ def test_packed_sft_convergence_files_are_shown_when_present(tmp_path, monkeypat
     (tmp_path / "packing" / "packed_sft_convergence_qwen35_27b.json").write_text(json.dumps(doc))
     (row,) = [line for line in report.convergence_table().splitlines() if "packed_sft_convergence_qwen35_27b" in line]
     assert [c.strip() for c in row.strip("|").split("|")][8] == "FAILED, 0.40%"
+    doc["micro_batch"]["same_initial_weights"] = False  # a run that started from other weights says so
+    (tmp_path / "packing" / "packed_sft_convergence_qwen35_27b.json").write_text(json.dumps(doc))
+    (row,) = [line for line in report.convergence_table().splitlines() if "packed_sft_convergence_qwen35_27b" in line]
+    assert [c.strip() for c in row.strip("|").split("|")][8] == "FAILED, 0.40% (other initial weights)"
