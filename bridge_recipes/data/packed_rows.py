@@ -220,9 +220,9 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
 def one_row_a_micro_batch(cfg: Any) -> str | None:
     """A micro batch of k > 1 rows with boundaries becomes k micro batches of one row: the same rows
     and tokens a step. Megatron-Bridge takes one packed (THD) sequence a micro batch; rows joined
-    into one longer sequence stay out until a training run from the same initial weights matches
-    them with one row a micro batch (docs/sft_data.md). Sets ``train.micro_batch_size`` 1; returns
-    what changed, or None (other data, or one row already)."""
+    into one longer sequence (``dataset.rows_per_sample``) are asked for explicitly
+    (docs/sft_data.md). Sets ``train.micro_batch_size`` 1; returns what changed, or None (other
+    data, or one row already)."""
     d, t = cfg.dataset, cfg.train
     k = t.micro_batch_size
     if not isinstance(d, PackedSFTRowsConfig) or k <= 1 or _packing_of(d.path) != "boundaries":
@@ -274,8 +274,9 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         )
     if cfg.train.micro_batch_size != 1:
         errors.append(
-            f"rows in {d.path} carry conversation boundaries (packed THD), which take one row a micro batch: "
-            f"set -mb 1 (micro batch {cfg.train.micro_batch_size}), or build --packing one_per_row rows"
+            f"rows in {d.path} carry conversation boundaries (packed THD), which take one packed sequence a "
+            f"micro batch: set -mb 1 (micro batch {cfg.train.micro_batch_size}; dataset.rows_per_sample=k "
+            "joins k rows into one sequence), or build --packing one_per_row rows"
         )
     if (m.context_parallel_size or 1) > 1:
         errors.append(

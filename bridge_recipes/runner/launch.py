@@ -165,10 +165,9 @@ def init_independent_of_warmup_shapes() -> None:
     """Keep the CUDA random state through Megatron-Bridge's JIT warm-up (idempotent).
 
     ``setup()`` seeds the generators, then warms the fused kernels up on ``torch.rand`` tensors of
-    ``model.seq_length`` x ``train.micro_batch_size`` tokens, then builds the model: the initial
-    weights from one seed then differed with the sequence length and micro batch (a run on two rows
-    joined into one sequence started from other weights than the same rows one a micro batch). With
-    the state restored after the warm-up they depend on the seed alone."""
+    ``model.seq_length`` x ``train.micro_batch_size`` tokens, then builds the model. Left alone, the
+    initial weights of one seed change with the sequence length and micro batch, so two layouts of
+    the same rows cannot be compared from the same start; restored, they depend on the seed alone."""
     import torch
     from megatron.bridge.training import initialize
 
