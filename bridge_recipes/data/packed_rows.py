@@ -19,8 +19,8 @@ at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
 positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
 takes one packed sequence a micro batch (``one_row_a_micro_batch`` turns a recipe's k rows a micro
-batch into k micro batches of one row) and hands the boundaries to middle pipeline stages too. ``eos_joined`` rows
-(the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
+batch into k micro batches of one row) and hands the boundaries to middle pipeline stages too.
+``eos_joined`` rows (the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
 boundaries; positions run 0..L-1 over the row.
 
 Rows are read in file order; the builder already permuted the conversations with its seed, and
@@ -88,10 +88,17 @@ class PackedRowsDataset:
         rows = [(index * k + j) % len(self.ids) for j in range(k)]
         if not self.boundaries:
             return row_sample(self.ids[rows[0]], self.mask[rows[0]])
-        row_tokens = len(self.ids[rows[0]])
-        cu = np.concatenate([[0]] + [self.cu[r][1:] + j * row_tokens for j, r in enumerate(rows)])
-        ids = np.concatenate([self.ids[r] for r in rows])
-        return row_sample(ids, np.concatenate([self.mask[r] for r in rows]), cu)
+        return row_sample(
+            *joined_rows([self.ids[r] for r in rows], [self.mask[r] for r in rows], [self.cu[r] for r in rows])
+        )
+
+
+def joined_rows(ids: list, masks: list, cus: list) -> tuple[Any, Any, Any]:
+    """Rows with boundaries joined into one packed sequence: their tokens and masks end to end, each
+    row's boundaries shifted by the tokens before it."""
+    starts = np.cumsum([0] + [len(x) for x in ids[:-1]])
+    cu = np.concatenate([[0]] + [np.asarray(c[1:]) + s for c, s in zip(cus, starts)])
+    return np.concatenate(ids), np.concatenate(masks), cu
 
 
 def row_sample(ids: Any, mask: Any, cu: Any = None) -> dict:

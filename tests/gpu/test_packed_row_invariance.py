@@ -62,44 +62,37 @@ def rows(tmp_path_factory):
     return PackedRowsDataset(folder, ROW, ROWS_USED)
 
 
-def conversations(data) -> tuple[list[tuple], tuple]:
-    """The conversations of the first rows, in order, as (ids, mask); and one padding segment."""
-    convs, pad = [], None
-    for r in range(ROWS_USED):
-        cu = [int(x) for x in data.cu[r]]
-        for s, e in zip(cu[:-1], cu[1:]):
-            seg = (data.ids[r][s:e], data.mask[r][s:e])
-            if seg[1].sum() == 0:
-                pad = seg  # conversations always hold supervised tokens; padding none
-            else:
-                convs.append(seg)
-    return convs, pad
+def conversations(data) -> tuple[list[tuple], int]:
+    """The conversations of the first rows, in order, as (ids, mask); and the padding token."""
+    from bridge_recipes.data.inspect_rows import row_conversations
+
+    eos = data.manifest["eos_token_id"]
+    rows = zip(data.ids[:ROWS_USED], data.mask[:ROWS_USED], data.cu[:ROWS_USED])
+    return [conv for ids, mask, cu in rows for conv in row_conversations(ids, mask, cu, "boundaries", eos)], eos
 
 
 def sequences(data, layout: str) -> list[tuple]:
-    """The layout's sequences as (ids, mask, boundaries), and the conversations' spans in each."""
+    """The layout's sequences as (ids, mask, boundaries)."""
     import numpy as np
+
+    from bridge_recipes.data.packed_rows import joined_rows
 
     length, join = LAYOUTS[layout]
     if length is None:  # the builder's rows, ``join`` at a time
-        out = []
-        for first in range(0, ROWS_USED, join):
-            rs = range(first, first + join)
-            cu = [0]
-            for r in rs:
-                cu += [c + len(data.ids[first]) * (r - first) for c in (int(x) for x in data.cu[r][1:])]
-            ids = np.concatenate([data.ids[r] for r in rs])
-            mask = np.concatenate([data.mask[r] for r in rs])
-            out.append((ids, mask, cu))
-        return out
+        groups = [range(first, first + join) for first in range(0, ROWS_USED, join)]
+        return [
+            joined_rows([data.ids[r] for r in rs], [data.mask[r] for r in rs], [data.cu[r] for r in rs])
+            for rs in groups
+        ]
     convs, pad = conversations(data)
+    conv_mask_dtype = convs[0][1].dtype
     out, seq = [], []
     for conv in convs + [None]:
         if conv is not None and sum(len(c[0]) for c in seq) + len(conv[0]) <= length:
             seq.append(conv)
             continue
         used = sum(len(c[0]) for c in seq)
-        filler = (np.full(length - used, pad[0][0]), np.zeros(length - used, dtype=pad[1].dtype))
+        filler = (np.full(length - used, pad), np.zeros(length - used, dtype=conv_mask_dtype))
         parts = seq + ([filler] if used < length else [])
         cu = [0, *np.cumsum([len(p[0]) for p in parts]).tolist()]
         out.append((np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), cu))
@@ -162,7 +155,7 @@ def test_a_conversations_loss_does_not_depend_on_its_row(rows, bare_model):
         hooks = [layer.register_forward_hook(keep_output) for layer in model.decoder.layers]
         alone_loss, alone_layers = [], []
         for ids, mask in convs:  # a one_per_row sample: the conversation, then padding to the row
-            padded = np.concatenate([ids, np.full(ROW - len(ids), pad[0][0])])
+            padded = np.concatenate([ids, np.full(ROW - len(ids), pad)])
             padded_mask = np.concatenate([mask, np.zeros(ROW - len(ids), dtype=mask.dtype)])
             (loss,), layers = forward(model, padded, padded_mask, None, hidden, spans=[(0, len(ids))])
             alone_loss.append(loss)
