@@ -100,13 +100,20 @@ def _measured_on(ratio: Path) -> str:
     return str(read_result(result)["result"].get("measured", "-"))
 
 
-def _table(columns: str, rule: str, pattern: str, row: Callable[[Path, dict], str], keys: set[str]) -> str:
-    """A Markdown table of the result files ``pattern`` matches under results/ that hold ``keys``,
-    one row each (``row`` gives the cells after the file's)."""
+def _table(
+    columns: str,
+    rule: str,
+    pattern: str,
+    row: Callable[[Path, dict], str],
+    keys: set[str],
+    keep: Callable[[dict], bool] = lambda _: True,
+) -> str:
+    """A Markdown table of the result files ``pattern`` matches under results/ that hold ``keys``
+    (and that ``keep`` keeps), one row each (``row`` gives the cells after the file's)."""
     lines = [f"| file | {columns} |", f"|---|{rule}|"]
     for path in sorted(RESULTS.glob(pattern)):
         doc = json.loads(path.read_text())
-        if isinstance(doc, dict) and keys <= set(doc):
+        if isinstance(doc, dict) and keys <= set(doc) and keep(doc):
             lines.append(f"| `{_rel(path)}` | {row(path, doc)} |")
     return "\n".join(lines) + "\n"
 
@@ -118,11 +125,17 @@ def proxy_table() -> str:
         "---|---|---:|---|---",
         "*_ratio.json",
         lambda path, d: (
-            f"`{d['candidate']}` | `{d['reference']}` | {d['tokens_per_s_ratio']:.3f} "
+            f"`{d['candidate']}` | `{d['reference']}`{_reference_changes(d)} | {d['tokens_per_s_ratio']:.3f} "
             f"| {_loss_check(d['loss_curves'])} | {_measured_on(path)}"
         ),
         {"candidate", "reference", "tokens_per_s_ratio", "loss_curves"},
     )
+
+
+def _reference_changes(ratio: dict) -> str:
+    """What the reference ran beyond its recipe (``--against-set``), less where its logs and traces went."""
+    changes = [o for o in ratio.get("reference_overrides") or () if not o.startswith(("logger.", "profiling."))]
+    return f" with {', '.join(f'`{o}`' for o in changes)}" if changes else ""
 
 
 def prediction_table() -> str:
@@ -153,14 +166,22 @@ def evidence_table() -> str:
 def trace_table() -> str:
     """Traced proxy steps: where the GPU time goes."""
     return _table(
-        "window ms | busy ms | idle ms | kernels a step",
-        "---:|---:|---:|---:",
+        "window ms | busy ms | idle ms | kernels a step | host launch ms | host ops by own time (ms)",
+        "---:|---:|---:|---:|---:|---",
         "h200_trace_*.json",
         lambda _, d: (
-            f"{d['window_ms']:,.1f} | {d['busy_ms']:,.1f} | {d['idle_ms']:,.1f} | {d['kernels_per_step']:,.0f}"
+            f"{d['window_ms']:,.1f} | {d['busy_ms']:,.1f} | {d['idle_ms']:,.1f} | {d['kernels_per_step']:,.0f} "
+            f"| {_num((d.get('host') or {}).get('launch_ms'), ',.1f')} | {_top_host_ops(d)}"
         ),
         {"window_ms", "busy_ms", "idle_ms", "kernels_per_step"},
     )
+
+
+def _top_host_ops(trace: dict, n: int = 3) -> str:
+    """The ``n`` CPU operators of a trace summary with the most time of their own."""
+    top = (((trace.get("host") or {}).get("work") or {}).get("cpu_op") or {}).get("top") or {}
+    ranked = sorted(top.items(), key=lambda kv: -kv[1]["self_ms"])[:n]
+    return ", ".join(f"{name} {op['self_ms']:,.0f}" for name, op in ranked) or "-"
 
 
 def packing_table() -> str:
@@ -175,6 +196,7 @@ def packing_table() -> str:
             f"| {d['tokens_per_s_ratio']:.3f} | {d['useful_tokens_per_s_ratio']:.3f}"
         ),
         {"packing", "baseline_packing", "useful_tokens_per_s_ratio"},
+        keep=lambda d: d["packing"] != d["baseline_packing"],  # two data paths, not two policies on one
     )
 
 
@@ -274,7 +296,11 @@ def lora_vs_peft_table() -> str:
         rates = (num(line.get(k), ",.1f") for k in ("ours_tokens_per_s", "peer_tokens_per_s"))
         peaks = (num(line.get(k), ".1f") for k in ("ours_peak_gb", "planner_gb", "peer_peak_gb"))
         ratio = num(line.get("tokens_per_s_ratio"), ".3f")
-        lines.append(_row([f"`{line['recipe']}`", f"{day}, {gpu}", *rates, ratio, *peaks, peer]))
+        when = f"{day}, {gpu}"
+        current = (registry.find(line["recipe"]).meta.measured or {}).get("result")
+        if current and ROOT / current != ours:  # the recipe changed and was measured again since
+            when += f"; the recipe as it is now: `{current}`"
+        lines.append(_row([f"`{line['recipe']}`", when, *rates, ratio, *peaks, peer]))
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,9 @@ OPENRECIPES_ENV = {
     "NCCL_NVLS_ENABLE": 1,
 }
 
+# Transformer Engine's switch from per-expert cuBLAS GEMMs to one CUTLASS grouped GEMM (Hopper only)
+CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
+
 
 def set_openrecipes_numerics(cfg: ConfigContainer) -> None:
     """The numerics every OpenRecipes SFT run shares (the flags of openrecipes-35b-h200's command):
@@ -88,9 +91,17 @@ def fused_swiglu(cfg: ConfigContainer) -> None:
 def fused_router(cfg: ConfigContainer) -> None:
     """Transformer Engine's fused MoE router kernels (top-k with the score function, the auxiliary-loss
     scores and the load-balancing loss) instead of Megatron-Core's unfused ones (Megatron-Bridge's
-    default is off for the text models). On the H200 proxy of the 35B-A3B EP8 shard it saved 16.3 ms
-    a micro batch over 4 fully recomputed layers, with the same loss curve."""
+    default is off for the text models): fewer, larger kernels a router pass, the same loss curve."""
     cfg.model.moe_router_fusion = True
+
+
+def cutlass_grouped_gemm(cfg: ConfigContainer) -> None:
+    """Transformer Engine's CUTLASS grouped GEMM for the routed experts on Hopper
+    (``NVTE_USE_CUTLASS_GROUPED_GEMM``): one kernel a grouped linear instead of one cuBLAS GEMM an
+    expert, each launched from the host. With all 256 experts on one GPU those launches, not the
+    GPU, set the step time. GEMMs whose inner dimension differs between experts (weight gradients)
+    or is not a multiple of 128 stay on cuBLAS; other GPUs ignore the variable."""
+    cfg.env_vars = {**(cfg.env_vars or {}), CUTLASS_GROUPED_GEMM_ENV: 1}
 
 
 def fp8_current_scaling(cfg: ConfigContainer) -> None:
@@ -105,8 +116,7 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     dequantizes them), so the Hugging Face weights would start, and be exported, rounded to FP8. With
     BF16 parameters Transformer Engine keeps an FP8 copy of every FP8 layer's weight for the step
     (2 bytes a parameter, ``plan.memory.fp8_weight_cache_bytes``: 13.7 GB on an 18-layer 27B stage),
-    cast in the step's first micro batch. Measured on the 27B proxy each cast it
-    saves took 1.01 ms a layer, and the proxy's peak came within 0.3% of the plan with the cache.
+    cast in the step's first micro batch.
     ``disable_parameter_transpose_cache=true`` instead casts each weight in every forward and recomputed
     forward and keeps that copy for the layer's backward, one a micro batch in flight
     (``plan.memory.fp8_weight_copies``): less memory at recompute of few layers, slower."""

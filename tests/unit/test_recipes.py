@@ -528,3 +528,15 @@ def test_vl_image_budget_must_leave_room_in_the_sequence(tmp_path):
     cfg.dataset.task_encoder.max_pixels = 8192 * 8192
     msgs = [str(p) for p in checks.errors(checks.check(cfg, 8))]
     assert any("is 65536 tokens after the 2 x 2 merge" in m for m in msgs), msgs
+
+
+def test_the_fast_one_gpu_35b_lora_recipe_runs_its_experts_as_one_cutlass_grouped_gemm():
+    """The fast recipe opts in through its environment, on top of the shared one and without changing
+    it; the base recipe keeps Transformer Engine's default (a cuBLAS GEMM an expert)."""
+    from bridge_recipes.qwen.policy import CUTLASS_GROUPED_GEMM_ENV, OPENRECIPES_ENV
+
+    shared = dict(OPENRECIPES_ENV)
+    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config").env_vars
+    base = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config").env_vars
+    assert fast == {**base, CUTLASS_GROUPED_GEMM_ENV: 1}
+    assert CUTLASS_GROUPED_GEMM_ENV not in base and OPENRECIPES_ENV == shared

@@ -119,3 +119,56 @@ def test_packed_sft_convergence_files_are_shown_when_present(tmp_path, monkeypat
     (tmp_path / "packing" / "packed_sft_convergence_qwen35_27b.json").write_text(json.dumps(doc))
     (row,) = [line for line in report.convergence_table().splitlines() if "packed_sft_convergence_qwen35_27b" in line]
     assert [c.strip() for c in row.strip("|").split("|")][8] == "FAILED, 0.40% (other initial weights)"
+
+
+def test_a_reference_run_with_its_own_overrides_says_so_and_two_policies_are_not_a_packing_row(tmp_path, monkeypatch):
+    ratio = {
+        "candidate": "r",
+        "reference": "r",
+        "tokens_per_s_ratio": 0.7,
+        "loss_curves": {"compared": False},
+        "packing": "boundaries",
+        "baseline_packing": "boundaries",
+        "useful_tokens_per_s_ratio": 0.7,
+        "reference_overrides": ["+env_vars.X=1", "logger.tensorboard_dir=/tmp/tb", "profiling.profile_ranks=[0]"],
+    }
+    (tmp_path / "a_ratio.json").write_text(json.dumps(ratio))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    (row,) = report.proxy_table().splitlines()[2:]
+    assert "`r` with `+env_vars.X=1` |" in row and "tensorboard" not in row and "profil" not in row
+    assert report.packing_table().splitlines()[2:] == []  # the same data path on both sides
+    ratio["baseline_packing"] = "one_per_row"
+    (tmp_path / "a_ratio.json").write_text(json.dumps(ratio))
+    assert len(report.packing_table().splitlines()[2:]) == 1
+
+
+def test_a_comparison_line_names_the_recipes_newer_measurement(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    recipe = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
+    line = {"recipe": recipe, "window": [5, 19], "ours_tokens_per_s": 2.0, "peer_tokens_per_s": 1.0}
+    (tmp_path / "single_gpu_lora_vs_peft.json").write_text(json.dumps([line]))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "EVIDENCE", tmp_path / "docs" / "evidence")
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    measured = {"result": f"docs/evidence/lora_vs_peft/{recipe}.yaml"}
+    entry = SimpleNamespace(meta=SimpleNamespace(measured=measured))
+    monkeypatch.setattr(report.registry, "find", lambda name: entry)
+    (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]
+    assert "as it is now" not in row  # the line is the recipe's own measurement
+    measured["result"] = "results/newer.yaml"
+    (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]
+    assert "the recipe as it is now: `results/newer.yaml`" in row
+
+
+def test_the_trace_table_names_the_host_operators_with_the_most_time_of_their_own(tmp_path, monkeypatch):
+    trace = {"window_ms": 10.0, "busy_ms": 2.0, "idle_ms": 8.0, "kernels_per_step": 5}
+    (tmp_path / "h200_trace_old.json").write_text(json.dumps(trace))  # a summary from before host figures
+    top = {"a": {"self_ms": 1.0}, "b": {"self_ms": 30.0}, "c": {"self_ms": 2.0}, "d": {"self_ms": 0.5}}
+    trace["host"] = {"launch_ms": 4.0, "work": {"cpu_op": {"top": top}}}
+    (tmp_path / "h200_trace_new.json").write_text(json.dumps(trace))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    new, old = report.trace_table().splitlines()[2:]
+    assert new.endswith("| 4.0 | b 30, c 2, a 1 |") and old.endswith("| - | - |")

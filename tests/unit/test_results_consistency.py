@@ -103,7 +103,8 @@ def test_ratio_file_is_what_its_two_results_and_logs_give(ratio):
     else:
         losses = different_training(proxy_config(first["recipe"]), proxy_config(second["recipe"]))
     committed.pop("reference_overrides", None)
-    assert committed == comparison(first, second, proxy=True, losses=losses)
+    committed.pop("prediction", None)  # written before the run, beside what it gave
+    assert committed == comparison(first, second, proxy=committed["proxy"], losses=losses)
 
 
 @pytest.mark.parametrize("ratio", sorted((RESULTS / "candidates").glob("*_ratio.json")), ids=lambda p: p.stem)
@@ -392,3 +393,43 @@ def test_the_packed_sft_check_finds_an_edited_figure(tmp_path):
         result.write_text(json.dumps(edited))
         with pytest.raises(AssertionError):
             check_packed_sft_convergence(result)
+
+
+# --- a conversation's loss in every row layout against the conversation alone -----------------------
+
+ROW_INVARIANCE = EVIDENCE / "packing" / "packed_row_invariance.json"
+
+
+def check_row_invariance(result: Path) -> None:
+    """Each family's layouts are the log's lines for them, and each holds: within the file's
+    tolerance of the conversation alone."""
+    doc = json.loads(result.read_text())
+    lines = [json.loads(line) for line in result.with_suffix(".log").read_text().splitlines() if line.strip()]
+    families = [k for k in doc if k != "layouts"]
+    assert families and {(x["family"], x["layout"]) for x in lines} == {
+        (f, lay) for f in families for lay in doc["layouts"]
+    }
+    for line in lines:
+        family = doc[line["family"]]
+        committed = dict(family[line.pop("layout")])
+        line.pop("family")
+        holds = committed.pop("holds")
+        assert committed == line
+        assert holds and line["max_rel_loss_diff"] <= family["tolerance"], line
+
+
+@pytest.mark.skipif(not ROW_INVARIANCE.is_file(), reason="no row-invariance result committed")
+def test_row_invariance_is_what_its_log_gives():
+    check_row_invariance(ROW_INVARIANCE)
+
+
+def test_the_row_invariance_check_finds_an_edited_figure(tmp_path):
+    for name in ("packed_row_invariance.json", "packed_row_invariance.log"):
+        (tmp_path / name).write_text((EVIDENCE / "packing" / name).read_text())
+    result = tmp_path / "packed_row_invariance.json"
+    check_row_invariance(result)
+    doc = json.loads(result.read_text())
+    doc["qwen35_27b"]["row_8192"]["loss"] += 1.0
+    result.write_text(json.dumps(doc))
+    with pytest.raises(AssertionError):
+        check_row_invariance(result)
