@@ -134,9 +134,9 @@ def build(
         raise ValueError(problem)
     if folder is not None:
         hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
-    from bridge_recipes.data.packed_rows import one_row_a_micro_batch
+    from bridge_recipes.data.packed_rows import join_micro_batch_rows
 
-    if (packed := one_row_a_micro_batch(cfg)) and report:  # rows with boundaries: one row a micro batch
+    if (packed := join_micro_batch_rows(cfg)) and report:  # rows with boundaries: a micro batch's rows joined
         report(packed)
     return cfg
 

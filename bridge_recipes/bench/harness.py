@@ -243,17 +243,24 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     """Why two runs' loss curves cannot be compared (they train different models or read
     different rows), or None. A proxy keeps each layout's per-GPU expert count, so two MoE
     layouts with different expert parallelism become different models."""
+    from bridge_recipes.bench.result import rows_a_sequence
+
     a, b = candidate_cfg, reference_cfg
     experts = (a.model.num_moe_experts, b.model.num_moe_experts)
-    seq = (a.model.seq_length, b.model.seq_length)
+    # rows joined into longer sequences train as the rows apart do: compare rows, not sequences
+    row = (a.model.seq_length // rows_a_sequence(a), b.model.seq_length // rows_a_sequence(b))
     checks = [  # (what to name, candidate's value, reference's value)
         (
             "model" + (" (routed experts {} vs {})".format(*experts) if experts[0] != experts[1] else ""),
             model_spec(a),
             model_spec(b),
         ),
-        ("model.seq_length ({} vs {})".format(*seq), *seq),
-        ("train.global_batch_size", a.train.global_batch_size, b.train.global_batch_size),
+        ("row length ({} vs {} tokens)".format(*row), *row),
+        (
+            "rows a step",
+            a.train.global_batch_size * rows_a_sequence(a),
+            b.train.global_batch_size * rows_a_sequence(b),
+        ),
         ("dataset", type(a.dataset).__name__, type(b.dataset).__name__),
         ("dataset.path", getattr(a.dataset, "path", None), getattr(b.dataset, "path", None)),
         ("dataset.random_seed", getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),

@@ -153,9 +153,18 @@ def workload_key(cfg: Any) -> dict[str, Any]:
         "model": dataclasses.asdict(model_spec(cfg)),
         "lora": [peft.dim, peft.alpha, peft.dropout, sorted(peft.target_modules)],
         "optimizer": [o.lr, o.adam_beta1, o.adam_beta2, o.adam_eps, o.weight_decay, o.clip_grad],
-        "rows": [str(cfg.dataset.path), cfg.train.global_batch_size, cfg.model.seq_length],
+        "rows": [str(cfg.dataset.path), *rows_and_length(cfg)],
         "allocator": (cfg.env_vars or {}).get(ALLOCATOR),
     }
+
+
+def rows_and_length(cfg: Any) -> tuple[int, int]:
+    """Rows a step and tokens a row of the recipe's config: ours may join rows into one sequence
+    (``dataset.rows_per_sample``); the peer trains the same rows, one a micro batch."""
+    from bridge_recipes.bench.result import rows_a_sequence
+
+    k = rows_a_sequence(cfg)
+    return cfg.train.global_batch_size * k, cfg.model.seq_length // k
 
 
 def model_spec(cfg: Any, sizes: dict[str, int] | None = None) -> Any:
@@ -544,7 +553,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
     attn = opts.attn or attention_default()
     checkpointing = not opts.no_gradient_checkpointing
     rows = rows_workload(cfg) or {}  # the config reads SFT rows: always there
-    gb, row_tokens = cfg.train.global_batch_size, cfg.model.seq_length
+    gb, row_tokens = rows_and_length(cfg)
     _log(
         f"{opts.recipe}: {spec.name} ({spec.num_layers} layers, {spec.num_experts or 'no'} experts, vocabulary "
         f"{spec.vocab_size}) on {'meta' if opts.dry_run else device}; {gb} rows of {row_tokens} tokens a step "

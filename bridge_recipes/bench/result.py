@@ -57,6 +57,12 @@ STACK_PACKAGES = {
 # --- layout and workload from a Megatron-Bridge ConfigContainer -------------------------------
 
 
+def rows_a_sequence(cfg: Any) -> int:
+    """Rows of the data joined into one sequence of ``model.seq_length`` (``dataset.rows_per_sample``;
+    1 for other data): a result counts rows of the data, not sequences."""
+    return getattr(getattr(cfg, "dataset", None), "rows_per_sample", 1) or 1
+
+
 def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The ``layout`` block of a ConfigContainer (or any object with its ``model``, ``train``
     and ``optimizer`` attributes) launched on ``world_size`` GPUs."""
@@ -67,7 +73,7 @@ def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     experts = getattr(m, "num_moe_experts", None)
     first = getattr(m, "num_layers_in_first_pipeline_stage", None)
     last = getattr(m, "num_layers_in_last_pipeline_stage", None)
-    rows = cfg.train.micro_batch_size
+    rows = cfg.train.micro_batch_size * rows_a_sequence(cfg)
     return {
         "label": lay.label(),
         "tp": lay.tp,
@@ -80,7 +86,7 @@ def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
         "sequence_parallel": lay.sp,
         "layer_split": None if first is None and last is None else {"first": first, "last": last},
         # tokens one GPU holds per micro batch: the rows, split over context parallelism
-        "max_tokens_per_gpu": rows * m.seq_length // lay.cp,
+        "max_tokens_per_gpu": cfg.train.micro_batch_size * m.seq_length // lay.cp,
         "rows_per_microbatch": rows,
         "recompute": _recompute(m),
         "offload": _offload(opt),
@@ -138,9 +144,10 @@ def dataset_from_config(cfg: Any) -> dict[str, Any]:
 def workload_from_config(cfg: Any, *, dataset: Any = None, precision: str | None = None) -> dict[str, Any]:
     """The ``workload`` block; ``dataset`` (a name or an OpenRecipes-style dict) and ``precision``
     override what the config says."""
+    k = rows_a_sequence(cfg)
     return {
-        "row_tokens": cfg.model.seq_length,
-        "global_batch": cfg.train.global_batch_size,
+        "row_tokens": cfg.model.seq_length // k,
+        "global_batch": cfg.train.global_batch_size * k,
         "precision": precision or precision_from_config(cfg),
         "dataset": dataset_from_config(cfg) if dataset is None else dataset,
     }

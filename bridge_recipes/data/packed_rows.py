@@ -18,8 +18,8 @@ at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
 ``bridge_recipes.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
 positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
-takes one packed sequence a micro batch (``one_row_a_micro_batch`` turns a recipe's k rows a micro
-batch into k micro batches of one row) and hands the boundaries to middle pipeline stages too.
+takes one packed sequence a micro batch (``join_micro_batch_rows`` joins a recipe's k rows a micro
+batch into one sequence) and hands the boundaries to middle pipeline stages too.
 ``eos_joined`` rows (the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
 boundaries; positions run 0..L-1 over the row.
 
@@ -224,20 +224,28 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
     )
 
 
-def one_row_a_micro_batch(cfg: Any) -> str | None:
-    """A micro batch of k > 1 rows with boundaries becomes k micro batches of one row: the same rows
-    and tokens a step. Megatron-Bridge takes one packed (THD) sequence a micro batch; rows joined
-    into one longer sequence (``dataset.rows_per_sample``) are asked for explicitly
-    (docs/sft_data.md). Sets ``train.micro_batch_size`` 1; returns what changed, or None (other
-    data, or one row already)."""
-    d, t = cfg.dataset, cfg.train
+def join_micro_batch_rows(cfg: Any) -> str | None:
+    """A micro batch of k > 1 rows with boundaries becomes one packed sequence of the k rows joined:
+    Megatron-Bridge takes one packed (THD) sequence a micro batch, and one sequence of k rows costs
+    the host a k-th of the launches of k sequences of one row. Sets ``train.micro_batch_size`` 1,
+    multiplies ``dataset.rows_per_sample`` and ``model.seq_length`` by k and divides
+    ``train.global_batch_size`` (sequences) by k: the same rows a step. Returns what changed, or None
+    (other data, one row already, or a config the dry run refuses as it is)."""
+    d, t, m = cfg.dataset, cfg.train, cfg.model
     k = t.micro_batch_size
     if not isinstance(d, PackedSFTRowsConfig) or k <= 1 or _packing_of(d.path) != "boundaries":
         return None
-    t.micro_batch_size = 1
+    joined = d.rows_per_sample or 1
+    if t.global_batch_size % k or m.seq_length != d.seq_length * joined:
+        return None  # the dry run names what is wrong
+    before = (t.global_batch_size, m.seq_length)
+    t.micro_batch_size, d.rows_per_sample = 1, joined * k
+    t.global_batch_size, m.seq_length = t.global_batch_size // k, m.seq_length * k
     return (
-        f"packed rows: one row a micro batch (train.micro_batch_size {k} -> 1): {k}x the micro batches, "
-        f"the same {t.global_batch_size} rows a step"
+        f"packed rows: the {k} rows of a micro batch joined into one packed sequence (train.micro_batch_size "
+        f"{k} -> 1, dataset.rows_per_sample {joined} -> {d.rows_per_sample}, model.seq_length {before[1]} -> "
+        f"{m.seq_length}, train.global_batch_size {before[0]} -> {t.global_batch_size} sequences): the same "
+        f"{before[0] * joined} rows a step"
     )
 
 

@@ -487,6 +487,20 @@ def test_layout_and_workload_of_the_real_27b_recipe(cfg_27b):
     assert (work["row_tokens"], work["global_batch"], work["precision"]) == (8192, 128, "bf16")
 
 
+def test_a_result_counts_rows_when_rows_are_joined_into_one_sequence(cfg_27b):
+    """Two 8,192-token rows joined into one 16,384-token sequence a micro batch: the layout and the
+    workload speak of rows (two a micro batch, 128 a step), the tokens a micro batch are unchanged."""
+    import copy
+    from types import SimpleNamespace as NS
+
+    cfg = copy.deepcopy(cfg_27b)
+    cfg.model.seq_length, cfg.train.global_batch_size = 16384, 64
+    cfg.dataset = NS(rows_per_sample=2, path="/rows")
+    lay, work = R.layout_from_config(cfg, world_size=8), R.workload_from_config(cfg)
+    assert (lay["rows_per_microbatch"], lay["max_tokens_per_gpu"]) == (2, 16384)
+    assert (work["row_tokens"], work["global_batch"]) == (8192, 128)
+
+
 def test_stack_versions_tolerate_missing_packages(monkeypatch):
     stack = R.stack_versions()
     assert stack["megatron_core"] == importlib.metadata.version("megatron-core")

@@ -255,6 +255,22 @@ def test_which_proxy_pairs_train_the_same_model():
     assert "routed experts 32 vs 64" in different_training(*moe)
 
 
+def test_rows_joined_into_one_sequence_train_as_the_rows_apart():
+    """Two runs on the same rows a step compare their loss curves whether or not the rows are joined
+    into longer sequences; other rows a step or another row length are named."""
+    from types import SimpleNamespace as NS
+
+    def run(seq, gb, k=1):
+        cfg = proxy_config("qwen35_27b_sft_8gpu_h200_bf16_config")
+        cfg.model.seq_length, cfg.train.global_batch_size = seq, gb
+        cfg.dataset = NS(rows_per_sample=k, path="/rows")
+        return cfg
+
+    assert different_training(run(8192, 4), run(16384, 2, k=2)) is None
+    assert different_training(run(8192, 4), run(16384, 4, k=2)) == "the runs differ in rows a step"
+    assert "row length (8192 vs 16384 tokens)" in different_training(run(8192, 4), run(16384, 4))
+
+
 # --- packed rows' gradient against its FP32 reference ---------------------------------------------
 
 

@@ -151,36 +151,46 @@ def test_dry_run_takes_boundaries_rows_with_no_opt_in(built):
     assert dry_run_problems(_Cfg(out)) == ([], [])
 
 
-def test_a_micro_batch_of_rows_becomes_micro_batches_of_one_row(built):
-    """one_row_a_micro_batch: k rows a micro batch -> k micro batches of one row, the same rows a step;
-    rows are never joined into a longer packed sequence."""
+def test_a_micro_batch_of_rows_becomes_one_sequence_of_them_joined(built):
+    """join_micro_batch_rows: k rows a micro batch -> one packed sequence of the k rows, the same rows a
+    step; the joined config passes the dry run and its samples are the rows end to end."""
     from types import SimpleNamespace as NS
 
-    from bridge_recipes.data.packed_rows import one_row_a_micro_batch, row_sample
+    from bridge_recipes.data.packed_rows import join_micro_batch_rows
 
     out, _, _ = built
     cfg = NS(
         dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW),
-        train=NS(micro_batch_size=2, global_batch_size=8),
+        train=NS(micro_batch_size=2, global_batch_size=8, train_iters=1),
         model=NS(seq_length=ROW),
     )
-    note = one_row_a_micro_batch(cfg)
-    assert "train.micro_batch_size 2 -> 1" in note and "8 rows a step" in note
-    assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.model.seq_length) == (1, 8, ROW)
-    assert one_row_a_micro_batch(cfg) is None  # once
-    assert dry_run_problems(_Cfg(out))[0] == []
-    # a sample is its row, as row_sample makes it
-    data = PackedRowsDataset(out, ROW, 4)
-    sample = data[3]
-    again = row_sample(data.ids[3], data.mask[3], data.cu[3])
-    assert all(sample[k].tolist() == again[k].tolist() for k in sample)
+    assert join_micro_batch_rows(cfg)
+    assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.model.seq_length) == (1, 4, 2 * ROW)
+    assert cfg.dataset.rows_per_sample == 2
+    assert join_micro_batch_rows(cfg) is None  # once
+    assert dry_run_problems(_Cfg(out, k=2))[0] == []
+    # rows already joined two a sequence, two such a micro batch: four rows a sequence
+    twice = NS(
+        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW, rows_per_sample=2),
+        train=NS(micro_batch_size=2, global_batch_size=8),
+        model=NS(seq_length=2 * ROW),
+    )
+    assert join_micro_batch_rows(twice)
+    assert (twice.dataset.rows_per_sample, twice.model.seq_length, twice.train.global_batch_size) == (4, 4 * ROW, 4)
+    # what the dry run refuses is left for it to name: a sequence length that is not the rows'
+    odd = NS(
+        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW),
+        train=NS(micro_batch_size=2, global_batch_size=8),
+        model=NS(seq_length=3 * ROW),
+    )
+    assert join_micro_batch_rows(odd) is None and odd.train.micro_batch_size == 2
     # other rows keep their micro batch
     one = NS(
         dataset=PackedSFTRowsConfig(path=str(REPO / "docs/evidence/sft_rows_synthetic/rows"), seq_length=8192),
         train=NS(micro_batch_size=2, global_batch_size=8),
         model=NS(seq_length=8192),
     )
-    assert one_row_a_micro_batch(one) is None and one.train.micro_batch_size == 2
+    assert join_micro_batch_rows(one) is None and one.train.micro_batch_size == 2
 
 
 def test_rows_joined_into_one_packed_sequence_on_request(built):

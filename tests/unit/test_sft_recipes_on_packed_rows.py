@@ -53,5 +53,6 @@ def test_recipe_dry_runs_on_packed_rows(rows, recipe, capsys):
         return
     assert code == 0, captured.err[-2000:]
     assert "checks: ok" in captured.out
+    # a micro batch of k rows runs as one packed sequence of the k rows joined, the same rows a step
     mb = cfg.train.micro_batch_size
-    assert (f"one row a micro batch (train.micro_batch_size {mb} -> 1)" in captured.out) == (mb > 1)
+    assert (f"train.micro_batch_size {mb} -> 1, dataset.rows_per_sample 1 -> {mb}" in captured.out) == (mb > 1)

@@ -158,8 +158,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     """The fast recipe's kernels and BF16 Adam moments, spending the memory they free on a second
     8,192-token row a micro batch (16,384 tokens a GPU) with the published full recompute. The step
     is bound by the host's kernel launches, and a launch that carries two rows halves them. Rows with
-    conversation boundaries (``--packing boundaries``) take one row a micro batch; the runner runs
-    them so, twice the micro batches."""
+    conversation boundaries (``--packing boundaries``) run as one packed sequence of the two."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
     # two 8,192-token rows a micro batch: 16 rows a GPU a step in 8 micro batches, every layer recomputed
@@ -552,7 +551,8 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     gpu="h200",
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
-    status="functional",
+    status="measured",
+    measured={"result": "docs/evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_config.yaml"},
     evidence="docs/evidence/hf/hf_lora_summary.json",
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
@@ -569,22 +569,25 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
     status="measured",
-    measured={"result": "results/h200_lora_qwen35_35b_a3b_fast_cublas_vs_cutlass_against.yaml"},
+    measured={"result": "docs/evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
-    """The one-GPU 35B-A3B LoRA recipe with the memory its frozen base leaves spent on speed, as the
-    27B's fast LoRA recipe: Transformer Engine's cross entropy and the fused SwiGLU free the room for
-    30 of the 40 layers to keep their activations (about 1.3 GB a layer at 8,192 tokens), leaving a
-    tenth of the GPU free by the planner; the fused router kernels come with them, and the 256
-    experts' GEMMs run as one CUTLASS grouped GEMM a layer, since their launches bound the step."""
+    """The one-GPU 35B-A3B LoRA recipe with the memory its frozen base leaves spent on speed. Its
+    step is bound by the host's launches a micro batch, not by the GPU: the 256 experts' GEMMs run
+    as one CUTLASS grouped GEMM a layer, with the fused router, SwiGLU and Transformer Engine's
+    cross entropy, and a micro batch carries two 8,192-token rows (on rows with conversation
+    boundaries, one packed sequence of the two), half the launches a row. Recomputing 30 of the 40
+    layers pays for the second row's activations (planner: about a tenth of the GPU left free)."""
     cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
     te_cross_entropy(cfg)
     fused_swiglu(cfg)
     fused_router(cfg)
     # one grouped kernel for the 256 experts instead of 256 cuBLAS launches from the host
     cutlass_grouped_gemm(cfg)
-    # the first 10 layers recompute their forward in the backward; the last 30 keep activations
-    full_recompute(cfg, "block", 10)
+    # two rows a micro batch: the host's work a micro batch is spread over twice the tokens
+    cfg.train.micro_batch_size = 2
+    # the first 30 layers recompute their forward in the backward; the last 10 keep activations
+    full_recompute(cfg, "block", 30)
     return cfg
 
 
