@@ -62,7 +62,8 @@ def test_join_refuses_a_missing_part_a_damaged_chunk_and_a_used_folder(tmp_path)
     with pytest.raises(wh.WheelhouseError, match="parts not given .*part_03"):
         wh.join(parts[:2], tmp_path / "a")
     chunk = tmp_path / "wh" / "part_02" / next(n for n in os.listdir(parts[1]) if "chunk" in n)
-    chunk.write_bytes(b"x" + chunk.read_bytes()[1:])
+    data = chunk.read_bytes()
+    chunk.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # a changed first byte, whatever it was
     with pytest.raises(wh.WheelhouseError, match="w0-1.0-py3-none-any.whl: size or SHA-256 differs"):
         wh.join(parts, tmp_path / "b")
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())  # nothing half-written
