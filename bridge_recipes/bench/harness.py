@@ -16,6 +16,7 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import registry
+from bridge_recipes.bench.result import rows_and_length
 from bridge_recipes.builder import runner_args
 from bridge_recipes.common import is_vlm
 from bridge_recipes.logs.megatron_log import phase_time_means, step_records_from_log
@@ -243,24 +244,18 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     """Why two runs' loss curves cannot be compared (they train different models or read
     different rows), or None. A proxy keeps each layout's per-GPU expert count, so two MoE
     layouts with different expert parallelism become different models."""
-    from bridge_recipes.bench.result import rows_a_sequence
-
     a, b = candidate_cfg, reference_cfg
     experts = (a.model.num_moe_experts, b.model.num_moe_experts)
     # rows joined into longer sequences train as the rows apart do: compare rows, not sequences
-    row = (a.model.seq_length // rows_a_sequence(a), b.model.seq_length // rows_a_sequence(b))
+    (rows_a, row_a), (rows_b, row_b) = rows_and_length(a), rows_and_length(b)
     checks = [  # (what to name, candidate's value, reference's value)
         (
             "model" + (" (routed experts {} vs {})".format(*experts) if experts[0] != experts[1] else ""),
             model_spec(a),
             model_spec(b),
         ),
-        ("row length ({} vs {} tokens)".format(*row), *row),
-        (
-            "rows a step",
-            a.train.global_batch_size * rows_a_sequence(a),
-            b.train.global_batch_size * rows_a_sequence(b),
-        ),
+        (f"row length ({row_a} vs {row_b} tokens)", row_a, row_b),
+        ("rows a step", rows_a, rows_b),
         ("dataset", type(a.dataset).__name__, type(b.dataset).__name__),
         ("dataset.path", getattr(a.dataset, "path", None), getattr(b.dataset, "path", None)),
         ("dataset.random_seed", getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),

@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.bench.result import rows_and_length
 from bridge_recipes.bench.runs import ROOT
 from bridge_recipes.outputs import write_text_atomic
 
@@ -356,8 +357,6 @@ def main(argv: list[str] | None = None) -> int:
             plans[recipe] = planned(recipe, opts, work / f"{recipe}.yaml")
         except ValueError as exc:
             ap.error(str(exc))
-    from bridge_recipes.bench import peer_peft
-
     peer_of = shared_peers(opts.recipe, opts)
     peers: dict[str, dict] = {}
     lines: list[dict] = []
@@ -381,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peer = run_peer(recipe, opts, peer_out, share)
         peers[peer_of[recipe]] = peer
-        lines.append(entry(recipe, opts, ours, peer, plan, peer_peft.rows_and_length(cfg)[1]))
+        lines.append(entry(recipe, opts, ours, peer, plan, rows_and_length(cfg)[1]))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")

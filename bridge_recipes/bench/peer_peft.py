@@ -63,6 +63,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.bench.result import rows_and_length
 from bridge_recipes.logs.stats import BYTES_PER_GB, DEFAULT_WINDOW, StepRecord, summarize
 from bridge_recipes.outputs import write_text_atomic
 
@@ -153,18 +154,10 @@ def workload_key(cfg: Any) -> dict[str, Any]:
         "model": dataclasses.asdict(model_spec(cfg)),
         "lora": [peft.dim, peft.alpha, peft.dropout, sorted(peft.target_modules)],
         "optimizer": [o.lr, o.adam_beta1, o.adam_beta2, o.adam_eps, o.weight_decay, o.clip_grad],
+        # ours may join rows into one sequence; the peer trains the same rows, one a micro batch
         "rows": [str(cfg.dataset.path), *rows_and_length(cfg)],
         "allocator": (cfg.env_vars or {}).get(ALLOCATOR),
     }
-
-
-def rows_and_length(cfg: Any) -> tuple[int, int]:
-    """Rows a step and tokens a row of the recipe's config: ours may join rows into one sequence
-    (``dataset.rows_per_sample``); the peer trains the same rows, one a micro batch."""
-    from bridge_recipes.bench.result import rows_a_sequence
-
-    k = rows_a_sequence(cfg)
-    return cfg.train.global_batch_size * k, cfg.model.seq_length // k
 
 
 def model_spec(cfg: Any, sizes: dict[str, int] | None = None) -> Any:

@@ -63,6 +63,12 @@ def rows_a_sequence(cfg: Any) -> int:
     return getattr(getattr(cfg, "dataset", None), "rows_per_sample", 1) or 1
 
 
+def rows_and_length(cfg: Any) -> tuple[int, int]:
+    """Rows of the data a step and tokens a row, whether or not rows are joined into one sequence."""
+    k = rows_a_sequence(cfg)
+    return cfg.train.global_batch_size * k, cfg.model.seq_length // k
+
+
 def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The ``layout`` block of a ConfigContainer (or any object with its ``model``, ``train``
     and ``optimizer`` attributes) launched on ``world_size`` GPUs."""
@@ -144,10 +150,10 @@ def dataset_from_config(cfg: Any) -> dict[str, Any]:
 def workload_from_config(cfg: Any, *, dataset: Any = None, precision: str | None = None) -> dict[str, Any]:
     """The ``workload`` block; ``dataset`` (a name or an OpenRecipes-style dict) and ``precision``
     override what the config says."""
-    k = rows_a_sequence(cfg)
+    rows, row_tokens = rows_and_length(cfg)
     return {
-        "row_tokens": cfg.model.seq_length // k,
-        "global_batch": cfg.train.global_batch_size * k,
+        "row_tokens": row_tokens,
+        "global_batch": rows,
         "precision": precision or precision_from_config(cfg),
         "dataset": dataset_from_config(cfg) if dataset is None else dataset,
     }

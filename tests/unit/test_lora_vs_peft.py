@@ -476,17 +476,19 @@ def test_a_peer_that_dies_part_way_keeps_the_figures_of_its_logged_steps(short_r
 def test_a_variant_joining_its_rows_trains_the_peer_on_the_same_rows(short_rows):
     """The fast 35B-A3B recipe carries two rows a micro batch, which ours runs as one sequence of the
     two joined: the peer still trains the same rows, of the same length, and shares its base's run."""
+    from bridge_recipes.bench.result import rows_and_length
+
     fast = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
     cfg = peer_peft.workload_config(fast, short_rows, ROWS_OVERRIDES)
     assert (cfg.train.global_batch_size, cfg.dataset.rows_per_sample, cfg.model.seq_length) == (1, 2, 2 * ROW_TOKENS)
-    assert peer_peft.rows_and_length(cfg) == (2, ROW_TOKENS)
+    assert rows_and_length(cfg) == (2, ROW_TOKENS)
     base = peer_peft.workload_config(MOE, short_rows, ROWS_OVERRIDES)
-    assert peer_peft.rows_and_length(base) == (2, ROW_TOKENS)
+    assert rows_and_length(base) == (2, ROW_TOKENS)
     opts = lora_vs_peft.build_parser().parse_intermixed_args(["--rows", str(short_rows), *SHORT_ROWS])
     assert lora_vs_peft.shared_peers([MOE, fast], opts) == {MOE: MOE, fast: MOE}
     # four rows a step are two sequences of two
     four = peer_peft.workload_config(fast, short_rows, [*SHORT_ROWS, "train.global_batch_size=4"])
-    assert (four.train.global_batch_size, peer_peft.rows_and_length(four)) == (2, (4, ROW_TOKENS))
+    assert (four.train.global_batch_size, rows_and_length(four)) == (2, (4, ROW_TOKENS))
 
 
 def test_a_variant_changing_only_ours_shares_its_bases_peer_run(short_rows, tmp_path, monkeypatch, capsys):
