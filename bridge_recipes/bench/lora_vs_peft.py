@@ -18,9 +18,10 @@ For each recipe (default :data:`RECIPES`), in this order:
   allocated memory (``planner_gb``, the figure a measured peak is compared with) and that plus the
   framework overhead (``planner_total_gb``, the recipes' docstring figure).
 
-Both run ``--global-batch`` rows a step (default :data:`GLOBAL_BATCH`) instead of the recipes' 128:
-one row is one micro batch either way, so a row costs the same; the optimizer step, over
-adapters only, is amortized over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
+Both run ``--global-batch`` rows a step instead of the recipes' 128 (by default one of ours' micro
+batches, at least :data:`GLOBAL_BATCH` rows: :func:`rows_a_step`): the peer trains one row a micro
+batch either way, so a row costs it the same; the optimizer step, over adapters only, is amortized
+over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
 more per recipe (tokens/s ratio, step-time spread, useful-token share, errors), rewritten after each
 recipe so that a run cut short keeps what finished. A run that fails is recorded with its error and
 the next one runs. ``--dry-run`` runs ours' runner dry run with the exact launch arguments, the
@@ -44,7 +45,7 @@ from bridge_recipes.bench.runs import ROOT
 from bridge_recipes.outputs import write_text_atomic
 
 RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
-GLOBAL_BATCH = 2  # rows a step for both runs (16,384 tokens), in place of the recipes' 128 (1,048,576 tokens)
+GLOBAL_BATCH = 2  # the fewest rows a step of both runs (16,384 tokens), in place of the recipes' 128
 FIELDS = (
     "model",
     "ours_tokens_per_s",
@@ -81,7 +82,7 @@ def benchmark_argv(recipe: str, opts: argparse.Namespace, out: Path) -> list[str
         *map(str, opts.window),
         "--out",
         str(out),
-        *overrides(opts),
+        *overrides(recipe, opts),
     ]
 
 
@@ -98,13 +99,29 @@ def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[s
         "--window",
         *map(str, opts.window),
         *(["--out", str(out)] if out else ["--dry-run"]),
-        *overrides(opts),
+        *overrides(recipe, opts),
     ]
 
 
-def overrides(opts: argparse.Namespace) -> list[str]:
+def rows_a_step(recipe: str, opts: argparse.Namespace) -> int:
+    """The rows a step both runs of ``recipe`` train: ``--global-batch``, or else one of ours' micro
+    batches (the recipe's rows a micro batch with the command's overrides), at least
+    :data:`GLOBAL_BATCH`: a step of ours is then never cut below one micro batch."""
+    from bridge_recipes.bench import peer_peft
+
+    if opts.global_batch is not None:
+        return opts.global_batch
+    try:
+        cfg = peer_peft.workload_config(recipe, opts.rows, opts.overrides)
+    except peer_peft.PeerError:
+        return GLOBAL_BATCH  # the runs name the problem
+    per_micro_batch = cfg.train.micro_batch_size * (getattr(cfg.dataset, "rows_per_sample", None) or 1)
+    return max(GLOBAL_BATCH, per_micro_batch)
+
+
+def overrides(recipe: str, opts: argparse.Namespace) -> list[str]:
     """The recipe overrides both runs get: the rows a step, then the command's KEY=VALUE."""
-    return [f"train.global_batch_size={opts.global_batch}", *opts.overrides]
+    return [f"train.global_batch_size={rows_a_step(recipe, opts)}", *opts.overrides]
 
 
 def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str], Any, Any]:
@@ -204,7 +221,7 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
         "row_tokens": row_tokens,
         "peer_stack": peer.get("peer_stack"),
         "recipe": recipe,
-        "global_batch": opts.global_batch,
+        "global_batch": rows_a_step(recipe, opts),
         "window": list(opts.window),
         "planner_total_gb": round(plan.peak_gb, 1),
     }
@@ -280,7 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
-    ap.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help=f"rows a step (default {GLOBAL_BATCH})")
+    ap.add_argument(
+        "--global-batch",
+        type=int,
+        help=f"rows a step (default: a micro batch of the recipe's, at least {GLOBAL_BATCH})",
+    )
     ap.add_argument("--dry-run", action="store_true", help="check everything a CPU can; train nothing")
     ap.add_argument(
         "--assemble",
@@ -298,7 +319,7 @@ def argument_problems(opts: argparse.Namespace) -> list[str]:
     out = []
     if not Path(opts.rows).is_dir():
         out.append(f"--rows {opts.rows}: not a folder (build one with scripts/build_sft_rows.py)")
-    if opts.global_batch < 1:
+    if opts.global_batch is not None and opts.global_batch < 1:
         out.append(f"--global-batch {opts.global_batch}: at least 1")
     if not opts.dry_run:
         if not opts.out:
@@ -328,7 +349,7 @@ def shared_peers(recipes: list[str], opts: argparse.Namespace) -> dict[str, str]
     keys: dict[str, Any] = {}
     for recipe in recipes:
         try:
-            cfg = peer_peft.workload_config(recipe, opts.rows, overrides(opts))
+            cfg = peer_peft.workload_config(recipe, opts.rows, overrides(recipe, opts))
             keys[recipe] = peer_peft.workload_key(cfg)
         except peer_peft.PeerError:
             keys[recipe] = None  # the peer's own run names the problem
@@ -366,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         what = (
             "assembled from"
             if opts.assemble
-            else f"ours ({opts.steps} steps of {opts.global_batch} rows), then the peer; logs in"
+            else f"ours ({opts.steps} steps of {rows_a_step(recipe, opts)} rows), then the peer; logs in"
         )
         _log(f"{recipe}: {what} {work}")
         ours_out, peer_out = work / f"{recipe}.yaml", work / f"{peer_of[recipe]}_peer.json"

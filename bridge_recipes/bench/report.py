@@ -279,8 +279,9 @@ def lora_vs_peft_table() -> str:
     lines = [
         f"`{_rel(path)}` (`python -m bridge_recipes.bench.lora_vs_peft`), logs in `docs/evidence/lora_vs_peft/`.",
         "",
-        "| recipe | measured | ours tokens/s | peer tokens/s | ratio | ours peak GB | planner GB | peer GB | peer |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| recipe | measured | rows a step | ours tokens/s | peer tokens/s | ratio "
+        "| ours peak GB | planner GB | peer GB | peer |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for line in json.loads(path.read_text()):
         ours = EVIDENCE / "lora_vs_peft" / f"{line['recipe']}.yaml"
@@ -300,7 +301,8 @@ def lora_vs_peft_table() -> str:
         current = (registry.find(line["recipe"]).meta.measured or {}).get("result")
         if current and ROOT / current != ours:  # the recipe changed and was measured again since
             when += f"; the recipe as it is now: `{current}`"
-        lines.append(_row([f"`{line['recipe']}`", when, *rates, ratio, *peaks, peer]))
+        rows = num(line.get("global_batch"), "d")
+        lines.append(_row([f"`{line['recipe']}`", when, rows, *rates, ratio, *peaks, peer]))
     return "\n".join(lines) + "\n"
 
 

@@ -157,6 +157,11 @@ def test_a_comparison_line_names_the_recipes_newer_measurement(tmp_path, monkeyp
     monkeypatch.setattr(report.registry, "find", lambda name: entry)
     (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]
     assert "as it is now" not in row  # the line is the recipe's own measurement
+    assert row.split(" | ")[2] == "-"  # no rows a step recorded
+    line["global_batch"] = 4
+    (tmp_path / "single_gpu_lora_vs_peft.json").write_text(json.dumps([line]))
+    (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]
+    assert row.split(" | ")[2:4] == ["4", "2.0"]
     measured["result"] = "results/newer.yaml"
     (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]
     assert "the recipe as it is now: `results/newer.yaml`" in row

@@ -77,7 +77,8 @@ def test_benchmark_result_is_what_its_log_gives(result):
     log = _log_of(result).read_text()
     assert f"--recipe {doc['recipe']} " in log and "exit status 0" in log
     stats = summarize(
-        step_records_from_log(log, doc["workload"]["row_tokens"]),
+        # the log counts sequences, of the model's sequence length (rows joined into one are one)
+        step_records_from_log(log, r["flops_per_token"]["seq_length"]),
         tuple(r["window"]),
         1,
         r["flops_per_token"]["model"],
