@@ -52,7 +52,9 @@ routing assumed) and adds, at its peak moment:
   ``torch.compile`` (Megatron's ``jit_fuser``) makes of the in-place updates of its input.
   The unfused path has no compiled helper: 2L + 4L. The inferred term is the compiled
   temporary: it is how ``torch.compile`` functionalises input mutation, and the two native
-  runs measured on the H200 need it while the TE run does not (docs/memory_plan.md).
+  runs measured on the H200 need it while the TE run does not (docs/memory_plan.md). The loss a
+  chunk of tokens at a time (``bridge_recipes.chunked_loss``) keeps one chunk's logits, gradient
+  and FP32 copy (8 bytes a logit) and a few floats a token a loss.
 - overhead: CUDA context, cuBLAS/TE workspaces and NCCL buffers live outside torch's
   allocator (a constant), and the caching allocator reserves more than it allocates (a
   fraction of the allocated peak). See ``FRAMEWORK_CONSTANT_GB`` and ``FRAMEWORK_FRACTION``.
@@ -524,7 +526,11 @@ def logits_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return tok.seq * padded_vocab(d, par) / par.tp
 
 
-def cross_entropy_kind(m: Any) -> str:
+def cross_entropy_kind(m: Any, env_vars: dict | None = None) -> str:
+    from bridge_recipes import chunked_loss
+
+    if chunked_loss.enabled(env_vars) and chunked_loss.problem(m) is None:
+        return "chunked"
     if not m.cross_entropy_loss_fusion:
         return "unfused"
     return "te" if getattr(m, "cross_entropy_fusion_impl", "native") == "te" else "native"
@@ -535,6 +541,11 @@ def logits_peak_bytes(d: ModelDims, par: Layout, tok: Tokens, kind: str) -> floa
     set (see the module docstring for the per-kind terms)."""
     L = logits_elems(d, par, tok)
     earlier = d.mtp_layers  # MTP losses are computed first and keep their backward tensors
+    if kind == "chunked":  # one chunk's working set, and a few floats a token a loss
+        from bridge_recipes.chunked_loss import chunk_tokens
+
+        vocab = L / tok.seq
+        return min(tok.seq, chunk_tokens(int(vocab))) * vocab * 8 + (1 + earlier) * tok.seq * 3 * FP32
     if kind == "te":
         return L * (BF16 * earlier + BF16 + BF16)  # kept copies, BF16 logits + TE's saved copy
     kept = FP32 * earlier  # FP32 softmax per earlier loss
@@ -945,7 +956,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
             rebuilt = max(
                 rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False) - (0.0 if mtp_recomputed(m) else mtp)
             )
-        logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m))
+        logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m, getattr(cfg, "env_vars", None)))
     copies = fp8_weight_copies(cfg, d, par, chunks, stage)
     saved += copies.saved
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))

@@ -104,6 +104,15 @@ def cutlass_grouped_gemm(cfg: ConfigContainer) -> None:
     cfg.env_vars = {**(cfg.env_vars or {}), CUTLASS_GROUPED_GEMM_ENV: 1}
 
 
+def chunked_cross_entropy(cfg: ConfigContainer) -> None:
+    """The output layer and the cross entropy a chunk of tokens at a time (``bridge_recipes.chunked_loss``,
+    switched on by the environment): no loss keeps the 248K-vocabulary logits of the whole micro batch
+    (32,768 tokens: 16 GB each, the MTP head's loss and the main one), one tensor-parallel rank only."""
+    from bridge_recipes.chunked_loss import ENV
+
+    cfg.env_vars = {**(cfg.env_vars or {}), ENV: 1}
+
+
 def fp8_current_scaling(cfg: ConfigContainer) -> None:
     """The transformer layers' GEMMs in FP8 with per-tensor current scaling (Megatron-Bridge's
     ``bf16_with_fp8_current_scaling_mixed``: each tensor scaled from its own amax when it is cast;

@@ -91,6 +91,8 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         err(msg)
     for msg in op_fuser_problems(cfg):
         err(msg)
+    for msg in chunked_loss_problems(cfg):
+        err(msg)
 
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
@@ -180,6 +182,20 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
             f"environment (Megatron-Core stops at model build without it); add +env_vars.{OP_FUSER_ENV}=1 {fix}"
         )
     return found
+
+
+def chunked_loss_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[str]:
+    """What stops the loss a chunk of tokens at a time (``bridge_recipes.chunked_loss``) that the
+    environment switches on: a VL model, tensor parallelism, MuP."""
+    from bridge_recipes import chunked_loss
+
+    if not chunked_loss.enabled(getattr(cfg, "env_vars", None), environ):
+        return []
+    fix = f"or set +env_vars.{chunked_loss.ENV}=0"
+    if is_vlm(cfg):
+        return [f"{chunked_loss.ENV}=1 applies to the text models only; {fix}"]
+    why = chunked_loss.problem(cfg.model)
+    return [f"{why}; {fix}"] if why else []
 
 
 def vision_patches_per_micro_batch(cfg: Any) -> int | None:

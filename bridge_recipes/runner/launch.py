@@ -161,6 +161,26 @@ def attention_per_conversation_on_packed_rows(cfg: Any) -> bool:
     return True
 
 
+def loss_a_chunk_at_a_time(cfg: Any) -> bool:
+    """Where the environment switches it on, the model's losses take the output layer a chunk of
+    tokens at a time, never the whole logits (``bridge_recipes.chunked_loss``)."""
+    from bridge_recipes import chunked_loss
+
+    if is_vlm(cfg) or not chunked_loss.enabled(cfg.env_vars):
+        return False
+    hooks = getattr(cfg.model, "pre_wrap_hooks", None)  # a ModelConfig's list, or a provider's register
+    if isinstance(hooks, list):
+        hooks.append(chunked_loss.pre_wrap_hook)
+    else:
+        cfg.model.register_pre_wrap_hook(chunked_loss.pre_wrap_hook)
+    vocab = cfg.model.vocab_size or 0
+    _log(
+        f"loss: the output layer and cross entropy {chunked_loss.chunk_tokens(vocab) if vocab else 'a chunk'} "
+        f"tokens at a time ({chunked_loss.ENV}=1; bridge_recipes.chunked_loss)"
+    )
+    return True
+
+
 def init_independent_of_warmup_shapes() -> None:
     """Keep the CUDA random state through Megatron-Bridge's JIT warm-up (idempotent).
 
@@ -191,6 +211,7 @@ def run(cfg: Any, task: str, lora_from_random_init: bool = False) -> None:
     prepare_for_registry_install(cfg)
     init_independent_of_warmup_shapes()
     attention_per_conversation_on_packed_rows(cfg)
+    loss_a_chunk_at_a_time(cfg)
     step = forward_step_for(cfg)
     entry = entry_point_for(cfg, task, lora_from_random_init)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")

@@ -29,14 +29,11 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.bench import parity
-from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows
 
 pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
-TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 OUT = Path(os.environ.get("OUT") or REPO / "gpu-out")
-ROW = EVIDENCE_ROW_TOKENS
 NO_AUX = {"moe_aux_loss_coeff": 0.0, "moe_router_load_balancing_type": "none"}
 # name: (family, model.* changes); each keeps the recipe's recompute
 CASES = {
@@ -45,71 +42,6 @@ CASES = {
     "qwen35_35b_a3b/mtp_aux_off": ("qwen35_35b_a3b", NO_AUX),
     "qwen35_35b_a3b/mtp_aux_on": ("qwen35_35b_a3b", {}),
 }
-
-
-@pytest.fixture(scope="module")
-def row(tmp_path_factory):
-    """The first row of the real-format evidence with boundaries, on the GPU."""
-    import torch.utils.data
-    from megatron.bridge.training.gpt_step import _packed_metadata_for_forward
-
-    from bridge_recipes.data.packed_rows import PackedRowsDataset
-    from bridge_recipes.hf.parity import init_single_gpu
-
-    init_single_gpu()
-    folder = tmp_path_factory.mktemp("rows") / "boundaries"
-    build_evidence_rows(folder, TOKENIZER, "boundaries")
-    batch = next(iter(torch.utils.data.DataLoader(PackedRowsDataset(folder, ROW, 1), batch_size=1)))
-    meta = {k: (v.cuda() if k.startswith("cu_") else v) for k, v in _packed_metadata_for_forward(batch).items()}
-    return batch, meta
-
-
-def copy_weights(src, dst) -> None:
-    """``dst``'s parameters and floating buffers set to ``src``'s values (same names)."""
-    import torch
-
-    src_p = dict(src.named_parameters())
-    src_b = dict(src.named_buffers())
-    with torch.no_grad():
-        for n, p in dst.named_parameters():
-            p.copy_(src_p[n].to(p.dtype))
-        for n, b in dst.named_buffers():
-            if n in src_b and b.is_floating_point() and b.shape == src_b[n].shape:
-                b.copy_(src_b[n].to(b.dtype))
-
-
-def gradient(model, batch, meta, segments) -> tuple[float, dict]:
-    """FP32 copies of the gradients of the row's masked loss: packed (``segments`` None) or as each
-    segment's conversation alone, gradients summed."""
-    import torch
-    from megatron.bridge.training.utils.packed_seq_utils import get_packed_seq_params
-
-    model.zero_grad(set_to_none=True)
-    tokens, labels, mask = (batch[k][0].cuda() for k in ("tokens", "labels", "loss_mask"))
-
-    def step(t, lab, m, position_ids, packed_seq_params):
-        out = model(
-            input_ids=t[None],
-            position_ids=position_ids[None],
-            attention_mask=None,
-            labels=lab[None],
-            loss_mask=m[None],
-            packed_seq_params=packed_seq_params,
-        )
-        loss = (out.float().view(-1) * m.float()).sum()
-        loss.backward()
-        return float(loss)
-
-    if segments is None:
-        loss = step(tokens, labels, mask, batch["position_ids"][0].cuda(), get_packed_seq_params(dict(meta)))
-    else:
-        loss = 0.0
-        for s, e in segments:
-            if mask[s:e].sum() > 0:
-                loss += step(tokens[s:e], labels[s:e], mask[s:e], torch.arange(e - s, device="cuda"), None)
-    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss, grads
 
 
 def without_padding_segment(batch, meta):
@@ -135,7 +67,7 @@ def log_line(record: dict) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_packed_row_gradient_against_fp32_reference(row, case, bare_model):
+def test_packed_row_gradient_against_fp32_reference(row, case, bare_model, gradients):
     import torch
 
     from bridge_recipes import packed_attention
@@ -150,8 +82,8 @@ def test_packed_row_gradient_against_fp32_reference(row, case, bare_model):
 
     model = bare_model.build(family, changes)
     ref_model = bare_model.build(family, changes, fp32=True)
-    copy_weights(model, ref_model)
-    ref_loss, ref = gradient(ref_model, batch, meta, segments)
+    gradients.copy_weights(model, ref_model)
+    ref_loss, ref = gradients.gradient(ref_model, batch, meta, segments)
     del ref_model
     torch.cuda.empty_cache()
 
@@ -172,7 +104,7 @@ def test_packed_row_gradient_against_fp32_reference(row, case, bare_model):
     }
     for path, (attention, b, md, segs) in runs.items():
         packed_attention.set_mode(attention)
-        loss, grads = gradient(model, b, md, segs)
+        loss, grads = gradients.gradient(model, b, md, segs)
         log_line({"case": case, "path": path, **facts, "segments": segments, "loss": loss, "ref_loss": ref_loss,
                   **parity.compare(grads, ref)})  # fmt: skip
         del grads

@@ -136,7 +136,8 @@ RECIPE_UNITS = {"qwen", "qwen_vl"}  # recipe definitions: reached through bridge
 LOWER = {  # what a low package may import from the library
     "logs": {"logs", "models", "gpus"},
     "models": {"models"},
-    "plan": {"plan", "models", "logs", "gpus", "layout", "common", "values", "recipe", "registry", "builder"},
+    "plan": {"plan", "models", "logs", "gpus", "layout", "common", "values", "recipe", "registry", "builder"}
+    | {"chunked_loss"},  # the loss's chunk size, a leaf module
 }
 
 
