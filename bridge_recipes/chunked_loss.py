@@ -66,12 +66,16 @@ def _function():
         def forward(ctx, hidden, weight, labels, chunk: int):
             n = hidden.shape[0]
             loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+            preds = torch.empty(n, dtype=torch.long, device=hidden.device)
             keep_dh = hidden.requires_grad and not weight.requires_grad
             # kept for the backward: the hidden state's gradient a unit of loss, or the log-sum-exp
             kept = torch.empty_like(hidden) if keep_dh else torch.empty(n, dtype=torch.float32, device=hidden.device)
             for start in range(0, n, chunk):
                 end = min(n, start + chunk)
-                logits = (hidden[start:end] @ weight.t()).float()
+                low = hidden[start:end] @ weight.t()
+                preds[start:end] = low.argmax(dim=-1)  # MTP's acceptance count reads the predictions
+                logits = low.float()
+                del low
                 part_lse = torch.logsumexp(logits, dim=-1)
                 target = labels[start:end].unsqueeze(1)
                 loss[start:end] = part_lse - logits.gather(1, target).squeeze(1)
@@ -88,10 +92,11 @@ def _function():
             else:
                 ctx.save_for_backward(hidden, weight, labels, kept)
             ctx.keep_dh = keep_dh
-            return loss
+            ctx.mark_non_differentiable(preds)
+            return loss, preds
 
         @staticmethod
-        def backward(ctx, grad_loss):
+        def backward(ctx, grad_loss, _grad_preds):
             if ctx.keep_dh:
                 (dh,) = ctx.saved_tensors
                 return (dh.float() * grad_loss.unsqueeze(1)).to(dh.dtype), None, None, None
@@ -134,7 +139,8 @@ _FN: list[Any] = []
 
 def chunked_cross_entropy(hidden, weight, labels, chunk: int | None = None):
     """Per-token loss of ``hidden`` ``[tokens, h]`` through ``weight`` ``[vocabulary, h]`` against
-    ``labels`` ``[tokens]``, in FP32, as ``cross_entropy(hidden @ weight.T, labels, reduction='none')``."""
+    ``labels`` ``[tokens]``, in FP32, as ``cross_entropy(hidden @ weight.T, labels, reduction='none')``,
+    and each token's most likely class (``argmax`` of its logits)."""
     if not _FN:
         _FN.append(_function())
     return _FN[0].apply(hidden, weight, labels, chunk or chunk_tokens(weight.shape[0]))
@@ -142,10 +148,29 @@ def chunked_cross_entropy(hidden, weight, labels, chunk: int | None = None):
 
 class DeferredLogits:
     """What the output layer returns while a loss follows: its input and weight, for the loss to
-    take a chunk at a time."""
+    take a chunk at a time. After the loss, ``torch.argmax(logits, dim=-1)`` gives the predictions
+    the loss found (Megatron-Core's MTP acceptance count asks for them); any other use of the logits
+    is refused by name."""
 
     def __init__(self, hidden, weight):
         self.hidden, self.weight = hidden, weight
+        self.preds = None  # [s, b], set by the loss
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        import torch
+
+        kwargs = kwargs or {}
+        this = args[0] if args else None
+        dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+        if func in (torch.argmax, torch.Tensor.argmax) and isinstance(this, cls) and dim in (-1, 2):
+            if this.preds is None:
+                raise RuntimeError("the chunked loss has no predictions before its loss is computed")
+            return this.preds
+        name = getattr(func, "__name__", str(func))
+        raise TypeError(
+            f"{name} on the logits: the loss a chunk at a time ({ENV}=1) keeps none; set {ENV}=0 for this model"
+        )
 
 
 def install(model: Any) -> bool:
@@ -173,7 +198,8 @@ def install(model: Any) -> bool:
             return original_loss(labels, logits)
         hidden = logits.hidden  # [s, b, h]
         s, b, h = hidden.shape
-        per_token = chunked_cross_entropy(hidden.reshape(s * b, h), logits.weight, labels.t().reshape(s * b))
+        per_token, preds = chunked_cross_entropy(hidden.reshape(s * b, h), logits.weight, labels.t().reshape(s * b))
+        logits.preds = preds.reshape(s, b)
         return per_token.reshape(s, b).t().contiguous()  # [b, s], as Megatron-Core's
 
     def before(module, args, kwargs):

@@ -43,8 +43,11 @@ def test_the_loss_and_gradients_match_the_fp32_reference_of_the_whole_logits(tra
     ref_loss, ref_dh, ref_dw = reference(hidden, weight, labels, upstream)
     h = hidden.clone().requires_grad_()
     w = weight.clone().requires_grad_(train_weight)
-    loss = C.chunked_cross_entropy(h, w, labels, chunk=128)
+    loss, preds = C.chunked_cross_entropy(h, w, labels, chunk=128)
     assert loss.dtype == torch.float32 and loss.shape == (TOKENS,)
+    # each token's most likely class, from the BF16 logits as Megatron-Core's MTP count takes it
+    with torch.no_grad():
+        assert float((preds == (hidden @ weight.t()).argmax(-1)).float().mean()) > 0.99
     # the BF16 logits, as the output layer gives them, against FP32 products
     assert (loss - ref_loss).abs().max() < 0.05 and rel(loss, ref_loss) < 5e-3
     (loss * upstream).sum().backward()
@@ -63,7 +66,7 @@ def test_chunks_do_not_change_the_result():
     results = []
     for chunk in (TOKENS, 128, 7):
         h = hidden.clone().requires_grad_()
-        loss = C.chunked_cross_entropy(h, weight, labels, chunk=chunk)
+        loss, _ = C.chunked_cross_entropy(h, weight, labels, chunk=chunk)
         (loss * upstream).sum().backward()
         results.append((loss, h.grad))
     for loss, grad in results[1:]:
@@ -95,7 +98,7 @@ def test_a_trained_weight_under_megatrons_wrapper_sums_into_its_fp32_main_grad()
     w = weight.clone().requires_grad_()
     w.main_grad = torch.full(w.shape, 1.0)  # an earlier micro batch's sum
     w.grad_added_to_main_grad = False
-    (C.chunked_cross_entropy(hidden, w, labels, chunk=128) * upstream).sum().backward()
+    (C.chunked_cross_entropy(hidden, w, labels, chunk=128)[0] * upstream).sum().backward()
     assert w.grad_added_to_main_grad and w.main_grad.dtype == torch.float32
     assert rel(w.main_grad - 1.0, ref_dw) < 2e-2
 
@@ -149,6 +152,7 @@ class TinyLM(torch.nn.Module):
             return self.output_layer(hidden)[0].transpose(0, 1)
         mtp_logits, _ = self.output_layer(torch.tanh(hidden), weight=self.output_layer.weight.detach())
         mtp = self.compute_language_model_loss(labels, mtp_logits)
+        self.accepted = int((torch.argmax(mtp_logits, dim=-1) == labels.t()).sum())  # as MTP's count
         logits, _ = self.output_layer(hidden)
         return self.compute_language_model_loss(labels, logits) + 0.1 * mtp
 
@@ -169,11 +173,23 @@ def test_an_installed_model_gives_the_same_losses_and_gradients_and_logits_witho
     assert chunked_loss.shape == (3, 100)
     torch.testing.assert_close(chunked_loss, plain_loss)
     torch.testing.assert_close(chunked.proj.weight.grad, plain.proj.weight.grad)
+    assert chunked.accepted == plain.accepted
     # without labels the model returns its logits, as before
     with torch.no_grad():
         torch.testing.assert_close(chunked(hidden), plain(hidden))
     assert C.install(chunked)  # installing twice changes nothing
     torch.testing.assert_close(chunked(hidden, labels=labels), chunked_loss, rtol=0, atol=0, check_dtype=True)
+
+
+def test_deferred_logits_refuse_any_use_but_the_predictions_by_name():
+    _, weight, _, _ = inputs(torch.float32)
+    deferred = C.DeferredLogits(torch.zeros(4, 1, HIDDEN), weight)
+    with pytest.raises(RuntimeError, match="before its loss"):
+        torch.argmax(deferred, dim=-1)
+    deferred.preds = torch.zeros(4, 1, dtype=torch.long)
+    assert torch.argmax(deferred, dim=-1) is deferred.preds
+    with pytest.raises(TypeError, match=f"softmax on the logits.*{C.ENV}=0"):
+        torch.softmax(deferred, dim=-1)
 
 
 def test_a_model_it_cannot_serve_is_named():
