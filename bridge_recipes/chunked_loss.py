@@ -16,8 +16,9 @@ needs the upstream gradient in its weight's sum, so its backward recomputes each
 ``install(model)`` changes one Megatron-Core language model in place (its ``output_layer`` and
 ``compute_language_model_loss``); ``pre_wrap_hook`` does it for the model chunks Megatron-Bridge
 builds. It applies on one tensor-parallel rank only (the vocabulary whole on the rank) and without
-MuP's output scaling; :func:`problem` names what stops it. The recipes switch it on through
-``ENV`` in their environment (:func:`bridge_recipes.qwen.policy.chunked_cross_entropy`).
+MuP's output scaling; :func:`problem` names what stops it. ``ENV`` in the environment switches it
+on: a recipe's ``env_vars`` (:func:`bridge_recipes.qwen.policy.chunked_cross_entropy`) or
+``+env_vars.BRIDGE_RECIPES_CHUNKED_LOSS=1`` on the command line.
 """
 
 from __future__ import annotations
