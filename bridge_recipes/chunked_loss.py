@@ -81,9 +81,7 @@ def _function():
                 target = labels[start:end].unsqueeze(1)
                 loss[start:end] = part_lse - logits.gather(1, target).squeeze(1)
                 if keep_dh:
-                    grad = logits.sub_(part_lse.unsqueeze(1)).exp_()
-                    grad.scatter_add_(1, target, torch.full_like(target, -1.0, dtype=grad.dtype))
-                    kept[start:end] = grad.to(hidden.dtype) @ weight
+                    kept[start:end] = _unit_gradient(logits, part_lse, target).to(hidden.dtype) @ weight
                 else:
                     kept[start:end] = part_lse
                 del logits
@@ -106,9 +104,8 @@ def _function():
             dweight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
             for start in range(0, hidden.shape[0], ctx.chunk):
                 end = min(hidden.shape[0], start + ctx.chunk)
-                grad = (hidden[start:end] @ weight.t()).float().sub_(lse[start:end].unsqueeze(1)).exp_()
-                target = labels[start:end].unsqueeze(1)
-                grad.scatter_add_(1, target, torch.full_like(target, -1.0, dtype=grad.dtype))
+                logits = (hidden[start:end] @ weight.t()).float()
+                grad = _unit_gradient(logits, lse[start:end], labels[start:end].unsqueeze(1))
                 grad = (grad * grad_loss[start:end].unsqueeze(1)).to(hidden.dtype)
                 if dhidden is not None:
                     dhidden[start:end] = grad @ weight
@@ -117,6 +114,15 @@ def _function():
             return dhidden, _weight_grad(weight, dweight), None, None
 
     return ChunkedLinearCrossEntropy
+
+
+def _unit_gradient(logits, lse, target):
+    """The loss's gradient by the FP32 ``logits`` ``[c, V]`` a unit of loss, ``softmax - onehot``,
+    in place of the logits (``lse``: their log-sum-exp, ``target``: ``[c, 1]`` labels)."""
+    import torch
+
+    grad = logits.sub_(lse.unsqueeze(1)).exp_()
+    return grad.scatter_add_(1, target, torch.full_like(target, -1.0, dtype=grad.dtype))
 
 
 def _weight_grad(weight, dweight):

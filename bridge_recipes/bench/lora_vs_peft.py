@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.bench.result import rows_and_length
+from bridge_recipes.bench.result import rows_a_micro_batch, rows_and_length
 from bridge_recipes.bench.runs import ROOT
 from bridge_recipes.outputs import write_text_atomic
 
@@ -115,8 +115,7 @@ def rows_a_step(recipe: str, opts: argparse.Namespace) -> int:
         cfg = peer_peft.workload_config(recipe, opts.rows, opts.overrides)
     except peer_peft.PeerError:
         return GLOBAL_BATCH  # the runs name the problem
-    per_micro_batch = cfg.train.micro_batch_size * (getattr(cfg.dataset, "rows_per_sample", None) or 1)
-    return max(GLOBAL_BATCH, per_micro_batch)
+    return max(GLOBAL_BATCH, rows_a_micro_batch(cfg))
 
 
 def overrides(recipe: str, opts: argparse.Namespace) -> list[str]:
@@ -206,9 +205,11 @@ def ours_document(out: Path) -> dict:
     return read_result(out) if out.is_file() else {"error": f"no result file {out}"}
 
 
-def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, row_tokens: int) -> dict:
+def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, step: tuple[int, int]) -> dict:
     """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
-    result documents say (``plan``: the planner's memory plan of ours' config)."""
+    result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows a
+    step and tokens a row)."""
+    global_batch, row_tokens = step
     o, p = ours.get("result") or {}, peer.get("result") or {}
     line = {
         "model": ours.get("model") or peer.get("model"),
@@ -221,7 +222,7 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
         "row_tokens": row_tokens,
         "peer_stack": peer.get("peer_stack"),
         "recipe": recipe,
-        "global_batch": rows_a_step(recipe, opts),
+        "global_batch": global_batch,
         "window": list(opts.window),
         "planner_total_gb": round(plan.peak_gb, 1),
     }
@@ -387,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         what = (
             "assembled from"
             if opts.assemble
-            else f"ours ({opts.steps} steps of {rows_a_step(recipe, opts)} rows), then the peer; logs in"
+            else f"ours ({opts.steps} steps of {rows_and_length(cfg)[0]} rows), then the peer; logs in"
         )
         _log(f"{recipe}: {what} {work}")
         ours_out, peer_out = work / f"{recipe}.yaml", work / f"{peer_of[recipe]}_peer.json"
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peer = run_peer(recipe, opts, peer_out, share)
         peers[peer_of[recipe]] = peer
-        lines.append(entry(recipe, opts, ours, peer, plan, rows_and_length(cfg)[1]))
+        lines.append(entry(recipe, opts, ours, peer, plan, rows_and_length(cfg)))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")

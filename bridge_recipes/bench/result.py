@@ -63,6 +63,11 @@ def rows_a_sequence(cfg: Any) -> int:
     return getattr(getattr(cfg, "dataset", None), "rows_per_sample", 1) or 1
 
 
+def rows_a_micro_batch(cfg: Any) -> int:
+    """Rows of the data a micro batch, whether or not they are joined into one sequence."""
+    return cfg.train.micro_batch_size * rows_a_sequence(cfg)
+
+
 def rows_and_length(cfg: Any) -> tuple[int, int]:
     """Rows of the data a step and tokens a row, whether or not rows are joined into one sequence."""
     k = rows_a_sequence(cfg)
@@ -79,7 +84,7 @@ def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     experts = getattr(m, "num_moe_experts", None)
     first = getattr(m, "num_layers_in_first_pipeline_stage", None)
     last = getattr(m, "num_layers_in_last_pipeline_stage", None)
-    rows = cfg.train.micro_batch_size * rows_a_sequence(cfg)
+    rows = rows_a_micro_batch(cfg)
     return {
         "label": lay.label(),
         "tp": lay.tp,

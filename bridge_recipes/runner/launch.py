@@ -168,11 +168,7 @@ def loss_a_chunk_at_a_time(cfg: Any) -> bool:
 
     if is_vlm(cfg) or not chunked_loss.enabled(cfg.env_vars):
         return False
-    hooks = getattr(cfg.model, "pre_wrap_hooks", None)  # a ModelConfig's list, or a provider's register
-    if isinstance(hooks, list):
-        hooks.append(chunked_loss.pre_wrap_hook)
-    else:
-        cfg.model.register_pre_wrap_hook(chunked_loss.pre_wrap_hook)
+    cfg.model.register_pre_wrap_hook(chunked_loss.pre_wrap_hook)
     vocab = cfg.model.vocab_size or 0
     _log(
         f"loss: the output layer and cross entropy {chunked_loss.chunk_tokens(vocab) if vocab else 'a chunk'} "
