@@ -21,6 +21,8 @@ class Gpu:
     peak_bf16_flops: float  # dense BF16 tensor-core FLOP/s per GPU, no sparsity
     memory_gb: int  # datasheet HBM per GPU, as NVIDIA prints it
     memory_bytes: float  # what a plan must fit: the device's own figure (see GPUS)
+    fp8: bool = True  # FP8 tensor cores (compute capability 8.9 and up: Ada, Hopper, Blackwell)
+    same_class: tuple[str, ...] = ()  # other cards a recipe written for this one serves (same memory, same FP8)
 
     @property
     def usable_memory_gb(self) -> float:
@@ -32,10 +34,17 @@ class Gpu:
 # sparsity", twice these numbers.
 # Memory: the H200's is what the test host's device reports, 143,771 MiB (docs/evidence/README.md)
 # = 150.76 GB = 140.4 GiB: NVIDIA's "141 GB" is a GiB-like figure, so for the GPUs not measured
-# here the datasheet figure is read as GiB too (nominal, not measured).
+# here the datasheet figure is read as GiB too (nominal, not measured), except the 48 GB cards,
+# whose GDDR6 loses part of it to ECC: their datasheet figure is read as 1e9 bytes (48.0 GB), below
+# what the class reports.
 GPUS: dict[str, Gpu] = {
+    # A100 SXM 80GB datasheet: BF16 624 TFLOPS with sparsity; 80 GB; no FP8 tensor cores (Ampere).
+    "A100": Gpu("A100", 312e12, 80, 80 * GIB, fp8=False),
     # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
     "H100": Gpu("H100", 989.4e12, 80, 80 * GIB),
+    # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity); 48 GB GDDR6 with ECC; FP8 (Ada). The
+    # RTX 6000 Ada (the same AD102 chip and 48 GB) is of its class.
+    "L40S": Gpu("L40S", 362.05e12, 48, 48 * GB, same_class=("RTX6000ADA",)),
     # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
     "H200": Gpu("H200", 989.4e12, 141, 143_771 * MIB),
     # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
@@ -55,7 +64,7 @@ def gpu_type_from_name(name: str) -> str:
     """``"NVIDIA H200"`` -> ``"H200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``; a key of
     :data:`GPUS` passes through. Unknown GPUs and other H100 form factors are an error."""
     upper = name.upper()
-    match = re.search(r"\b(GB300|GB200|B200|H200|H100)\b", upper)
+    match = re.search(r"\b(GB300|GB200|B200|H200|H100|A100|L40S)\b", upper)
     if not match:
         raise KeyError(f"no peak FLOP/s known for GPU {name!r}; known: {', '.join(GPUS)}")
     if match.group(1) == "H100" and any(f in upper for f in _OTHER_FORM_FACTORS):
@@ -66,3 +75,26 @@ def gpu_type_from_name(name: str) -> str:
 def peak_bf16_flops(gpu: str) -> float:
     """Dense BF16 peak FLOP/s per GPU for a type (``"H200"``) or a device name."""
     return GPUS[gpu_type_from_name(gpu)].peak_bf16_flops
+
+
+def gpu_key(gpu: str) -> str:
+    """A recipe's GPU (``"h100"``, ``"nvidia-h100"``) as a key of :data:`GPUS`; KeyError naming the known ones."""
+    key = gpu.upper().removeprefix("NVIDIA-")
+    if key not in GPUS:
+        raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(g.lower() for g in GPUS)}")
+    return key
+
+
+def class_names(gpu: str) -> tuple[str, ...]:
+    """The cards a recipe written for ``gpu`` serves, lower case: the GPU itself, the others of its class
+    and its memory class (``("l40s", "rtx6000ada", "48gb")``): what ``--list --filter`` matches."""
+    g = GPUS[gpu_key(gpu)]
+    return (g.name.lower(), *(c.lower() for c in g.same_class), f"{g.memory_gb}gb")
+
+
+def class_memory_gb(gpu: str) -> float | None:
+    """The memory, GB of 1e9 bytes, of the GPU a recipe is written for (None for one not in :data:`GPUS`)."""
+    try:
+        return GPUS[gpu_key(gpu)].usable_memory_gb
+    except KeyError:
+        return None

@@ -7,7 +7,7 @@ never imports Megatron), and a test checks that the static and the runtime views
 Fields:
 - task: ``pretrain`` | ``sft`` | ``peft``
 - gpus, gpu: the GPU count and type the layout is written for (``h100``, ``h200``, ...)
-- precision: ``bf16`` | ``fp8cs`` | ``fp8mx``
+- precision: ``bf16`` | ``fp8cs`` | ``fp8mx`` | ``fp8base`` (LoRA: the frozen base weights stored in FP8)
 - layout: short layout label, e.g. ``"TP1 PP1 EP8 DP8"`` (tests check it against the config)
 - status: ``measured`` (a result file in ``results/`` backs the figure), ``functional``
   (trained on a GPU at reduced scale, log committed), ``unmeasured``
@@ -25,7 +25,7 @@ from typing import Any
 
 TASKS = ("pretrain", "sft", "peft")
 STATUSES = ("measured", "functional", "unmeasured")
-PRECISIONS = ("bf16", "fp8cs", "fp8mx")
+PRECISIONS = ("bf16", "fp8cs", "fp8mx", "fp8base")
 
 
 @dataclass(frozen=True)

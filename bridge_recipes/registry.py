@@ -21,7 +21,7 @@ from functools import lru_cache, wraps
 from pathlib import Path
 
 from bridge_recipes.models.qwen35 import SPECS, Checkpoint
-from bridge_recipes.recipe import RecipeMeta
+from bridge_recipes.recipe import STATUSES, RecipeMeta
 
 PACKAGE_ROOT = Path(__file__).resolve().parent  # bridge_recipes/
 TREES = {"bridge_recipes": PACKAGE_ROOT, "perf_recipes": PACKAGE_ROOT.parent / "perf_recipes"}
@@ -193,13 +193,19 @@ def load(name: str) -> Callable:
 
 
 def matches(entry: RecipeEntry, terms: list[str]) -> bool:
-    """Every term (case-insensitive) appears in the name, tree, task, GPU type, precision or status
-    (the PEFT recipes' scheme, LoRA, counts as part of their task)."""
+    """Every term (case-insensitive) appears in the name, tree, task, GPU, precision or family, or is the
+    status word (the PEFT recipes' scheme, LoRA, counts as part of their task; a GPU's class names the
+    other cards it serves and its memory, e.g. ``rtx6000ada`` and ``48gb`` for an L40S recipe)."""
+    from bridge_recipes.gpus import class_names
+
     m = entry.meta
     task = f"{m.task} lora" if m.task == "peft" else m.task
-    hay = " ".join([entry.name, entry.tree, task, m.gpu, m.precision, m.status, f"{m.gpus}gpu", entry.family])
-    hay = hay.lower()
-    return all(t.lower() in hay for t in terms)
+    try:
+        gpus = class_names(m.gpu)
+    except KeyError:
+        gpus = (m.gpu,)
+    hay = " ".join([entry.name, entry.tree, task, *gpus, m.precision, f"{m.gpus}gpu", entry.family]).lower()
+    return all(t.lower() == m.status or (t.lower() not in STATUSES and t.lower() in hay) for t in terms)
 
 
 def _figure(d: dict | None) -> str:

@@ -31,6 +31,9 @@ Exit status 0 on success, 2 on bad input, 1 when a run fails.
 """
 
 
+CAP_NOTE = "GPU memory capped (run_recipe.py --gpu-memory-gb) at"
+
+
 def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, object]:
     """The bridge_recipes.build keywords of recipe ``name``'s benchmark run and the config they
     build (scale-down changes printed as the runner prints them); ``extra``: this run's own
@@ -97,7 +100,8 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
 
 def launch_args(request: dict, opts) -> list[str]:
     """``run_recipe.py`` arguments after ``--recipe NAME`` of a run's :func:`planned_run` request."""
-    return runner_args(**request) + ([random_lora.OPTION] if opts.lora_from_random_init else [])
+    cap = ["--gpu-memory-gb", f"{opts.gpu_memory_gb:g}"] if opts.gpu_memory_gb is not None else []
+    return runner_args(**request) + ([random_lora.OPTION] if opts.lora_from_random_init else []) + cap
 
 
 def one(
@@ -135,7 +139,11 @@ def one(
         window=tuple(opts.window),
         command=command,
         proxy=bool(opts.proxy_layers),
-        notes=[random_lora.NOTE] if opts.lora_from_random_init else None,
+        notes=[
+            *([random_lora.NOTE] if opts.lora_from_random_init else []),
+            *([f"{CAP_NOTE} {opts.gpu_memory_gb:g} GB"] if opts.gpu_memory_gb is not None else []),
+        ]
+        or None,
     )
     r = doc["result"]
     print(
@@ -187,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
+    ap.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        metavar="GB",
+        help="each run within GB of the GPU's memory (the runner's --gpu-memory-gb: a smaller card's memory)",
+    )
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
     ap.add_argument("--out", help="result file (.yaml); logs are written beside it (with --predict: a .json)")
     ap.add_argument("--predict", metavar="RECIPE", help="predict RECIPE's full-scale tokens/s/GPU from two proxies")
@@ -238,6 +252,8 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     from bridge_recipes.values import value_problems
 
     out = steps_problems(opts.steps, opts.window)
+    if opts.gpu_memory_gb is not None and not opts.gpu_memory_gb > 0:
+        out.append(f"--gpu-memory-gb {opts.gpu_memory_gb:g}: a positive number of GB (1e9 bytes)")
     if opts.gpu.upper() not in GPUS:
         out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
     if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):

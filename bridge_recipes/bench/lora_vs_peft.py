@@ -82,8 +82,27 @@ def benchmark_argv(recipe: str, opts: argparse.Namespace, out: Path) -> list[str
         *map(str, opts.window),
         "--out",
         str(out),
+        *cap_args(recipe, opts),
         *overrides(recipe, opts),
     ]
+
+
+def memory_cap(recipe: str, opts: argparse.Namespace) -> float | None:
+    """The GB both runs of ``recipe`` train within: ``--gpu-memory-gb`` (``auto``: the memory of the
+    recipe's GPU), or None."""
+    if opts.gpu_memory_gb is None:
+        return None
+    if opts.gpu_memory_gb == "auto":
+        from bridge_recipes import registry
+        from bridge_recipes.gpus import class_memory_gb
+
+        return class_memory_gb(registry.find(recipe).meta.gpu)
+    return float(opts.gpu_memory_gb)
+
+
+def cap_args(recipe: str, opts: argparse.Namespace) -> list[str]:
+    cap = memory_cap(recipe, opts)
+    return [] if cap is None else ["--gpu-memory-gb", f"{cap:g}"]
 
 
 def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[str]:
@@ -99,6 +118,7 @@ def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[s
         "--window",
         *map(str, opts.window),
         *(["--out", str(out)] if out else ["--dry-run"]),
+        *cap_args(recipe, opts),
         *overrides(recipe, opts),
     ]
 
@@ -134,7 +154,7 @@ def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str]
     if problems:
         raise ValueError("; ".join(problems))
     request, cfg = plans[0]
-    return benchmark.launch_args(request, bench_opts), cfg, plan_memory(cfg, 1, gpu="h200")
+    return benchmark.launch_args(request, bench_opts), cfg, plan_memory(cfg, 1, gpu_memory_gb=memory_cap(recipe, opts))
 
 
 def streamed(cmd: list[str], log_path: Path) -> int:
@@ -230,6 +250,7 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
         line["peer_window"] = list(p["window"])
     if peer.get("cut_short"):
         line["peer_cut_short"] = peer["cut_short"]
+    line.update(memory_class_fields(recipe, opts, ours, peer, line))
     if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
         line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     if line["ours_peak_gb"]:
@@ -243,6 +264,28 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
         if doc.get("error"):
             line[f"{side}_error"] = doc["error"]
     return line
+
+
+def memory_class_fields(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict) -> dict:
+    """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision,
+    ours' useful tokens/s and whether the peer fit at all (False: it ran out of memory)."""
+    from bridge_recipes import registry
+
+    meta = registry.find(recipe).meta
+    useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
+    ran_out = "out of memory" in str(peer.get("error") or "")
+    measured_on = ((ours.get("gpu") or {}).get("type") or "").lower()
+    cap = memory_cap(recipe, opts)
+    return {
+        "gpu": meta.gpu,
+        "memory_cap_gb": cap,
+        # a card emulated by a cap has its memory, not its speed (an A100 or L40S computes slower than an H200)
+        "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
+        "base_precision": "fp8" if meta.precision == "fp8base" else "bf16",
+        "ours_useful_tokens_per_s": useful,
+        # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)
+        "peer_fits": True if line["peer_tokens_per_s"] else False if ran_out else None,
+    }
 
 
 def dry_run(opts: argparse.Namespace, work: Path) -> int:
@@ -303,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"rows a step (default: a micro batch of the recipe's, at least {GLOBAL_BATCH})",
     )
+    ap.add_argument(
+        "--gpu-memory-gb",
+        metavar="GB|auto",
+        help="both runs within GB of the GPU's memory; auto: the memory of each recipe's GPU (an 80 or 48 GB card's)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="check everything a CPU can; train nothing")
     ap.add_argument(
         "--assemble",
@@ -320,6 +368,12 @@ def argument_problems(opts: argparse.Namespace) -> list[str]:
     out = []
     if not Path(opts.rows).is_dir():
         out.append(f"--rows {opts.rows}: not a folder (build one with scripts/build_sft_rows.py)")
+    if opts.gpu_memory_gb not in (None, "auto"):
+        try:
+            if not float(opts.gpu_memory_gb) > 0:
+                raise ValueError
+        except ValueError:
+            out.append(f"--gpu-memory-gb {opts.gpu_memory_gb}: a positive number of GB, or auto")
     if opts.global_batch is not None and opts.global_batch < 1:
         out.append(f"--global-batch {opts.global_batch}: at least 1")
     if not opts.dry_run:
@@ -342,16 +396,16 @@ def argument_problems(opts: argparse.Namespace) -> list[str]:
 
 
 def shared_peers(recipes: list[str], opts: argparse.Namespace) -> dict[str, str]:
-    """Each recipe's peer run: its own, or that of the first recipe before it whose peer workload is
-    the same (:func:`bridge_recipes.bench.peer_peft.workload_key`; e.g. a recipe and a variant
-    changing only ours' execution). The peer runs once for both."""
+    """Each recipe's peer run: its own, or that of the first recipe before it whose peer workload and
+    memory cap are the same (:func:`bridge_recipes.bench.peer_peft.workload_key`; e.g. a recipe and a
+    variant changing only ours' execution). The peer runs once for both."""
     from bridge_recipes.bench import peer_peft
 
     keys: dict[str, Any] = {}
     for recipe in recipes:
         try:
             cfg = peer_peft.workload_config(recipe, opts.rows, overrides(recipe, opts))
-            keys[recipe] = peer_peft.workload_key(cfg)
+            keys[recipe] = {**peer_peft.workload_key(cfg), "gpu_memory_gb": memory_cap(recipe, opts)}
         except peer_peft.PeerError:
             keys[recipe] = None  # the peer's own run names the problem
     return {

@@ -480,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-gradient-checkpointing", action="store_true", help="keep every layer's activations")
     ap.add_argument("--device", help="cuda (default when there is one) or cpu")
+    ap.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        metavar="GB",
+        help="train within GB of the GPU's memory (as ours' runner: bridge_recipes.gpu_memory)",
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="build on the meta device, check the rows, train nothing")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides of the recipe, as ours gets them")
@@ -543,6 +549,13 @@ def run(opts: argparse.Namespace, command: str) -> int:
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise PeerError("--device cuda: torch sees no CUDA GPU")
+    cap_gb = None if opts.dry_run else opts.gpu_memory_gb
+    if cap_gb is not None:
+        from bridge_recipes import gpu_memory
+
+        if problem := gpu_memory.cap_problem(cap_gb, gpu_memory.current_device() if device == "cuda" else None):
+            raise PeerError(problem)
+        _log(gpu_memory.cap(cap_gb))
     attn = opts.attn or attention_default()
     checkpointing = not opts.no_gradient_checkpointing
     rows = rows_workload(cfg) or {}  # the config reads SFT rows: always there
@@ -606,11 +619,18 @@ def run(opts: argparse.Namespace, command: str) -> int:
         dataset = PackedRowsDataset(cfg.dataset.path, row_tokens, opts.steps * gb, vocab_size=spec.vocab_size)
         records = train(model, dataset, steps=opts.steps, global_batch=gb, optimizer_cfg=cfg.optimizer, device=device)
     except torch.OutOfMemoryError as exc:
+        doc["gpu_memory_gb"] = cap_gb
         return failed(doc, opts.out, f"out of memory: {str(exc).splitlines()[0]}")
     losses = [r["loss"] for r in records]
     if not all(math.isfinite(x) for x in losses):
         return failed(doc, opts.out, f"a loss is not finite: {losses}")
     doc["result"] = measured(records, tuple(opts.window), rows["useful_token_share"])
+    if cap_gb is not None:
+        from bridge_recipes import gpu_memory
+
+        doc["gpu_memory_gb"] = cap_gb
+        doc["gpu_memory"] = gpu_memory.summary(cap_gb)
+        _log(doc["gpu_memory"])
     doc["steps"] = [{"step": r["step"], "time_s": round(r["time_s"], 4), "loss": round(r["loss"], 6)} for r in records]
     write_text_atomic(Path(opts.out), json.dumps(doc, indent=1) + "\n")
     r = doc["result"]

@@ -131,7 +131,11 @@ def _offload(opt: Any) -> dict[str, Any] | None:
 
 def precision_from_config(cfg: Any) -> str:
     """``bf16``, ``fp8cs`` (tensorwise current scaling), ``fp8mx`` (MXFP8), ``fp8-<recipe>``,
-    ``fp16`` or ``fp32``: the names of the recipe metadata."""
+    ``fp16`` or ``fp32``, or ``fp8base`` (LoRA on a base stored in FP8): the names of the recipe metadata."""
+    from bridge_recipes.plan.memory import fp8_frozen_base
+
+    if fp8_frozen_base(cfg):
+        return "fp8base"
     m = cfg.model
     if getattr(m, "fp8", None):
         recipe = getattr(m, "fp8_recipe", None)

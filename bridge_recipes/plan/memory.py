@@ -30,7 +30,9 @@ routing assumed) and adds, at its peak moment:
   adds ``dim x (n + m)`` parameters (A: n -> dim, B: dim -> m), with the side TP splits divided
   by TP; grouped MoE experts share one adapter per rank (Megatron-Bridge's
   ``share_expert_adapters``). Activations are counted as for full fine-tuning (an upper bound:
-  the frozen weights need no saved inputs for their weight gradients).
+  the frozen weights need no saved inputs for their weight gradients). A base stored in FP8
+  (``fp8_frozen_base``) keeps its linear weights at one byte and dequantizes one at a time in the
+  backward (``bridge_recipes.fp8_base``).
 - activations: bytes each decoder layer saves for its backward, summed tensor by tensor in
   the ``*_activation_elems`` functions below (BF16 elements; FP32 tensors count twice), for a
   micro batch of ``seq_length / CP`` tokens (``/ TP`` more in the residual stream under
@@ -82,7 +84,9 @@ from bridge_recipes.models.flops import FLA_CHUNK_SIZE
 # GPU table (bridge_recipes.gpus: the H200's is the test host's measured figure); the H200
 # first, the planner's default.
 DEFAULT_GPU = "h200"
-GPU_MEMORY_GB = {key: GPUS[key.upper()].usable_memory_gb for key in (DEFAULT_GPU, "h100", "b200", "gb300")}
+GPU_MEMORY_GB = {
+    key: GPUS[key.upper()].usable_memory_gb for key in (DEFAULT_GPU, "h100", "a100", "l40s", "b200", "gb300")
+}
 
 # Outside torch's allocator: CUDA context (~0.6 GB on Hopper with lazy module loading),
 # cuBLAS / Transformer Engine workspaces (~0.2 GB) and NCCL communicator buffers of the
@@ -811,6 +815,43 @@ def fp8_parameters(mp: Any) -> bool:
     return bool(getattr(mp, "fp8", None)) and bool(getattr(mp, "fp8_param", None) or mp.fp8_param_gather)
 
 
+def fp8_frozen_base(cfg: Any) -> bool:
+    """LoRA on a base stored in FP8 (``bridge_recipes.fp8_base``): every TE linear's frozen weight is one
+    byte, row-wise only, and the backward dequantizes one GEMM's weight at a time."""
+    mp = mixed_precision_config(cfg)
+    return lora_targets(cfg) is not None and mp is not None and fp8_parameters(mp)
+
+
+def linear_params(d: ModelDims, par: Layout, layers: list[int]) -> float:
+    """The decoder layers' linear weights a rank holds (what Transformer Engine's linears keep)."""
+    return sum(n * m * count for i in layers for _, n, m, count in layer_linears(d, par, *_layer_kinds(d, i)))
+
+
+def mtp_linear_params(d: ModelDims, par: Layout) -> float:
+    """The MTP layers' linear weights: each one's 2h -> h projection, its attention and its MLP."""
+    own = 2 * d.hidden * d.hidden / par.tp
+    return d.mtp_layers * (own + sum(n * m * c for _, n, m, c in layer_linears(d, par, False, bool(d.experts))))
+
+
+def fp8_base_saving_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int], stage: int) -> float:
+    """What storing the frozen base's linear weights in FP8 saves on a stage: one of their two bytes
+    (the norms, router, convolution, embedding and output layer stay BF16)."""
+    if not fp8_frozen_base(cfg):
+        return 0.0
+    mtp = mtp_linear_params(d, par) if stage == par.pp - 1 else 0.0
+    return linear_params(d, par, layers) + mtp
+
+
+def fp8_base_dequantized_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]) -> float:
+    """The backward's BF16 copy of one GEMM's FP8 weight (all of a grouped linear's experts at once):
+    the largest linear of the stage."""
+    if not fp8_frozen_base(cfg):
+        return 0.0
+    return BF16 * max(
+        (n * m * count for i in layers for _, n, m, count in layer_linears(d, par, *_layer_kinds(d, i))), default=0
+    )
+
+
 def _fp8_bf16_parameters(cfg: Any) -> bool:
     """FP8 GEMMs on BF16 parameters: Transformer Engine makes the FP8 weights it multiplies with."""
     mp = mixed_precision_config(cfg)
@@ -963,6 +1004,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
 
     weights = (
         BF16 * params.total
+        - fp8_base_saving_bytes(cfg, d, par, layers, stage)
         + fp8_weight_cache_bytes(cfg, d, par, layers, stage)
         + fused_wgrad_placeholder_bytes(cfg, d, par, layers, stage)
     )
@@ -977,7 +1019,13 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
         host_optimizer_gb=(opt_bytes * host + host_grads) / GB,
         activations_gb=in_flight * saved / GB,
         logits_gb=logits / GB,
-        backward_gb=(rebuilt + copies.rebuilt + dispatch_buffer_bytes(d, par, tok)) / GB,
+        backward_gb=(
+            rebuilt
+            + copies.rebuilt
+            + dispatch_buffer_bytes(d, par, tok)
+            + fp8_base_dequantized_bytes(cfg, d, par, layers)
+        )
+        / GB,
     )
 
 
@@ -991,7 +1039,12 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
             "pair the plan counted more saving than was measured (docs/memory_plan.md)"
             + (f"; {', '.join(unknown)} not modelled (counted as kept)" if unknown else "")
         )
-    if effective_precision(cfg)["fp8"]:
+    if fp8_frozen_base(cfg):
+        notes.append(
+            "FP8 base: the frozen linear weights counted at one byte (row-wise FP8), the backward's dequantized copy "
+            "of the largest one in bwd; activations counted in BF16 (an upper bound)"
+        )
+    elif effective_precision(cfg)["fp8"]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
         if caches_fp8_weights(cfg):
             notes.append(
@@ -1024,6 +1077,8 @@ def plan_memory(cfg: Any, world_size: int, gpu_memory_gb: float | None = None, g
     stages = tuple(plan_stage(cfg, d, par, tok, r, chunks) for r, chunks in enumerate(stage_chunks(cfg, par)))
     if gpu_memory_gb is None:
         gpu, gpu_memory_gb = gpu or DEFAULT_GPU, gpu_memory(gpu)
+    elif gpu is not None:
+        gpu = f"{gpu} capped at {gpu_memory_gb:g} GB"
     return MemoryPlan(
         layout=par.label(show_sp=True), gpu=gpu, gpu_memory_gb=gpu_memory_gb, stages=stages, notes=plan_notes(cfg, par)
     )
@@ -1083,6 +1138,15 @@ def format_plan(plan: MemoryPlan) -> str:
 # is the override tokens that set it and the change itself; a lever the config already pulls is
 # skipped. More GPUs (the same layout, more data-parallel ranks sharding the distributed
 # optimizer) are tried after them.
+def _chunked_loss(cfg: Any) -> bool:
+    from bridge_recipes.chunked_loss import ENV, enabled
+
+    if enabled(cfg.env_vars) or getattr(cfg.model, "tensor_model_parallel_size", 1) != 1 or is_vlm(cfg):
+        return False
+    cfg.env_vars = {**(cfg.env_vars or {}), ENV: 1}
+    return True
+
+
 def _full_recompute(cfg: Any) -> bool:
     m = cfg.model
     if (m.recompute_granularity, m.recompute_method, m.recompute_num_layers) == ("full", "uniform", 1):
@@ -1107,6 +1171,7 @@ def _optimizer_on_host(cfg: Any) -> bool:
 
 
 LEVERS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
+    ("the loss a chunk of tokens at a time", ("+env_vars.BRIDGE_RECIPES_CHUNKED_LOSS=1",), _chunked_loss),
     (
         "full recompute",
         ("model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"),
@@ -1122,7 +1187,9 @@ LEVERS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
 MORE_GPUS = (2, 4, 8)  # multiples of the world size tried
 
 
-def changes_that_fit(cfg: Any, world_size: int, gpu: str | None = None) -> list[str]:
+def changes_that_fit(
+    cfg: Any, world_size: int, gpu: str | None = None, gpu_memory_gb: float | None = None
+) -> list[str]:
     """For a config that does not fit: the smallest sets of :data:`LEVERS` that fit (each lever
     alone, else pairs, ...), then the fewest more GPUs that fit; each line names the change
     (override tokens or a world size) and the peak it plans. Empty when nothing fits."""
@@ -1131,7 +1198,7 @@ def changes_that_fit(cfg: Any, world_size: int, gpu: str | None = None) -> list[
 
     def plan(changed: Any, world: int) -> MemoryPlan | None:
         try:
-            return plan_memory(changed, world, gpu=gpu)
+            return plan_memory(changed, world, gpu_memory_gb=gpu_memory_gb, gpu=gpu)
         except (ValueError, ZeroDivisionError):
             return None
 
@@ -1160,19 +1227,20 @@ def changes_that_fit(cfg: Any, world_size: int, gpu: str | None = None) -> list[
     return out
 
 
-def plan_report(cfg: Any, world_size: int, gpu: str | None = None) -> tuple[str, bool]:
-    """The runner's ``--plan`` text and whether every stage fits; over budget, the text ends with
-    the changes that would fit (:func:`changes_that_fit`)."""
-    plan = plan_memory(cfg, world_size, gpu=gpu)
+def plan_report(
+    cfg: Any, world_size: int, gpu: str | None = None, gpu_memory_gb: float | None = None
+) -> tuple[str, bool]:
+    """The runner's ``--plan`` text and whether every stage fits ``gpu``'s memory (or ``gpu_memory_gb``);
+    over budget, the text ends with the changes that would fit (:func:`changes_that_fit`)."""
+    plan = plan_memory(cfg, world_size, gpu_memory_gb=gpu_memory_gb, gpu=gpu)
     text = format_plan(plan)
     if not plan.fits:
-        fixes = changes_that_fit(cfg, world_size, gpu)
+        fixes = changes_that_fit(cfg, world_size, gpu, gpu_memory_gb)
         if fixes:
             text += "\nchanges that fit (each planned):\n" + "\n".join(f"  {f}" for f in fixes)
         else:
             text += (
-                "\nno usual change fits: full recompute, micro batch 1, the optimizer on the host (alone and "
-                f"together) and up to {MORE_GPUS[-1]}x the GPUs were planned; a deeper pipeline (-pp) or "
-                "larger-memory GPUs remain"
+                f"\nno usual change fits: {', '.join(name for name, _, _ in LEVERS)} (alone and together) and up "
+                f"to {MORE_GPUS[-1]}x the GPUs were planned; a deeper pipeline (-pp) or larger-memory GPUs remain"
             )
     return text, plan.fits

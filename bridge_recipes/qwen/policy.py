@@ -137,6 +137,21 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     cfg.model.disable_parameter_transpose_cache = False
 
 
+def fp8_frozen_base(cfg: ConfigContainer) -> None:
+    """LoRA's frozen base weights stored in FP8, one byte a weight (``bridge_recipes.fp8_base``): every
+    layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor scale
+    and multiply in FP8 in the forward; the backward takes the input gradient in BF16 from the weight
+    dequantized for that GEMM. Embedding, output layer, norms and router stay BF16; the adapters and
+    their optimizer state are not touched. Needs FP8 tensor cores (Ada, Hopper and later)."""
+    from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
+
+    cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
+    # every layer in FP8: the preset's BF16 first and last layers would keep two bytes a weight
+    cfg.mixed_precision.first_last_layers_bf16 = False
+    # the parameters are the FP8 tensors (fp8_param, kept in step with fp8_param_gather)
+    cfg.mixed_precision.fp8_param_gather = True
+
+
 def bf16_adam_moments(cfg: ConfigContainer) -> None:
     """Adam's two moments kept in BF16 by the precision-aware optimizer (FP32 by default): 4 of the
     16 bytes a parameter of optimizer state saved (the 35B-A3B EP8 shard: 53.3 -> 35.5 GB a GPU)."""

@@ -93,6 +93,10 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         err(msg)
     for msg in chunked_loss_problems(cfg):
         err(msg)
+    from bridge_recipes import fp8_base
+
+    for msg in fp8_base.problems(cfg):
+        err(msg)
 
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size

@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="estimate per-GPU memory per pipeline stage and exit (2 when a stage does not fit)",
     )
     p.add_argument(
+        "--gpu-memory-gb",
+        type=float,
+        metavar="GB",
+        help="train within GB of the GPU's memory (GB = 1e9 bytes; e.g. an 80 or 48 GB card's, on a larger GPU): "
+        "the allocator is capped and --plan plans for it",
+    )
+    p.add_argument(
         "--show-env",
         action="store_true",
         help="print the environment the training process starts with (after the re-exec) and exit",
@@ -315,6 +322,28 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace)
     )
 
 
+def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, world: int) -> str | None:
+    """In the training process, before launch: why the recipe cannot run on this GPU (or within
+    ``--gpu-memory-gb``), or None after capping the allocator where asked (the cap and, at exit, the
+    peak against it are logged)."""
+    import atexit
+
+    from bridge_recipes import gpu_memory
+    from bridge_recipes.runner import gpu_fit
+
+    device = gpu_memory.current_device()
+    if cap_gb is not None and (problem := gpu_memory.cap_problem(cap_gb, device)):
+        return problem
+    if device is None:
+        return None  # the launch names the missing GPU
+    if found := gpu_fit.problems(entry, cfg, device, cap_gb, world):
+        return "; ".join(found)
+    if cap_gb is not None:
+        print(f"[run_recipe] {gpu_memory.cap(cap_gb)}", flush=True)
+    atexit.register(lambda: print(f"[run_recipe] {gpu_memory.summary(cap_gb)}", flush=True))
+    return None
+
+
 def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     # intermixed: KEY=VALUE tokens may come before, between or after the flags
     args = build_parser().parse_intermixed_args(argv)
@@ -330,6 +359,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(problem)
     if problem := gpus_conflict(args):
         return fail(problem)
+    if args.gpu_memory_gb is not None and not args.gpu_memory_gb > 0:
+        return fail(f"--gpu-memory-gb {args.gpu_memory_gb:g}: a positive number of GB (1e9 bytes)")
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
         if args.recipe:
@@ -370,8 +401,15 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if args.plan:
         from bridge_recipes.plan.memory import plan_report
 
-        text, fits = plan_report(cfg, world, entry.meta.gpu)
+        text, fits = plan_report(cfg, world, entry.meta.gpu, gpu_memory_gb=args.gpu_memory_gb)
         print(text)
+        if not fits:
+            from bridge_recipes.gpus import class_memory_gb
+            from bridge_recipes.runner.gpu_fit import recipes_that_fit
+
+            memory = args.gpu_memory_gb or class_memory_gb(entry.meta.gpu)
+            if memory and (fitting := recipes_that_fit(entry, memory, world)):
+                print(f"recipes of this model and task planned to fit {memory:.1f} GB: {', '.join(fitting)}")
         return 0 if fits else USAGE_ERROR
 
     from bridge_recipes.hf.training import random_init_warning
@@ -429,6 +467,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         )
         return 0
 
+    if problem := fit_this_gpu(entry, cfg, args.gpu_memory_gb, world):
+        return fail(problem)
     from bridge_recipes.runner import launch
 
     print(checks.summary(cfg, world))

@@ -203,11 +203,22 @@ def init_independent_of_warmup_shapes() -> None:
     initialize._warmup_jit_function = keeping_rng
 
 
+def lora_on_fp8_base(cfg: Any) -> bool:
+    """A LoRA run on a base stored in FP8 builds it one byte a weight (``bridge_recipes.fp8_base``)."""
+    from bridge_recipes import fp8_base
+
+    if not fp8_base.install(cfg):
+        return False
+    _log(f"FP8 base: the model is built with gradients off (row-wise FP8 weights), the backward {fp8_base.BACKWARD}")
+    return True
+
+
 def run(cfg: Any, task: str, lora_from_random_init: bool = False) -> None:
     prepare_for_registry_install(cfg)
     init_independent_of_warmup_shapes()
     attention_per_conversation_on_packed_rows(cfg)
     loss_a_chunk_at_a_time(cfg)
+    lora_on_fp8_base(cfg)
     step = forward_step_for(cfg)
     entry = entry_point_for(cfg, task, lora_from_random_init)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")

@@ -265,7 +265,9 @@ def test_gpu_peak_table():
     assert peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
     assert peak_bf16_flops("NVIDIA B200") == 2250e12
     assert peak_bf16_flops("NVIDIA GB200") == peak_bf16_flops("GB300") == 2500e12
-    for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA A100-SXM4-80GB"):
+    assert peak_bf16_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_bf16_flops("NVIDIA L40S") == 362.05e12
+    for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA RTX 6000 Ada Generation", "Tesla V100"):
         with pytest.raises(KeyError):
             peak_bf16_flops(name)
 
@@ -280,7 +282,7 @@ def test_one_gpu_table_for_statistics_result_files_and_the_planner():
     assert h200.memory_bytes == 143_771 * 2**20
     assert M.gpu_memory("h200") == h200.usable_memory_gb
     assert {k: M.gpu_memory(k) for k in M.GPU_MEMORY_GB} == {
-        k: GPUS[k.upper()].usable_memory_gb for k in ("h200", "h100", "b200", "gb300")
+        k: GPUS[k.upper()].usable_memory_gb for k in ("h200", "h100", "a100", "l40s", "b200", "gb300")
     }
     assert S.summarize(_steps([1.0] * 3), (1, 3), 1, 1e12, "NVIDIA H200").peak_flops == h200.peak_bf16_flops
 

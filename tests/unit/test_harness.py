@@ -170,7 +170,13 @@ def test_a_run_that_asked_for_fusion_and_went_without_writes_nothing(tmp_path, m
     log = "[run_recipe] gradient_accumulation_fusion: off (APEX's kernel is not installed and X failed)"
     monkeypatch.setattr(runs, "launch", lambda *a, **k: argparse.Namespace(returncode=0, log=log, losses={}))
     opts = argparse.Namespace(
-        proxy_layers=4, proxy_gpus=1, steps=5, window=[3, 5], gpu="h200", lora_from_random_init=False
+        proxy_layers=4,
+        proxy_gpus=1,
+        steps=5,
+        window=[3, 5],
+        gpu="h200",
+        lora_from_random_init=False,
+        gpu_memory_gb=None,
     )
     out = tmp_path / "r.yaml"
     request = {"recipe": "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "steps": 5}

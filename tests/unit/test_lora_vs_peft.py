@@ -393,23 +393,27 @@ def test_bad_input_and_no_gpu_exit_2(short_rows, tmp_path, capsys):
     assert not (tmp_path / "c.json").exists()
 
 
-def test_the_queued_command_passes_its_checks(rows, tmp_path):
-    """The one-GPU queue's line runs the comparison with arguments that pass every check made before
-    a run starts, on the rows its first half builds (here the same rows, built by the fixture)."""
+def test_the_queued_commands_pass_their_checks(rows, tmp_path):
+    """Every line of the one-GPU queue that runs the comparison does so with arguments that pass every
+    check made before a run starts, on the rows the queue builds (here the same rows, built by the
+    fixture)."""
     import shlex
 
     queue = (ROOT / "scripts/gpu/queues/h200_1gpu.txt").read_text().splitlines()
-    (step,) = [s for s in queue if "bridge_recipes.bench.lora_vs_peft" in s and not s.startswith("#")]
-    build, run = (shlex.split(part) for part in step.replace("$OUT", str(tmp_path)).split("&&"))
-    assert build[1] == "scripts/gpu/make_lognormal_rows.py"
-    words = run[run.index("bridge_recipes.bench.lora_vs_peft") + 1 :]
-    assert words[words.index("--rows") + 1] == f"{build[2]}/boundaries"
-    words[words.index("--rows") + 1] = str(rows)
-    opts = lora_vs_peft.build_parser().parse_intermixed_args(words)
-    opts.recipe = opts.recipe or list(lora_vs_peft.RECIPES)
-    assert lora_vs_peft.argument_problems(opts) == [] and Path(opts.out).name == "single_gpu_lora_vs_peft.json"
-    for recipe in opts.recipe:
-        lora_vs_peft.planned(recipe, opts, tmp_path / f"{recipe}.yaml")  # raises on a problem
+    steps = [s for s in queue if "bridge_recipes.bench.lora_vs_peft" in s and not s.startswith("#")]
+    assert steps
+    for step in steps:
+        *build, run = (shlex.split(part) for part in step.replace("$OUT", str(tmp_path)).split("&&"))
+        words = run[run.index("bridge_recipes.bench.lora_vs_peft") + 1 :]
+        if build:
+            assert build[0][1] == "scripts/gpu/make_lognormal_rows.py"
+            assert words[words.index("--rows") + 1] == f"{build[0][2]}/boundaries"
+        words[words.index("--rows") + 1] = str(rows)
+        opts = lora_vs_peft.build_parser().parse_intermixed_args(words)
+        opts.recipe = opts.recipe or list(lora_vs_peft.RECIPES)
+        assert lora_vs_peft.argument_problems(opts) == [] and Path(opts.out).suffix == ".json"
+        for recipe in opts.recipe:
+            lora_vs_peft.planned(recipe, opts, tmp_path / f"{recipe}.yaml")  # raises on a problem
 
 
 # --- a run cut short, and the comparison assembled from a work folder -----------------------------

@@ -118,7 +118,7 @@ def test_gpu_memory_is_the_device_reported_bytes_in_1e9_units():
     assert M.gpu_memory("h200") == pytest.approx(H200_GB) == pytest.approx(150.755, abs=1e-3)
     assert M.gpu_memory("NVIDIA-H200") == M.gpu_memory(None) == M.gpu_memory("h200")
     with pytest.raises(KeyError, match="unknown GPU"):
-        M.gpu_memory("a100")
+        M.gpu_memory("v100")
     assert M.plan_memory(build(SFT_35B), 8, gpu_memory_gb=100).fits is False
 
 

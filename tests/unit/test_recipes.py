@@ -63,7 +63,7 @@ def test_layout_label_matches_the_config(name):
 
 NAME = re.compile(
     r"^(?P<model>qwen35_(?:vl_)?\w+?)_(?P<task>pretrain|sft|peft)_(?P<n>\d+)gpu_(?P<gpu>[a-z0-9]+)_"
-    r"(?P<prec>bf16|fp8cs|fp8mx)(?:_(?P<variant>\w+?))?_config$"
+    r"(?P<prec>bf16|fp8cs|fp8mx|fp8base)(?:_(?P<variant>\w+?))?_config$"
 )
 
 

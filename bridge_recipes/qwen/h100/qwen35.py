@@ -1,5 +1,9 @@
 """H100 recipes for Qwen3.5 / Qwen3.6 text models.
 
+The one-GPU LoRA recipes are the H200's on one 80 GB H100: the frozen base stored in FP8 (one byte a
+weight, ``policy.fp8_frozen_base``) and the loss a chunk of tokens at a time, which leaves the room
+for as many rows a micro batch as the planner fits (``run_recipe.py --recipe NAME --plan``).
+
 The 35B-A3B layout is the one of the slime recipe class ``Qwen3_6_35b_Recipe`` for one
 8 x H100 node (slime-35b-h100 in docs/sources.md): TP2 with sequence parallelism, PP2, CP2, EP4 ETP1, full uniform
 recompute, optimizer on the CPU with overlapped copies, precision-aware distributed Adam,
@@ -14,9 +18,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.common import sft_config
+from bridge_recipes.qwen.h200 import qwen35 as h200
 from bridge_recipes.qwen.policy import (
     OPENRECIPES_ENV,
+    chunked_cross_entropy,
     cpu_optimizer_offload,
+    fp8_frozen_base,
     full_recompute,
     set_layout,
     set_openrecipes_numerics,
@@ -27,7 +34,11 @@ from bridge_recipes.recipe import recipe
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
 
-__all__ = ["qwen35_35b_a3b_sft_8gpu_h100_bf16_config"]
+__all__ = [
+    "qwen35_35b_a3b_sft_8gpu_h100_bf16_config",
+    "qwen35_27b_peft_1gpu_h100_fp8base_config",
+    "qwen35_35b_a3b_peft_1gpu_h100_fp8base_config",
+]
 
 SLIME_35B_H100 = (
     "slime's Qwen3_6_35b_Recipe (modal_training_gym), 1 x 8 H100; no figure published"
@@ -64,4 +75,33 @@ def qwen35_35b_a3b_sft_8gpu_h100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B SFT on one 8 x H100 node with slime's layout (slime-35b-h100)."""
     cfg = sft_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg)
+    return cfg
+
+
+# --- LoRA on one 80 GB H100 ----------------------------------------------------------------
+
+
+@recipe(task="peft", gpus=1, gpu="h100", precision="fp8base", layout="TP1 PP1 DP1", status="unmeasured")
+def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
+    """Qwen3.5/3.6-27B LoRA on one 80 GB H100: the H200 recipe with its frozen base in FP8 and the loss a
+    chunk of tokens at a time, two rows a micro batch."""
+    cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_config()
+    # the 27B's linear weights at one byte: half the frozen base
+    fp8_frozen_base(cfg)
+    # no 248K-vocabulary logits of the whole micro batch
+    chunked_cross_entropy(cfg)
+    # the room the two save carries two 8,192-token rows (one packed sequence on boundaries rows)
+    cfg.train.micro_batch_size = 2
+    return cfg
+
+
+@recipe(task="peft", gpus=1, gpu="h100", precision="fp8base", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+def qwen35_35b_a3b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the fast H200 recipe's kernels with its frozen base in
+    FP8 and the loss a chunk of tokens at a time, four rows a micro batch."""
+    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
+    # the 256 experts' weights at one byte: 35 of the 70 GB of frozen base
+    fp8_frozen_base(cfg)
+    # no 248K-vocabulary logits of the whole micro batch
+    chunked_cross_entropy(cfg)
     return cfg

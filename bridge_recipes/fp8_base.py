@@ -1,0 +1,192 @@
+"""LoRA on a frozen base stored in FP8: one byte a base weight instead of two.
+
+A LoRA recipe whose mixed precision keeps the parameters in FP8 (``fp8_param``) and trains adapters
+(``cfg.peft``) has Transformer Engine build every TE linear's weight as an FP8 tensor of row-wise
+data and one scale (per-tensor current scaling). The forward multiplies in FP8; the backward, which
+needs no weight gradient of a frozen base, computes the input gradient in BF16 from the weight
+dequantized for that GEMM alone (the recipe's ``backward_override="dequantized"``). The adapters,
+their gradients and their optimizer state stay BF16/FP32, outside FP8 (Megatron-Bridge runs them
+with FP8 off).
+
+Two things of the upstream stack would undo the saving; :func:`install` (the runner, in the
+training process) deals with both:
+
+- Transformer Engine builds an FP8 weight with its column-wise (transposed) copy as well, and keeps
+  a CPU copy of the BF16 values (``preserve_high_precision_init_val``), whenever gradients are
+  enabled while the model is built, as they are in Megatron-Bridge's setup: 2 bytes a weight on the
+  GPU and 2 on the host. The model is built with gradients off instead (nothing in the build
+  differentiates), which gives row-wise data only and no host copy.
+- Without the dequantized backward, Transformer Engine makes each weight's transpose in its first
+  backward and keeps it on the parameter. Megatron-Core builds the layers' FP8 recipe without it,
+  and Transformer Engine's environment switch (``NVTE_BACKWARD_OVERRIDE``) would also reach the
+  delayed-scaling recipe it makes for code run with FP8 off, which refuses it: the recipe
+  Megatron-Core makes is given the override instead (:func:`with_dequantized_backward`). A
+  pre-wrap hook checks the built model: every FP8 weight row-wise only.
+
+The patches of Megatron-Bridge's model factory and Megatron-Core's recipe factory are written for
+Megatron-Bridge 0.6.2, Megatron-Core 0.19.2 and Transformer Engine 2.20.2; :func:`upstream_problems`
+names what moved when another version is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+BACKWARD = "dequantized"
+WRITTEN_FOR = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "transformer-engine": "2.20.2"}
+# what the patched factory and the checked TE internals look like in the versions above
+FACTORY_PARAMETERS = ("model_provider", "model_type", "pg_collection")
+LOG = "[run_recipe]"
+
+
+def fp8_parameters_of(cfg: Any) -> bool:
+    """Whether ``cfg`` keeps its parameters in FP8 (the mixed-precision preset's ``fp8_param``)."""
+    from bridge_recipes.plan.memory import fp8_parameters, mixed_precision_config
+
+    mp = mixed_precision_config(cfg)
+    return mp is not None and fp8_parameters(mp)
+
+
+def applies(cfg: Any) -> bool:
+    """A LoRA run on a base stored in FP8."""
+    return getattr(cfg, "peft", None) is not None and fp8_parameters_of(cfg)
+
+
+def problems(cfg: Any) -> list[str]:
+    """Why a LoRA run on an FP8 base cannot keep it at one byte a weight, each with the fix."""
+    if not applies(cfg):
+        return []
+    from bridge_recipes.plan.memory import mixed_precision_config
+
+    recipe = getattr(mixed_precision_config(cfg), "fp8_recipe", None)
+    if recipe == "tensorwise":
+        return []
+    return [
+        f"mixed_precision.fp8_recipe={recipe!r} with FP8 base weights: the frozen base needs per-tensor current "
+        "scaling (tensorwise), the recipe whose backward can dequantize; set mixed_precision.fp8_recipe=tensorwise"
+    ]
+
+
+def upstream_problems() -> list[str]:
+    """What of the patched upstream code differs from the versions this module was written for."""
+    out = []
+    try:
+        from megatron.bridge.models import model_provider
+    except ImportError as exc:
+        return [f"megatron.bridge.models.model_provider does not import: {exc}"]
+    factory = getattr(model_provider, "_create_model", None)
+    if factory is None:
+        out.append(
+            "megatron.bridge.models.model_provider._create_model is gone (written for Megatron-Bridge "
+            f"{WRITTEN_FOR['megatron-bridge']}): the FP8 base cannot be built row-wise only"
+        )
+    else:
+        params = tuple(inspect.signature(getattr(factory, "__wrapped__", factory)).parameters)
+        if params != FACTORY_PARAMETERS:
+            out.append(
+                f"megatron.bridge.models.model_provider._create_model takes {params}, not {FACTORY_PARAMETERS} "
+                f"(written for Megatron-Bridge {WRITTEN_FOR['megatron-bridge']})"
+            )
+    try:
+        from megatron.core import fp8_utils
+    except ImportError as exc:
+        return [*out, f"megatron.core.fp8_utils does not import: {exc}"]
+    if not callable(getattr(fp8_utils, "get_fp8_recipe", None)):
+        out.append(
+            "megatron.core.fp8_utils.get_fp8_recipe is gone (written for Megatron-Core "
+            f"{WRITTEN_FOR['megatron-core']}): the FP8 base's backward cannot be set to dequantize"
+        )
+    try:
+        from transformer_engine.common.recipe import Float8CurrentScaling
+    except ImportError as exc:
+        return [*out, f"transformer_engine.common.recipe does not import: {exc}"]
+    if "backward_override" not in getattr(Float8CurrentScaling, "__dataclass_fields__", {}):
+        out.append(
+            "Transformer Engine's Float8CurrentScaling has no backward_override (written for Transformer Engine "
+            f"{WRITTEN_FOR['transformer-engine']}): its backward would keep FP8 transposes"
+        )
+    return out
+
+
+def build_without_grad(factory: Any) -> Any:
+    """``factory`` run with gradients off (idempotent)."""
+    if getattr(factory, "builds_without_grad", False):
+        return factory
+
+    @functools.wraps(factory)
+    def without_grad(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return factory(*args, **kwargs)
+
+    without_grad.builds_without_grad = True  # type: ignore[attr-defined]
+    return without_grad
+
+
+def with_dequantized_backward(get_recipe: Any) -> Any:
+    """``get_recipe`` (Megatron-Core's ``get_fp8_recipe(config)``) whose per-tensor current-scaling recipes
+    take the input gradient from the dequantized weight (idempotent)."""
+    if getattr(get_recipe, "dequantizes_backward", False):
+        return get_recipe
+
+    @functools.wraps(get_recipe)
+    def dequantizing(*args: Any, **kwargs: Any) -> Any:
+        import dataclasses
+
+        from transformer_engine.common.recipe import Float8CurrentScaling
+
+        recipe = get_recipe(*args, **kwargs)
+        if isinstance(recipe, Float8CurrentScaling) and recipe.backward_override != BACKWARD:
+            recipe = dataclasses.replace(recipe, backward_override=BACKWARD)
+        return recipe
+
+    dequantizing.dequantizes_backward = True  # type: ignore[attr-defined]
+    return dequantizing
+
+
+def fp8_weights(model: Any) -> tuple[int, int, list[str]]:
+    """(FP8 weights, their bytes, names of those holding column-wise data as well) over the model
+    chunks ``model``."""
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
+
+    count, size, bad = 0, 0, []
+    for chunk in model if isinstance(model, list) else [model]:
+        for name, p in chunk.named_parameters():
+            if not isinstance(p, Float8Tensor):
+                continue
+            count += 1
+            data = p._data
+            size += data.numel() * data.element_size() if data is not None else 0
+            if getattr(p, "_transpose", None) is not None:
+                bad.append(name)
+    return count, size, bad
+
+
+def check_hook(model: list) -> list:
+    """Pre-wrap hook: the model's FP8 weights hold row-wise data only (the PEFT hook, after it, freezes them)."""
+    count, size, bad = fp8_weights(model)
+    if bad:
+        raise RuntimeError(
+            f"{len(bad)} FP8 base weight(s) hold an FP8 transpose as well, 2 bytes a weight ({', '.join(bad[:3])})"
+        )
+    print(f"{LOG} FP8 base: {count} weights in FP8, {size / 1e9:.2f} GB, row-wise only", flush=True)
+    return model
+
+
+def install(cfg: Any) -> bool:
+    """In the training process, before setup builds the model: build it with gradients off and check it
+    after the adapters are added. False (nothing done) when the run is not LoRA on an FP8 base."""
+    if not applies(cfg):
+        return False
+    if moved := upstream_problems():
+        raise RuntimeError("; ".join(moved))
+    from megatron.bridge.models import model_provider
+    from megatron.core import fp8_utils
+
+    model_provider._create_model = build_without_grad(model_provider._create_model)
+    fp8_utils.get_fp8_recipe = with_dequantized_backward(fp8_utils.get_fp8_recipe)
+    cfg.model.register_pre_wrap_hook(check_hook)
+    return True

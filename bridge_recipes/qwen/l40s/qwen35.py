@@ -1,0 +1,39 @@
+"""48 GB recipes for Qwen3.5 / Qwen3.6 text models: LoRA on one L40S or RTX 6000 Ada.
+
+Neither model's BF16 base fits 48 GB (54 and 70 GB): the frozen base is stored in FP8 (one byte a
+weight; Ada has FP8 tensor cores), the loss is taken a chunk of tokens at a time and every layer is
+recomputed, one 8,192-token row a micro batch, as the memory planner fits them at 48 GB
+(``run_recipe.py --recipe NAME --plan``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bridge_recipes.qwen.h100 import qwen35 as h100
+from bridge_recipes.recipe import recipe
+
+if TYPE_CHECKING:
+    from megatron.bridge.training.config import ConfigContainer
+
+__all__ = ["qwen35_27b_peft_1gpu_l40s_fp8base_config", "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"]
+
+
+@recipe(task="peft", gpus=1, gpu="l40s", precision="fp8base", layout="TP1 PP1 DP1", status="unmeasured")
+def qwen35_27b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
+    """Qwen3.5/3.6-27B LoRA on one 48 GB GPU: the H100 recipe (FP8 base, chunked loss) at one row a
+    micro batch."""
+    cfg = h100.qwen35_27b_peft_1gpu_h100_fp8base_config()
+    # 48 GB holds the 27 GB FP8 base and one row's recomputed layers, not two rows
+    cfg.train.micro_batch_size = 1
+    return cfg
+
+
+@recipe(task="peft", gpus=1, gpu="l40s", precision="fp8base", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+def qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on one 48 GB GPU: the H100 recipe (FP8 base, chunked loss, the fast
+    kernels) at one row a micro batch."""
+    cfg = h100.qwen35_35b_a3b_peft_1gpu_h100_fp8base_config()
+    # 48 GB holds the 36 GB FP8 base and one row's recomputed layers
+    cfg.train.micro_batch_size = 1
+    return cfg

@@ -1,0 +1,84 @@
+"""Whether a recipe can run on the GPU at hand, checked before launch, and the recipe that can.
+
+Two things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
+FP8 GEMMs (an FP8 base, FP8 training) on a GPU without FP8 tensor cores (Ampere and older), and a
+plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that is less than the memory of
+the recipe's GPU. Each is refused with the reason and the recipes of the same model and task that
+the GPU can run, the largest GPU class first (the one that uses most of the memory).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge_recipes import registry
+from bridge_recipes.gpu_memory import Device
+from bridge_recipes.gpus import class_memory_gb
+
+
+def uses_fp8(cfg: Any) -> bool:
+    from bridge_recipes.plan.memory import effective_precision
+
+    return bool(effective_precision(cfg)["fp8"])
+
+
+def _plan_fits(cfg: Any, world: int, memory_gb: float) -> tuple[bool, float]:
+    from bridge_recipes.plan.memory import plan_memory
+
+    plan = plan_memory(cfg, world, gpu_memory_gb=memory_gb)
+    return plan.fits, plan.peak_gb
+
+
+def recipes_that_fit(entry: registry.RecipeEntry, memory_gb: float, world: int, fp8: bool = True) -> list[str]:
+    """Recipes of ``entry``'s model, task and GPU count that a GPU with ``memory_gb`` to use (and FP8
+    tensor cores, or not) can run: written for a GPU of no more memory, planned to fit, FP8 only where
+    ``fp8``; the largest GPU class first."""
+    candidates = []
+    for other in registry.entries().values():
+        m = other.meta
+        if (other.tree, other.model, m.task, m.gpus) != (entry.tree, entry.model, entry.meta.task, entry.meta.gpus):
+            continue
+        if other.alias_of or other.name == entry.name:
+            continue
+        size = class_memory_gb(m.gpu)
+        if size is None or size > memory_gb * 1.01:
+            continue
+        candidates.append((size, other.name))
+    out = []
+    for _, name in sorted(candidates, reverse=True):
+        cfg = registry.load(name)()
+        if (fp8 or not uses_fp8(cfg)) and _plan_fits(cfg, world, memory_gb)[0]:
+            out.append(name)
+    return out
+
+
+def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: float | None, world: int) -> list[str]:
+    """Why ``cfg`` (recipe ``entry`` as configured) cannot run on ``device`` with ``cap_gb`` (the
+    ``--gpu-memory-gb`` cap, or None), each naming the recipes that can; empty when it can."""
+    memory = cap_gb if cap_gb is not None else device.memory_gb
+    where = f"this {device.name}" + (f" capped at {cap_gb:g} GB" if cap_gb is not None else f" ({memory:.1f} GB)")
+    out = []
+    if uses_fp8(cfg) and not device.fp8:
+        out.append(
+            f"{entry.name} multiplies in FP8, which {device.name} (compute capability "
+            f"{device.capability[0]}.{device.capability[1]}) has no tensor cores for: FP8 needs Ada, Hopper or later"
+        )
+    size = class_memory_gb(entry.meta.gpu)
+    if size is not None and memory < size * 0.99:
+        try:
+            fits, peak = _plan_fits(cfg, world, memory)
+        except (ValueError, ZeroDivisionError, KeyError):  # a layout the planner cannot size: the launch says why
+            fits, peak = True, 0.0
+        if not fits:
+            out.append(
+                f"{entry.name} is written for {entry.meta.gpu} ({size:.1f} GB) and plans {peak:.1f} GB a GPU, more "
+                f"than {where}"
+            )
+    if out:
+        fitting = recipes_that_fit(entry, memory, world, device.fp8)
+        out[-1] += (
+            f"; recipes for it: {', '.join(fitting)}"
+            if fitting
+            else f"; no recipe of {entry.model} for {entry.meta.gpus} GPU(s) fits it (--list --filter {entry.model})"
+        )
+    return out

@@ -1,0 +1,212 @@
+"""LoRA on the GPUs people have: the 80 GB and 48 GB recipes, the FP8 base, the GPU checks and the cap."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bridge_recipes import fp8_base, gpu_memory, registry
+from bridge_recipes.gpu_memory import Device
+from bridge_recipes.gpus import GPUS, class_memory_gb, class_names
+from bridge_recipes.plan import memory as M
+from bridge_recipes.runner import gpu_fit
+from bridge_recipes.runner.cli import main
+
+CLASSES = {
+    "qwen35_27b_peft_1gpu_h100_fp8base_config": ("h100", True),
+    "qwen35_35b_a3b_peft_1gpu_h100_fp8base_config": ("h100", True),
+    "qwen35_27b_peft_1gpu_a100_bf16_config": ("a100", False),
+    "qwen35_35b_a3b_peft_1gpu_a100_bf16_config": ("a100", False),
+    "qwen35_27b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
+    "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
+}
+A100 = Device("NVIDIA A100-SXM4-80GB", 85.1, (8, 0))
+H100 = Device("NVIDIA H100 80GB HBM3", 85.5, (9, 0))
+L40S = Device("NVIDIA L40S", 48.3, (8, 9))
+H200 = Device("NVIDIA H200", 150.1, (9, 0))
+
+
+def build(name):
+    return registry.load(name)()
+
+
+def test_the_gpu_table_knows_the_cards_and_their_classes():
+    assert not GPUS["A100"].fp8 and GPUS["H100"].fp8 and GPUS["L40S"].fp8
+    assert class_names("l40s") == ("l40s", "rtx6000ada", "48gb")
+    assert class_names("NVIDIA-H100") == ("h100", "80gb")
+    assert class_memory_gb("l40s") == 48.0 and class_memory_gb("v100") is None
+    assert {k: M.gpu_memory(k) for k in ("a100", "l40s")} == {"a100": GPUS["A100"].usable_memory_gb, "l40s": 48.0}
+
+
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_each_memory_class_recipe_is_planned_to_fit_its_card(name):
+    gpu, fp8 = CLASSES[name]
+    entry = registry.find(name)
+    cfg = build(name)
+    assert (entry.meta.gpu, entry.meta.gpus, entry.meta.task) == (gpu, 1, "peft")
+    assert M.fp8_frozen_base(cfg) is fp8 and gpu_fit.uses_fp8(cfg) is fp8
+    plan = M.plan_memory(cfg, 1, gpu=gpu)
+    assert plan.fits, (name, plan.peak_gb, plan.gpu_memory_gb)
+    assert fp8_base.problems(cfg) == []
+
+
+def test_the_fp8_base_halves_the_linear_weights_in_the_plan():
+    """The 48 GB 27B recipe holds what the 80 GB A100 one does at two bytes a weight, less one byte a
+    linear weight of the 64 layers and the MTP layer (the norms, embedding and output layer stay BF16)."""
+    fp8, bf16 = build("qwen35_27b_peft_1gpu_l40s_fp8base_config"), build("qwen35_27b_peft_1gpu_a100_bf16_config")
+    d, par = M.model_dims(bf16.model), M.parallel_layout(bf16, 1)
+    layers = list(range(bf16.model.num_layers))
+    saved = M.linear_params(d, par, layers) + M.mtp_linear_params(d, par)
+    assert 24e9 < saved < 27e9  # most of the 27B's 27e9 parameters
+    w8, w16 = (M.plan_memory(c, 1).stages[0].weights_gb for c in (fp8, bf16))
+    assert w16 - w8 == pytest.approx(saved / 1e9)
+    assert M.fp8_base_saving_bytes(bf16, d, par, layers, 0) == 0
+
+
+def test_the_h200_recipes_do_not_fit_the_smaller_cards():
+    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config")
+    assert not M.plan_memory(fast, 1, gpu="h100").fits and not M.plan_memory(fast, 1, gpu="l40s").fits
+
+
+def test_filter_finds_recipes_by_card_class_and_whole_status_words(capsys):
+    assert main(["--list", "--filter", "rtx6000ada"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen35_27b_peft_1gpu_l40s_fp8base_config" in out and "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config" in out
+    assert "_h200_" not in out
+    entries = registry.entries().values()
+    assert {e.name for e in entries if registry.matches(e, ["80gb", "peft"])} >= {
+        n for n, (gpu, _) in CLASSES.items() if gpu != "l40s"
+    }
+    measured = [e for e in entries if registry.matches(e, ["measured"])]
+    assert measured and all(e.meta.status == "measured" for e in measured)
+
+
+# --- the FP8 base ---------------------------------------------------------------------------------
+
+
+def test_the_fp8_base_needs_current_scaling():
+    cfg = build("qwen35_27b_peft_1gpu_l40s_fp8base_config")
+    cfg.mixed_precision.fp8_recipe = "delayed"
+    (problem,) = fp8_base.problems(cfg)
+    assert "fp8_recipe='delayed'" in problem and "mixed_precision.fp8_recipe=tensorwise" in problem
+    from bridge_recipes.runner import checks
+
+    assert any("tensorwise" in str(p) for p in checks.errors(checks.check(cfg, 1)))
+    assert fp8_base.problems(build("qwen35_27b_peft_1gpu_a100_bf16_config")) == []
+
+
+def test_the_patched_upstream_code_is_what_the_patches_were_written_for(monkeypatch):
+    assert fp8_base.upstream_problems() == []
+    from megatron.bridge.models import model_provider
+
+    monkeypatch.setattr(model_provider, "_create_model", lambda provider, model_type: None)
+    (moved,) = fp8_base.upstream_problems()
+    assert "_create_model takes ('provider', 'model_type')" in moved and "0.6.2" in moved
+    monkeypatch.delattr(model_provider, "_create_model")
+    assert "_create_model is gone" in fp8_base.upstream_problems()[0]
+
+
+def test_the_recipe_factory_gives_current_scaling_a_dequantized_backward():
+    from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling
+
+    made = {"current": Float8CurrentScaling(), "delayed": DelayedScaling()}
+    factory = fp8_base.with_dequantized_backward(lambda kind: made[kind])
+    assert fp8_base.with_dequantized_backward(factory) is factory
+    assert factory("current").backward_override == "dequantized"
+    assert made["current"].backward_override is None  # a new recipe, the factory's own left alone
+    assert factory("delayed") is made["delayed"]
+
+
+def test_the_model_is_built_with_gradients_off():
+    import torch
+
+    seen = []
+    factory = fp8_base.build_without_grad(lambda *a, **k: seen.append(torch.is_grad_enabled()) or "model")
+    assert fp8_base.build_without_grad(factory) is factory
+    assert factory(1, model_type=2) == "model" and seen == [False] and torch.is_grad_enabled()
+
+
+# --- the GPU at hand, checked before launch -------------------------------------------------------
+
+
+def test_fp8_on_an_a100_is_refused_with_the_recipe_that_fits():
+    name = "qwen35_27b_peft_1gpu_h100_fp8base_config"
+    (problem,) = gpu_fit.problems(registry.find(name), build(name), A100, None, 1)
+    assert "multiplies in FP8" in problem and "compute capability 8.0" in problem
+    assert problem.endswith("recipes for it: qwen35_27b_peft_1gpu_a100_bf16_config")
+
+
+def test_a_recipe_larger_than_the_gpu_is_refused_with_the_recipes_that_fit():
+    name = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
+    (problem,) = gpu_fit.problems(registry.find(name), build(name), H100, None, 1)
+    assert "written for h200" in problem and "more than this NVIDIA H100 80GB HBM3 (85.5 GB)" in problem
+    fitting = problem.split("recipes for it: ")[1].split(", ")
+    assert fitting[0] == "qwen35_35b_a3b_peft_1gpu_h100_fp8base_config"
+    assert "qwen35_35b_a3b_peft_1gpu_a100_bf16_config" in fitting
+    (capped,) = gpu_fit.problems(registry.find(name), build(name), H200, 48, 1)
+    assert "capped at 48 GB" in capped and capped.endswith(
+        "recipes for it: qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"
+    )
+
+
+def test_a_recipe_on_its_own_card_or_a_larger_one_passes():
+    for name, device in (
+        ("qwen35_27b_peft_1gpu_l40s_fp8base_config", L40S),
+        ("qwen35_27b_peft_1gpu_a100_bf16_config", A100),
+        ("qwen35_27b_peft_1gpu_l40s_fp8base_config", H200),
+    ):
+        assert gpu_fit.problems(registry.find(name), build(name), device, None, 1) == []
+
+
+def test_the_memory_cap_is_checked_against_the_device():
+    assert "positive" in gpu_memory.cap_problem(0, H200)
+    assert "no CUDA GPU" in gpu_memory.cap_problem(48, None)
+    assert "more than the 48.3 GB this NVIDIA L40S has" in gpu_memory.cap_problem(80, L40S)
+    assert gpu_memory.cap_problem(48, L40S) is None
+
+
+def test_plan_at_a_card_memory_names_the_recipes_that_fit(capsys):
+    code = main(["--recipe", "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config", "--plan", "--gpu-memory-gb", "48"])
+    out = capsys.readouterr().out
+    assert code == 2 and "h200 capped at 48 GB (48.0 GB per GPU)" in out
+    assert "planned to fit 48.0 GB: qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config" in out
+
+
+# --- the comparison at a card's memory --------------------------------------------------------------
+
+
+def test_both_runs_of_a_comparison_take_the_cap_of_the_recipes_card(tmp_path):
+    from bridge_recipes.bench import lora_vs_peft
+
+    opts = argparse.Namespace(
+        rows=str(tmp_path), steps=20, window=[5, 19], overrides=[], global_batch=2, gpu_memory_gb="auto"
+    )
+    name = "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"
+    assert lora_vs_peft.memory_cap(name, opts) == 48.0
+    for argv in (
+        lora_vs_peft.benchmark_argv(name, opts, tmp_path / "o.yaml"),
+        lora_vs_peft.peer_argv(name, opts, None),
+    ):
+        assert argv[argv.index("--gpu-memory-gb") + 1] == "48"
+    line = {"peer_tokens_per_s": None}
+    oom = {"error": "out of memory: CUDA out of memory. Tried to allocate 1024.00 MiB"}
+    ours = {"result": {"useful_tokens_per_s_per_gpu": 1000.0}}
+    fields = lora_vs_peft.memory_class_fields(name, opts, ours, oom, line)
+    assert fields == {
+        "gpu": "l40s",
+        "memory_cap_gb": 48.0,
+        "speed_of": "l40s",
+        "base_precision": "fp8",
+        "ours_useful_tokens_per_s": 1000.0,
+        "peer_fits": False,
+    }
+    assert (
+        lora_vs_peft.memory_class_fields(name, opts, ours, {"error": "peer_peft exited 2"}, line)["peer_fits"] is None
+    )
+    on_h200 = lora_vs_peft.memory_class_fields(name, opts, {**ours, "gpu": {"type": "H200"}}, oom, line)
+    assert on_h200["speed_of"] == "h200, not l40s"
+    opts.gpu_memory_gb = None
+    assert lora_vs_peft.memory_cap(name, opts) is None and "--gpu-memory-gb" not in lora_vs_peft.peer_argv(
+        name, opts, None
+    )
