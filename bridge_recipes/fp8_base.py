@@ -6,7 +6,9 @@ data and one scale (per-tensor current scaling). The forward multiplies in FP8; 
 needs no weight gradient of a frozen base, computes the input gradient in BF16 from the weight
 dequantized for that GEMM alone (the recipe's ``backward_override="dequantized"``). The adapters,
 their gradients and their optimizer state stay BF16/FP32, outside FP8 (Megatron-Bridge runs them
-with FP8 off).
+with FP8 off). A checkpoint holds the adapters only, and ``--export-hf`` merges them into the Hugging
+Face checkpoint's own BF16 weights: the base is never exported from its FP8 copy (QLoRA's adapters
+are merged the same way).
 
 Two things of the upstream stack would undo the saving; :func:`install` (the runner, in the
 training process) deals with both:
@@ -41,32 +43,28 @@ FACTORY_PARAMETERS = ("model_provider", "model_type", "pg_collection")
 LOG = "[run_recipe]"
 
 
-def fp8_parameters_of(cfg: Any) -> bool:
-    """Whether ``cfg`` keeps its parameters in FP8 (the mixed-precision preset's ``fp8_param``)."""
-    from bridge_recipes.plan.memory import fp8_parameters, mixed_precision_config
-
-    mp = mixed_precision_config(cfg)
-    return mp is not None and fp8_parameters(mp)
-
-
 def applies(cfg: Any) -> bool:
-    """A LoRA run on a base stored in FP8."""
-    return getattr(cfg, "peft", None) is not None and fp8_parameters_of(cfg)
+    """A LoRA run on a base stored in FP8 (the planner's definition)."""
+    from bridge_recipes.plan.memory import fp8_frozen_base
+
+    return fp8_frozen_base(cfg)
 
 
 def problems(cfg: Any) -> list[str]:
-    """Why a LoRA run on an FP8 base cannot keep it at one byte a weight, each with the fix."""
+    """Why a LoRA run on an FP8 base cannot keep it at one byte a weight, each with the fix: a scaling
+    recipe without the dequantized backward, or upstream code other than the patches were written for."""
     if not applies(cfg):
         return []
     from bridge_recipes.plan.memory import mixed_precision_config
 
+    out = []
     recipe = getattr(mixed_precision_config(cfg), "fp8_recipe", None)
-    if recipe == "tensorwise":
-        return []
-    return [
-        f"mixed_precision.fp8_recipe={recipe!r} with FP8 base weights: the frozen base needs per-tensor current "
-        "scaling (tensorwise), the recipe whose backward can dequantize; set mixed_precision.fp8_recipe=tensorwise"
-    ]
+    if recipe != "tensorwise":
+        out.append(
+            f"mixed_precision.fp8_recipe={recipe!r} with FP8 base weights: the frozen base needs per-tensor current "
+            "scaling (tensorwise), the recipe whose backward can dequantize; set mixed_precision.fp8_recipe=tensorwise"
+        )
+    return out + upstream_problems()
 
 
 def upstream_problems() -> list[str]:
@@ -102,6 +100,14 @@ def upstream_problems() -> list[str]:
         from transformer_engine.common.recipe import Float8CurrentScaling
     except ImportError as exc:
         return [*out, f"transformer_engine.common.recipe does not import: {exc}"]
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
+
+    storage = set(inspect.signature(Float8Tensor.__new__).parameters)
+    if not {"data", "data_transpose"} <= storage:
+        out.append(
+            "Transformer Engine's Float8Tensor is no longer built from data and data_transpose (written for "
+            f"Transformer Engine {WRITTEN_FOR['transformer-engine']}): the one-byte check cannot read it"
+        )
     if "backward_override" not in getattr(Float8CurrentScaling, "__dataclass_fields__", {}):
         out.append(
             "Transformer Engine's Float8CurrentScaling has no backward_override (written for Transformer Engine "

@@ -818,8 +818,10 @@ def fp8_parameters(mp: Any) -> bool:
 def fp8_frozen_base(cfg: Any) -> bool:
     """LoRA on a base stored in FP8 (``bridge_recipes.fp8_base``): every TE linear's frozen weight is one
     byte, row-wise only, and the backward dequantizes one GEMM's weight at a time."""
+    if lora_targets(cfg) is None:
+        return False
     mp = mixed_precision_config(cfg)
-    return lora_targets(cfg) is not None and mp is not None and fp8_parameters(mp)
+    return mp is not None and fp8_parameters(mp)
 
 
 def linear_params(d: ModelDims, par: Layout, layers: list[int]) -> float:
