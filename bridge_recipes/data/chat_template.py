@@ -34,11 +34,16 @@ assistant header and the ``\\n`` after each turn have mask 0.
 Tokens are those of ``S`` tokenized whole (as at inference), and each span boundary must be
 a token boundary: the tokens of ``S[:start]`` and ``S[:end]`` must be prefixes of the tokens
 of ``S``. A token merged across a boundary has no single correct mask value; such a
-conversation is skipped as ``tokenization_not_prefix_consistent``, never mis-masked.
+conversation is skipped as ``tokenization_not_prefix_consistent``, never mis-masked. The
+tokenizer splits its text at added tokens (``<|im_start|>``, ``<|im_end|>``, ...) before anything
+else, so the tokens of ``S[:c]`` are those of ``S`` up to the last added token ending at or before
+``c``, followed by the tokens of the text from there to ``c``: only that text is tokenized again,
+and ``S`` is tokenized once, whatever the number of turns.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
@@ -197,6 +202,8 @@ class TemplateRenderer:
             raise SftRowsError(f"tokenizer {folder} lacks the end-of-turn token {end_of_turn!r}")
         self.folder = folder
         self.end_of_turn = end_of_turn
+        # tokens the tokenizer matches before anything else, splitting the text around them
+        self.added_ids = frozenset(self.backend.get_added_tokens_decoder())
         self.sha256 = template_files_sha256(folder)
 
     def _apply(self, messages: list[dict], tools: list, generation: bool) -> str:
@@ -219,10 +226,13 @@ class TemplateRenderer:
             raise
         except Exception as e:  # a template's raise_exception or a Jinja error on this input
             raise MalformedConversation(index, "template_error", f"chat template failed: {e}") from None
-        ids = self._ids(full)
+        encoding = self.backend.encode(full, add_special_tokens=False)
+        ids = encoding.ids
+        # (end character, tokens up to it) of each added token: where the tokenizer splits regardless
+        splits = [(end, k + 1) for k, (i, (_, end)) in enumerate(zip(ids, encoding.offsets)) if i in self.added_ids]
         mask = np.zeros(len(ids), dtype=np.uint8)
         for start, end in spans:
-            a, b = self._token_index(full, start, ids, index), self._token_index(full, end, ids, index)
+            a, b = self._token_index(full, start, ids, splits, index), self._token_index(full, end, ids, splits, index)
             mask[a:b] = 1
         return np.asarray(ids, dtype=np.int32), mask
 
@@ -254,12 +264,19 @@ class TemplateRenderer:
             )
         return start, end + len(self.end_of_turn)
 
-    def _token_index(self, full: str, char: int, ids: list[int], index: int | None) -> int:
-        head = self._ids(full[:char])
-        if ids[: len(head)] != head:
+    def _token_index(
+        self, full: str, char: int, ids: list[int], splits: list[tuple[int, int]], index: int | None
+    ) -> int:
+        """How many tokens of ``full`` (``ids``) the text before ``char`` tokenizes to, checked to be a prefix
+        of them: the text after the last added token ending at or before ``char`` is tokenized again
+        (``splits``: the end character of each added token and the tokens up to it)."""
+        at = bisect.bisect_right(splits, (char, len(ids) + 1))
+        begin, known = splits[at - 1] if at else (0, 0)
+        head = self._ids(full[begin:char])
+        if ids[known : known + len(head)] != head:
             raise MalformedConversation(
                 index,
                 "tokenization_not_prefix_consistent",
                 f"a token spans the boundary at character {char} between a prompt and an assistant span",
             )
-        return len(head)
+        return known + len(head)
