@@ -132,6 +132,10 @@ RANGES: tuple[Range, ...] = (
     Range("model.hidden_dropout", low=0, high=1),
     Range("model.attention_dropout", low=0, high=1),
     Range("model.init_method_std", low=0),
+    # Megatron-Bridge's LoRA builds rank-dim adapters scaled by alpha / dim, with dropout, when the model is.
+    Range("peft.dim", low=1, high=INT64_MAX, integer=True),
+    Range("peft.alpha", low=0, low_open=True),
+    Range("peft.dropout", low=0, high=1, high_open=True),
 )
 # The optimizers Megatron-Core builds without extra packages (others need emerging-optimizers).
 OPTIMIZERS = ("adam", "sgd")
@@ -236,6 +240,27 @@ def choice_problems(obj: Any, prefix: str = "", seen: set[int] | None = None) ->
     return out
 
 
+def lora_target_problems(cfg: Any) -> list[str]:
+    """LoRA's ``target_modules``: at least one, each a linear the Qwen3.5 models have (or a pattern
+    with ``*`` or ``.``, matched by Megatron-Bridge against module paths). An unknown name only
+    draws Megatron-Bridge's warning and trains no adapter on it."""
+    from bridge_recipes.common import LORA_TARGETS
+
+    targets = getattr(getattr(cfg, "peft", None), "target_modules", None)
+    if getattr(cfg, "peft", None) is None or targets is None:
+        return []
+    known = ", ".join(LORA_TARGETS)
+    if not targets:
+        return [f"peft.target_modules is empty: LoRA would train nothing; set peft.target_modules=[{known}]"]
+    unknown = [t for t in targets if not isinstance(t, str) or (t not in LORA_TARGETS and not set("*.") & set(t))]
+    if unknown:
+        return [
+            f"peft.target_modules names {', '.join(map(repr, unknown))}, which no linear of these models is called; "
+            f"known: {known}"
+        ]
+    return []
+
+
 def value_problems(cfg: Any, world_size: int) -> list[str]:
     """Every value range problem of ``cfg`` for ``world_size`` GPUs, each naming field, value, fix."""
     out = []
@@ -307,6 +332,8 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
     experts, topk = m.num_moe_experts, m.moe_router_topk
     if _is_int(experts) and experts >= 1 and (not _is_int(topk) or not 1 <= topk <= experts):
         out.append(f"model.moe_router_topk={topk!r} must be between 1 and the {experts} experts")
+
+    out += lora_target_problems(cfg)
 
     seed = cfg.rng.seed
     if not _is_int(seed) or not 0 <= seed <= MAX_SEED:

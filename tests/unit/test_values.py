@@ -176,3 +176,25 @@ def test_energon_path_must_exist(tmp_path, capsys):
         ]
     )
     assert code == 2 and "is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("peft.dim=0", "peft.dim=0 must be an integer >= 1"),
+        ("peft.alpha=0", "peft.alpha=0 must be a number > 0"),
+        ("peft.dropout=1.0", "peft.dropout=1.0 must be a number in [0, 1)"),
+        ("peft.target_modules=[]", "peft.target_modules is empty"),
+        ("peft.target_modules=[linear_qvk]", "names 'linear_qvk', which no linear of these models is called"),
+    ],
+)
+def test_lora_settings_out_of_range_are_refused(override, message):
+    import bridge_recipes
+    from bridge_recipes.values import value_problems
+
+    cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_config", overrides=[override])
+    assert any(message in p for p in value_problems(cfg, 1)), value_problems(cfg, 1)
+    fine = bridge_recipes.build(
+        "qwen35_27b_peft_1gpu_h200_bf16_config", overrides=["peft.target_modules=['*.linear_qkv']"]
+    )
+    assert value_problems(fine, 1) == []
