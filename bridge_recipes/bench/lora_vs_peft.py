@@ -24,8 +24,9 @@ batch either way, so a row costs it the same; the optimizer step, over adapters 
 over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
 more per recipe (tokens/s ratio, step-time spread, useful-token share, errors), rewritten after each
 recipe so that a run cut short keeps what finished. A run that fails is recorded with its error and
-the next one runs. ``--dry-run`` runs ours' runner dry run with the exact launch arguments, the
-planner, and the peer's ``--dry-run`` (full model and adapters on the meta device): what fails on
+the next one runs; a peer that runs out of memory is recorded as not fitting (``peer_fits`` false),
+an answer rather than a failure. ``--dry-run`` runs ours' runner dry run with the exact launch
+arguments, the planner, and the peer's ``--dry-run`` (full model and adapters on the meta device): what fails on
 the GPU host for a reason a CPU can see fails here. Exit status 0 when every run gave figures,
 1 otherwise, 2 on bad input.
 """
@@ -466,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{last['ours_peak_gb']} GB (planner {last['planner_gb']}); peer {last['peer_tokens_per_s']} tokens/s, "
             f"peak {last['peer_peak_gb']} GB; ratio {last.get('tokens_per_s_ratio')}"
         )
-    return 0 if all(not (line.get("ours_error") or line.get("peer_error")) for line in lines) else 1
+    # a peer that ran out of memory under a card's cap answered the question: it does not fit the card
+    gave_figures = [
+        not (ln.get("ours_error") or (ln.get("peer_error") and ln.get("peer_fits") is not False)) for ln in lines
+    ]
+    return 0 if all(gave_figures) else 1
 
 
 if __name__ == "__main__":

@@ -535,3 +535,30 @@ def test_a_variant_changing_only_ours_shares_its_bases_peer_run(short_rows, tmp_
     assemble = [*argv[:3], str(again), *argv[4:], "--assemble", "--recipe", DENSE, "--recipe", fast, *SHORT_ROWS]
     assert lora_vs_peft.main(assemble) == 0
     assert json.loads(again.read_text())[1]["peer_tokens_per_s"] == variant["peer_tokens_per_s"]
+
+
+def test_a_peer_out_of_memory_under_a_cap_is_an_answer(short_rows, tmp_path, monkeypatch):
+    """At a card's memory the peer that cannot fit is recorded as not fitting and the command succeeds;
+    both runs were launched under the recipe card's cap."""
+    monkeypatch.setattr(lora_vs_peft, "gpu_problem", lambda: None)
+    launched = fake_launches(monkeypatch, ms=2000.0, peak_gb=45.0)
+    peers = []
+
+    def out_of_memory(cmd, log):
+        peers.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.write_text(json.dumps({"result": None, "error": "out of memory: CUDA out of memory. Tried to allocate"}))
+        return 1
+
+    monkeypatch.setattr(lora_vs_peft, "streamed", out_of_memory)
+    out = tmp_path / "c.json"
+    recipe = "qwen35_27b_peft_1gpu_l40s_fp8base_config"
+    argv = ["--rows", str(short_rows), "--out", str(out), "--work", str(tmp_path / "w"), "--recipe", recipe]
+    assert (
+        lora_vs_peft.main([*argv, "--gpu-memory-gb", "auto", "--steps", "10", "--window", "3", "9", *SHORT_ROWS]) == 0
+    )
+    (line,) = json.loads(out.read_text())
+    assert line["peer_fits"] is False and line["memory_cap_gb"] == 48.0 and line["ours_tokens_per_s"] > 0
+    assert line["base_precision"] == "fp8" and "out of memory" in line["peer_error"]
+    assert launched[0][launched[0].index("--gpu-memory-gb") + 1] == "48"
+    assert peers[0][peers[0].index("--gpu-memory-gb") + 1] == "48"
