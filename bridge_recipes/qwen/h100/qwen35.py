@@ -90,7 +90,8 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     fp8_frozen_base(cfg)
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
-    # the room the two save carries two 8,192-token rows (one packed sequence on boundaries rows)
+    # the room the FP8 base and the chunked loss free carries two 8,192-token rows (one packed sequence on
+    # boundaries rows)
     cfg.train.micro_batch_size = 2
     return cfg
 
