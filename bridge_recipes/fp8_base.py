@@ -15,7 +15,7 @@ training process) deals with both:
 
 - Transformer Engine builds an FP8 weight with its column-wise (transposed) copy as well, and keeps
   a CPU copy of the BF16 values (``preserve_high_precision_init_val``), whenever gradients are
-  enabled while the model is built, as they are in Megatron-Bridge's setup: 2 bytes a weight on the
+  enabled while the model is built, as they are in Megatron-Bridge's setup: 2 bytes per weight on the
   GPU and 2 on the host. The model is built with gradients off instead (nothing in the build
   differentiates), which gives row-wise data only and no host copy.
 - Without the dequantized backward, Transformer Engine makes each weight's transpose in its first
@@ -51,7 +51,7 @@ def applies(cfg: Any) -> bool:
 
 
 def problems(cfg: Any) -> list[str]:
-    """Why a LoRA run on an FP8 base cannot keep it at one byte a weight, each with the fix: a scaling
+    """Why a LoRA run on an FP8 base cannot keep it at one byte per weight, each with the fix: a scaling
     recipe without the dequantized backward, or upstream code other than the patches were written for."""
     if not applies(cfg):
         return []
@@ -176,7 +176,7 @@ def check_hook(model: list) -> list:
     count, size, bad = fp8_weights(model)
     if bad:
         raise RuntimeError(
-            f"{len(bad)} FP8 base weight(s) hold an FP8 transpose as well, 2 bytes a weight ({', '.join(bad[:3])})"
+            f"{len(bad)} FP8 base weight(s) hold an FP8 transpose as well, 2 bytes per weight ({', '.join(bad[:3])})"
         )
     print(f"{LOG} FP8 base: {count} weights in FP8, {size / 1e9:.2f} GB, row-wise only", flush=True)
     return model

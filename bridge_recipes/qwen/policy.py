@@ -138,7 +138,7 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
 
 
 def fp8_frozen_base(cfg: ConfigContainer) -> None:
-    """LoRA's frozen base weights stored in FP8, one byte a weight (``bridge_recipes.fp8_base``): every
+    """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.fp8_base``): every
     layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor scale
     and multiply in FP8 in the forward; the backward takes the input gradient in BF16 from the weight
     dequantized for that GEMM. Embedding, output layer, norms and router stay BF16; the adapters and
@@ -146,7 +146,7 @@ def fp8_frozen_base(cfg: ConfigContainer) -> None:
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
-    # every layer in FP8: the preset's BF16 first and last layers would keep two bytes a weight
+    # every layer in FP8: the preset's BF16 first and last layers would keep two bytes per weight
     cfg.mixed_precision.first_last_layers_bf16 = False
     # the parameters are the FP8 tensors (fp8_param, kept in step with fp8_param_gather)
     cfg.mixed_precision.fp8_param_gather = True

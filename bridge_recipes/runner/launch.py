@@ -204,7 +204,7 @@ def init_independent_of_warmup_shapes() -> None:
 
 
 def lora_on_fp8_base(cfg: Any) -> bool:
-    """A LoRA run on a base stored in FP8 builds it one byte a weight (``bridge_recipes.fp8_base``)."""
+    """A LoRA run on a base stored in FP8 builds it one byte per weight (``bridge_recipes.fp8_base``)."""
     from bridge_recipes import fp8_base
 
     if not fp8_base.install(cfg):

@@ -52,7 +52,7 @@ def test_each_memory_class_recipe_is_planned_to_fit_its_card(name):
 
 
 def test_the_fp8_base_halves_the_linear_weights_in_the_plan():
-    """The 48 GB 27B recipe holds what the 80 GB A100 one does at two bytes a weight, less one byte a
+    """The 48 GB 27B recipe holds what the 80 GB A100 one does at two bytes per weight, less one byte per
     linear weight of the 64 layers and the MTP layer (the norms, embedding and output layer stay BF16)."""
     fp8, bf16 = build("qwen35_27b_peft_1gpu_l40s_fp8base_config"), build("qwen35_27b_peft_1gpu_a100_bf16_config")
     d, par = M.model_dims(bf16.model), M.parallel_layout(bf16, 1)

@@ -2,7 +2,7 @@
 
 The one-GPU LoRA recipes are the H200's on one 80 GB H100: the frozen base stored in FP8 (one byte a
 weight, ``policy.fp8_frozen_base``) and the loss a chunk of tokens at a time, which leaves the room
-for as many rows a micro batch as the planner fits (``run_recipe.py --recipe NAME --plan``).
+for as many rows per micro batch as the planner fits (``run_recipe.py --recipe NAME --plan``).
 
 The 35B-A3B layout is the one of the slime recipe class ``Qwen3_6_35b_Recipe`` for one
 8 x H100 node (slime-35b-h100 in docs/sources.md): TP2 with sequence parallelism, PP2, CP2, EP4 ETP1, full uniform
@@ -84,7 +84,7 @@ def qwen35_35b_a3b_sft_8gpu_h100_bf16_config() -> ConfigContainer:
 @recipe(task="peft", gpus=1, gpu="h100", precision="fp8base", layout="TP1 PP1 DP1", status="unmeasured")
 def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on one 80 GB H100: the H200 recipe with its frozen base in FP8 and the loss a
-    chunk of tokens at a time, two rows a micro batch."""
+    chunk of tokens at a time, two rows per micro batch."""
     cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_config()
     # the 27B's linear weights at one byte: half the frozen base
     fp8_frozen_base(cfg)
@@ -99,7 +99,7 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
 @recipe(task="peft", gpus=1, gpu="h100", precision="fp8base", layout="TP1 PP1 EP1 DP1", status="unmeasured")
 def qwen35_35b_a3b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the fast H200 recipe's kernels with its frozen base in
-    FP8 and the loss a chunk of tokens at a time, four rows a micro batch."""
+    FP8 and the loss a chunk of tokens at a time, four rows per micro batch."""
     cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
     # the 256 experts' weights at one byte: 35 of the 70 GB of frozen base
     fp8_frozen_base(cfg)

@@ -2,7 +2,7 @@
 
 Neither model's BF16 base fits 48 GB (54 and 70 GB): the frozen base is stored in FP8 (one byte a
 weight; Ada has FP8 tensor cores), the loss is taken a chunk of tokens at a time and every layer is
-recomputed, one 8,192-token row a micro batch, as the memory planner fits them at 48 GB
+recomputed, one 8,192-token row per micro batch, as the memory planner fits them at 48 GB
 (``run_recipe.py --recipe NAME --plan``).
 """
 
@@ -32,7 +32,7 @@ def qwen35_27b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
 @recipe(task="peft", gpus=1, gpu="l40s", precision="fp8base", layout="TP1 PP1 EP1 DP1", status="unmeasured")
 def qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 48 GB GPU: the H100 recipe (FP8 base, chunked loss, the fast
-    kernels) at one row a micro batch."""
+    kernels) at one row per micro batch."""
     cfg = h100.qwen35_35b_a3b_peft_1gpu_h100_fp8base_config()
     # 48 GB holds the 36 GB FP8 base and one row's recomputed layers
     cfg.train.micro_batch_size = 1
