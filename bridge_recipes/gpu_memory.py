@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge_recipes.gpus import GB
+from bridge_recipes.gpus import GB, has_fp8
 
 # device memory a process takes outside the caching allocator after the cap is set (cuBLAS and
 # Transformer Engine handles, NCCL's communicators of a one-GPU run): kept free under the cap
@@ -27,8 +27,7 @@ class Device:
 
     @property
     def fp8(self) -> bool:
-        """FP8 tensor cores: Ada (8.9), Hopper (9.0) and later."""
-        return self.capability >= (8, 9)
+        return has_fp8(self.capability)
 
 
 def current_device() -> Device | None:
@@ -41,10 +40,15 @@ def current_device() -> Device | None:
     return Device(props.name, props.total_memory / GB, (props.major, props.minor))
 
 
+def cap_value_problem(gb: float) -> str | None:
+    """Why ``--gpu-memory-gb gb`` is no memory at all, or None."""
+    return None if gb > 0 else f"--gpu-memory-gb {gb:g}: a positive number of GB (1e9 bytes)"
+
+
 def cap_problem(gb: float, device: Device | None) -> str | None:
     """Why ``--gpu-memory-gb gb`` cannot be honoured on ``device``, or None."""
-    if not gb > 0:
-        return f"--gpu-memory-gb {gb:g}: a positive number of GB (1e9 bytes)"
+    if problem := cap_value_problem(gb):
+        return problem
     if device is None:
         return f"--gpu-memory-gb {gb:g}: torch sees no CUDA GPU to cap"
     if gb > device.memory_gb:

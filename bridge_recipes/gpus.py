@@ -13,6 +13,12 @@ from dataclasses import dataclass
 GB = 1e9
 MIB = 2**20
 GIB = 2**30
+FP8_CAPABILITY = (8, 9)  # FP8 tensor cores from Ada (8.9) on: Hopper, Blackwell
+
+
+def has_fp8(capability: tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability has FP8 tensor cores."""
+    return tuple(capability) >= FP8_CAPABILITY
 
 
 @dataclass(frozen=True)
@@ -21,8 +27,12 @@ class Gpu:
     peak_bf16_flops: float  # dense BF16 tensor-core FLOP/s per GPU, no sparsity
     memory_gb: int  # datasheet HBM per GPU, as NVIDIA prints it
     memory_bytes: float  # what a plan must fit: the device's own figure (see GPUS)
-    fp8: bool = True  # FP8 tensor cores (compute capability 8.9 and up: Ada, Hopper, Blackwell)
+    capability: tuple[int, int]  # CUDA compute capability
     same_class: tuple[str, ...] = ()  # other cards a recipe written for this one serves (same memory, same FP8)
+
+    @property
+    def fp8(self) -> bool:
+        return has_fp8(self.capability)
 
     @property
     def usable_memory_gb(self) -> float:
@@ -39,20 +49,20 @@ class Gpu:
 # what the class reports.
 GPUS: dict[str, Gpu] = {
     # A100 SXM 80GB datasheet: BF16 624 TFLOPS with sparsity; 80 GB; no FP8 tensor cores (Ampere).
-    "A100": Gpu("A100", 312e12, 80, 80 * GIB, fp8=False),
+    "A100": Gpu("A100", 312e12, 80, 80 * GIB, (8, 0)),
     # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
-    "H100": Gpu("H100", 989.4e12, 80, 80 * GIB),
+    "H100": Gpu("H100", 989.4e12, 80, 80 * GIB, (9, 0)),
     # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity); 48 GB GDDR6 with ECC; FP8 (Ada). The
     # RTX 6000 Ada (the same AD102 chip and 48 GB) is of its class.
-    "L40S": Gpu("L40S", 362.05e12, 48, 48 * GB, same_class=("RTX6000ADA",)),
+    "L40S": Gpu("L40S", 362.05e12, 48, 48 * GB, (8, 9), same_class=("RTX6000ADA",)),
     # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
-    "H200": Gpu("H200", 989.4e12, 141, 143_771 * MIB),
+    "H200": Gpu("H200", 989.4e12, 141, 143_771 * MIB, (9, 0)),
     # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
-    "B200": Gpu("B200", 2250e12, 180, 180 * GIB),
+    "B200": Gpu("B200", 2250e12, 180, 180 * GIB, (10, 0)),
     # GB200 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs; 13.4 TB over 72 GPUs.
-    "GB200": Gpu("GB200", 2500e12, 186, 186 * GIB),
+    "GB200": Gpu("GB200", 2500e12, 186, 186 * GIB, (10, 0)),
     # GB300 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs (as GB200); 288 GB HBM3e per GPU.
-    "GB300": Gpu("GB300", 2500e12, 288, 288 * GIB),
+    "GB300": Gpu("GB300", 2500e12, 288, 288 * GIB, (10, 3)),
 }
 
 # Names torch.cuda.get_device_name() prints that are not the SXM part of the table: refused

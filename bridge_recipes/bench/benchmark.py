@@ -246,14 +246,15 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
     run would build it (scale-down, overrides and value ranges); and each recipe's
     :func:`planned_run`, built once here for the run."""
+    from bridge_recipes.gpu_memory import cap_value_problem
     from bridge_recipes.gpus import GPUS
     from bridge_recipes.outputs import output_problem
     from bridge_recipes.overrides import OverrideError
     from bridge_recipes.values import value_problems
 
     out = steps_problems(opts.steps, opts.window)
-    if opts.gpu_memory_gb is not None and not opts.gpu_memory_gb > 0:
-        out.append(f"--gpu-memory-gb {opts.gpu_memory_gb:g}: a positive number of GB (1e9 bytes)")
+    if opts.gpu_memory_gb is not None and (problem := cap_value_problem(opts.gpu_memory_gb)):
+        out.append(problem)
     if opts.gpu.upper() not in GPUS:
         out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
     if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):

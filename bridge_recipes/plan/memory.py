@@ -1141,9 +1141,9 @@ def format_plan(plan: MemoryPlan) -> str:
 # skipped. More GPUs (the same layout, more data-parallel ranks sharding the distributed
 # optimizer) are tried after them.
 def _chunked_loss(cfg: Any) -> bool:
-    from bridge_recipes.chunked_loss import ENV, enabled
+    from bridge_recipes.chunked_loss import ENV, enabled, problem
 
-    if enabled(cfg.env_vars) or getattr(cfg.model, "tensor_model_parallel_size", 1) != 1 or is_vlm(cfg):
+    if enabled(cfg.env_vars) or is_vlm(cfg) or problem(cfg.model):
         return False
     cfg.env_vars = {**(cfg.env_vars or {}), ENV: 1}
     return True

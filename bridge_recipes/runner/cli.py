@@ -359,8 +359,11 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(problem)
     if problem := gpus_conflict(args):
         return fail(problem)
-    if args.gpu_memory_gb is not None and not args.gpu_memory_gb > 0:
-        return fail(f"--gpu-memory-gb {args.gpu_memory_gb:g}: a positive number of GB (1e9 bytes)")
+    if args.gpu_memory_gb is not None:
+        from bridge_recipes.gpu_memory import cap_value_problem
+
+        if problem := cap_value_problem(args.gpu_memory_gb):
+            return fail(problem)
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
         if args.recipe:

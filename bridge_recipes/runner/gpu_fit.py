@@ -15,6 +15,10 @@ from bridge_recipes import registry
 from bridge_recipes.gpu_memory import Device
 from bridge_recipes.gpus import class_memory_gb
 
+# a GPU within 1% of a recipe's GPU memory is of its class (the devices of one card report a little
+# more or less than its table figure)
+SAME_MEMORY = 0.01
+
 
 def uses_fp8(cfg: Any) -> bool:
     from bridge_recipes.plan.memory import effective_precision
@@ -41,7 +45,7 @@ def recipes_that_fit(entry: registry.RecipeEntry, memory_gb: float, world: int, 
         if other.alias_of or other.name == entry.name:
             continue
         size = class_memory_gb(m.gpu)
-        if size is None or size > memory_gb * 1.01:
+        if size is None or size > memory_gb * (1 + SAME_MEMORY):
             continue
         candidates.append((size, other.name))
     out = []
@@ -64,14 +68,14 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
             f"{device.capability[0]}.{device.capability[1]}) has no tensor cores for: FP8 needs Ada, Hopper or later"
         )
     size = class_memory_gb(entry.meta.gpu)
-    if size is not None and memory < size * 0.99:
+    if size is not None and memory < size * (1 - SAME_MEMORY):
         try:
             fits, peak = _plan_fits(cfg, world, memory)
         except (ValueError, ZeroDivisionError, KeyError):  # a layout the planner cannot size: the launch says why
             fits, peak = True, 0.0
         if not fits:
             out.append(
-                f"{entry.name} is written for {entry.meta.gpu} ({size:.1f} GB) and plans {peak:.1f} GB a GPU, more "
+                f"{entry.name} is written for {entry.meta.gpu} ({size:.1f} GB) and plans {peak:.1f} GB per GPU, more "
                 f"than {where}"
             )
     if out:
