@@ -15,7 +15,7 @@ from bridge_recipes.runner.cli import main
 
 CLASSES = {
     "qwen35_27b_peft_1gpu_h100_fp8base_config": ("h100", True),
-    "qwen35_35b_a3b_peft_1gpu_h100_fp8base_config": ("h100", True),
+    "qwen35_35b_a3b_peft_1gpu_h100_bf16_config": ("h100", False),
     "qwen35_27b_peft_1gpu_a100_bf16_config": ("a100", False),
     "qwen35_35b_a3b_peft_1gpu_a100_bf16_config": ("a100", False),
     "qwen35_27b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
@@ -142,7 +142,7 @@ def test_a_recipe_larger_than_the_gpu_is_refused_with_the_recipes_that_fit():
     (problem,) = gpu_fit.problems(registry.find(name), build(name), H100, None, 1)
     assert "written for h200" in problem and "more than this NVIDIA H100 80GB HBM3 (85.5 GB)" in problem
     fitting = problem.split("recipes for it: ")[1].split(", ")
-    assert fitting[0] == "qwen35_35b_a3b_peft_1gpu_h100_fp8base_config"
+    assert fitting[0] == "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
     assert "qwen35_35b_a3b_peft_1gpu_a100_bf16_config" in fitting
     (capped,) = gpu_fit.problems(registry.find(name), build(name), H200, 48, 1)
     assert "capped at 48 GB" in capped and capped.endswith(

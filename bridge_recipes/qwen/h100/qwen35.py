@@ -1,8 +1,9 @@
 """H100 recipes for Qwen3.5 / Qwen3.6 text models.
 
-The one-GPU LoRA recipes are the H200's on one 80 GB H100: the frozen base stored in FP8 (one byte a
-weight, ``policy.fp8_frozen_base``) and the loss a chunk of tokens at a time, which leaves the room
-for as many rows per micro batch as the planner fits (``run_recipe.py --recipe NAME --plan``).
+The one-GPU LoRA recipes are the H200's on one 80 GB H100 with the loss a chunk of tokens at a time:
+the 27B's frozen base stored in FP8 (one byte per weight, ``policy.fp8_frozen_base``), the 35B-A3B's
+in BF16 (the experts' CUTLASS grouped GEMM takes BF16 only); each carries as many rows per micro batch as the
+planner fits (``run_recipe.py --recipe NAME --plan``).
 
 The 35B-A3B layout is the one of the slime recipe class ``Qwen3_6_35b_Recipe`` for one
 8 x H100 node (slime-35b-h100 in docs/sources.md): TP2 with sequence parallelism, PP2, CP2, EP4 ETP1, full uniform
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "qwen35_35b_a3b_sft_8gpu_h100_bf16_config",
     "qwen35_27b_peft_1gpu_h100_fp8base_config",
-    "qwen35_35b_a3b_peft_1gpu_h100_fp8base_config",
+    "qwen35_35b_a3b_peft_1gpu_h100_bf16_config",
 ]
 
 SLIME_35B_H100 = (
@@ -96,13 +97,14 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=1, gpu="h100", precision="fp8base", layout="TP1 PP1 EP1 DP1", status="unmeasured")
-def qwen35_35b_a3b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the fast H200 recipe's kernels with its frozen base in
-    FP8 and the loss a chunk of tokens at a time, four rows per micro batch."""
+@recipe(task="peft", gpus=1, gpu="h100", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the fast H200 recipe (BF16 base, one CUTLASS grouped
+    GEMM for the 256 experts a layer) at one row per micro batch with the loss a chunk of tokens at a time.
+    Its base stays BF16: FP8 experts run one cuBLAS GEMM per expert, several times slower."""
     cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
-    # the 256 experts' weights at one byte: 35 of the 70 GB of frozen base
-    fp8_frozen_base(cfg)
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
+    # 71 GB of BF16 base leaves the room for one 8,192-token row with every layer recomputed
+    cfg.train.micro_batch_size = 1
     return cfg
