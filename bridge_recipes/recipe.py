@@ -19,6 +19,8 @@ Fields:
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,12 +55,41 @@ class RecipeMeta:
             raise ValueError("a 'functional' recipe must name its evidence (the committed log of its run)")
 
 
+def own_run_folder(cfg: Any, name: str) -> None:
+    """Give a config built by recipe ``name`` its own run folder ``experiments/<name>``: the save folder
+    (and the resume folder that follows it) and the TensorBoard folder of the model-level default
+    ``experiments/<model>_<task>``, which recipes of one model and task would otherwise share (and a
+    run of one would resume a checkpoint of another). Folders a recipe sets elsewhere are kept."""
+    experiments = os.path.join(os.getcwd(), "experiments")
+    run = os.path.join(experiments, name)
+    c, log = cfg.checkpoint, cfg.logger
+
+    def default(path: str | None, leaf: str) -> bool:
+        return bool(path) and os.path.basename(path) == leaf and os.path.dirname(os.path.dirname(path)) == experiments
+
+    if default(c.save, "checkpoints"):
+        if c.load == c.save:
+            c.load = os.path.join(run, "checkpoints")
+        c.save = os.path.join(run, "checkpoints")
+    if default(log.tensorboard_dir, "tb"):
+        log.tensorboard_dir = os.path.join(run, "tb")
+
+
 def recipe(**meta: Any) -> Callable:
-    """Attach :class:`RecipeMeta` to a recipe function (``fn.recipe_meta``)."""
+    """Attach :class:`RecipeMeta` to a recipe function (``fn.recipe_meta``); the configs it builds get the
+    recipe's own run folder (:func:`own_run_folder`)."""
     info = RecipeMeta(**meta)
 
     def wrap(fn: Callable) -> Callable:
-        fn.recipe_meta = info
-        return fn
+        name = fn.__name__.removesuffix("_config")
+
+        @functools.wraps(fn)
+        def build(*args: Any, **kwargs: Any) -> Any:
+            cfg = fn(*args, **kwargs)
+            own_run_folder(cfg, name)
+            return cfg
+
+        build.recipe_meta = info
+        return build
 
     return wrap

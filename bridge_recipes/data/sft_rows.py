@@ -176,6 +176,34 @@ def _open_source(source: str, kind: str, work: Path, *, messages_key, split, rev
     return ParquetSource(source, messages_key, cache_bytes)
 
 
+def context_window(folder: str | os.PathLike) -> int | None:
+    """The context window a checkpoint folder's config.json states (``max_position_embeddings``, or its
+    ``text_config``'s for a vision-language one), or None when the folder has none."""
+    path = Path(folder) / "config.json"
+    try:
+        config = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # the tokenizer checks name an unreadable folder
+    if not isinstance(config, dict):
+        return None
+    for part in (config, config.get("text_config")):
+        value = part.get("max_position_embeddings") if isinstance(part, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def context_window_problem(tokenizer: str | os.PathLike, row_tokens: int) -> str | None:
+    """Rows longer than the model's context window: the model never saw positions that far."""
+    window = context_window(tokenizer) if Path(tokenizer).is_dir() else None
+    if window is None or row_tokens <= window:
+        return None
+    return (
+        f"--row-tokens {row_tokens} is above the model's context window: {Path(tokenizer) / 'config.json'} says "
+        f"max_position_embeddings {window}; use --row-tokens {window} or less"
+    )
+
+
 def build_sft_rows(
     source: str | os.PathLike,
     tokenizer: str | os.PathLike,
@@ -215,6 +243,8 @@ def build_sft_rows(
             f"--row-tokens {row_tokens} is outside [1, {MAX_ROW_TOKENS:,}]: a row is one training sequence, at most "
             "the model's context window"
         )
+    if problem := context_window_problem(tokenizer, row_tokens):
+        raise SftRowsError(problem)
     if not 0 <= seed < 2**32:
         raise SftRowsError(f"seed must be in [0, 2**32), got {seed}")
     if max_rows is not None and max_rows < 1:

@@ -143,9 +143,16 @@ def cache_folder(folder: ck.HfFolder) -> Path:
 
 
 def random_init_warning(cfg: Any, task: str, hf_checkpoint: str | None) -> str | None:
-    """The warning for an SFT/PEFT run with no weights to start from."""
+    """The warning for an SFT/PEFT run with no weights to start from (the runner refuses a LoRA one)."""
     if task not in ("sft", "peft") or hf_checkpoint or cfg.checkpoint.pretrained_checkpoint:
         return None
+    if task == "peft" and getattr(cfg, "peft", None) is not None:
+        return (
+            "a LoRA run needs base weights to put its adapters on, and none are named: pass --hf-checkpoint DIR "
+            "(a Hugging Face folder, converted once and cached) or checkpoint.pretrained_checkpoint=DIR (a Megatron "
+            "checkpoint from scripts/convert_checkpoint.py import); to time a LoRA recipe on random weights, "
+            "--lora-from-random-init (benchmark only)"
+        )
     return (
         f"WARNING: this {task} recipe has no pretrained weights: it would train from random initialization. "
         "Pass hf_checkpoint=DIR (a Hugging Face folder, converted once and cached) or "

@@ -3,6 +3,7 @@
 - asynchronous saving with no save folder;
 - a pretrained checkpoint or an explicit resume folder that does not exist (an automatic
   resume from the save folder may find nothing: that is a fresh start, not an error);
+- resuming a checkpoint of another kind of run (LoRA against full fine-tuning);
 - resuming from a checkpoint whose saved run differs in a way the format cannot reshard:
   the architecture (layers, hidden size, heads, experts, vocabulary) never; with the legacy
   ``torch`` format, any change of TP or PP. torch_dist reshards TP/PP/CP/EP changes of the
@@ -92,9 +93,29 @@ def problems(cfg: Any, world_size: int) -> list[str]:
     return out
 
 
+def task_problem(cfg: Any, where: str, run_config: dict) -> str | None:
+    """A LoRA run resuming a full fine-tuning checkpoint, or the reverse: the saved state (adapters and
+    their optimizer, or every weight's) is not the one this run trains."""
+    saved_lora, this_lora = run_config.get("peft") is not None, getattr(cfg, "peft", None) is not None
+    if saved_lora == this_lora:
+        return None
+    kinds = {True: "a LoRA run", False: "a full fine-tuning run"}
+    start = (
+        f"to start LoRA from those weights, set checkpoint.pretrained_checkpoint={cfg.checkpoint.load} and "
+        if this_lora
+        else ""
+    )
+    return (
+        f"{where} was saved by {kinds[saved_lora]} and this is {kinds[this_lora]}: a run resumes only a "
+        f"checkpoint of its own kind; {start}give this run its own folder: checkpoint.save=DIR checkpoint.load=DIR"
+    )
+
+
 def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict) -> list[str]:
     model, m, out = run_config.get("model") or {}, cfg.model, []
     where = f"checkpoint iteration {iteration} in {cfg.checkpoint.load}"
+    if problem := task_problem(cfg, where, run_config):
+        return [problem]
     for f in ARCHITECTURE_FIELDS:
         # the saved run_config.yaml holds the finalized config; a field this run leaves unset
         # (None) is derived from the others at finalize, so it is compared through them

@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"fine-tune with adapters instead of all weights ({' | '.join(PEFT_SCHEMES)}): lora puts LoRA "
         "(rank 32) on attention, Gated DeltaNet and MLP/expert projections, lr 1e-4; the recipe's layout is kept",
     )
-    p.add_argument("--world-size", type=int, help="GPU count to check against (default: $WORLD_SIZE, else 1)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        help="GPU count to check against (default: $WORLD_SIZE, else for --dry-run and --plan the recipe's own, "
+        "else 1)",
+    )
     p.add_argument(
         "--plan",
         action="store_true",
@@ -135,11 +140,15 @@ def fail(msg: str) -> int:
     return USAGE_ERROR
 
 
-def world_size_of(args: argparse.Namespace) -> int:
-    """--world-size, else $WORLD_SIZE (as torchrun sets it), else 1; ValueError naming a bad one."""
+def world_size_of(args: argparse.Namespace, recipe_gpus: int = 1) -> int:
+    """--world-size, else $WORLD_SIZE (as torchrun sets it), else --gpus, else for a dry run or a plan of
+    the recipe as written (no --scale-down, no --config-file) its own GPU count ``recipe_gpus``, else 1
+    (a launch without torchrun is one process); ValueError naming a bad one."""
     if args.world_size is not None:
         return args.world_size
-    raw = os.environ.get("WORLD_SIZE", str(args.gpus or 1))
+    as_written = (args.dry_run or args.plan) and args.scale_down is None and not args.config_file
+    default = args.gpus or (recipe_gpus if as_written else 1)
+    raw = os.environ.get("WORLD_SIZE", str(default))
     try:
         return int(raw)
     except ValueError:
@@ -386,7 +395,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if warning := mock_data_warning(cfg, entry.meta.task):
         print(warning, file=sys.stderr, flush=True)
     try:
-        world = world_size_of(args)
+        world = world_size_of(args, entry.meta.gpus)
     except ValueError as exc:
         return fail(str(exc))
     problems = checks.check(cfg, world)
@@ -418,6 +427,9 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     from bridge_recipes.hf.training import random_init_warning
 
     warning = None if args.lora_from_random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
+    if warning and entry.meta.task == "peft" and cfg.peft is not None:
+        # adapters on random weights learn nothing worth keeping: refused, dry run and launch alike
+        return fail(warning)
     if args.dry_run:
         print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
         if entry.checkpoint is not None:

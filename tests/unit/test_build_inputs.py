@@ -83,3 +83,24 @@ def test_script_exits_2_without_traceback(tmp_path):
     )
     assert p.returncode == 2 and "seed must be in" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "rows").exists()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_rows_longer_than_the_context_window_are_refused(tmp_path, nested):
+    import shutil
+
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(ROOT / "tests/fixtures/qwen35_chat_tokenizer", folder)
+    window = {"max_position_embeddings": 4096}
+    (folder / "config.json").write_text(json.dumps({"text_config": window} if nested else window))
+    build = dict(row_tokens=8192, progress=False)
+    refused = "context window: .* max_position_embeddings 4096; use --row-tokens 4096"
+    with pytest.raises(sft_rows.SftRowsError, match=refused):
+        sft_rows.build_sft_rows(_write_input(tmp_path / "in.jsonl"), folder, tmp_path / "rows", **build)
+    assert not (tmp_path / "rows").exists()
+    assert (
+        sft_rows.build_sft_rows(
+            _write_input(tmp_path / "in.jsonl"), folder, tmp_path / "rows", row_tokens=4096, progress=False
+        )["row_tokens"]
+        == 4096
+    )

@@ -22,6 +22,23 @@ def test_dry_run_takes_world_size_from_the_environment(capsys, monkeypatch):
     assert "TP1 PP1 EP8 ETP1 DP16" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("mode", ["--dry-run", "--plan"])
+def test_dry_run_and_plan_check_the_recipes_own_gpu_count(capsys, monkeypatch, mode):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["--recipe", SFT, mode]) == 0
+    assert "EP8 ETP1 DP8" in capsys.readouterr().out
+
+
+def test_a_launch_without_torchrun_is_one_process(monkeypatch):
+    from bridge_recipes.runner.cli import build_parser, world_size_of
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    args = build_parser().parse_intermixed_args(["--recipe", SFT])
+    assert world_size_of(args, 8) == 1
+    scaled = build_parser().parse_intermixed_args(["--recipe", SFT, "--dry-run", "--scale-down", "4"])
+    assert world_size_of(scaled, 8) == 1
+
+
 def test_layout_error_exits_2_and_says_what_to_change(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "-gb", "100"]) == 2
     err = capsys.readouterr().err
@@ -94,3 +111,10 @@ def test_load_follows_save_unless_given(tmp_path):
     assert (c.save, c.load) == (new, other)
     c = built(overrides=[f"checkpoint.save={new}", "checkpoint.load=null"])
     assert (c.save, c.load) == (new, None)
+
+
+def test_a_lora_run_without_base_weights_is_refused(capsys):
+    assert main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_config", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "needs base weights" in err and "--hf-checkpoint DIR" in err and "--lora-from-random-init" in err
+    assert "Traceback" not in err

@@ -73,7 +73,7 @@ def test_fresh_start_when_the_save_folder_is_empty(tmp_path):
     assert errors(cfg) == []
 
 
-def fake_checkpoint(folder, iteration=40, model=None, checkpoint=None, world_size=8, distributed=True):
+def fake_checkpoint(folder, iteration=40, model=None, checkpoint=None, world_size=8, distributed=True, peft=None):
     it = folder / f"iter_{iteration:07d}"
     it.mkdir(parents=True)
     (folder / "latest_checkpointed_iteration.txt").write_text(str(iteration))
@@ -93,18 +93,59 @@ def fake_checkpoint(folder, iteration=40, model=None, checkpoint=None, world_siz
     }
     if world_size:
         doc["dist"] = {"world_size": world_size}
+    doc["peft"] = peft
     (it / "run_config.yaml").write_text(yaml.safe_dump(doc))
     return folder
 
 
-def resumed(tmp_path, **kw):
-    cfg = build()
+def resumed(tmp_path, name=SFT, **kw):
+    cfg = build(name)
     cfg.checkpoint.save = cfg.checkpoint.load = str(fake_checkpoint(tmp_path / "run", **kw))
     return cfg
 
 
 def test_resume_with_the_saved_layout_is_fine(tmp_path):
     assert errors(resumed(tmp_path)) == []
+
+
+LORA = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 32}
+
+
+def test_a_lora_run_never_resumes_a_full_fine_tuning_checkpoint(tmp_path):
+    (msg,) = errors(resumed(tmp_path, "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"))
+    assert "saved by a full fine-tuning run and this is a LoRA run" in msg
+    assert f"checkpoint.pretrained_checkpoint={tmp_path / 'run'}" in msg
+
+
+def test_a_full_fine_tuning_run_never_resumes_a_lora_checkpoint(tmp_path):
+    (msg,) = errors(resumed(tmp_path, peft=LORA))
+    assert "saved by a LoRA run and this is a full fine-tuning run" in msg and "pretrained" not in msg
+
+
+def test_a_lora_run_resumes_its_own_kind(tmp_path):
+    assert errors(resumed(tmp_path, "qwen35_35b_a3b_peft_1gpu_h200_bf16_config", peft=LORA)) == []
+
+
+def test_each_recipe_saves_and_resumes_in_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    names = [n for n, e in registry.discover().items() if e.tree == "bridge_recipes" and e.alias_of is None]
+    folders = {}
+    for name in names:
+        c = build(name).checkpoint
+        if c.save:
+            assert c.load == c.save, name
+            folders.setdefault(c.save, []).append(name)
+    assert folders and all(len(v) == 1 for v in folders.values()), {k: v for k, v in folders.items() if len(v) > 1}
+    assert str(tmp_path / "experiments" / SFT.removesuffix("_config") / "checkpoints") in folders
+
+
+def test_a_folder_the_recipe_sets_is_kept(tmp_path):
+    from bridge_recipes.recipe import own_run_folder
+
+    cfg = build()
+    cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "mine")
+    own_run_folder(cfg, "other")
+    assert cfg.checkpoint.save == str(tmp_path / "mine")
 
 
 def test_resume_with_another_architecture_is_refused(tmp_path):

@@ -27,8 +27,16 @@ def rows(tmp_path_factory):
     return tmp / "rows"
 
 
+@pytest.fixture(scope="module")
+def base_weights(tmp_path_factory):
+    """A folder Megatron-Bridge takes for a checkpoint (its tracker file): what a LoRA run starts from."""
+    folder = tmp_path_factory.mktemp("base")
+    (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    return folder
+
+
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_recipe_dry_runs_on_packed_rows(rows, recipe, capsys):
+def test_recipe_dry_runs_on_packed_rows(rows, base_weights, recipe, capsys):
     from bridge_recipes.runner.cli import main
 
     cfg = registry.load(recipe)()
@@ -43,6 +51,8 @@ def test_recipe_dry_runs_on_packed_rows(rows, recipe, capsys):
         "sft-rows",
         f"dataset.path={rows}",
     ]
+    if cfg.peft is not None:  # a LoRA run is refused without base weights
+        args.append(f"checkpoint.pretrained_checkpoint={base_weights}")
     if cfg.model.seq_length != 8192:  # the long-context recipes: rows of their own length would do the same
         args += ["-sl", "8192"]
     code = main(args)
