@@ -17,7 +17,14 @@ call (``empty_assistant_reply``) and a tool result that follows no assistant too
 (``tool_result_without_call``) are skipped: training on them teaches an empty answer or a
 result nobody asked for.
 
-Mask (1 = supervised): for each assistant message ``i`` the template renders
+Mask (1 = supervised). A ChatML template (Qwen's) renders the conversation once: the k-th
+``<|im_start|>assistant\n`` of the rendering ``S`` opens the k-th assistant message, whose span
+starts after the generation prompt where ``S`` repeats it (else after the header line) and ends
+with its end-of-turn token; the count of headers and each reply's text inside its span are
+checked, and a conversation that fails them takes the general road. So a conversation is
+rendered a bounded number of times whatever its turns, and an earlier turn whose reasoning the
+template drops is supervised as ``S`` shows it. The general road (any template, three renders
+per assistant turn): for each assistant message ``i`` the template renders
 ``messages[:i]`` with the generation prompt (``G``) and ``messages[:i+1]`` (``Q``); the full
 conversation renders to ``S``. The assistant's text starts where ``G`` ends (the generation
 prompt, e.g. ``<|im_start|>assistant\\n<think>\\n``, is prompt, not target) and ends with its
@@ -58,6 +65,8 @@ ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer models call the system message "developer"
 ROLE_ALIASES = {"developer": "system"}
 END_OF_TURN = "<|im_end|>"  # Qwen3.5's end of a chat turn
+ASSISTANT_HEADER = "<|im_start|>assistant\n"  # ChatML's opening of an assistant turn
+SHORT_HEAD = 16  # characters: texts this short between an added token and a span boundary are cached
 TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -177,6 +186,36 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
+def _memoize_sandbox_checks(template: Any) -> bool:
+    """Remember the Jinja sandbox's verdict on each (object type, attribute) for ``template`` as
+    transformers compiles it (``transformers.utils.chat_template_utils._compile_jinja_template``, cached
+    per template text; written for transformers 5.12 and Jinja 3.1). The verdict of Jinja's immutable
+    sandbox depends on the object's type and the attribute's name only, and deciding it again on every
+    attribute a template reads is most of a long conversation's rendering time. Returns whether it is in
+    place (False: renders stay correct, only slower)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        environment = _compile_jinja_template(template).environment
+        decide = environment.is_safe_attribute
+    except Exception:  # another transformers, or a template transformers cannot compile: nothing to remember
+        return False
+    if getattr(decide, "memoized", False):
+        return True
+    verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = decide(obj, attr, value)
+        return verdict
+
+    is_safe_attribute.memoized = True  # type: ignore[attr-defined]
+    environment.is_safe_attribute = is_safe_attribute
+    return True
+
+
 class TemplateRenderer:
     """Renders conversations with a tokenizer folder's chat template (see the module docstring)."""
 
@@ -204,7 +243,11 @@ class TemplateRenderer:
         self.end_of_turn = end_of_turn
         # tokens the tokenizer matches before anything else, splitting the text around them
         self.added_ids = frozenset(self.backend.get_added_tokens_decoder())
+        self.added_array = np.fromiter(sorted(self.added_ids), dtype=np.int32)
         self.sha256 = template_files_sha256(folder)
+        self.generation_prompt = self._generation_prompt()
+        self._short_heads: dict[str, list[int]] = {}
+        self.sandbox_checks_memoized = _memoize_sandbox_checks(self.hf.chat_template)
 
     def _apply(self, messages: list[dict], tools: list, generation: bool) -> str:
         return self.hf.apply_chat_template(
@@ -214,14 +257,24 @@ class TemplateRenderer:
     def _ids(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
 
+    def _head_ids(self, text: str) -> list[int]:
+        """Tokens of the text between an added token and a span boundary: mostly a few characters that
+        recur every turn (``\n`` after ``<think>``, nothing after ``<|im_end|>``), so short ones are kept."""
+        if len(text) > SHORT_HEAD:
+            return self._ids(text)
+        ids = self._short_heads.get(text)
+        if ids is None:
+            ids = self._short_heads[text] = self._ids(text)
+        return ids
+
     def render(self, messages: Any, tools: Any = None, *, index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32) and loss mask (uint8, 1 = supervised) of one conversation."""
         messages, tools = normalize_conversation(messages, tools, index)
         try:
             full = self._apply(messages, tools, False)
-            spans = [
-                self._span(messages, tools, i, full, index) for i, m in enumerate(messages) if m["role"] == "assistant"
-            ]
+            spans = self.spans_from_rendering(messages, full)
+            if spans is None:
+                spans = self.spans_by_prefix_renders(messages, tools, full, index)
         except MalformedConversation:
             raise
         except Exception as e:  # a template's raise_exception or a Jinja error on this input
@@ -229,12 +282,61 @@ class TemplateRenderer:
         encoding = self.backend.encode(full, add_special_tokens=False)
         ids = encoding.ids
         # (end character, tokens up to it) of each added token: where the tokenizer splits regardless
-        splits = [(end, k + 1) for k, (i, (_, end)) in enumerate(zip(ids, encoding.offsets)) if i in self.added_ids]
+        tokens = np.asarray(ids, dtype=np.int32)
+        offsets = encoding.offsets
+        splits = [(offsets[k][1], k + 1) for k in np.flatnonzero(np.isin(tokens, self.added_array)).tolist()]
         mask = np.zeros(len(ids), dtype=np.uint8)
         for start, end in spans:
             a, b = self._token_index(full, start, ids, splits, index), self._token_index(full, end, ids, splits, index)
             mask[a:b] = 1
-        return np.asarray(ids, dtype=np.int32), mask
+        return tokens, mask
+
+    def spans_from_rendering(self, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
+        """The assistant spans read off the one rendering ``full`` of a ChatML template, or None when it cannot
+        vouch for them (then :meth:`spans_by_prefix_renders` decides). The k-th assistant header of ``full``
+        opens the k-th assistant message; its span starts after the generation prompt when ``full`` repeats
+        it there (else after the header line) and ends with the first end-of-turn token after it, as the
+        prefix renders would place them. Checked: as many headers as assistant messages, and each message's
+        reply text inside its span (a reply holding a header or an end-of-turn token of its own fails)."""
+        if self.generation_prompt is None:
+            return None
+        replies = [m for m in messages if m["role"] == "assistant"]
+        heads, at = [], full.find(ASSISTANT_HEADER)
+        while at != -1:
+            heads.append(at)
+            at = full.find(ASSISTANT_HEADER, at + len(ASSISTANT_HEADER))
+        if len(heads) != len(replies):
+            return None
+        spans = []
+        for head, message in zip(heads, replies):
+            prompt = self.generation_prompt if full.startswith(self.generation_prompt, head) else ASSISTANT_HEADER
+            start = head + len(prompt)
+            end = full.find(self.end_of_turn, start)
+            reply = message["content"].split("</think>")[-1].strip()
+            if end < 0 or reply not in full[start:end]:
+                return None
+            spans.append((start, end + len(self.end_of_turn)))
+        return spans
+
+    def spans_by_prefix_renders(
+        self, messages: list[dict], tools: list, full: str, index: int | None
+    ) -> list[tuple[int, int]]:
+        """The assistant spans from rendering each assistant message's history with and without the generation
+        prompt (three renders per assistant message: any template, quadratic in the turns)."""
+        return [
+            self._span(messages, tools, i, full, index) for i, m in enumerate(messages) if m["role"] == "assistant"
+        ]
+
+    def _generation_prompt(self) -> str | None:
+        """What the generation prompt adds after a history (``<|im_start|>assistant\n``, and ``<think>\n``
+        for a thinking template), when the template is ChatML; else None."""
+        probe = [{"role": "user", "content": "x"}]
+        try:
+            history, prompt = self._apply(probe, [], False), self._apply(probe, [], True)
+        except Exception:  # a template that cannot render the probe: the prefix renders decide
+            return None
+        tail = prompt[len(history) :] if prompt.startswith(history) else ""
+        return tail if tail.startswith(ASSISTANT_HEADER) else None
 
     def _span(self, messages: list[dict], tools: list, i: int, full: str, index: int | None) -> tuple[int, int]:
         history = self._apply(messages[:i], tools, False) if i else ""
@@ -272,7 +374,7 @@ class TemplateRenderer:
         (``splits``: the end character of each added token and the tokens up to it)."""
         at = bisect.bisect_right(splits, (char, len(ids) + 1))
         begin, known = splits[at - 1] if at else (0, 0)
-        head = self._ids(full[begin:char])
+        head = self._head_ids(full[begin:char])
         if ids[known : known + len(head)] != head:
             raise MalformedConversation(
                 index,

@@ -207,3 +207,81 @@ def test_cli_prints_what_was_used_and_skipped(tmp_path):
     assert m["packing"] == "boundaries"  # the default
     share = m["padding_tokens"] / (m["rows"] * 256)
     assert m["padding_share"] == pytest.approx(share, abs=1e-6) and f"({share:.1%} of the rows)" in p.stdout
+
+
+def _agent_turns(n: int) -> list[dict]:
+    """A conversation of ``n`` tool-using rounds, the reasoning of all but the last dropped by the template."""
+    out = [{"role": "system", "content": "You plan trips."}]
+    for k in range(n):
+        out += [
+            {"role": "user", "content": f"leg {k}: where next?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": f"check the weather for leg {k}",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": f"c{k}"}}}],
+            },
+            {"role": "tool", "content": f"rain {k}"},
+            {"role": "tool", "content": f"wind {k}"},
+            {"role": "assistant", "content": f"Go to c{k}.", "reasoning_content": f"weighed {k}"},
+        ]
+    return out
+
+
+ODD = [
+    # a reply that writes the end-of-turn text itself, and one that writes an assistant header
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a <|im_end|> b"}],
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x\n<|im_start|>assistant\ny"}],
+    [{"role": "user", "content": "say <|im_start|>assistant\n"}, {"role": "assistant", "content": "ok"}],
+]
+
+
+@pytest.mark.parametrize("conv", [AGENT, _agent_turns(1), *ODD])
+def test_one_rendering_places_the_spans_where_the_prefix_renders_do(renderer, conv):
+    messages, tools = normalize_conversation(conv, TOOLS)
+    full = renderer.hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    fast = renderer.spans_from_rendering(messages, full)
+    # the one rendering agrees with the prefix renders, or declines (and they decide)
+    assert fast == renderer.spans_by_prefix_renders(messages, tools, full, None) or (fast is None and conv in ODD)
+
+
+def test_rounds_whose_reasoning_the_template_drops_are_kept_as_the_rendering_shows_them(renderer):
+    """Once a later user turn exists the template drops an earlier tool call's <think> block, so no history
+    render is a prefix of the whole: the prefix renders refuse the conversation; the one rendering supervises
+    each reply as the model sees it."""
+    messages, tools = normalize_conversation(_agent_turns(3), TOOLS)
+    full = renderer.hf.apply_chat_template(messages, tools=tools, tokenize=False)
+    with pytest.raises(MalformedConversation, match="template_not_prefix_consistent"):
+        renderer.spans_by_prefix_renders(messages, tools, full, None)
+    ids, mask = renderer.render(_agent_turns(3), TOOLS)
+    runs = supervised_runs(renderer, ids, mask)
+    assert len(runs) == 6 and all(run.endswith("<|im_end|>") for run in runs)
+    assert runs[0].startswith("<tool_call>") and runs[1] == "Go to c0.<|im_end|>"  # reasoning dropped, not supervised
+    assert runs[4].startswith("check the weather for leg 2\n</think>")  # the last round keeps its reasoning
+    assert runs[5] == "weighed 2\n</think>\n\nGo to c2.<|im_end|>"
+
+
+def test_synthetic_conversations_need_no_prefix_renders(renderer, monkeypatch):
+    from bridge_recipes.data.synthetic_chat import conversations_jsonl
+
+    records = [json.loads(line) for line in conversations_jsonl(40).splitlines()]
+    expected = [renderer.render(r["messages"], r.get("tools")) for r in records]
+    monkeypatch.setattr(renderer, "spans_by_prefix_renders", lambda *a: pytest.fail("prefix renders used"))
+    for record, (ids, mask) in zip(records, expected):
+        got_ids, got_mask = renderer.render(record["messages"], record.get("tools"))
+        assert (got_ids == ids).all() and (got_mask == mask).all()
+
+
+def test_the_sandbox_remembers_its_verdicts_without_relaxing_them(renderer):
+    """Fails when transformers stops compiling templates through ``_compile_jinja_template``."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    assert renderer.sandbox_checks_memoized
+    environment = _compile_jinja_template(renderer.hf.chat_template).environment
+    check = environment.is_safe_attribute
+    assert check.memoized
+    for _ in range(2):  # decided, then remembered
+        assert check("text", "startswith", "text".startswith)
+        assert not check("text", "__class__", str)
+        assert not check([], "append", [].append)  # the immutable sandbox: no mutating methods
+        assert not check({}, "update", {}.update)
