@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="replace the dataset in --out once the new one is complete (a folder holding other files is refused)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes rendering conversations (default: this machine's cores); the rows are the same for any",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return p.parse_args(argv)
 
@@ -135,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 packing=args.packing,
                 val_fraction=args.val_fraction,
                 val_input=args.val_input,
+                workers=sft_rows.default_workers() if args.workers is None else args.workers,
             )
     except sft_rows.SftRowsError as e:
         print(f"error: {e}", file=sys.stderr)

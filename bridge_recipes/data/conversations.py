@@ -53,6 +53,9 @@ class MalformedConversation(ValueError):
         where = f"source row {index}" if index is not None else "conversation"
         super().__init__(f"{where}: {detail} [{reason}]")
 
+    def __reduce__(self):  # rebuilt from its fields when a worker process hands it back
+        return type(self), (self.index, self.reason, self.detail)
+
 
 def source_kind(source: str) -> str:
     """``jsonl`` or ``parquet`` for a local file, ``hf`` for a Hugging Face dataset id."""

@@ -45,10 +45,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import multiprocessing
 import os
 import shutil
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +119,8 @@ CHAT_FORMATS = ("template", "chatml")
 PERMUTATION = "numpy.random.default_rng(seed).permutation(conversations.indexed)"
 MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the manifest)
 # Qwen3.5's context window: no training sequence, so no row, is longer.
+WORK_CHUNK = 64  # conversations a worker renders per task
+CHUNKS_AHEAD = 4  # tasks in flight per worker: the bound on what is read ahead of the packer
 MAX_ROW_TOKENS = max(spec.max_position_embeddings for spec in SPECS.values())
 # A token of Qwen3.5's vocabulary is a few bytes of text (at most a few dozen, written as JSON
 # escapes); a JSONL line (or a Parquet row's text) of more than this many bytes a token cannot fit
@@ -226,6 +232,7 @@ def build_sft_rows(
     packing: str = DEFAULT_PACKING,
     val_fraction: float = 0.0,
     val_input: str | os.PathLike | None = None,
+    workers: int = 1,
 ) -> dict:
     """Build ``out_dir/rows.parquet``, ``out_dir/manifest.json`` and (with a validation split)
     ``out_dir/val/``; returns the manifest.
@@ -247,6 +254,8 @@ def build_sft_rows(
         raise SftRowsError(problem)
     if not 0 <= seed < 2**32:
         raise SftRowsError(f"seed must be in [0, 2**32), got {seed}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise SftRowsError(f"--workers {workers}: at least 1 (the rows are the same whatever the number)")
     if max_rows is not None and max_rows < 1:
         raise SftRowsError(f"max_rows must be positive, got {max_rows}")
     if chat_format not in CHAT_FORMATS:
@@ -295,6 +304,7 @@ def build_sft_rows(
             read_window=read_window,
             rows_per_batch=rows_per_batch,
             progress=progress,
+            workers=workers,
         )
         base = {
             "builder": BUILDER,
@@ -407,6 +417,101 @@ def _text_size(value: Any) -> int:
     return 0
 
 
+def _prepare(
+    decode: Callable, render: Renderer, max_bytes: int, row_tokens: int, index: int, raw: Any
+) -> tuple[np.ndarray, np.ndarray] | MalformedConversation:
+    """One conversation read, decoded and rendered (in a worker process when there are several): its
+    tokens and loss mask, or why it is skipped."""
+    try:
+        size = len(raw) if isinstance(raw, bytes) else _text_size(raw)
+        if size > max_bytes:
+            raise MalformedConversation(
+                index,
+                "longer_than_row",
+                f"conversation of {size:,} bytes cannot fit a {row_tokens}-token row "
+                f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped before tokenizing",
+            )
+        conversation = decode(raw, index)
+        try:
+            return render(conversation, index)
+        except MalformedConversation:
+            raise
+        except (TypeError, ValueError, UnicodeError, RecursionError) as e:
+            # one conversation the tokenizer or template cannot take: counted, never fatal
+            raise MalformedConversation(index, "render_failed", f"{type(e).__name__}: {e}") from None
+    except MalformedConversation as e:
+        return e
+
+
+_WORK: Callable | None = None  # the forked workers' per-conversation function (inherited, never pickled)
+
+
+def _work_chunk(chunk: list[tuple[int, Any]]) -> list[Any]:
+    assert _WORK is not None
+    return [_work_one(_WORK, index, raw) for index, raw in chunk]
+
+
+def _work_one(work: Callable, index: int, raw: Any) -> Any:
+    try:
+        return work(index, raw)
+    except Exception as e:  # handed back as text: an exception that cannot be pickled would stall the pool
+        raise WorkerError(f"source row {index}: {type(e).__name__}: {e}") from None
+
+
+class WorkerError(RuntimeError):
+    """A conversation the rendering failed on in a way no skip reason covers (a bug, not bad data)."""
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def prepared(records: Iterator[tuple[int, Any]], work: Callable, workers: int) -> Iterator[tuple[int, Any]]:
+    """``(index, work(index, raw))`` for each record, in the records' order, ``workers`` processes
+    rendering ahead of the packer: chunks of :data:`WORK_CHUNK` conversations, at most
+    :data:`CHUNKS_AHEAD` per worker in flight (memory bounded whatever the input's size). The workers
+    are forked: they inherit the tokenizer and template instead of loading them again. One worker, or a
+    platform without fork, renders in this process."""
+    global _WORK
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for index, raw in records:
+            yield index, _work_one(work, index, raw)
+        return
+    _WORK = work
+    pending: deque = deque()
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+
+            def drain(limit: int) -> Iterator[tuple[int, Any]]:
+                while len(pending) > limit:
+                    indices, result = pending.popleft()
+                    yield from zip(indices, result.get())
+
+            while chunk := list(islice(records, WORK_CHUNK)):
+                pending.append(([index for index, _ in chunk], pool.apply_async(_work_chunk, (chunk,))))
+                yield from drain(CHUNKS_AHEAD * workers)
+            yield from drain(0)
+    finally:
+        _WORK = None
+
+
+@contextmanager
+def _stop_on_worker_error(reader: JsonlSource | ParquetSource) -> Iterator[None]:
+    """A rendering failure no skip reason covers stops the build, naming the record (the staging folder
+    goes with it, so nothing half-written is left)."""
+    try:
+        yield
+    except WorkerError as e:
+        raise SftRowsError(
+            f"{getattr(reader, 'path', 'the input')}, {e}; the build stopped and wrote nothing "
+            "(remove or fix that record, and report the error if the record is valid)"
+        ) from None
+
+
 def _pack_and_write(
     reader: JsonlSource | ParquetSource,
     order: np.ndarray,
@@ -421,8 +526,10 @@ def _pack_and_write(
     read_window: int,
     rows_per_batch: int,
     progress: bool,
+    workers: int = 1,
 ) -> dict:
-    """Conversations in ``order`` -> rendered -> packed -> written. Returns the counts."""
+    """Conversations in ``order`` -> rendered (by ``workers`` processes) -> packed -> written, in that
+    order whatever the workers. Returns the counts."""
     boundaries = packing == "boundaries"
     packer = packer_for(packing, row_tokens, eos_id, supervise_eos)
     writer = RowWriter(path, row_tokens, rows_per_batch, boundaries=boundaries)
@@ -443,27 +550,18 @@ def _pack_and_write(
 
     stopped = False
     try:
-        with tqdm(total=len(order), desc="pack", unit="conv", disable=not progress) as bar:
-            for index, raw in reader.records(order, read_window):
+        with (
+            _stop_on_worker_error(reader),
+            tqdm(total=len(order), desc="pack", unit="conv", disable=not progress, smoothing=0.05) as bar,
+        ):
+            prepare = partial(_prepare, reader.decode, render, row_tokens * MAX_LINE_BYTES_PER_TOKEN, row_tokens)
+            for index, done in prepared(reader.records(order, read_window), prepare, workers):
                 read += 1
                 bar.update(1)
                 try:
-                    size = len(raw) if isinstance(raw, bytes) else _text_size(raw)
-                    if size > row_tokens * MAX_LINE_BYTES_PER_TOKEN:
-                        raise MalformedConversation(
-                            index,
-                            "longer_than_row",
-                            f"conversation of {size:,} bytes cannot fit a {row_tokens}-token row "
-                            f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped before tokenizing",
-                        )
-                    conversation = reader.decode(raw, index)
-                    try:
-                        ids, mask = render(conversation, index)
-                    except MalformedConversation:
-                        raise
-                    except (TypeError, ValueError, UnicodeError, RecursionError) as e:
-                        # one conversation the tokenizer or template cannot take: counted, never fatal
-                        raise MalformedConversation(index, "render_failed", f"{type(e).__name__}: {e}") from None
+                    if isinstance(done, MalformedConversation):
+                        raise done
+                    ids, mask = done
                     if not packer.fits(len(ids)):
                         raise MalformedConversation(
                             index,

@@ -1,0 +1,102 @@
+"""Rows built by several worker processes are those one process builds, byte for byte."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes.data import sft_rows
+from bridge_recipes.data.synthetic_chat import conversations_jsonl
+
+TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
+
+
+@pytest.fixture(scope="module")
+def conversations(tmp_path_factory):
+    path = tmp_path_factory.mktemp("in") / "c.jsonl"
+    lines = conversations_jsonl(300).splitlines()
+    # skipped ones among them, at places a chunk boundary falls between
+    lines[70] = "{not json"
+    lines[129] = json.dumps({"messages": [{"role": "user", "content": "no reply"}]})
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def build(conversations, out, workers, **kw):
+    return sft_rows.build_sft_rows(
+        conversations, TOKENIZER, out, row_tokens=2048, progress=False, workers=workers, **kw
+    )
+
+
+@pytest.mark.parametrize("packing", ["boundaries", "eos_joined"])
+def test_the_rows_are_the_same_whatever_the_workers(conversations, tmp_path, packing, monkeypatch):
+    monkeypatch.setattr(sft_rows, "WORK_CHUNK", 7)  # many chunks, a short window ahead
+    one = build(conversations, tmp_path / "one", 1, packing=packing, val_fraction=0.1)
+    three = build(conversations, tmp_path / "three", 3, packing=packing, val_fraction=0.1)
+    assert one["rows"] > 1 and one["conversations"]["skipped_total"] == 2
+    for key in ("rows_sha256", "parquet_sha256", "conversations", "validation", "supervised_tokens"):
+        assert three[key] == one[key], key
+    assert (tmp_path / "one/rows.parquet").read_bytes() == (tmp_path / "three/rows.parquet").read_bytes()
+
+
+def test_workers_render_ahead_a_bounded_number_of_conversations(monkeypatch):
+    monkeypatch.setattr(sft_rows, "WORK_CHUNK", 5)
+    monkeypatch.setattr(sft_rows, "CHUNKS_AHEAD", 2)
+    taken = []
+
+    def records():
+        for i in range(200):
+            taken.append(i)
+            yield i, i
+
+    out = sft_rows.prepared(records(), lambda index, raw: raw * 2, workers=2)
+    first = [next(out) for _ in range(3)]
+    assert first == [(0, 0), (1, 2), (2, 4)]
+    assert len(taken) <= 5 * (2 * 2 + 1)  # the chunks in flight and the one being handed out
+    assert [v for _, v in out] == [2 * i for i in range(3, 200)]
+
+
+@pytest.mark.parametrize("workers", [0, -2, True])
+def test_a_worker_count_below_one_is_refused(conversations, tmp_path, workers):
+    with pytest.raises(sft_rows.SftRowsError, match="--workers .*at least 1"):
+        build(conversations, tmp_path / "rows", workers)
+
+
+def test_a_skipped_conversation_crosses_a_process_boundary():
+    import pickle
+
+    from bridge_recipes.data.conversations import MalformedConversation
+
+    back = pickle.loads(pickle.dumps(MalformedConversation(7, "invalid_json", "line is not valid JSON")))
+    assert (back.index, back.reason, str(back)) == (
+        7,
+        "invalid_json",
+        "source row 7: line is not valid JSON [invalid_json]",
+    )
+
+
+def test_a_failing_worker_stops_the_build_with_its_error():
+    def work(index, raw):
+        if index == 9:
+            raise KeyError("boom")
+        return raw
+
+    for workers in (1, 2):
+        with pytest.raises(sft_rows.WorkerError, match="source row 9: KeyError: 'boom'"):
+            list(sft_rows.prepared(((i, i) for i in range(40)), work, workers=workers))
+
+
+def test_a_build_stopped_by_a_worker_names_the_record_and_leaves_nothing(conversations, tmp_path, monkeypatch):
+    real = sft_rows._prepare
+
+    def failing(decode, render, max_bytes, row_tokens, index, raw):
+        if index == 33:
+            raise KeyError("boom")
+        return real(decode, render, max_bytes, row_tokens, index, raw)
+
+    monkeypatch.setattr(sft_rows, "_prepare", failing)
+    with pytest.raises(sft_rows.SftRowsError, match=r"c\.jsonl, source row 33: KeyError: 'boom'; the build stopped"):
+        build(conversations, tmp_path / "rows", 2)
+    assert list(tmp_path.iterdir()) == []
