@@ -306,6 +306,69 @@ def lora_vs_peft_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def memory_classes_table() -> str:
+    """The LoRA recipes of the 80 and 48 GB cards at full size, each capped at its card's memory on the
+    GPU at hand, against transformers + PEFT under the same cap (results/lora_memory_classes.json), and the
+    numerics of the FP8 base (results/lora_fp8_base_parity.json)."""
+    path, parity = RESULTS / "lora_memory_classes.json", RESULTS / "lora_fp8_base_parity.json"
+    if not path.is_file():
+        return ""
+    num = _num
+    lines = [
+        f"`{_rel(path)}` (`python -m bridge_recipes.bench.lora_vs_peft --gpu-memory-gb auto`), logs in "
+        "`docs/evidence/lora_memory_classes/`. Speed is the GPU's that ran it (`speed of`), memory the card's.",
+        "",
+        "| recipe | card | cap GB | base | speed of | rows per step | ours tokens/s | useful tokens/s "
+        "| ours peak GB | planner GB | peer | peer tokens/s | ratio |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for line in json.loads(path.read_text()):
+        peer = "fits" if line.get("peer_fits") else "does not fit (out of memory)"
+        lines.append(
+            _row(
+                [
+                    f"`{line['recipe']}`",
+                    line["gpu"],
+                    num(line["memory_cap_gb"], ".1f"),
+                    line["base_precision"],
+                    line["speed_of"],
+                    num(line.get("global_batch"), "d"),
+                    num(line.get("ours_tokens_per_s"), ",.1f"),
+                    num(line.get("ours_useful_tokens_per_s"), ",.1f"),
+                    num(line.get("ours_peak_gb"), ".2f"),
+                    num(line.get("planner_gb"), ".1f"),
+                    peer,
+                    num(line.get("peer_tokens_per_s"), ",.1f"),
+                    num(line.get("tokens_per_s_ratio"), ".3f"),
+                ]
+            )
+        )
+    if parity.is_file():
+        doc = json.loads(parity.read_text())
+        conv = doc["convergence"]
+        lines += [
+            "",
+            f"The FP8 base against FP32 at 4 layers, and against the BF16 base over {conv['steps']} steps "
+            f"(`{_rel(parity)}`; {doc['date']}, {doc['hardware']}):",
+            "",
+            "| model | loss rel. err. | BF16 base | adapter grad err. | noise floor | x floor | cosine | holds |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for c in doc["cases"]:
+            cells = [c["model"], *(num(c[k], ".2e") for k in ("loss_rel_err", "loss_rel_err_bf16_base"))]
+            cells += [num(c[k], ".3f") for k in ("adapter_grad_err", "noise_floor")]
+            cells += [num(c["grad_err_over_noise_floor"], ".1f"), num(c["adapter_grad_cosine"], ".3f")]
+            cells.append(f"{'yes' if c['holds'] else 'no'} ({c['criterion']})")
+            lines.append(_row(cells))
+        lines += [
+            "",
+            f"Convergence ({conv['model']}, {conv['layers']} layers, window {conv['window'][0]}-{conv['window'][1]}): "
+            f"correlation {conv['correlation']:.6f}, final loss difference {conv['final_loss_diff']:.4f}, "
+            f"{'passed' if conv['passed'] else 'failed'} ({conv['criterion']}).",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def convergence_table() -> str:
     """SFT through packed rows against one conversation per row, the same conversations every step
     (docs/evidence/packing/packed_sft_convergence_*.json): the loss curves compared and the
@@ -397,6 +460,9 @@ def render() -> str:
             "through transformers + PEFT, back to back on one GPU: tokens/s over the same window of steps.",
             "",
             lora_vs_peft_table(),
+            "## One GPU of 80 or 48 GB: LoRA at the card's memory",
+            "",
+            memory_classes_table() or "No measurement committed yet.\n",
             "## VL fine-tuning from image conversations",
             "",
             vl_table(),

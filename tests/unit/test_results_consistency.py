@@ -334,6 +334,54 @@ def test_lora_vs_peft_lines_are_their_runs(line):
     assert line["useful_token_share"] == share
 
 
+# --- LoRA at an 80 or 48 GB card's memory, and the FP8 base's numerics --------------------------------
+
+MEMORY_CLASSES = EVIDENCE / "lora_memory_classes"
+
+
+@pytest.mark.parametrize("line", json.loads((RESULTS / "lora_memory_classes.json").read_text()), ids=str)
+def test_memory_class_lines_are_their_runs(line):
+    """Each line's figures are its runs' (ours' benchmark result, the peer's result or its out-of-memory
+    end) under the card's cap, as ``lora_vs_peft --assemble --gpu-memory-gb auto`` reads them."""
+    from bridge_recipes.bench.lora_vs_peft import ours_document, peer_document
+    from bridge_recipes.gpus import class_memory_gb
+
+    ours = ours_document(MEMORY_CLASSES / f"{line['recipe']}.yaml")
+    share = ours["workload"]["rows"]["useful_token_share"]
+    peer = peer_document(MEMORY_CLASSES / f"{line['recipe']}_peer.json", tuple(line["window"]), share)
+    assert line["gpu"] == registry.find(line["recipe"]).meta.gpu
+    assert line["memory_cap_gb"] == class_memory_gb(line["gpu"])
+    assert f"GPU memory capped (run_recipe.py --gpu-memory-gb) at {line['memory_cap_gb']:g} GB" in ours["notes"]
+    assert line["ours_tokens_per_s"] == ours["result"]["tokens_per_s_per_gpu"]
+    assert line["ours_peak_gb"] == ours["result"]["peak_allocated_gb"] <= line["memory_cap_gb"]
+    assert line["peer_fits"] is (peer.get("result") is not None)
+    if line["peer_fits"]:
+        assert line["tokens_per_s_ratio"] == round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
+    else:
+        assert line["peer_tokens_per_s"] is None and "out of memory" in line["peer_error"]
+
+
+def test_the_fp8_base_numerics_are_their_logs():
+    """The parity cases are the lines the GPU test printed, each verdict its criterion applied; the
+    convergence is the pair's comparison."""
+    doc = json.loads((RESULTS / "lora_fp8_base_parity.json").read_text())
+    lines = (ROOT / doc["log"]).read_text().splitlines()
+    printed = {c["model"]: c for c in (json.loads(ln) for ln in lines if ln.startswith('{"model"'))}
+    assert [c["model"] for c in doc["cases"]] == list(printed)
+    for case in doc["cases"]:
+        run = printed[case["model"]]
+        assert {k: run[k] for k in case if k in run} == {k: v for k, v in case.items() if k in run}
+        assert case["grad_err_over_noise_floor"] == round(run["adapter_grad_err"] / run["noise_floor"], 2)
+        assert case["holds"] is (run["loss_rel_err"] <= 0.01 and run["adapter_grad_err"] <= 0.10)
+    pair = json.loads((ROOT / doc["pair"]).read_text())["loss_curves"]
+    conv = doc["convergence"]
+    assert (conv["correlation"], conv["final_loss_diff"], conv["passed"]) == (
+        pair["correlation"],
+        pair["final_loss_difference"],
+        pair["passed"],
+    )
+
+
 # --- SFT through packed rows against one conversation per row -----------------------------------------
 
 PACKED_SFT = sorted((EVIDENCE / "packing").glob("packed_sft_convergence_*.json"))
