@@ -13,6 +13,7 @@ from pathlib import Path
 from bridge_recipes import registry, runner_args, te_wgrad
 from bridge_recipes.bench import random_lora
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
+from bridge_recipes.bench.result import CAP_NOTE
 from bridge_recipes.outputs import write_text_atomic
 from bridge_recipes.overrides import in_cli_terms
 
@@ -29,9 +30,6 @@ tokens/s ratio and, where the two runs train the same model on the same rows, wh
 curves agree (validate_convergence rules).
 Exit status 0 on success, 2 on bad input, 1 when a run fails.
 """
-
-
-CAP_NOTE = "GPU memory capped (run_recipe.py --gpu-memory-gb) at"
 
 
 def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, object]:

@@ -51,9 +51,15 @@ def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     """One figure for a recipe and the file or source it comes from."""
     meta = entry.meta
     if meta.measured:  # the figure is the result file's: useful tokens/s/GPU on SFT rows
-        from bridge_recipes.bench.result import read_result
+        from bridge_recipes.bench.result import memory_cap_gb, read_result
 
-        r = read_result(ROOT / meta.measured["result"])["result"]
+        doc = read_result(ROOT / meta.measured["result"])
+        r = doc["result"]
+        if doc["gpu"]["type"].lower() != meta.gpu:  # its memory measured under a cap, not its speed
+            ran_on = doc["gpu"]["type"]
+            return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):g} GB ({ran_on}, capped)", meta.measured[
+                "result"
+            ]
         useful = r.get("useful_tokens_per_s_per_gpu")
         figure = f"{useful:,.1f} useful tokens/s/GPU" if useful else f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
         return figure, meta.measured["result"]

@@ -314,6 +314,20 @@ def write_result(path: str | Path, **fields: Any) -> dict[str, Any]:
     return document
 
 
+# A run whose allocator was capped below the GPU's memory says so in its notes, in these words.
+CAP_NOTE = "GPU memory capped (run_recipe.py --gpu-memory-gb) at"
+
+
+def memory_cap_gb(document: dict[str, Any]) -> float | None:
+    """The GB a result's run was capped at (``run_recipe.py --gpu-memory-gb``), None when uncapped:
+    such a run measures the memory of a smaller card, its speed stays the GPU's it ran on."""
+    notes = document.get("notes") or []
+    for note in [notes] if isinstance(notes, str) else notes:
+        if str(note).startswith(CAP_NOTE):
+            return float(str(note)[len(CAP_NOTE) :].split()[0])
+    return None
+
+
 def read_result(path: str | Path) -> dict[str, Any]:
     """Load a result file, checking it is one (schema version and top-level keys)."""
     document = yaml.safe_load(Path(path).read_text())
