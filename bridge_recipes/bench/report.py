@@ -375,6 +375,41 @@ def memory_classes_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def data_build_table() -> str:
+    """Building SFT rows on the CPU (results/data_build_throughput.json): rows per worker count against the
+    tokenizer's own batch encode, peak memory as the input grows, and rendering time against turns."""
+    path = RESULTS / "data_build_throughput.json"
+    if not path.is_file():
+        return ""
+    doc = json.loads(path.read_text())
+    lines = [
+        f"`{_rel(path)}` (`{doc['command']}`, {doc['date']}, {doc['hardware']}), log `{doc['log']}`: "
+        f"{doc['conversations']:,} conversations of {doc['turns_mean']} turns on average, "
+        f"{doc['tokens']:,} tokens, the chat template of `{doc['tokenizer']}`.",
+        "",
+        "| build | conversations | seconds | tokens/s | of the raw encode | speedup | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in doc["builds"]:
+        share = b["tokens_per_s"] / doc["raw_encode_tokens_per_s"]
+        cells = [f"{b['workers']} worker(s)", f"{b['conversations']:,}", f"{b['seconds']:.2f}"]
+        cells += [f"{b['tokens_per_s']:,.0f}", f"{share:.0%}", f"{doc['workers_speedup'][str(b['workers'])]:.2f}x"]
+        lines.append(_row([*cells, f"{b['peak_rss_mb']:,.0f}"]))
+    for r in doc["peak_rss_mb_of_larger_inputs"]:
+        lines.append(
+            _row([f"{doc['workers']} worker(s)", f"{r['conversations']:,}", *["-"] * 4, f"{r['peak_rss_mb']:,.0f}"])
+        )
+    t = doc["turn_scaling"]
+    lines += [
+        "",
+        f"Raw encode (`encode_batch` of the rendered text, the tokenizer's own threads): "
+        f"{doc['raw_encode_tokens_per_s']:,.0f} tokens/s. A conversation of {t['many']} turns over one of "
+        f"{t['few']} turns with the same words, per token: {t['ratios']['one rendering']:.2f}x "
+        f"({t['ratios']['prefix renders']:.2f}x when rendered once per supervised span).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def convergence_table() -> str:
     """SFT through packed rows against one conversation per row, the same conversations every step
     (docs/evidence/packing/packed_sft_convergence_*.json): the loss curves compared and the
@@ -469,6 +504,9 @@ def render() -> str:
             "## One GPU of 80 or 48 GB: LoRA at the card's memory",
             "",
             memory_classes_table() or "No measurement committed yet.\n",
+            "## Building SFT rows",
+            "",
+            data_build_table() or "No measurement committed yet.\n",
             "## VL fine-tuning from image conversations",
             "",
             vl_table(),

@@ -499,3 +499,39 @@ def test_the_row_invariance_check_finds_an_edited_figure(tmp_path):
     result.write_text(json.dumps(doc))
     with pytest.raises(AssertionError):
         check_row_invariance(result)
+
+
+def test_row_building_throughput_is_its_log():
+    """The build figures are the lines bench_row_building.py printed: each build's conversations, tokens
+    and seconds, the raw encode, and the summary's rates derived from them."""
+    import re
+
+    doc = json.loads((RESULTS / "data_build_throughput.json").read_text())
+    log = (ROOT / doc["log"]).read_text()
+    builds = re.findall(
+        r"^build (with (\d+) worker\(s\)|of \d+x the input): (\d+) conversations, (\d+) tokens in ([\d.]+) s",
+        log,
+        re.M,
+    )
+    per_worker = {int(w): (int(c), int(t), float(s)) for label, w, c, t, s in builds if w}
+    assert sorted(per_worker) == sorted(b["workers"] for b in doc["builds"])
+    for b in doc["builds"]:
+        conversations, tokens, seconds = per_worker[b["workers"]]
+        assert (b["conversations"], b["stream_tokens"]) == (conversations, tokens)
+        assert b["seconds"] == pytest.approx(seconds, abs=5e-4)
+        assert b["tokens_per_s"] == pytest.approx(tokens / seconds, rel=1e-3)
+    best = max(doc["builds"], key=lambda b: b["tokens_per_s"])
+    assert (doc["workers"], doc["tokens"], doc["tokens_per_s"]) == (
+        best["workers"],
+        best["stream_tokens"],
+        best["tokens_per_s"],
+    )
+    (raw,) = re.findall(r"^raw encode: (\d+) tokens in ([\d.]+) s", log, re.M)
+    assert doc["raw_encode_tokens_per_s"] == pytest.approx(int(raw[0]) / float(raw[1]), rel=1e-3)
+    assert doc["share_of_raw_encode"] == pytest.approx(doc["tokens_per_s"] / doc["raw_encode_tokens_per_s"], abs=1e-3)
+    one = per_worker[1][2]
+    assert doc["workers_speedup"] == {str(w): pytest.approx(one / s, abs=2e-3) for w, (_, _, s) in per_worker.items()}
+    larger = [(int(c), float(s)) for label, w, c, t, s in builds if not w]
+    assert [r["conversations"] for r in doc["peak_rss_mb_of_larger_inputs"]] == [c for c, _ in larger]
+    summary = log.strip().splitlines()[-1]
+    assert f"{doc['turn_scaling_ratio']:.2f}x (" in summary and f"{doc['tokens_per_s']:,.0f} tokens/s" in summary
