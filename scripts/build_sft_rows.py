@@ -55,6 +55,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="boundaries: whole conversations packed with their boundaries (default); one_per_row: one "
         "conversation per padded row; eos_joined: the benchmark workload (conversations see the ones before them)",
     )
+    p.add_argument(
+        "--long",
+        choices=sft_rows.LONG_MODES,
+        default=sft_rows.DEFAULT_LONG,
+        help="a conversation longer than a row: skip it (default: rows hold whole conversations, each token "
+        "trained with all its context), split it at turn boundaries into pieces that each begin with the "
+        "system prompt, or truncate it to its first row of tokens",
+    )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
     p.add_argument("--out", required=True, help="output folder (must be empty or new unless --overwrite)")
@@ -88,6 +96,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 PADDING_HINT_SHARE = 0.5  # one-per-row rows more than half padding: say what a row length costs
 
 
+def long_lines(m: dict) -> list[str]:
+    """What became of the conversations longer than a row, in tokens, and the row length that keeps 99%."""
+    lc = m.get("long_conversations")
+    if not lc or not lc["longer_than_row"]:
+        return []
+    t = lc["tokens"]
+    total = max(1, t["of_conversations"])
+    done = {"skip": "skipped", "split": f"split into {lc['pieces']} pieces", "truncate": "truncated"}[lc["mode"]]
+    lines = [
+        f"long conversations: {lc['longer_than_row']} of {lc['conversations_measured']} longer than a "
+        f"{m['row_tokens']}-token row (the longest {lc['longest_conversation']:,} tokens), {done} "
+        f"(--long {lc['mode']})",
+        f"  tokens kept {t['kept']:>12,} of {t['of_conversations']:,} ({t['kept'] / total:.1%})",
+    ]
+    lines += [f"  dropped     {n:>12,}  {reason}" for reason, n in t["dropped"].items()]
+    if t["system_prompt_repeated"]:
+        lines.append(f"  system prompt repeated in later pieces: {t['system_prompt_repeated']:,} tokens")
+    keep = lc["row_tokens_keeping_99_percent"]
+    if keep and keep > m["row_tokens"]:
+        lines.append(f"  --row-tokens {keep} would hold whole the conversations with 99% of the tokens")
+    if lc["mode"] == "skip":
+        lines.append("  --long split keeps them as pieces at turn boundaries; --long truncate keeps their beginning")
+    return lines
+
+
 def summary(m: dict, out: str) -> str:
     """What was built and what was left out, by reason."""
     c = m["conversations"]
@@ -98,6 +131,7 @@ def summary(m: dict, out: str) -> str:
         f"conversations: {c['used']} used, {c['skipped_total']} skipped, of {c['read']} read",
     ]
     lines += [f"  skipped {n:>8}  {reason}" for reason, n in c["skipped"].items()]
+    lines += long_lines(m)
     padding = m["padding_share"]
     if m["packing"] == "one_per_row" and padding > PADDING_HINT_SHARE:
         mean = (m["rows"] * m["row_tokens"] - m["padding_tokens"]) / max(1, m["rows"])
@@ -142,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 val_fraction=args.val_fraction,
                 val_input=args.val_input,
                 workers=sft_rows.default_workers() if args.workers is None else args.workers,
+                long=args.long,
             )
     except sft_rows.SftRowsError as e:
         print(f"error: {e}", file=sys.stderr)

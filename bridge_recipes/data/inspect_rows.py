@@ -123,13 +123,21 @@ def inspect_rows(
         f"{conv.get('used', '?')} conversations ({conv.get('skipped_total', 0)} skipped at build)",
         f"supervised spans (loss mask 1) are shown between {OPEN} and {CLOSE}",
     ]
+    long = m.get("long_conversations") or {}
+    pieces = long.get("mode") == "split" and long.get("pieces")
+    if pieces:
+        lines.insert(
+            1,
+            f"{long['longer_than_row']} conversations longer than a row were split into {pieces} pieces at turn "
+            "boundaries; each piece begins with its conversation's system prompt and is a segment of its own",
+        )
     for r in picked:
         cu = None if loaded.cu is None else loaded.cu[r]
         stats = row_stats(loaded.ids[r], loaded.mask[r], cu, m["packing"], eos_id)
         lines += [
             "",
             f"=== row {r}: {stats.tokens} tokens, {stats.supervised} supervised ({stats.supervised_share:.1%}), "
-            f"{stats.padding} padding, {stats.conversations} conversation(s)",
+            f"{stats.padding} padding, {stats.conversations} conversation(s)" + (" or pieces" if pieces else ""),
             render_row(tok, loaded.ids[r], loaded.mask[r], stats, eos),
         ]
     return "\n".join(lines)

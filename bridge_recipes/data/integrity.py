@@ -105,6 +105,12 @@ def tokenizer_json(path: str | os.PathLike) -> Path:
     return path / "tokenizer.json" if path.is_dir() else path
 
 
+def _padding_segment(ids: np.ndarray, mask: np.ndarray, cu: np.ndarray, pad_id: int | None) -> int:
+    """1 when a boundaries row's last segment is its padding (pad tokens outside the loss), else 0."""
+    last = slice(int(cu[-2]), int(cu[-1]))
+    return int(pad_id is not None and not mask[last].any() and bool((ids[last] == pad_id).all()))
+
+
 def check_rows(
     folder: str | os.PathLike,
     *,
@@ -206,6 +212,14 @@ def check_rows(
                     f"{where} row {r} cu_seqlens {c.tolist()[:8]} do not run from 0 to {row_tokens} in increasing "
                     f"order; {_rebuild(folder)}"
                 )
+        placed = sum(
+            len(c) - 1 - _padding_segment(ids[r], mask[r], c, manifest.get("eos_token_id")) for r, c in enumerate(cu)
+        )
+        if manifest.get("segments") is not None and placed != manifest["segments"]:
+            raise RowsIntegrityError(
+                f"{where} rows hold {placed} conversations and pieces of split ones but {MANIFEST_FILE} records "
+                f"{manifest['segments']}; {_rebuild(folder)}"
+            )
     hasher = hashlib.sha256()
     for r in range(len(ids)):
         update_rows_hash(hasher, ids[r], mask[r], None if cu is None else cu[r])

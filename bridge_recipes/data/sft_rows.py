@@ -95,6 +95,7 @@ from bridge_recipes.data.integrity import (  # noqa: F401
     parquet_rows_sha256,
     update_rows_hash,
 )
+from bridge_recipes.data.long_conversations import DEFAULT_LONG, LONG_MODES, LongConversations, TurnCutter  # noqa: F401
 from bridge_recipes.data.packing import PACKING_MODES, BoundaryPacker, RowPacker, packer_for  # noqa: F401
 from bridge_recipes.data.row_writer import (
     PARQUET_COMPRESSION,
@@ -126,12 +127,16 @@ MAX_ROW_TOKENS = max(spec.max_position_embeddings for spec in SPECS.values())
 # escapes); a JSONL line (or a Parquet row's text) of more than this many bytes a token cannot fit
 # its row, and is skipped before it is parsed or tokenized.
 MAX_LINE_BYTES_PER_TOKEN = 64
+# With --long split or truncate a conversation of any length is tokenized; one larger than this is a
+# broken record rather than a conversation, and is skipped before it is parsed.
+MAX_CONVERSATION_BYTES = 64 * 2**20
 
 Renderer = Callable[[Any, int], tuple[np.ndarray, np.ndarray]]
 
 
-def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[Renderer, dict, int]:
-    """The conversation renderer, its manifest fields and the EOS (separator / padding) id."""
+def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[Renderer, dict, int, Any]:
+    """The conversation renderer, its manifest fields, the EOS (separator / padding) id and the
+    tokenizer (``tokenizers.Tokenizer``) it encodes with."""
     if fmt == "chatml":
         tok, tokenizer_file = load_tokenizer(tokenizer)
         chat = chat_format(tok, eos_token)
@@ -149,7 +154,7 @@ def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[R
             "chat_template_sha256": None,
             "loss_on": "assistant content + its <|im_end|>",
         }
-        return render, fields, chat.eos_id
+        return render, fields, chat.eos_id, tok
     renderer = TemplateRenderer(tokenizer)
     eos_id = renderer.backend.token_to_id(eos_token)
     if eos_id is None:
@@ -169,7 +174,17 @@ def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[R
         "chat_template_sha256": renderer.sha256,
         "loss_on": "assistant reasoning, text, tool calls and end-of-turn token",
     }
-    return render, fields, eos_id
+    return render, fields, eos_id, renderer.backend
+
+
+def _cutter(tok: Any, long: str) -> TurnCutter | None:
+    """The turn cutter ``--long split`` needs (None for the other modes)."""
+    if long != "split":
+        return None
+    try:
+        return TurnCutter(lambda text: tok.encode(text, add_special_tokens=False).ids, tok.token_to_id)
+    except ValueError as e:
+        raise SftRowsError(f"--long split: {e}; use --long truncate or skip") from None
 
 
 def _open_source(source: str, kind: str, work: Path, *, messages_key, split, revision, progress, cache_bytes):
@@ -233,6 +248,7 @@ def build_sft_rows(
     val_fraction: float = 0.0,
     val_input: str | os.PathLike | None = None,
     workers: int = 1,
+    long: str = DEFAULT_LONG,
 ) -> dict:
     """Build ``out_dir/rows.parquet``, ``out_dir/manifest.json`` and (with a validation split)
     ``out_dir/val/``; returns the manifest.
@@ -266,6 +282,13 @@ def build_sft_rows(
         raise SftRowsError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if val_fraction and val_input is not None:
         raise SftRowsError("give either a validation fraction or a validation input, not both")
+    if long not in LONG_MODES:
+        raise SftRowsError(f"--long {long!r} is not one of {', '.join(LONG_MODES)}")
+    if long != DEFAULT_LONG and packing == "eos_joined":
+        raise SftRowsError(
+            f"--long {long} applies to boundaries and one_per_row rows; eos_joined rows already carry a "
+            "conversation on into the next row (leave --long out, or choose --packing boundaries)"
+        )
     if supervise_eos and packing != "eos_joined":
         raise SftRowsError(
             f"supervise_eos applies to eos_joined rows ({packing} rows have no EOS separators between conversations)"
@@ -284,7 +307,8 @@ def build_sft_rows(
     ]
     if problem := overlap_problem(out, option="--out", inputs=[*local, ("--tokenizer", tokenizer)]):
         raise SftRowsError(problem)
-    render, render_fields, eos_id = _renderer(tokenizer, chat_format, eos_token)
+    render, render_fields, eos_id, tok = _renderer(tokenizer, chat_format, eos_token)
+    cutter = _cutter(tok, long)
     for note in clean_stale_stages(out):
         log.warning("%s (left by a build that did not finish)", note)
     check_output_dir(out, overwrite)
@@ -305,6 +329,9 @@ def build_sft_rows(
             rows_per_batch=rows_per_batch,
             progress=progress,
             workers=workers,
+            long_mode=long,
+            cutter=cutter,
+            context_limit=context_window(tokenizer) or MAX_ROW_TOKENS,
         )
         base = {
             "builder": BUILDER,
@@ -318,6 +345,7 @@ def build_sft_rows(
             "eos_supervised": supervise_eos,
             "seed": seed,
             "row_tokens": row_tokens,
+            "long": long,
         }
         validation = None
         if n_val or val_input is not None:
@@ -424,6 +452,13 @@ def _prepare(
     tokens and loss mask, or why it is skipped."""
     try:
         size = len(raw) if isinstance(raw, bytes) else _text_size(raw)
+        if size > max_bytes and max_bytes == MAX_CONVERSATION_BYTES:
+            raise MalformedConversation(
+                index,
+                "conversation_too_large",
+                f"conversation of {size:,} bytes, over the {MAX_CONVERSATION_BYTES:,} a build reads of one "
+                "conversation; skipped before tokenizing",
+            )
         if size > max_bytes:
             raise MalformedConversation(
                 index,
@@ -527,23 +562,30 @@ def _pack_and_write(
     rows_per_batch: int,
     progress: bool,
     workers: int = 1,
+    long_mode: str = DEFAULT_LONG,
+    cutter: TurnCutter | None = None,
+    context_limit: int | None = None,
 ) -> dict:
-    """Conversations in ``order`` -> rendered (by ``workers`` processes) -> packed -> written, in that
-    order whatever the workers. Returns the counts."""
+    """Conversations in ``order`` -> rendered (by ``workers`` processes) -> the long ones skipped, split or
+    truncated (``long_mode``) -> packed -> written, in that order whatever the workers. Returns the counts."""
     boundaries = packing == "boundaries"
     packer = packer_for(packing, row_tokens, eos_id, supervise_eos)
     writer = RowWriter(path, row_tokens, rows_per_batch, boundaries=boundaries)
-    read, skipped, examples, rows_without_targets = 0, Counter(), [], 0
+    read, used, skipped, examples, rows_without_targets = 0, 0, Counter(), [], 0
     padding = 0  # in the rows written or skipped without targets
+    segments = 0  # conversations and pieces of split ones in the rows written (boundaries rows)
+    long = LongConversations(long_mode, row_tokens, cutter=cutter, whole=packing != "eos_joined", limit=context_limit)
 
     def write(rows) -> bool:
-        nonlocal rows_without_targets, padding
+        nonlocal rows_without_targets, padding, segments
         for row in rows:
             padding += row.padding
             if not row.mask.any():  # nothing to learn from: counted, not written
                 rows_without_targets += 1
                 continue
             writer.add(row.ids, row.mask, row.cu)
+            if row.cu is not None:
+                segments += len(row.cu) - 1 - (1 if row.padding else 0)
             if writer.rows == max_rows:
                 return True
         return False
@@ -554,7 +596,8 @@ def _pack_and_write(
             _stop_on_worker_error(reader),
             tqdm(total=len(order), desc="pack", unit="conv", disable=not progress, smoothing=0.05) as bar,
         ):
-            prepare = partial(_prepare, reader.decode, render, row_tokens * MAX_LINE_BYTES_PER_TOKEN, row_tokens)
+            max_bytes = row_tokens * MAX_LINE_BYTES_PER_TOKEN if long_mode == "skip" else MAX_CONVERSATION_BYTES
+            prepare = partial(_prepare, reader.decode, render, max_bytes, row_tokens)
             for index, done in prepared(reader.records(order, read_window), prepare, workers):
                 read += 1
                 bar.update(1)
@@ -562,11 +605,13 @@ def _pack_and_write(
                     if isinstance(done, MalformedConversation):
                         raise done
                     ids, mask = done
-                    if not packer.fits(len(ids)):
+                    pieces = long.pieces_of(ids, mask)
+                    if not pieces:
+                        kept = "" if long.mode == "skip" else f"; --long {long.mode} kept no piece of it"
                         raise MalformedConversation(
                             index,
                             "longer_than_row",
-                            f"conversation of {len(ids)} tokens is longer than a {row_tokens}-token row",
+                            f"conversation of {len(ids)} tokens is longer than a {row_tokens}-token row{kept}",
                         )
                 except MalformedConversation as e:
                     skipped[e.reason] += 1
@@ -574,8 +619,12 @@ def _pack_and_write(
                         examples.append(str(e))
                         log.warning("skipping conversation, %s", e)
                     continue
-                if write(packer.add(ids, mask)):
-                    stopped = True
+                used += 1
+                for piece_ids, piece_mask in pieces:
+                    if write(packer.add(piece_ids, piece_mask)):
+                        stopped = True
+                        break
+                if stopped:
                     break
                 if read % 256 == 0:
                     bar.set_postfix(rows=writer.rows, refresh=False)
@@ -602,10 +651,12 @@ def _pack_and_write(
         "rows_skipped_without_targets": rows_without_targets,
         "stopped_at_max_rows": max_rows is not None and writer.rows == max_rows,
         "rows_sha256": writer.rows_sha256,
+        "segments": segments if boundaries else None,
+        "long_conversations": long.summary(),
         "conversations": {
             "indexed": len(reader),
             "read": read,
-            "used": packer.conversations,
+            "used": used,
             "skipped": dict(sorted(skipped.items())),
             "skipped_total": skipped_total,
             "skipped_examples": examples,
