@@ -162,9 +162,10 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
             continue
         words = shlex.split(step.replace("$OUT", str(tmp_path)))
         if "scripts/gpu/make_lognormal_rows.py" in words:  # the rows the line builds before it runs
-            out = Path(words[words.index("scripts/gpu/make_lognormal_rows.py") + 1])
-            for packing in ("boundaries", "one_per_row"):
-                build_lognormal_rows(out / packing, tokenizer, packing)
+            at = words.index("scripts/gpu/make_lognormal_rows.py")
+            out, row = Path(words[at + 1]), words[at + 2] if words[at + 2].isdigit() else None
+            for packing in ("boundaries", "one_per_row") if row is None else ("boundaries",):
+                build_lognormal_rows(out / packing, tokenizer, packing, row_tokens=int(row or 8192))
         problems, _ = argument_problems(opts, runs_of(opts))
         assert problems == [], f"{queue}: {step}"
         checked += 1

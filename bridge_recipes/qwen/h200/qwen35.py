@@ -28,6 +28,7 @@ from bridge_recipes.common import peft_config, pretrain_config, sft_config
 from bridge_recipes.qwen.policy import (
     OPENRECIPES_ENV,
     bf16_adam_moments,
+    chunked_cross_entropy,
     cpu_optimizer_offload,
     cutlass_grouped_gemm,
     fp8_current_scaling,
@@ -66,6 +67,8 @@ __all__ = [
     "qwen35_27b_peft_8gpu_h200_bf16_config",
     "qwen35_35b_a3b_peft_1gpu_h200_bf16_config",
     "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config",
+    "qwen35_35b_a3b_peft_1gpu_h200_bf16_32k_config",
+    "qwen35_27b_peft_1gpu_h200_bf16_32k_config",
     "qwen35_35b_a3b_peft_8gpu_h200_bf16_config",
     "qwen35_122b_a10b_peft_8gpu_h200_bf16_config",
     "qwen35_397b_a17b_peft_8gpu_h200_bf16_config",
@@ -588,6 +591,39 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     cfg.train.micro_batch_size = 4
     # fewer launches outweigh the recompute: every layer rebuilds its forward in the backward
     full_recompute(cfg, "block", cfg.model.num_layers)
+    return cfg
+
+
+# Long rows for reasoning data: a 32,768-token row holds a whole long chain of thought, so the
+# longest conversations are trained whole instead of skipped or split (build the rows with
+# --row-tokens 32768). One row per micro batch, the loss a chunk of tokens at a time (the logits
+# of 32,768 tokens are 16 GB for each of the two heads), every layer recomputed.
+LONG_ROW_TOKENS = 32768
+
+
+def _long_rows(cfg: ConfigContainer) -> None:
+    cfg.model.seq_length = LONG_ROW_TOKENS
+    cfg.dataset.seq_length = LONG_ROW_TOKENS
+    cfg.train.micro_batch_size = 1
+    chunked_cross_entropy(cfg)
+    full_recompute(cfg, "block", cfg.model.num_layers)
+
+
+@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+def qwen35_35b_a3b_peft_1gpu_h200_bf16_32k_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on one H200 over 32,768-token rows (reasoning data): the fast recipe's
+    kernels, one row per micro batch, the loss a chunk of tokens at a time, every layer recomputed."""
+    cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
+    _long_rows(cfg)
+    return cfg
+
+
+@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 DP1", status="unmeasured")
+def qwen35_27b_peft_1gpu_h200_bf16_32k_config() -> ConfigContainer:
+    """Qwen3.5/3.6-27B LoRA on one H200 over 32,768-token rows (reasoning data): the fast recipe's
+    kernels, one row per micro batch, the loss a chunk of tokens at a time, every layer recomputed."""
+    cfg = qwen35_27b_peft_1gpu_h200_bf16_fast_config()
+    _long_rows(cfg)
     return cfg
 
 
