@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache, wraps
@@ -208,10 +209,28 @@ def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     return all(t.lower() == m.status or (t.lower() not in STATUSES and t.lower() in hay) for t in terms)
 
 
+# Each measured recipe's figure for --list, generated from its result file by bridge_recipes.bench.report.
+MEASURED_FIGURES = Path(__file__).with_name("measured_figures.json")
+
+
+@lru_cache(maxsize=1)
+def _measured_figures() -> dict[str, str]:
+    try:
+        return json.loads(MEASURED_FIGURES.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _figure(d: dict | None) -> str:
     if not d or d.get("tokens_per_s_per_gpu") is None:
         return "-"
     return f"{d['tokens_per_s_per_gpu']:,.1f}"
+
+
+def _measured(entry: RecipeEntry) -> str:
+    if entry.meta.status != "measured":
+        return "-"
+    return _measured_figures().get(entry.alias_of or entry.name, "-")
 
 
 def table(entries: list[RecipeEntry]) -> str:
@@ -227,7 +246,7 @@ def table(entries: list[RecipeEntry]) -> str:
             e.meta.precision,
             e.meta.layout,
             e.meta.status,
-            _figure(e.meta.measured),
+            _measured(e),
             _figure(e.meta.reference),
         )
         for e in entries
@@ -236,5 +255,7 @@ def table(entries: list[RecipeEntry]) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in rows]
-    lines.append(f"{len(rows)} recipe(s); tokens/s/GPU in 'measured' and 'published'")
+    lines.append(
+        f"{len(rows)} recipe(s); useful tokens/s/GPU in 'measured' (docs/performance.md), tokens/s/GPU in 'published'"
+    )
     return "\n".join(lines)

@@ -76,6 +76,29 @@ def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     return "-", "-"
 
 
+def list_figure(entry: registry.RecipeEntry) -> str | None:
+    """The short figure ``--list`` shows in its measured column: useful tokens/s/GPU, or for a recipe
+    measured at its card's memory on a larger GPU, its peak against that memory."""
+    from bridge_recipes.bench.result import memory_cap_gb, read_result
+
+    doc = read_result(ROOT / entry.meta.measured["result"])
+    r = doc["result"]
+    if doc["gpu"]["type"].lower() != entry.meta.gpu:
+        return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):g} GB"
+    return f"{r.get('useful_tokens_per_s_per_gpu') or r['tokens_per_s_per_gpu']:,.1f}"
+
+
+def measured_figures() -> str:
+    """bridge_recipes/measured_figures.json: each measured recipe's ``--list`` figure, so the listing
+    shows it without reading the evidence."""
+    figures = {
+        name: list_figure(entry)
+        for name, entry in sorted(registry.discover().items())
+        if entry.meta.status == "measured" and entry.meta.measured
+    }
+    return json.dumps(figures, indent=1) + "\n"
+
+
 def recipe_table() -> str:
     """The README's table: every real-data recipe (its mock-data twin shares the policy)."""
     lines = ["| recipe | GPUs | layout | status | figure | source |", "|---|---:|---|---|---|---|"]
@@ -604,9 +627,16 @@ def main(argv: list[str] | None = None) -> int:
     from bridge_recipes.outputs import write_text_atomic
 
     ap = argparse.ArgumentParser(prog="python -m bridge_recipes.bench.report", description=__doc__)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the page, README table or manifest is stale")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 if the page, README table, --list figures or manifest is stale"
+    )
     args = ap.parse_args(argv)
-    pages = {PAGE: render, README: lambda: readme_with_table(README.read_text(), recipe_table()), MANIFEST: manifest}
+    pages = {
+        PAGE: render,
+        README: lambda: readme_with_table(README.read_text(), recipe_table()),
+        registry.MEASURED_FIGURES: measured_figures,
+        MANIFEST: manifest,
+    }
     stale = []
     for path, make in pages.items():  # in order: the manifest reads the pages that cite the evidence
         text = make()

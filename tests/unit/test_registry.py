@@ -132,3 +132,26 @@ def test_list_filter_qwen36_shows_the_aliases_and_dry_run_takes_one(capsys):
     assert main(["--recipe", name, "--dry-run", "--world-size", "8", "--show-yaml"]) == 0
     out = capsys.readouterr().out
     assert "# model: Qwen/Qwen3.6-35B-A3B at revision 995ad96e" in out and "hf_model_id: Qwen/Qwen3.6-35B-A3B" in out
+
+
+def test_the_listing_shows_each_measured_recipes_figure(monkeypatch, tmp_path):
+    """--list's measured column: the generated figure of a measured recipe (its Qwen3.6 alias too), '-' for
+    the others and when the figures file is missing."""
+    entries = registry.entries()
+    measured = next(n for n, e in entries.items() if e.meta.status == "measured" and e.alias_of is None)
+    alias = next(n for n, e in entries.items() if e.alias_of == measured)
+    other = next(n for n, e in entries.items() if e.meta.status != "measured")
+    figures = tmp_path / "measured_figures.json"
+    figures.write_text(json.dumps({measured: "1,234.5"}))
+    monkeypatch.setattr(registry, "MEASURED_FIGURES", figures)
+    registry._measured_figures.cache_clear()
+    rows = {
+        line.split()[0]: line.split()
+        for line in registry.table([entries[n] for n in (measured, alias, other)]).splitlines()
+    }
+    assert "1,234.5" in rows[measured] and "1,234.5" in rows[alias]
+    assert "1,234.5" not in rows[other]
+    figures.unlink()
+    registry._measured_figures.cache_clear()
+    assert "1,234.5" not in registry.table([entries[measured]])
+    registry._measured_figures.cache_clear()

@@ -35,6 +35,8 @@ def test_a_stale_page_is_reported_and_rewritten(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(report, "README", readme)
     monkeypatch.setattr(report, "MANIFEST", tmp_path / "MANIFEST.json")
     monkeypatch.setattr(report, "manifest", lambda: "[]\n")
+    monkeypatch.setattr(report.registry, "MEASURED_FIGURES", tmp_path / "measured_figures.json")
+    monkeypatch.setattr(report, "measured_figures", lambda: "{}\n")
     monkeypatch.setattr(report, "render", lambda: "new\n")
     monkeypatch.setattr(report, "recipe_table", lambda: "| row |\n")
     assert report.main(["--check"]) == 1
