@@ -173,9 +173,12 @@ def container_fields() -> tuple[str, ...] | None:
 
 
 def precheck(tokens: list[str]) -> list[Override]:
-    """The overrides parsed, and their sections checked, before anything heavy is imported: a
-    malformed token or a misspelt section is answered at once. The full check runs on the built
-    config (:func:`apply_all`)."""
+    """The overrides parsed, and their sections and fields checked, before anything heavy is imported:
+    a malformed token, a misspelt section or a field no config of its section has
+    (:mod:`bridge_recipes.config_keys`) is answered at once. The full check runs on the built config
+    (:func:`apply_all`)."""
+    from bridge_recipes.config_keys import unknown_field
+
     parsed = [parse(t) for t in tokens]
     sections = container_fields() or ()
     for o in parsed:
@@ -185,7 +188,24 @@ def precheck(tokens: list[str]) -> list[Override]:
             near = difflib.get_close_matches(top, sections, n=3, cutoff=0.5)
             hint = f" Nearest valid keys: {', '.join(near)}." if near else f" Sections: {', '.join(sections)}."
             raise OverrideError(f"unknown key {top!r} in {o.token!r}.{hint}")
+        if o.kind in ("set", "delete") and (hint := unknown_field(o.key)):
+            field = ".".join(o.key.split(".")[:2])
+            raise OverrideError(f"unknown key {field!r} in {o.token!r}. {hint}")
+    range_precheck(parsed)
     return parsed
+
+
+def range_precheck(overrides: list[Override]) -> None:
+    """A value given on the command line outside its :data:`bridge_recipes.values.RANGES` entry, answered
+    before anything heavy is imported (the built config is checked again in full)."""
+    from bridge_recipes.values import RANGES
+
+    ranges = {r.key: r for r in RANGES}
+    for o in overrides:
+        r = ranges.get(o.key)
+        if o.kind == "set" and r is not None and not r.accepts(o.value):
+            given = "" if o.token.lstrip("+").startswith(f"{o.key}=") else f" (from {o.token})"
+            raise OverrideError(f"{o.key}={o.value!r}{given} must be {r.describe()}; {r.how()}")
 
 
 def flag_overrides(flags: dict[str, Any]) -> list[Override]:

@@ -49,16 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")
     exp.add_argument("--no-progress", action="store_true")
     toy = sub.add_parser("toy", help="save a small random-init HF checkpoint (transformers' classes) for tests")
-    toy.add_argument("--family", choices=("moe", "dense"), default="moe")
+    toy.add_argument(
+        "--family",
+        choices=("moe", "dense"),
+        default="moe",
+        help="moe: a tiny 35B-A3B-like model (default); dense: 27B-like",
+    )
     toy.add_argument("--vl", action="store_true", help="the vision-language form")
-    toy.add_argument("--seed", type=int, default=0)
+    toy.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     toy.add_argument(
         "--tokenizer-json",
         help="tokenizer.json to ship, with the chat_template.jinja beside it if there is one "
         "(default: a small byte BPE trained here, no chat template)",
     )
-    toy.add_argument("--out", required=True, metavar="DIR")
-    toy.add_argument("--overwrite", action="store_true")
+    toy.add_argument("--out", required=True, metavar="DIR", help="new Hugging Face folder for the toy checkpoint")
+    toy.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     return p
 
 

@@ -143,7 +143,14 @@ def make_toy(
     from bridge_recipes.models.qwen35 import hf_config
 
     spec = toy_spec(family, vl, **sizes)
-    config = hf_config(spec)
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the released vocabulary's BOS/EOS ids, replaced below, are out of the toy's
+    try:
+        config = hf_config(spec)
+    finally:
+        hf_logging.set_verbosity(level)
     out = Path(out)
     with_processor = vl and tokenizer_json is None
     if with_processor:

@@ -18,7 +18,15 @@ import bridge_recipes
 from bridge_recipes import registry
 from bridge_recipes.bench import random_lora
 from bridge_recipes.builder import PEFT_SCHEMES
-from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, in_cli_terms, precheck
+from bridge_recipes.overrides import (
+    FLAG_KEYS,
+    OverrideError,
+    flag_option,
+    flag_overrides,
+    in_cli_terms,
+    precheck,
+    range_precheck,
+)
 
 USAGE_ERROR = 2
 
@@ -375,6 +383,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             return fail(problem)
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
+        range_precheck(flag_overrides(vars(args)))
         if args.recipe:
             registry.find(args.recipe)
     except (OverrideError, registry.UnknownRecipe) as exc:
