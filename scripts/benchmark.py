@@ -9,7 +9,9 @@ The logic lives in bridge_recipes.bench.benchmark (importable and tested); see -
 
 import sys
 
+from bridge_recipes import quiet
 from bridge_recipes.bench.benchmark import main
 
 if __name__ == "__main__":
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     sys.exit(main())

@@ -25,12 +25,14 @@ import sys
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from bridge_recipes import quiet
 from bridge_recipes.data import sft_rows
 from bridge_recipes.outputs import exit_on_termination
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quiet.add_flag(p)
     p.add_argument(
         "--input",
         required=True,
@@ -186,5 +188,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     exit_on_termination()  # a kill removes the staging folder beside --out
     sys.exit(main())

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import sys
 
+from bridge_recipes import quiet
 from bridge_recipes.data.vl_cli import main
 from bridge_recipes.outputs import exit_on_termination
 
 if __name__ == "__main__":
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     exit_on_termination()  # a kill removes the staging folder beside --out
     sys.exit(main())

@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+from bridge_recipes import quiet
 from bridge_recipes.bench.convergence import compare
 from bridge_recipes.logs.run_log import complete_losses, plain_losses, run_names, split_runs
 from bridge_recipes.outputs import output_problem, write_text_atomic
@@ -46,6 +47,7 @@ def _losses(text: str, what: str) -> dict[int, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quiet.add_flag(ap)
     ap.add_argument("logs", nargs="+", help="one multi-run log, or two logs")
     ap.add_argument("--reference", help="run name in a multi-run log")
     ap.add_argument("--candidate", help="run name in a multi-run log")
@@ -111,4 +113,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     sys.exit(main())

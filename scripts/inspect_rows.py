@@ -14,12 +14,14 @@ bridge_recipes.data.inspect_rows.
 import argparse
 import sys
 
+from bridge_recipes import quiet
 from bridge_recipes.data.inspect_rows import inspect_rows
 from bridge_recipes.data.integrity import RowsIntegrityError
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quiet.add_flag(ap)
     ap.add_argument("rows", metavar="ROWS", help="a folder written by scripts/build_sft_rows.py")
     ap.add_argument("--row", type=int, action="append", metavar="N", help="row to show (repeatable; default 0-2)")
     ap.add_argument("--split", default="train", choices=("train", "val"), help="train rows or the val/ rows")
@@ -34,4 +36,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     sys.exit(main())

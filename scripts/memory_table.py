@@ -18,12 +18,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from bridge_recipes import quiet
 from bridge_recipes.bench.memory_table import DOC, render
 from bridge_recipes.outputs import output_problem, write_text_atomic
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quiet.add_flag(ap)
     ap.add_argument("--out", type=Path, default=DOC)
     ap.add_argument("--check", action="store_true", help="exit 1 if --out differs from what would be written")
     args = ap.parse_args()
@@ -49,4 +51,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     raise SystemExit(main())

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bridge_recipes import registry, runner_args, te_wgrad
+from bridge_recipes import quiet, registry, runner_args, te_wgrad
 from bridge_recipes.bench import random_lora
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.bench.result import CAP_NOTE
@@ -153,6 +153,7 @@ def one(
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    quiet.add_flag(ap)
     ap.add_argument("--recipe")
     ap.add_argument("--against", help="a second recipe measured right after, for a ratio")
     ap.add_argument(

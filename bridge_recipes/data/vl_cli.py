@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 
+from bridge_recipes import quiet
 from bridge_recipes.data import vl_dataset
 from bridge_recipes.data.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint's processor and chat template (docs/sft_data.md).",
     )
     p.add_argument("--input", required=True, help="the conversations, one JSON record a line (.jsonl)")
+    quiet.add_flag(p)
     p.add_argument(
         "--processor",
         required=True,

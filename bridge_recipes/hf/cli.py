@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from bridge_recipes import quiet
+
 USAGE_ERROR = 2
 
 
@@ -24,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert Qwen3.5/3.6 checkpoints between Hugging Face folders and Megatron distributed "
         "checkpoints (Megatron-Bridge's AutoBridge), checked against a recipe's model first.",
     )
+    quiet.add_flag(p)
     sub = p.add_subparsers(dest="command", required=True)
     scaled_help = (
         "toy or scaled-down checkpoint: compare only the family fields (model class, full-attention interval, "

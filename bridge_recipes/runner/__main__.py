@@ -10,10 +10,12 @@ import sys
 
 START_STATE = {"transformer_engine_imported": "transformer_engine" in sys.modules, "environ": dict(os.environ)}
 
-from bridge_recipes.runner.cli import main  # noqa: E402 (imported after START_STATE is recorded)
+from bridge_recipes import quiet  # noqa: E402 (imported after START_STATE is recorded)
+from bridge_recipes.runner.cli import main  # noqa: E402
 
 
 def run() -> int:
+    quiet.install()
     return main(start_state=START_STATE)
 
 

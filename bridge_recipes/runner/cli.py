@@ -15,7 +15,7 @@ import tempfile
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes import registry
+from bridge_recipes import quiet, registry
 from bridge_recipes.bench import random_lora
 from bridge_recipes.builder import PEFT_SCHEMES
 from bridge_recipes.overrides import (
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "grammar (a.b=1, +env_vars.X=1, ~peft, lists, null) and win over the convenience flags.",
     )
     p.add_argument("--list", action="store_true", help="print the recipe table and exit")
+    quiet.add_flag(p)
     p.add_argument(
         "--filter",
         nargs="+",
@@ -388,6 +389,11 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             registry.find(args.recipe)
     except (OverrideError, registry.UnknownRecipe) as exc:
         return fail(str(exc))
+    print(
+        f"[run_recipe] loading Megatron-Bridge and building {args.recipe or args.config_file}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         entry, cfg = build(args)
     except registry.UnknownRecipe as exc:
