@@ -16,3 +16,13 @@ def apex_grad_fusion_available() -> bool:
     stand-in, ``bridge_recipes.te_wgrad``, once installed under that name, is not APEX)."""
     spec = importlib.util.find_spec("fused_weight_gradient_mlp_cuda")
     return spec is not None and spec.name == "fused_weight_gradient_mlp_cuda"
+
+
+def training_stack_problem(command: str) -> str | None:
+    """Why ``command`` cannot run here: the light install (rows, inspection, --list) has no Megatron."""
+    if all(importlib.util.find_spec(m) is not None for m in ("torch", "megatron.core", "megatron.bridge")):
+        return None
+    return (
+        f"{command} needs the training stack (torch, Megatron-Core, Megatron-Bridge), which this environment "
+        "lacks (the light install builds and inspects rows and lists recipes); run bash scripts/install.sh"
+    )

@@ -31,6 +31,7 @@ LOG_RECORDS = (
     ("torch.utils.cpp_extension", r"No CUDA runtime is found"),
     ("megatron.bridge.models.gemma.gemma2_provider", r"Gemma2: PyTorch FlexAttention available"),
     ("transformers.configuration_utils", r"`torch_dtype` is deprecated"),
+    ("transformers", r"PyTorch was not found\. Models won't be available"),  # the light install's
     ("transformers.models.qwen3_5.modeling_qwen3_5", FAST_PATH),
     ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", FAST_PATH),
 )

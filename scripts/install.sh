@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.12) with the training stack and this project in editable mode.
 #
-#   bash scripts/install.sh [--gpu|--cpu] [--wheelhouse DIR]... [--reuse-site-packages] [--python PY] [--dry-run]
+#   bash scripts/install.sh [--gpu|--cpu|--light] [--wheelhouse DIR]... [--reuse-site-packages] [--python PY] [--dry-run]
+#
+# --light installs only what building and inspecting SFT rows and listing the recipes need
+# (requirements/light.txt at cpu.lock's pins): nothing is compiled, and no training stack.
 #
 # The stack is installed from requirements/cpu.lock with --no-deps: megatron-bridge declares
 # dependencies that cannot be built on a machine without CUDA (flashinfer, fast-hadamard-
@@ -30,6 +33,7 @@ given_wheelhouse=0
 reuse=0
 python=""
 gpu=auto
+light=0
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -41,12 +45,13 @@ while [ $# -gt 0 ]; do
     --python) python="$2"; shift 2 ;;
     --gpu) gpu=1; shift ;;
     --cpu) gpu=0; shift ;;
+    --light) light=1; gpu=0; shift ;;
     --dry-run) dry_run=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --wheelhouse DIR, --reuse-site-packages, --python PY, --dry-run)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option '$1' (known: --gpu, --cpu, --light, --wheelhouse DIR, --reuse-site-packages, --python PY, --dry-run)" >&2; exit 2 ;;
   esac
 done
-if [ "$gpu" = auto ]; then
+if [ "$gpu" = auto ] && [ "$light" = 0 ]; then
   gpu=0
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     gpu=1
@@ -61,7 +66,7 @@ run() {
 
 # where the install is, for the progress lines and the message on failure
 started=$SECONDS
-n_steps=$((gpu ? 6 : 4))
+n_steps=$((light ? 3 : gpu ? 6 : 4))
 step_no=0
 step_name="checking the options"
 step() {
@@ -106,6 +111,29 @@ if [ "$reuse" = 1 ]; then
   if [ "$dry_run" = 1 ]; then echo "+ write $pth: $(echo $sites)"; else printf '%s\n' "$sites" >"$pth"; fi
 fi
 run .venv/bin/python -m pip install -q --upgrade "${find_links[@]}" "pip>=25"
+
+if [ "$light" = 1 ]; then
+  light_lock=.venv/install/light.lock
+  step "installing requirements/light.txt at requirements/cpu.lock's pins (no training stack)"
+  run mkdir -p .venv/install
+  if [ "$dry_run" = 1 ]; then
+    echo "+ write $light_lock: the cpu.lock pins of the names in requirements/light.txt"
+  else
+    names=$(grep -vE '^\s*(#|$)' requirements/light.txt | tr 'A-Z_' 'a-z-')
+    : >"$light_lock"
+    for name in $names; do
+      pin=$(grep -iE "^${name//-/[-_.]}==" requirements/cpu.lock || true)
+      [ -n "$pin" ] || { echo "install.sh: requirements/light.txt names $name, which requirements/cpu.lock does not pin" >&2; exit 1; }
+      echo "$pin" >>"$light_lock"
+    done
+  fi
+  run .venv/bin/python -m pip install --no-deps --progress-bar off "${find_links[@]}" -r "$light_lock"
+  step "installing this project (editable) and checking the data tools import"
+  run .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+  run .venv/bin/python -c "import bridge_recipes.data.sft_rows, bridge_recipes.data.inspect_rows, bridge_recipes.runner.cli, transformers; print('[install] ok: light (rows, inspection, --list); bash scripts/install.sh adds the training stack')"
+  [ "$dry_run" = 1 ] || echo "[install] done in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s; .venv is $(du -sh .venv | cut -f1)"
+  exit 0
+fi
 
 # Transformer Engine's PyTorch extension builds against the venv's torch (no build isolation, which
 # would fetch another torch), so it comes after the rest of the lock.
@@ -169,9 +197,11 @@ else
   # venv's nvidia/* wheels, not in every CUDA toolkit
   cpath=$(ls -d "$PWD/$venv_site"/nvidia/*/include 2>/dev/null | paste -sd: || true)
   log=.venv/install/transformer_engine_torch.log
-  echo "[install] compiling $te_pin from source with CUDA_HOME=${home:-?}; about 10 to 25 minutes on 2 cores ($(nproc 2>/dev/null || echo '?') here)"
+  echo "[install] compiling $te_pin from source with CUDA_HOME=${home:-?}; one compiler job per core, $(nproc 2>/dev/null || echo '?') here"
   echo "[install] compiler output: $log"
   compile_started=$SECONDS
+  # one compiler job per core (ninja's and Transformer Engine's build read MAX_JOBS)
+  MAX_JOBS=${MAX_JOBS:-$(nproc 2>/dev/null || echo 2)} \
   CUDA_HOME=$home CPATH="$cpath${CPATH:+:$CPATH}" .venv/bin/python -m pip install -v --no-deps --no-build-isolation \
     --progress-bar off "${find_links[@]}" "$te_pin" >"$log" 2>&1 &
   pid=$!
@@ -211,4 +241,4 @@ print('[install] gpu:', torch.cuda.get_device_name(0), 'x', torch.cuda.device_co
 print('[install] ' + ', '.join(f'{p} {md.version(p)}' for p in ('torch', 'transformer-engine', 'megatron-core', 'megatron-bridge', 'nvidia-resiliency-ext', 'tilelang')))
 "
 fi
-[ "$dry_run" = 1 ] || echo "[install] done in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
+[ "$dry_run" = 1 ] || echo "[install] done in $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s; .venv is $(du -sh .venv | cut -f1)"

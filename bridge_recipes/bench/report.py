@@ -433,6 +433,22 @@ def data_build_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def install_table() -> str:
+    """How long scripts/install.sh took (results/install_times.json), with what it had at hand."""
+    path = RESULTS / "install_times.json"
+    if not path.is_file():
+        return ""
+    lines = [
+        "| install | command | date, machine | time | .venv | compiles | with | log |",
+        "|---|---|---|---:|---:|---|---|---|",
+    ]
+    for e in json.loads(path.read_text()):
+        took = f"{e['seconds'] // 60} min {e['seconds'] % 60} s"
+        cells = [e["install"], f"`{e['command']}`", f"{e['date']}, {e['hardware']}", took, e["venv"] or "-"]
+        lines.append(_row([*cells, "yes" if e["compiles"] else "no", e["conditions"], f"`{e['log']}`"]))
+    return "\n".join(lines) + "\n"
+
+
 def convergence_table() -> str:
     """SFT through packed rows against one conversation per row, the same conversations every step
     (docs/evidence/packing/packed_sft_convergence_*.json): the loss curves compared and the
@@ -527,6 +543,9 @@ def render() -> str:
             "## One GPU of 80 or 48 GB: LoRA at the card's memory",
             "",
             memory_classes_table() or "No measurement committed yet.\n",
+            "## Installing",
+            "",
+            install_table() or "No measurement committed yet.\n",
             "## Building SFT rows",
             "",
             data_build_table() or "No measurement committed yet.\n",

@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from bridge_recipes.installed import training_stack_problem
+
+    if problem := training_stack_problem(f"convert_checkpoint.py {args.command}"):
+        print(f"convert_checkpoint.py: error: {problem}", file=sys.stderr)
+        return 2
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from bridge_recipes.hf import checkpoint as ck

@@ -389,6 +389,10 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             registry.find(args.recipe)
     except (OverrideError, registry.UnknownRecipe) as exc:
         return fail(str(exc))
+    from bridge_recipes.installed import training_stack_problem
+
+    if problem := training_stack_problem("a dry run, --plan or a launch"):
+        return fail(problem)
     print(
         f"[run_recipe] loading Megatron-Bridge and building {args.recipe or args.config_file}",
         file=sys.stderr,

@@ -37,7 +37,7 @@ def _extra(name: str) -> dict[str, str]:
 @pytest.fixture
 def checkout(tmp_path):
     """A copy of the script and locks, so a run that did install would show in tmp_path."""
-    for rel in ("scripts/install.sh", "requirements/cpu.lock", "requirements/gpu.lock"):
+    for rel in ("scripts/install.sh", "requirements/cpu.lock", "requirements/gpu.lock", "requirements/light.txt"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     return tmp_path
@@ -174,3 +174,31 @@ def test_no_cuda_toolkit_exits_2_naming_what_to_install(checkout, tmp_path):
         capture_output=True, text=True, env=env, cwd=checkout,
     )  # fmt: skip
     assert p.returncode == 2 and "CUDA_HOME" in p.stderr and "--wheelhouse" in p.stderr
+
+
+def test_the_light_install_takes_its_names_at_the_locks_pins_and_compiles_nothing(checkout):
+    p = _run(checkout, "--light", "--dry-run", nvidia_smi="GPU 0: NVIDIA H200")
+    assert p.returncode == 0, p.stderr
+    assert _pip_files(p.stdout) == [".venv/install/light.lock"]  # no stack, no GPU lock, no compile
+    assert "transformer_engine_torch" not in p.stdout and not (checkout / ".venv").exists()
+    lines = (ROOT / "requirements/light.txt").read_text().splitlines()
+    names = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    pins = _pins(ROOT / "requirements/cpu.lock")
+    assert [n for n in names if re.sub(r"[-_.]+", "-", n).lower() not in pins] == []
+    assert not any(n.lower().startswith(("torch", "megatron", "transformer-engine")) for n in names)
+
+
+def test_commands_that_need_the_training_stack_say_so_in_the_light_install(monkeypatch, capsys):
+    import importlib.util
+
+    from bridge_recipes.hf import cli as convert
+    from bridge_recipes.runner import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name.startswith("megatron") else real(name, *a)
+    )
+    assert cli.main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_config", "--dry-run"]) == 2
+    assert convert.main(["toy", "--out", "/nonexistent/toy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("needs the training stack") == 2 and "bash scripts/install.sh" in err

@@ -535,3 +535,16 @@ def test_row_building_throughput_is_its_log():
     assert [r["conversations"] for r in doc["peak_rss_mb_of_larger_inputs"]] == [c for c, _ in larger]
     summary = log.strip().splitlines()[-1]
     assert f"{doc['turn_scaling_ratio']:.2f}x (" in summary and f"{doc['tokens_per_s']:,.0f} tokens/s" in summary
+
+
+@pytest.mark.parametrize("entry", json.loads((RESULTS / "install_times.json").read_text()), ids=lambda e: e["install"])
+def test_install_times_are_their_logs(entry):
+    import re
+
+    log = (ROOT / entry["log"]).read_text()
+    minutes, seconds = re.search(r"^\[install\] done in (\d+) min (\d+) s", log, re.M).groups()
+    assert entry["seconds"] == int(minutes) * 60 + int(seconds)
+    size = re.search(r"\.venv is (\S+)$", log, re.M)
+    assert entry["venv"] == (size.group(1) if size else None)
+    compiled = "compiling transformer_engine_torch" in log
+    assert entry["compiles"] is compiled and ("--light" in entry["command"]) is ("step 1/3" in log)
