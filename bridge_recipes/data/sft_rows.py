@@ -73,6 +73,7 @@ from bridge_recipes.data.chat_render import (  # noqa: F401 - the public names o
     render_conversation,
     validate_conversation,
 )
+from bridge_recipes.data.chat_render import eos_id as special_token_id
 from bridge_recipes.data.chat_template import TemplateRenderer
 from bridge_recipes.data.conversations import (  # noqa: F401
     DEFAULT_MESSAGES_KEY,
@@ -156,12 +157,7 @@ def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[R
         }
         return render, fields, chat.eos_id, tok
     renderer = TemplateRenderer(tokenizer)
-    eos_id = renderer.backend.token_to_id(eos_token)
-    if eos_id is None:
-        raise SftRowsError(
-            f"tokenizer {renderer.folder} lacks the EOS token {eos_token!r} (set with --eos-token; "
-            "it separates conversations in eos_joined rows and pads boundaries rows)"
-        )
+    eos_id = special_token_id(renderer.backend, eos_token)
 
     def render(conversation: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
         messages, tools = conversation
