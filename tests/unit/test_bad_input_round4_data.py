@@ -13,10 +13,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from bridge_recipes.data.chat_template import TemplateRenderer
+from bridge_recipes.data.conversations import ParquetSource
 from bridge_recipes.data.sft_rows import build_sft_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,6 +150,41 @@ def test_an_image_tag_inside_a_line_is_text(tmp_path):
     svg = conv('draw it: <svg><image href="a.png"/></svg> or <image> inline', "Done.")
     m = build(tmp_path, [*GOOD, svg])
     assert m["conversations"]["skipped"] == {}
+
+
+# ----------------------------------------------------------------- 3. Parquet tool-call arguments
+
+
+def tool_conv(arguments: dict) -> dict:
+    properties = {k: {"type": "string"} for k in arguments}
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": properties}}}
+    ]
+    call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {
+        "messages": [
+            {"role": "user", "content": "call it"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "done"},
+            {"role": "assistant", "content": "It is done."},
+        ],
+        "tools": tools,
+    }
+
+
+def test_parquet_tool_arguments_keep_only_their_own_keys(tmp_path):
+    records = [tool_conv({"city": "Paris"}), tool_conv({"units": "metric", "days": 3})]
+    path = tmp_path / "calls.parquet"
+    pq.write_table(pa.Table.from_pylist(records), path)  # the arguments become one struct of all three keys
+    source = ParquetSource(path)
+    read = [source.decode(value, i) for i, value in source.records(np.arange(2))]
+    got = [m[1]["tool_calls"][0]["function"]["arguments"] for m, _ in read]
+    assert got == [{"city": "Paris"}, {"units": "metric", "days": 3}]
+    assert [t for _, t in read] == [r["tools"] for r in records]  # the tool lists' schemas too
+    renderer = TemplateRenderer(TEMPLATE)
+    for (messages, tools), record in zip(read, records):
+        a, b = renderer.render(messages, tools), renderer.render(record["messages"], record["tools"])
+        assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
 
 
 # ----------------------------------------------------------------- 6. an image in an assistant reply
