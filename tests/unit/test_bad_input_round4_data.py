@@ -19,6 +19,7 @@ import pytest
 
 from bridge_recipes.data.chat_template import TemplateRenderer
 from bridge_recipes.data.conversations import ParquetSource
+from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
 from bridge_recipes.data.sft_rows import build_sft_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,6 +186,70 @@ def test_parquet_tool_arguments_keep_only_their_own_keys(tmp_path):
     for (messages, tools), record in zip(read, records):
         a, b = renderer.render(messages, tools), renderer.render(record["messages"], record["tools"])
         assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+
+
+# ----------------------------------------------------------------- 5. rows checked against another template
+
+
+@pytest.fixture(scope="module")
+def template_rows(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("rows")
+    build(tmp, GOOD, name="rows")
+    return tmp / "rows"
+
+
+def _manifest_without(rows: Path, tmp_path: Path, key: str) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(rows, copy)
+    m = json.loads((copy / "manifest.json").read_text())
+    del m[key]
+    (copy / "manifest.json").write_text(json.dumps(m))
+    return copy
+
+
+def test_rows_are_checked_against_the_chat_template_too(template_rows, tmp_path):
+    check_rows(template_rows, tokenizer=TEMPLATE)
+    other = tmp_path / "other"
+    shutil.copytree(TEMPLATE, other)  # the same tokenizer.json, another template
+    (other / "chat_template.jinja").write_text((TEMPLATE / "chat_template.jinja").read_text().replace("# Tools", "#T"))
+    with pytest.raises(RowsIntegrityError, match="another chat template"):
+        check_rows(template_rows, tokenizer=other)
+    bare = tmp_path / "bare"  # a tokenizer.json with no template beside it
+    bare.mkdir()
+    shutil.copy(TEMPLATE / "tokenizer.json", bare)
+    with pytest.raises(RowsIntegrityError, match="holds none"):
+        check_rows(template_rows, tokenizer=bare / "tokenizer.json")
+
+
+@pytest.mark.parametrize("key", ["tokenizer_sha256", "chat_template_sha256"])
+def test_a_manifest_without_the_tokenizer_fields_cannot_pass_the_tokenizer_check(template_rows, tmp_path, key):
+    copy = _manifest_without(template_rows, tmp_path, key)
+    check_rows(copy)  # no tokenizer asked for: nothing to compare
+    with pytest.raises(RowsIntegrityError, match=f"lacks {key}"):
+        check_rows(copy, tokenizer=TEMPLATE)
+
+
+def test_a_tokenizer_path_without_tokenizer_json_is_an_error_not_a_skipped_check(template_rows, tmp_path):
+    with pytest.raises(RowsIntegrityError, match="has no tokenizer.json"):
+        check_rows(template_rows, tokenizer=tmp_path / "missing")
+
+
+def test_chatml_rows_need_no_template(tmp_path):
+    build(tmp_path, GOOD, tokenizer=CHATML, chat_format="chatml")
+    check_rows(tmp_path / "out", tokenizer=CHATML)
+    check_rows(ROOT / "docs/evidence/sft_rows_synthetic/rows", tokenizer=CHATML)
+
+
+def test_the_runner_dry_run_refuses_rows_of_another_template(template_rows, tmp_path, capsys):
+    from bridge_recipes.runner.cli import main
+
+    other = tmp_path / "other"
+    shutil.copytree(TEMPLATE, other)
+    (other / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8", "-sl", str(ROW)]
+    code = main([*args, "--dataset", "sft-rows", f"dataset.path={template_rows}", f"dataset.tokenizer_path={other}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "another chat template" in err and "Traceback" not in err
 
 
 # ----------------------------------------------------------------- 6. an image in an assistant reply
