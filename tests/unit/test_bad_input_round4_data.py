@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bridge_recipes.data.chat_template import TemplateRenderer
-from bridge_recipes.data.conversations import ParquetSource
+from bridge_recipes.data.conversations import ParquetSource, SftRowsError
 from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
 from bridge_recipes.data.sft_rows import build_sft_rows
 
@@ -186,6 +186,37 @@ def test_parquet_tool_arguments_keep_only_their_own_keys(tmp_path):
     for (messages, tools), record in zip(read, records):
         a, b = renderer.render(messages, tools), renderer.render(record["messages"], record["tools"])
         assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+
+
+# ----------------------------------------------------------------- 4. validation that repeats training
+
+
+def test_validation_file_with_the_training_content_is_refused(tmp_path):
+    train = jsonl(tmp_path / "train.jsonl", GOOD)
+    copy = jsonl(tmp_path / "copy.jsonl", GOOD)
+    with pytest.raises(SftRowsError, match="same bytes as --input"):
+        build_sft_rows(train, TEMPLATE, tmp_path / "out", row_tokens=ROW, progress=False, val_input=copy)
+    assert not (tmp_path / "out").exists()
+
+
+def test_conversations_in_both_splits_are_counted_and_reported(tmp_path):
+    val = [conv(f"a new question {i}?", f"a new answer {i}.") for i in range(4)] + GOOD[:3]
+    val_file = jsonl(tmp_path / "val.jsonl", val)
+    train_file = jsonl(tmp_path / "train.jsonl", GOOD)
+    args = ["--input", train_file, "--tokenizer", TEMPLATE, "--row-tokens", ROW, "--no-progress"]
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/build_sft_rows.py"), *map(str, args), "--out", str(tmp_path / "out")]
+        + ["--val-input", str(val_file)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr
+    m = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert m["validation"]["conversations_also_in_training"] == 3
+    assert "3 training conversation(s) are also in the" in p.stdout
+    clean = build(tmp_path, GOOD[3:], name="clean", val_input=jsonl(tmp_path / "v2.jsonl", val[:4]))
+    assert clean["validation"]["conversations_also_in_training"] == 0
 
 
 # ----------------------------------------------------------------- 5. rows checked against another template
