@@ -15,7 +15,8 @@ null; ``function.arguments`` may be a JSON string, it is parsed); an optional pe
 ``tools`` list is passed to the template. An assistant turn with no text, reasoning or tool
 call (``empty_assistant_reply``) and a tool result that follows no assistant tool call
 (``tool_result_without_call``) are skipped: training on them teaches an empty answer or a
-result nobody asked for.
+result nobody asked for. What the text may hold (no control token, no LLaVA ``<image>`` line, no
+image in a reply; reasoning inside content only as the template renders it) is :mod:`message_text`'s.
 
 Mask (1 = supervised). A ChatML template (Qwen's) renders the conversation once: the k-th
 ``<|im_start|>assistant\n`` of the rendering ``S`` opens the k-th assistant message, whose span

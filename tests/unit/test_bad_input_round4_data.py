@@ -327,3 +327,23 @@ def test_chatml_refuses_reasoning_it_would_drop(tmp_path, caplog):
         build(tmp_path, [*GOOD, empty], name="o2", tokenizer=CHATML, chat_format="chatml")["conversations"]["skipped"]
         == {}
     )
+
+
+# ----------------------------------------------------------------- the documented list of reasons
+
+
+def test_every_skip_reason_of_the_text_build_is_documented():
+    import ast
+
+    doc = (ROOT / "docs/sft_data.md").read_text()
+    modules = ["chat_formats", "chat_render", "chat_template", "conversations", "message_text", "sft_rows"]
+    reasons = set()
+    for name in modules:
+        tree = ast.parse((ROOT / f"bridge_recipes/data/{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "MalformedConversation":
+                reason = node.args[1] if len(node.args) > 1 else None
+                if isinstance(reason, ast.Constant):
+                    reasons.add(reason.value)
+    assert {"control_token_in_text", "image_conversation", "reasoning_needs_template"} <= reasons
+    assert sorted(r for r in reasons if f"`{r}`" not in doc) == []
