@@ -145,6 +145,11 @@ def summary(m: dict, out: str) -> str:
     if v:
         vc = v["conversations"]
         lines.append(f"validation: {v['rows']} rows from {vc['used']} conversations, {vc['skipped_total']} skipped")
+        if v.get("conversations_also_in_training"):
+            lines.append(
+                f"  warning: {v['conversations_also_in_training']} training conversation(s) are also in the "
+                "validation split (the same tokens); remove the duplicates from the data"
+            )
         lines += [f"  skipped {n:>8}  {reason}" for reason, n in vc["skipped"].items()]
     lines += [
         f"rows_sha256    {m['rows_sha256']}",

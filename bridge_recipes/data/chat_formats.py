@@ -10,7 +10,8 @@
   list of ``[instruction, response]`` pairs before it.
 
 Each record becomes OpenAI messages (and a tool list), which the renderer then validates; a
-record that lacks its file's keys is skipped as ``missing_<key>_key``. A file whose first record
+record that lacks its file's keys is skipped as ``missing_<key>_key``, one with LLaVA's ``image`` /
+``images`` key as ``image_conversation`` (``scripts/build_vl_dataset.py`` builds those). A file whose first record
 fits none of them is refused, with :func:`formats_help` listing what each looks like.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_recipes.data.conversations import MalformedConversation
+from bridge_recipes.data.message_text import IMAGE_KEYS, check_image_record
 
 TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI and ShareGPT)
 # ShareGPT speaker -> OpenAI role; function_call becomes an assistant tool call
@@ -49,7 +51,8 @@ class RecordFormat:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return self.required + self.optional
+        """The keys a build reads: the format's, and LLaVA's image keys, which mark a record it refuses."""
+        return self.required + self.optional + IMAGE_KEYS
 
     def read(self, record: dict, index: int) -> tuple[Any, Any]:
         """The record as OpenAI messages and tools; MalformedConversation when it lacks a key."""
@@ -60,6 +63,7 @@ class RecordFormat:
                     f"missing_{key}_key",
                     f"record has no {key!r} key (the file is {self.name}, from its first record)",
                 )
+        check_image_record(record, index, exclude=self.required)
         return self.convert(record, index)
 
 

@@ -4,22 +4,25 @@ Chat format (Qwen ChatML, as the Qwen3.5 chat template renders plain text turns)
 message is ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. Supervised (mask 1) are the
 content tokens of assistant messages and their closing ``<|im_end|>``; the
 ``<|im_start|>assistant\\n`` header, the ``\\n`` after ``<|im_end|>`` and every system and user
-token have mask 0. Content is used verbatim: no ``<think>`` block is inserted (a content that
-already holds one is supervised as written). Roles are ``system``, ``user`` and ``assistant``.
+token have mask 0. Content is used verbatim: no ``<think>`` block is inserted (a reply that
+begins with one is supervised as written). Roles are ``system``, ``user`` and ``assistant``; this
+format renders no ``reasoning_content`` (skipped as ``reasoning_needs_template``: the template road
+renders it).
 
 Tokenization is per segment (the ``{role}\\n`` header, each content, the ``\\n`` after
 ``<|im_end|>``; the special tokens are inserted by id), so every token belongs to exactly one
 message and the mask is exact. Tokenizing the whole rendered string instead can merge
 characters across a segment boundary (e.g. a content starting with ``\\n`` joins the header's
-``\\n`` in one BPE token), and such a token has no single correct mask value. As with the HF
-chat template, special-token text inside a content (e.g. ``<|im_end|>``) encodes to the
-special token.
+``\\n`` in one BPE token), and such a token has no single correct mask value. A content that
+writes a control token (``<|im_end|>``, ...; :mod:`message_text`) is skipped as
+``control_token_in_text``, as on the template road: it would encode to the token itself.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,16 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
+from bridge_recipes.data.message_text import (
+    assistant_image_problem,
+    check_control_tokens,
+    control_pattern,
+    control_tokens,
+    image_placeholder,
+    is_image_part,
+    placeholder_problem,
+    think_block,
+)
 
 DEFAULT_EOS_TOKEN = "<|endoftext|>"  # Qwen3.5's EOS, id 248046 in the released tokenizer
 IM_START = "<|im_start|>"
@@ -44,6 +57,7 @@ class ChatFormat:
     eos_id: int | None
     newline_ids: tuple[int, ...]
     header_ids: dict[str, tuple[int, ...]]  # role -> ids of "{role}\n"
+    control: re.Pattern | None = field(default=None, compare=False)  # the control tokens' texts
 
 
 def backend_tokenizer(tokenizer: Any) -> Tokenizer:
@@ -80,6 +94,8 @@ def chat_format(tokenizer: Any, eos_token: str | None = DEFAULT_EOS_TOKEN) -> Ch
             f"{IM_START} and {IM_END}, and the EOS separator between conversations "
             f"({eos_token!r}, set with --eos-token) must be a single token"
         )
+    if eos_token is not None:
+        eos_id(tok, eos_token)
     newline = tuple(tok.encode("\n", add_special_tokens=False).ids)
     if not newline:  # a tokenizer that drops newlines cannot represent the format
         raise SftRowsError("tokenizer encodes '\\n' to no token; it cannot render the Qwen chat format")
@@ -90,6 +106,23 @@ def chat_format(tokenizer: Any, eos_token: str | None = DEFAULT_EOS_TOKEN) -> Ch
         eos_id=tok.token_to_id(eos_token) if eos_token is not None else None,
         newline_ids=newline,
         header_ids=headers,
+        control=control_pattern(control_tokens(tok)),
+    )
+
+
+def eos_id(tokenizer: Any, eos_token: str) -> int:
+    """The id of ``--eos-token``, which must be one of the tokenizer's special tokens: a plain word that
+    happens to be one token would pass for text where it separates or pads conversations."""
+    tok = backend_tokenizer(tokenizer)
+    specials = [t.content for _, t in sorted(tok.get_added_tokens_decoder().items()) if t.special]
+    if eos_token in specials:
+        return tok.token_to_id(eos_token)
+    fit = [t for t in specials if t != IM_START]
+    lacks = "is not a token of" if tok.token_to_id(eos_token) is None else "is not a special token of"
+    raise SftRowsError(
+        f"--eos-token {eos_token!r} {lacks} the tokenizer; it separates conversations (eos_joined rows) and pads "
+        f"rows, so it must be a special token: one of {', '.join(fit[:12]) or '(none)'}"
+        + (f" (the default is {DEFAULT_EOS_TOKEN})" if DEFAULT_EOS_TOKEN in fit else "")
     )
 
 
@@ -115,12 +148,25 @@ def validate_conversation(messages: Any, index: int | None = None) -> list[dict]
             raise MalformedConversation(
                 index, "unknown_role", f"message {j} has unknown role {message['role']!r} (expected one of {ROLES})"
             )
-        if not isinstance(message["content"], str):
-            kind = type(message["content"]).__name__
+        content = message["content"]
+        if isinstance(content, list) and message["role"] == SUPERVISED_ROLE and any(map(is_image_part, content)):
+            raise assistant_image_problem(index, j)
+        if not isinstance(content, str):
+            kind = type(content).__name__
             raise MalformedConversation(index, "content_not_a_string", f"message {j} content is {kind}, not a string")
         if message["role"] == SUPERVISED_ROLE and not message["content"].strip():
             raise MalformedConversation(
                 index, "empty_assistant_reply", f"message {j} is an assistant turn with nothing in it"
+            )
+        if image_placeholder(content):
+            raise placeholder_problem(index, j)
+        reasoning = message.get("reasoning_content") if message["role"] == SUPERVISED_ROLE else None
+        if isinstance(reasoning, str) and reasoning.strip():
+            raise MalformedConversation(
+                index,
+                "reasoning_needs_template",
+                f"message {j} has reasoning_content, which --chat-format chatml does not render (it would be "
+                "dropped); build with --chat-format template, which renders it",
             )
     if not any(m["role"] == SUPERVISED_ROLE for m in messages):
         raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")
@@ -137,6 +183,9 @@ def render_conversation(
     tok = backend_tokenizer(tokenizer)
     fmt = fmt or chat_format(tok, eos_token=None)
     validate_conversation(messages, index)
+    thinks = {j for j, m in enumerate(messages) if m["role"] == SUPERVISED_ROLE and think_block(m["content"])}
+    texts = [{"role": m["role"], "content": m["content"]} for m in messages]
+    check_control_tokens(fmt.control, texts, None, index, thinks)
     contents = tok.encode_batch([m["content"] for m in messages], add_special_tokens=False)
     ids: list[int] = []
     mask: list[int] = []

@@ -15,7 +15,8 @@ null; ``function.arguments`` may be a JSON string, it is parsed); an optional pe
 ``tools`` list is passed to the template. An assistant turn with no text, reasoning or tool
 call (``empty_assistant_reply``) and a tool result that follows no assistant tool call
 (``tool_result_without_call``) are skipped: training on them teaches an empty answer or a
-result nobody asked for.
+result nobody asked for. What the text may hold (no control token, no LLaVA ``<image>`` line, no
+image in a reply; reasoning inside content only as the template renders it) is :mod:`message_text`'s.
 
 Mask (1 = supervised). A ChatML template (Qwen's) renders the conversation once: the k-th
 ``<|im_start|>assistant\n`` of the rendering ``S`` opens the k-th assistant message, whose span
@@ -51,7 +52,6 @@ and ``S`` is tokenized once, whatever the number of turns.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -60,6 +60,20 @@ from typing import Any
 import numpy as np
 
 from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
+from bridge_recipes.data.integrity import template_files_sha256
+from bridge_recipes.data.message_text import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    VL_BUILDER,
+    assistant_image_problem,
+    check_control_tokens,
+    control_pattern,
+    control_tokens,
+    image_placeholder,
+    is_image_part,
+    placeholder_problem,
+    think_block,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer models call the system message "developer"
@@ -67,10 +81,9 @@ ROLE_ALIASES = {"developer": "system"}
 END_OF_TURN = "<|im_end|>"  # Qwen3.5's end of a chat turn
 ASSISTANT_HEADER = "<|im_start|>assistant\n"  # ChatML's opening of an assistant turn
 SHORT_HEAD = 16  # characters: texts this short between an added token and a span boundary are cached
-TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def _text_of(content: Any, index: int | None, j: int) -> str:
+def _text_of(content: Any, index: int | None, j: int, role: str = "user") -> str:
     """A message content as one string: a string, or the text parts of a list joined."""
     if isinstance(content, str):
         return content
@@ -83,10 +96,15 @@ def _text_of(content: Any, index: int | None, j: int) -> str:
             texts.append(part)
         elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif role == "assistant" and is_image_part(part):
+            raise assistant_image_problem(index, j)
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            hint = f" (image conversations: {VL_BUILDER})" if is_image_part(part) else ""
             raise MalformedConversation(
-                index, "non_text_content", f"message {j} has a {kind!r} content part; text models take text parts only"
+                index,
+                "non_text_content",
+                f"message {j} has a {kind!r} content part; text models take text parts only{hint}",
             )
     return "".join(texts)
 
@@ -140,7 +158,9 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
         content = message.get("content")
         if content is None and not calls:
             raise MalformedConversation(index, "missing_role_or_content", f"message {j} has no 'content'")
-        m = {"role": role, "content": "" if content is None else _text_of(content, index, j)}
+        m = {"role": role, "content": "" if content is None else _text_of(content, index, j, role)}
+        if image_placeholder(m["content"]):
+            raise placeholder_problem(index, j)
         if role == "assistant":
             reasoning = message.get("reasoning_content")
             if reasoning is not None:
@@ -166,16 +186,6 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
     if not any(m["role"] == "assistant" for m in out):
         raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")
     return out, list(tools or [])
-
-
-def template_files_sha256(folder: Path) -> str:
-    """sha256 over the files that decide the rendering (name, then bytes, for those present)."""
-    hasher = hashlib.sha256()
-    for name in TEMPLATE_FILES:
-        path = folder / name
-        if path.is_file():
-            hasher.update(name.encode() + b"\0" + path.read_bytes())
-    return hasher.hexdigest()
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -244,6 +254,9 @@ class TemplateRenderer:
         # tokens the tokenizer matches before anything else, splitting the text around them
         self.added_ids = frozenset(self.backend.get_added_tokens_decoder())
         self.added_array = np.fromiter(sorted(self.added_ids), dtype=np.int32)
+        controls = control_tokens(self.backend)
+        self.control = control_pattern(controls)
+        self.think_tokens = THINK_OPEN in controls or THINK_CLOSE in controls
         self.sha256 = template_files_sha256(folder)
         self.generation_prompt = self._generation_prompt()
         self._short_heads: dict[str, list[int]] = {}
@@ -271,6 +284,8 @@ class TemplateRenderer:
         """Token ids (int32) and loss mask (uint8, 1 = supervised) of one conversation."""
         messages, tools = normalize_conversation(messages, tools, index)
         try:
+            messages = self._reasoning_from_content(messages, tools, index)
+            check_control_tokens(self.control, messages, tools, index)
             full = self._apply(messages, tools, False)
             spans = self.spans_from_rendering(messages, full)
             if spans is None:
@@ -290,6 +305,32 @@ class TemplateRenderer:
             a, b = self._token_index(full, start, ids, splits, index), self._token_index(full, end, ids, splits, index)
             mask[a:b] = 1
         return tokens, mask
+
+    def _reasoning_from_content(self, messages: list[dict], tools: list, index: int | None) -> list[dict]:
+        """Assistant replies that begin with their reasoning as a ``<think>...</think>`` block, given as
+        ``reasoning_content`` instead, when the template renders the two alike (Qwen's templates read such a
+        block as the reasoning); else MalformedConversation (``reasoning_in_content``): the template would
+        render the tags as text of the reply. Unchanged when ``<think>`` is no control token."""
+        if not self.think_tokens:
+            return messages
+        moved, changed = [], []
+        for j, m in enumerate(messages):
+            block = None
+            if m["role"] == "assistant" and "reasoning_content" not in m and THINK_CLOSE in m["content"]:
+                block = think_block(m["content"])
+            if block is None:
+                moved.append(m)
+            else:
+                moved.append({**m, "reasoning_content": block[0], "content": block[1]})
+                changed.append(j)
+        if changed and self._apply(messages, tools, False) != self._apply(moved, tools, False):
+            raise MalformedConversation(
+                index,
+                "reasoning_in_content",
+                f"message {changed[0]} writes its reasoning inside content as {THINK_OPEN}...{THINK_CLOSE}, which "
+                "this chat template does not render as reasoning; give it as the message's reasoning_content",
+            )
+        return moved
 
     def spans_from_rendering(self, messages: list[dict], full: str) -> list[tuple[int, int]] | None:
         """The assistant spans read off the one rendering ``full`` of a ChatML template, or None when it cannot

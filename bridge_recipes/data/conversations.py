@@ -231,7 +231,19 @@ class ParquetSource:
         return column
 
     def decode(self, value: dict, index: int) -> tuple[Any, Any]:
-        return self.format.read(value, index)
+        """The row's conversation, tool calls and tool list read without the keys of other rows: a struct
+        column gives each row every key any row has, null where it had none (a null is read as absent)."""
+        from bridge_recipes.data.message_text import drop_nulls
+
+        messages, tools = self.format.read(value, index)
+        if isinstance(messages, list):
+            messages = [
+                {**m, "tool_calls": drop_nulls(m["tool_calls"])}
+                if isinstance(m, dict) and isinstance(m.get("tool_calls"), list)
+                else m
+                for m in messages
+            ]
+        return messages, drop_nulls(tools) if isinstance(tools, list) else tools
 
 
 def spool_hf_dataset(

@@ -30,6 +30,18 @@ ROWS_SHA256_DEFINITION = (
     "sha256 over, for each row in order, input_ids as little-endian int32 bytes followed by loss_mask as uint8 bytes"
 )
 ROWS_SHA256_DEFINITION_BOUNDARIES = ROWS_SHA256_DEFINITION + ", then cu_seqlens as little-endian int32 bytes"
+# The files of a tokenizer folder that decide how the chat template renders (chat_template_sha256).
+TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def template_files_sha256(folder: str | os.PathLike) -> str:
+    """sha256 over the files that decide the rendering (name, then bytes, for those present)."""
+    hasher = hashlib.sha256()
+    for name in TEMPLATE_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            hasher.update(name.encode() + b"\0" + path.read_bytes())
+    return hasher.hexdigest()
 
 
 def update_rows_hash(hasher: hashlib._Hash, ids: np.ndarray, mask: np.ndarray, cu: np.ndarray | None = None) -> None:
@@ -105,6 +117,44 @@ def tokenizer_json(path: str | os.PathLike) -> Path:
     return path / "tokenizer.json" if path.is_dir() else path
 
 
+def check_tokenizer(folder: Path, manifest: dict, tokenizer: str | os.PathLike) -> None:
+    """The rows were rendered with ``tokenizer`` (a folder, or its tokenizer.json): its tokenizer.json, and for
+    rows rendered by a chat template the folder's template files, against the manifest's sha256. Asked for, the
+    check is never skipped: a manifest without the fields or a folder without the files is an error."""
+    tok_file = tokenizer_json(tokenizer)
+    where = folder / MANIFEST_FILE
+    if not tok_file.is_file():
+        raise RowsIntegrityError(
+            f"the tokenizer to check the rows in {folder} against, {tokenizer}, has no tokenizer.json; point it at "
+            "the checkpoint's tokenizer folder (--hf-checkpoint, tokenizer.tokenizer_model or dataset.tokenizer_path)"
+        )
+    missing = [k for k in ("tokenizer_sha256", "chat_template_sha256") if k not in manifest]
+    if missing or not manifest["tokenizer_sha256"]:
+        raise RowsIntegrityError(
+            f"{where} lacks {', '.join(missing or ['tokenizer_sha256'])}, so the rows cannot be checked against the "
+            f"tokenizer {tok_file}; {_rebuild(folder)}"
+        )
+    if file_sha256(tok_file) != manifest["tokenizer_sha256"]:
+        raise RowsIntegrityError(
+            f"rows in {folder} were built with a different tokenizer than the recipe's {tok_file} "
+            f"(sha256 differs from the manifest's tokenizer_sha256); rebuild them with --tokenizer {tokenizer}"
+        )
+    if manifest["chat_template_sha256"] is None:  # plain ChatML rows: rendered by no template
+        return
+    templates = tok_file.parent
+    if not any((templates / name).is_file() for name in TEMPLATE_FILES[1:]):
+        raise RowsIntegrityError(
+            f"rows in {folder} were rendered with a chat template, and {templates} holds none "
+            f"({', '.join(TEMPLATE_FILES[1:])}) to check it against; point at the checkpoint's tokenizer folder"
+        )
+    if template_files_sha256(templates) != manifest["chat_template_sha256"]:
+        raise RowsIntegrityError(
+            f"rows in {folder} were rendered with another chat template than {templates}'s (its "
+            f"{', '.join(TEMPLATE_FILES)} differ from the manifest's chat_template_sha256): the turns would not be "
+            f"what the model sees; rebuild them with --tokenizer {templates}"
+        )
+
+
 def _padding_segment(ids: np.ndarray, mask: np.ndarray, cu: np.ndarray, pad_id: int | None) -> int:
     """1 when a boundaries row's last segment is its padding (pad tokens outside the loss), else 0."""
     last = slice(int(cu[-2]), int(cu[-1]))
@@ -124,7 +174,7 @@ def check_rows(
     truncated, zero-byte or replaced file); that Parquet can read it; row count; column types;
     every row ``row_tokens`` long and ``row_tokens == seq_length``; token ids in
     ``[0, vocab_size)``; loss mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
-    the rows hash; the tokenizer's sha256 against ``tokenizer`` (a folder or tokenizer.json);
+    the rows hash; with ``tokenizer`` (a folder or its tokenizer.json), :func:`check_tokenizer`;
     and the same for the validation rows in ``val/``. Raises RowsIntegrityError.
     """
     import pyarrow as pa
@@ -151,16 +201,7 @@ def check_rows(
             f"{_rebuild(folder)}"
         )
     if tokenizer is not None:
-        tok_file = tokenizer_json(tokenizer)
-        if (
-            tok_file.is_file()
-            and manifest.get("tokenizer_sha256")
-            and file_sha256(tok_file) != manifest["tokenizer_sha256"]
-        ):
-            raise RowsIntegrityError(
-                f"rows in {folder} were built with a different tokenizer than the recipe's {tok_file} "
-                f"(sha256 differs from the manifest's tokenizer_sha256); rebuild them with --tokenizer {tokenizer}"
-            )
+        check_tokenizer(folder, manifest, tokenizer)
     try:
         table = pq.read_table(rows_file)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError on a damaged file

@@ -42,6 +42,7 @@ and rows are written ``ROWS_PER_BATCH`` at a time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -73,6 +74,7 @@ from bridge_recipes.data.chat_render import (  # noqa: F401 - the public names o
     render_conversation,
     validate_conversation,
 )
+from bridge_recipes.data.chat_render import eos_id as special_token_id
 from bridge_recipes.data.chat_template import TemplateRenderer
 from bridge_recipes.data.conversations import (  # noqa: F401
     DEFAULT_MESSAGES_KEY,
@@ -156,12 +158,7 @@ def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[R
         }
         return render, fields, chat.eos_id, tok
     renderer = TemplateRenderer(tokenizer)
-    eos_id = renderer.backend.token_to_id(eos_token)
-    if eos_id is None:
-        raise SftRowsError(
-            f"tokenizer {renderer.folder} lacks the EOS token {eos_token!r} (set with --eos-token; "
-            "it separates conversations in eos_joined rows and pads boundaries rows)"
-        )
+    eos_id = special_token_id(renderer.backend, eos_token)
 
     def render(conversation: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
         messages, tools = conversation
@@ -348,9 +345,16 @@ def build_sft_rows(
             "long": long,
         }
         validation = None
+        val_prints: set[bytes] = set()  # the validation conversations' tokens, hashed, to count those in training
         if n_val or val_input is not None:
             if val_input is not None:
                 val_reader = _open_source(str(val_input), val_kind, stage, cache_bytes=parquet_cache_bytes, **common)
+                if val_reader.sha256 == reader.sha256:
+                    raise SftRowsError(
+                        f"--val-input {val_input} holds the same bytes as --input {source} (sha256 "
+                        f"{reader.sha256[:16]}...): validation rows would repeat training conversations; give a "
+                        "separate file, or --val-fraction to split this one"
+                    )
                 val_order = np.random.default_rng(seed).permutation(len(val_reader))
                 val_source = {"source": str(val_input), "source_format": val_kind, "permutation": PERMUTATION}
             else:
@@ -362,7 +366,10 @@ def build_sft_rows(
                     "val_fraction": val_fraction,
                 }
             (stage / VAL_DIR).mkdir()
-            val_stats = _pack_and_write(val_reader, val_order, stage / VAL_DIR / ROWS_FILE, None, **settings)
+            val_stats = _pack_and_write(
+                val_reader, val_order, stage / VAL_DIR / ROWS_FILE, None, **settings, fingerprints=val_prints
+            )
+            val_stats.pop("conversations_in_validation")
             if val_stats["rows"] == 0:
                 conv = val_stats["conversations"]
                 skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
@@ -381,7 +388,14 @@ def build_sft_rows(
                 base, val_source, val_reader, val_stats, stage / VAL_DIR / ROWS_FILE, None, "validation"
             )
             (stage / VAL_DIR / MANIFEST_FILE).write_text(json.dumps(validation, indent=2) + "\n")
-        stats = _pack_and_write(reader, order[n_val:], stage / ROWS_FILE, max_rows, **settings)
+        stats = _pack_and_write(reader, order[n_val:], stage / ROWS_FILE, max_rows, **settings, seen=val_prints)
+        in_both = stats.pop("conversations_in_validation")
+        if in_both:
+            log.warning(
+                "%d training conversation(s) are also in the validation split (the same tokens): the validation "
+                "loss on them measures memory, not generalization; remove the duplicates from the data",
+                in_both,
+            )
         if stats["rows"] == 0:
             conv = stats["conversations"]
             skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
@@ -402,7 +416,7 @@ def build_sft_rows(
             None
             if validation is None
             else {k: validation[k] for k in ("rows", "rows_sha256", "parquet_sha256", "conversations")}
-            | {"folder": VAL_DIR}
+            | {"folder": VAL_DIR, "conversations_also_in_training": in_both}
         )
         for spool in stage.glob("hf-spool.jsonl"):
             spool.unlink()
@@ -431,6 +445,11 @@ def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, ma
         "parquet_compression": PARQUET_COMPRESSION,
         "pyarrow_version": pa.__version__,
     }
+
+
+def conversation_fingerprint(ids: np.ndarray) -> bytes:
+    """A conversation's identity for finding it in both splits: a hash of its rendered tokens."""
+    return hashlib.blake2b(np.asarray(ids, dtype="<i4").tobytes(), digest_size=16).digest()
 
 
 def _text_size(value: Any) -> int:
@@ -565,15 +584,20 @@ def _pack_and_write(
     long_mode: str = DEFAULT_LONG,
     cutter: TurnCutter | None = None,
     context_limit: int | None = None,
+    fingerprints: set[bytes] | None = None,
+    seen: set[bytes] | None = None,
 ) -> dict:
     """Conversations in ``order`` -> rendered (by ``workers`` processes) -> the long ones skipped, split or
-    truncated (``long_mode``) -> packed -> written, in that order whatever the workers. Returns the counts."""
+    truncated (``long_mode``) -> packed -> written, in that order whatever the workers. Returns the counts.
+    ``fingerprints`` collects a hash of each used conversation's tokens; the conversations whose hash is in
+    ``seen`` are counted (``conversations_in_validation``)."""
     boundaries = packing == "boundaries"
     packer = packer_for(packing, row_tokens, eos_id, supervise_eos)
     writer = RowWriter(path, row_tokens, rows_per_batch, boundaries=boundaries)
     read, used, skipped, examples, rows_without_targets = 0, 0, Counter(), [], 0
     padding = 0  # in the rows written or skipped without targets
     segments = 0  # conversations and pieces of split ones in the rows written (boundaries rows)
+    in_validation = 0
     long = LongConversations(long_mode, row_tokens, cutter=cutter, whole=packing != "eos_joined", limit=context_limit)
 
     def write(rows) -> bool:
@@ -605,6 +629,8 @@ def _pack_and_write(
                     if isinstance(done, MalformedConversation):
                         raise done
                     ids, mask = done
+                    if fingerprints is not None or seen:
+                        fingerprint = conversation_fingerprint(ids)
                     pieces = long.pieces_of(ids, mask)
                     if not pieces:
                         kept = "" if long.mode == "skip" else f"; --long {long.mode} kept no piece of it"
@@ -620,6 +646,10 @@ def _pack_and_write(
                         log.warning("skipping conversation, %s", e)
                     continue
                 used += 1
+                if fingerprints is not None:
+                    fingerprints.add(fingerprint)
+                if seen and fingerprint in seen:
+                    in_validation += 1
                 for piece_ids, piece_mask in pieces:
                     if write(packer.add(piece_ids, piece_mask)):
                         stopped = True
@@ -653,6 +683,7 @@ def _pack_and_write(
         "rows_sha256": writer.rows_sha256,
         "segments": segments if boundaries else None,
         "long_conversations": long.summary(),
+        "conversations_in_validation": in_validation,
         "conversations": {
             "indexed": len(reader),
             "read": read,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from bridge_recipes.data.message_text import VL_BUILDER
 from bridge_recipes.data.vl_dataset import (
     DATASET_YAML,
     META_DIR,
@@ -37,7 +38,7 @@ from bridge_recipes.outputs import file_sha256
 META_FILES = (DATASET_YAML, "split.yaml", "index.sqlite")
 INFO_FILES = (".info.json", ".info.yaml")  # Energon 7.4 writes the first, earlier 7.x the second
 VISION_TOKEN_FIELDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
-BUILD = "scripts/build_vl_dataset.py --processor CHECKPOINT"  # how a dataset is (re)built, for the messages
+BUILD = VL_BUILDER  # how a dataset is (re)built, for the messages
 
 
 def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:

@@ -1,0 +1,155 @@
+"""What the text of a conversation may hold in a text-only SFT rows build (docs/sft_data.md).
+
+- Control tokens: the tokenizer's special tokens and the added tokens it matches on the raw text
+  (``<|im_start|>``, ``<|im_end|>``, ``<think>``, ``<tool_call>``, ...). Written inside a message's
+  text (content, reasoning, a tool call, the tool list) they would tokenize to the control token
+  itself, so a user could end a turn or open an assistant one: such a conversation is skipped as
+  ``control_token_in_text``. The one exception is an assistant reply that begins with its
+  reasoning as a ``<think>...</think>`` block (see :func:`think_block`).
+- LLaVA image placeholders: a line that is ``<image>`` alone, or a record with an ``image`` /
+  ``images`` key, is an image conversation (``image_conversation``) for
+  ``scripts/build_vl_dataset.py``.
+- Image parts: an image in an assistant reply is a target no text model writes
+  (``image_in_assistant_reply``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from bridge_recipes.data.conversations import MalformedConversation
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+IMAGE_PLACEHOLDER = "<image>"  # LLaVA's stand-in for an image in the text
+IMAGE_KEYS = ("image", "images")  # a LLaVA record's image path(s)
+IMAGE_PART_TYPES = ("image", "image_url", "input_image")
+VL_BUILDER = "scripts/build_vl_dataset.py --processor CHECKPOINT"  # how image conversations are built
+_PLACEHOLDER_LINE = re.compile(r"^[ \t]*<image>[ \t]*$", re.MULTILINE)
+
+
+def control_tokens(tokenizer: Any) -> tuple[str, ...]:
+    """The texts of a ``tokenizers.Tokenizer``'s control tokens: its special tokens and the added tokens
+    it matches before normalizing (an added vocabulary word is normalized, and stays ordinary text)."""
+    added = tokenizer.get_added_tokens_decoder().values()
+    return tuple(sorted({t.content for t in added if t.special or not t.normalized}, key=len, reverse=True))
+
+
+def control_pattern(tokens: tuple[str, ...]) -> re.Pattern | None:
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
+
+
+def texts(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value: strings, mapping keys and values, list items."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from texts(k)
+            yield from texts(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from texts(v)
+
+
+def find_control_token(pattern: re.Pattern | None, value: Any) -> str | None:
+    """The first control token written in any string of ``value``, or None."""
+    if pattern is None:
+        return None
+    for text in texts(value):
+        if "<" in text and (found := pattern.search(text)):
+            return found.group()
+    return None
+
+
+def check_control_tokens(
+    pattern: re.Pattern | None,
+    messages: list[dict],
+    tools: Any,
+    index: int | None,
+    think_allowed: set[int] = frozenset(),
+) -> None:
+    """MalformedConversation (``control_token_in_text``) when a message or the tool list writes a control
+    token; ``think_allowed``: messages whose leading ``<think>...</think>`` block is accepted."""
+    for j, message in enumerate(messages):
+        fields = {k: v for k, v in message.items() if k != "role"}
+        if j in think_allowed:
+            fields["content"] = think_block(fields["content"])
+        if token := find_control_token(pattern, fields):
+            raise MalformedConversation(
+                index,
+                "control_token_in_text",
+                f"message {j} ({message['role']}) writes the control token {token!r} in its text, which would "
+                "tokenize to the token itself; remove it from the data",
+            )
+    if token := find_control_token(pattern, tools):
+        raise MalformedConversation(
+            index, "control_token_in_text", f"the tools list writes the control token {token!r} in its text"
+        )
+
+
+def think_block(content: str) -> tuple[str, str] | None:
+    """(reasoning, reply) of a content that begins with its reasoning in one ``<think>...</think>``
+    block (the opening tag may be left out, as a thinking model's output omits what its prompt opened),
+    split as Qwen's templates split it; None when the content is not of that form."""
+    if content.count(THINK_CLOSE) != 1 or content.count(THINK_OPEN) > 1:
+        return None
+    head, reply = content.split(THINK_CLOSE)
+    if THINK_OPEN in head:
+        before, head = head.split(THINK_OPEN)
+        if before.strip():
+            return None
+    return head.strip("\n"), reply.lstrip("\n")
+
+
+def image_placeholder(text: str) -> bool:
+    """Whether a text holds a LLaVA ``<image>`` line (the placeholder alone on its line)."""
+    return IMAGE_PLACEHOLDER in text and _PLACEHOLDER_LINE.search(text) is not None
+
+
+def placeholder_problem(index: int | None, j: int) -> MalformedConversation:
+    return MalformedConversation(
+        index,
+        "image_conversation",
+        f"message {j} holds a LLaVA {IMAGE_PLACEHOLDER} line: an image conversation, which a text-only build "
+        f"cannot train; build it with {VL_BUILDER}",
+    )
+
+
+def check_image_record(record: dict, index: int, exclude: tuple[str, ...] = ()) -> None:
+    """MalformedConversation (``image_conversation``) for a record that names images (LLaVA's keys, other
+    than ``exclude``: keys its format reads as something else)."""
+    for key in IMAGE_KEYS:
+        if key not in exclude and record.get(key) not in (None, "", []):
+            raise MalformedConversation(
+                index,
+                "image_conversation",
+                f"record has an {key!r} key: an image conversation, which a text-only build cannot train; "
+                f"build it with {VL_BUILDER}",
+            )
+
+
+def is_image_part(part: Any) -> bool:
+    return isinstance(part, dict) and (
+        part.get("type") in IMAGE_PART_TYPES or any(k in part for k in ("image", "image_url"))
+    )
+
+
+def assistant_image_problem(index: int | None, j: int) -> MalformedConversation:
+    return MalformedConversation(
+        index,
+        "image_in_assistant_reply",
+        f"message {j} is an assistant reply with an image part; a model writes text, so an image cannot be a "
+        "target: remove the image from the reply (images belong in user turns, with " + VL_BUILDER + ")",
+    )
+
+
+def drop_nulls(value: Any) -> Any:
+    """``value`` with every null mapping value removed, at any depth: a Parquet struct column gives each
+    row all the keys any row has, null where it had none, so a null there is read as absent."""
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
