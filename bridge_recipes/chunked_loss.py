@@ -13,9 +13,9 @@ gradient of the hidden state is the upstream gradient of that token's loss times
 needs the upstream gradient in its weight's sum, so its backward recomputes each chunk's logits
 (one more output-layer GEMM).
 
-``install(model)`` changes one Megatron-Core language model in place (its ``output_layer`` and
-``compute_language_model_loss``); ``pre_wrap_hook`` does it for the model chunks Megatron-Bridge
-builds. It applies on one tensor-parallel rank only (the vocabulary whole on the rank) and without
+``bridge_recipes.patches.chunked_loss`` changes one Megatron-Core language model in place (its
+``output_layer`` and ``compute_language_model_loss``), through a pre-wrap hook for the model chunks
+Megatron-Bridge builds. It applies on one tensor-parallel rank only (the vocabulary whole on the rank) and without
 MuP's output scaling; :func:`problem` names what stops it. ``ENV`` in the environment switches it
 on: a recipe's ``env_vars`` (:func:`bridge_recipes.qwen.policy.chunked_cross_entropy`) or
 ``+env_vars.BRIDGE_RECIPES_CHUNKED_LOSS=1`` on the command line.
@@ -178,53 +178,3 @@ class DeferredLogits:
         raise TypeError(
             f"{name} on the logits: the loss a chunk at a time ({ENV}=1) keeps none; set {ENV}=0 for this model"
         )
-
-
-def install(model: Any) -> bool:
-    """Compute ``model``'s language-model (and MTP) losses a chunk of tokens at a time. True when
-    installed; False for a model without an output layer (not the last pipeline stage)."""
-    import types
-
-    output_layer = getattr(model, "output_layer", None)
-    if output_layer is None or not getattr(model, "post_process", True):
-        return False
-    if getattr(model, _ACTIVE, None) is not None:
-        return True
-    if why := problem(model.config):
-        raise ValueError(why)
-    original_forward = output_layer.forward
-    original_loss = model.compute_language_model_loss
-
-    def forward(self, input_, weight=None, runtime_gather_output=None):
-        if not getattr(model, _ACTIVE, False):
-            return original_forward(input_, weight=weight, runtime_gather_output=runtime_gather_output)
-        return DeferredLogits(input_, self.weight if weight is None else weight), None
-
-    def compute_language_model_loss(self, labels, logits):
-        if not isinstance(logits, DeferredLogits):
-            return original_loss(labels, logits)
-        hidden = logits.hidden  # [s, b, h]
-        s, b, h = hidden.shape
-        per_token, preds = chunked_cross_entropy(hidden.reshape(s * b, h), logits.weight, labels.t().reshape(s * b))
-        logits.preds = preds.reshape(s, b)
-        return per_token.reshape(s, b).t().contiguous()  # [b, s], as Megatron-Core's
-
-    def before(module, args, kwargs):
-        setattr(module, _ACTIVE, kwargs.get("labels") is not None)
-
-    def after(module, args, kwargs, output):
-        setattr(module, _ACTIVE, False)
-
-    output_layer.forward = types.MethodType(forward, output_layer)
-    model.compute_language_model_loss = types.MethodType(compute_language_model_loss, model)
-    model.register_forward_pre_hook(before, with_kwargs=True)
-    model.register_forward_hook(after, with_kwargs=True)
-    setattr(model, _ACTIVE, False)
-    return True
-
-
-def pre_wrap_hook(chunks: list) -> list:
-    """Megatron-Bridge pre-wrap hook: :func:`install` on each model chunk that has the output layer."""
-    for chunk in chunks:
-        install(chunk)
-    return chunks

@@ -10,8 +10,8 @@ with FP8 off). A checkpoint holds the adapters only, and ``--export-hf`` merges 
 Face checkpoint's own BF16 weights: the base is never exported from its FP8 copy (QLoRA's adapters
 are merged the same way).
 
-Two things of the upstream stack would undo the saving; :func:`install` (the runner, in the
-training process) deals with both:
+Two things of the upstream stack would undo the saving; ``bridge_recipes.patches.fp8_base`` (the
+runner, in the training process) deals with both:
 
 - Transformer Engine builds an FP8 weight with its column-wise (transposed) copy as well, and keeps
   a CPU copy of the BF16 values (``preserve_high_precision_init_val``), whenever gradients are
@@ -25,21 +25,16 @@ training process) deals with both:
   Megatron-Core makes is given the override instead (:func:`with_dequantized_backward`). A
   pre-wrap hook checks the built model: every FP8 weight row-wise only.
 
-The patches of Megatron-Bridge's model factory and Megatron-Core's recipe factory are written for
-Megatron-Bridge 0.6.2, Megatron-Core 0.19.2 and Transformer Engine 2.20.2; :func:`upstream_problems`
-names what moved when another version is installed.
+The upstream versions those patches were written for, and the check of what moved, are the patch's
+(docs/patches.md).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 BACKWARD = "dequantized"
-WRITTEN_FOR = {"megatron-bridge": "0.6.2", "megatron-core": "0.19.2", "transformer-engine": "2.20.2"}
-# what the patched factory and the checked TE internals look like in the versions above
-FACTORY_PARAMETERS = ("model_provider", "model_type", "pg_collection")
 LOG = "[run_recipe]"
 
 
@@ -51,8 +46,8 @@ def applies(cfg: Any) -> bool:
 
 
 def problems(cfg: Any) -> list[str]:
-    """Why a LoRA run on an FP8 base cannot keep it at one byte per weight, each with the fix: a scaling
-    recipe without the dequantized backward, or upstream code other than the patches were written for."""
+    """Why a LoRA run on an FP8 base cannot keep it at one byte per weight, with the fix: a scaling recipe
+    without the dequantized backward (the upstream code is checked with the patch's contract)."""
     if not applies(cfg):
         return []
     from bridge_recipes.plan.memory import mixed_precision_config
@@ -63,55 +58,6 @@ def problems(cfg: Any) -> list[str]:
         out.append(
             f"mixed_precision.fp8_recipe={recipe!r} with FP8 base weights: the frozen base needs per-tensor current "
             "scaling (tensorwise), the recipe whose backward can dequantize; set mixed_precision.fp8_recipe=tensorwise"
-        )
-    return out + upstream_problems()
-
-
-def upstream_problems() -> list[str]:
-    """What of the patched upstream code differs from the versions this module was written for."""
-    out = []
-    try:
-        from megatron.bridge.models import model_provider
-    except ImportError as exc:
-        return [f"megatron.bridge.models.model_provider does not import: {exc}"]
-    factory = getattr(model_provider, "_create_model", None)
-    if factory is None:
-        out.append(
-            "megatron.bridge.models.model_provider._create_model is gone (written for Megatron-Bridge "
-            f"{WRITTEN_FOR['megatron-bridge']}): the FP8 base cannot be built row-wise only"
-        )
-    else:
-        params = tuple(inspect.signature(getattr(factory, "__wrapped__", factory)).parameters)
-        if params != FACTORY_PARAMETERS:
-            out.append(
-                f"megatron.bridge.models.model_provider._create_model takes {params}, not {FACTORY_PARAMETERS} "
-                f"(written for Megatron-Bridge {WRITTEN_FOR['megatron-bridge']})"
-            )
-    try:
-        from megatron.core import fp8_utils
-    except ImportError as exc:
-        return [*out, f"megatron.core.fp8_utils does not import: {exc}"]
-    if not callable(getattr(fp8_utils, "get_fp8_recipe", None)):
-        out.append(
-            "megatron.core.fp8_utils.get_fp8_recipe is gone (written for Megatron-Core "
-            f"{WRITTEN_FOR['megatron-core']}): the FP8 base's backward cannot be set to dequantize"
-        )
-    try:
-        from transformer_engine.common.recipe import Float8CurrentScaling
-    except ImportError as exc:
-        return [*out, f"transformer_engine.common.recipe does not import: {exc}"]
-    from transformer_engine.pytorch.tensor.float8_tensor import Float8Tensor
-
-    storage = set(inspect.signature(Float8Tensor.__new__).parameters)
-    if not {"data", "data_transpose"} <= storage:
-        out.append(
-            "Transformer Engine's Float8Tensor is no longer built from data and data_transpose (written for "
-            f"Transformer Engine {WRITTEN_FOR['transformer-engine']}): the one-byte check cannot read it"
-        )
-    if "backward_override" not in getattr(Float8CurrentScaling, "__dataclass_fields__", {}):
-        out.append(
-            "Transformer Engine's Float8CurrentScaling has no backward_override (written for Transformer Engine "
-            f"{WRITTEN_FOR['transformer-engine']}): its backward would keep FP8 transposes"
         )
     return out
 
@@ -180,19 +126,3 @@ def check_hook(model: list) -> list:
         )
     print(f"{LOG} FP8 base: {count} weights in FP8, {size / 1e9:.2f} GB, row-wise only", flush=True)
     return model
-
-
-def install(cfg: Any) -> bool:
-    """In the training process, before setup builds the model: build it with gradients off and check it
-    after the adapters are added. False (nothing done) when the run is not LoRA on an FP8 base."""
-    if not applies(cfg):
-        return False
-    if moved := upstream_problems():
-        raise RuntimeError("; ".join(moved))
-    from megatron.bridge.models import model_provider
-    from megatron.core import fp8_utils
-
-    model_provider._create_model = build_without_grad(model_provider._create_model)
-    fp8_utils.get_fp8_recipe = with_dequantized_backward(fp8_utils.get_fp8_recipe)
-    cfg.model.register_pre_wrap_hook(check_hook)
-    return True

@@ -9,9 +9,9 @@ batch. Each conversation is padded at its end to a multiple of ``PAD_TO`` tokens
 the causal mask its own tokens never see the padding, and the kernels meet a few dozen sequence
 lengths instead of one per conversation length (each new length costs a kernel plan).
 
-``install()`` patches Megatron-Core's ``TEDotProductAttention.forward`` once per process; calls
-without packed-sequence parameters, and every other format, go through the original forward.
-``set_mode`` picks between ``per_conversation`` (the default once installed) and ``varlen`` (TE's
+``bridge_recipes.patches.packed_attention`` patches Megatron-Core's ``TEDotProductAttention.forward``
+once per process; calls without packed-sequence parameters, and every other format, go through the
+original forward. ``set_mode`` picks between ``per_conversation`` (the default once installed) and ``varlen`` (TE's
 own THD kernel), so the two can be compared in one process.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 MODES = ("per_conversation", "varlen")
 PAD_TO = 128
-_state: dict[str, Any] = {"mode": "per_conversation", "original": None}
+_state: dict[str, Any] = {"mode": "per_conversation"}
 
 
 def set_mode(mode: str) -> None:
@@ -32,10 +32,6 @@ def set_mode(mode: str) -> None:
 
 def mode() -> str:
     return _state["mode"]
-
-
-def installed() -> bool:
-    return _state["original"] is not None
 
 
 _BOUNDS = "_per_conversation_bounds"  # the host copy kept on a micro batch's packed-sequence parameters
@@ -83,35 +79,3 @@ def per_conversation(call, query, key, value, bounds: list[int]):
         out = call(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
         outs.append(out.reshape(n + pad, -1)[:n])
     return torch.cat(outs, dim=0)
-
-
-def install() -> None:
-    """Route THD calls of Megatron-Core's TE attention through ``per_conversation`` (idempotent)."""
-    if installed():
-        return
-    from megatron.core.extensions.transformer_engine import TEDotProductAttention
-    from megatron.core.transformer.enums import AttnMaskType
-
-    original = TEDotProductAttention.forward
-
-    def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
-                packed_seq_params=None, num_splits=None):  # fmt: skip
-        thd = packed_seq_params is not None and getattr(packed_seq_params, "qkv_format", None) == "thd"
-        if not thd or _state["mode"] != "per_conversation":
-            return original(
-                self, query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params, num_splits
-            )
-        if attention_bias is not None or attn_mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
-            raise ValueError(f"per-conversation attention supports causal self-attention only, got {attn_mask_type}")
-        if getattr(packed_seq_params, "cp_group", None) is not None or self.config.context_parallel_size > 1:
-            raise ValueError("per-conversation attention does not support context parallelism")
-        return per_conversation(
-            lambda q, k, v: original(self, q, k, v, None, AttnMaskType.causal, None, None, num_splits),
-            query,
-            key,
-            value,
-            boundaries(packed_seq_params),
-        )
-
-    TEDotProductAttention.forward = forward
-    _state["original"] = original

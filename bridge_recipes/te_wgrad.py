@@ -8,7 +8,8 @@ ways: its Transformer Engine layers pass ``fuse_wgrad_accumulation`` to TE, whic
 its own linear layers (``tensor_parallel.ColumnParallelLinear``, the GPT output layer among them, and
 the deferred embedding gradient) call APEX's kernel and refuse to build without it. This module gives
 them the same two functions on Transformer Engine's ``general_gemm``, the call TE's own linear layers
-make for their fused weight gradient (``layout="NT"``, ``accumulate=True``, ``out=main_grad``).
+make for their fused weight gradient (``layout="NT"``, ``accumulate=True``, ``out=main_grad``);
+``bridge_recipes.patches.te_wgrad`` makes this module serve under APEX's name.
 
 Why it matters: measured on the one-GPU proxy of the 35B-A3B EP8 shard (16 layers, 1 x H200;
 results/h200_trace_qwen35_35b_a3b_*_16_layers.json), the unfused adds were 10,312 kernel
@@ -19,8 +20,6 @@ host sets; fusion removes those of the GEMM weights, about nine in ten.
 
 from __future__ import annotations
 
-import sys
-from types import ModuleType
 from typing import Any
 
 APEX_MODULE = "fused_weight_gradient_mlp_cuda"
@@ -87,17 +86,3 @@ def self_check() -> str | None:
             f"(tolerance {SELF_CHECK_TOLERANCE})"
         )
     return None
-
-
-def install() -> ModuleType:
-    """Make this module Megatron-Core's ``fused_weight_gradient_mlp_cuda``: under that name for the
-    imports Megatron-Core makes at call time, and in ``megatron.core.tensor_parallel.layers``, which
-    tried the import once when it was first imported. Returns the module now serving the name."""
-    module = sys.modules[__name__]
-    sys.modules.setdefault(APEX_MODULE, module)
-    from megatron.core.tensor_parallel import layers
-
-    if not layers._grad_accum_fusion_available:
-        layers.fused_weight_gradient_mlp_cuda = sys.modules[APEX_MODULE]
-        layers._grad_accum_fusion_available = True
-    return sys.modules[APEX_MODULE]

@@ -8,22 +8,23 @@ and setup's PEFT pre-wrap hook (``_create_peft_pre_wrap_hook``) loads the base w
 a released size's checkpoint (the 35B-A3B's does not fit its disk), and a step's work does not
 depend on what the weights hold (but for the experts a random router picks).
 
-With :data:`OPTION` the runner (:func:`install`, in the training process) names an empty stand-in
-folder as ``checkpoint.pretrained_checkpoint`` (the config checks only ask that one is named and
-exists; nothing reads it), swaps the pre-wrap hook for one that adds the recipe's adapters to the
-randomly initialized model without loading anything, and starts ``pretrain()``, which asks for no
-checkpoint (with ``checkpoint.load`` null, setup loads nothing later either). It never applies to
-a real run: :func:`problems` refuses it where the run would keep anything (``checkpoint.save``,
-``--export-hf``) or names starting weights, and the run's log and result file say that the base
-weights were random (:data:`NOTE`).
+With :data:`OPTION` the runner (``bridge_recipes.patches.random_lora``, in the training process)
+names an empty stand-in folder as ``checkpoint.pretrained_checkpoint`` (the config checks only ask
+that one is named and exists; nothing reads it), swaps the pre-wrap hook for one that adds the
+recipe's adapters to the randomly initialized model without loading anything, and starts
+``pretrain()``, which asks for no checkpoint (with ``checkpoint.load`` null, setup loads nothing
+later either). It never applies to a real run: :func:`problems` refuses it where the run would keep
+anything (``checkpoint.save``, ``--export-hf``) or names starting weights, and the run's log and
+result file say that the base weights were random (:data:`NOTE`).
 """
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
-OPTION = "--lora-from-random-init"
+from bridge_recipes.patches.random_lora import OPTION
+
+__all__ = ["NOTE", "OPTION", "problems"]
 NOTE = (
     "base weights: random (--lora-from-random-init, benchmark only): the LoRA recipe's speed and memory, "
     "not its training"
@@ -50,33 +51,3 @@ def problems(cfg: Any, *, hf_checkpoint: str | None = None, export_hf: str | Non
     if export_hf:
         out.append(f"{OPTION}: --export-hf would export random weights; drop one of them")
     return out
-
-
-def install(cfg: Any) -> str:
-    """Make Megatron-Bridge's setup add the adapters of ``cfg.peft`` to the randomly initialized
-    model and load nothing (module docstring); returns the stand-in folder. Call in the training
-    process, then start ``pretrain()``."""
-    import megatron.bridge.training.setup as setup
-
-    stand_in = tempfile.mkdtemp(prefix="lora-random-init-")
-    cfg.checkpoint.pretrained_checkpoint = stand_in
-
-    def create_hook(cfg: Any, state: Any):
-        def adapters_on_random_weights(model: list) -> list:
-            if cfg.peft is None:
-                return model
-            return setup._apply_peft_transformation(cfg.peft, model)
-
-        return adapters_on_random_weights
-
-    setup._create_peft_pre_wrap_hook = create_hook
-    return stand_in
-
-
-def log_line(stand_in: str) -> str:
-    """What the run's log says once :func:`install` has run."""
-    return (
-        f"LoRA from random base weights ({OPTION}, benchmark only): no checkpoint is read or written; "
-        f"checkpoint.pretrained_checkpoint names the empty stand-in {stand_in} because Megatron-Bridge's config "
-        "check asks for one; starting pretrain() with the recipe's adapters"
-    )

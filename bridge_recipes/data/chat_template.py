@@ -74,6 +74,7 @@ from bridge_recipes.data.message_text import (
     placeholder_problem,
     think_block,
 )
+from bridge_recipes.patches import jinja_sandbox
 
 ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer models call the system message "developer"
@@ -196,36 +197,6 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
-def _memoize_sandbox_checks(template: Any) -> bool:
-    """Remember the Jinja sandbox's verdict on each (object type, attribute) for ``template`` as
-    transformers compiles it (``transformers.utils.chat_template_utils._compile_jinja_template``, cached
-    per template text; written for transformers 5.12 and Jinja 3.1). The verdict of Jinja's immutable
-    sandbox depends on the object's type and the attribute's name only, and deciding it again on every
-    attribute a template reads is most of a long conversation's rendering time. Returns whether it is in
-    place (False: renders stay correct, only slower)."""
-    try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-
-        environment = _compile_jinja_template(template).environment
-        decide = environment.is_safe_attribute
-    except Exception:  # another transformers, or a template transformers cannot compile: nothing to remember
-        return False
-    if getattr(decide, "memoized", False):
-        return True
-    verdicts: dict[tuple[type, str], bool] = {}
-
-    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
-        key = (type(obj), attr)
-        verdict = verdicts.get(key)
-        if verdict is None:
-            verdict = verdicts[key] = decide(obj, attr, value)
-        return verdict
-
-    is_safe_attribute.memoized = True  # type: ignore[attr-defined]
-    environment.is_safe_attribute = is_safe_attribute
-    return True
-
-
 class TemplateRenderer:
     """Renders conversations with a tokenizer folder's chat template (see the module docstring)."""
 
@@ -260,7 +231,7 @@ class TemplateRenderer:
         self.sha256 = template_files_sha256(folder)
         self.generation_prompt = self._generation_prompt()
         self._short_heads: dict[str, list[int]] = {}
-        self.sandbox_checks_memoized = _memoize_sandbox_checks(self.hf.chat_template)
+        self.sandbox_checks_memoized = jinja_sandbox.memoize(self.hf.chat_template)
 
     def _apply(self, messages: list[dict], tools: list, generation: bool) -> str:
         return self.hf.apply_chat_template(

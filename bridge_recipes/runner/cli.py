@@ -188,30 +188,29 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
     """Megatron-Bridge's own pre-launch validation on a copy; the error text, or None.
 
     Without a GPU, the one step that asks the GPU (the flex dispatcher's architecture check)
-    is skipped with a note: it runs again at launch."""
+    is skipped with a note (``bridge_recipes.patches.flex_check``): it runs again at launch."""
     import megatron.bridge.training.config as mb_config
-    import torch
+
+    from bridge_recipes.patches import flex_check
 
     saved = {k: os.environ.get(k) for k in ("WORLD_SIZE", *cfg.env_vars)}
     os.environ["WORLD_SIZE"] = str(world_size)
-    probe_gpu = mb_config.validate_flex_dispatcher_backend
-    if not torch.cuda.is_available() and getattr(cfg.model, "moe_token_dispatcher_type", None) == "flex":
-        print("note: the flex dispatcher's GPU-architecture check needs a GPU; skipped here, it runs at launch")
-        mb_config.validate_flex_dispatcher_backend = lambda model_config: None
     try:
-        probe = copy.deepcopy(cfg)
-        probe.model.gradient_accumulation_fusion = False  # APEX or its stand-in, decided at launch
-        with tempfile.TemporaryDirectory() as stand_in:
-            if probe.peft is not None and not probe.checkpoint.pretrained_checkpoint:
-                # LoRA needs starting weights, which --hf-checkpoint supplies at launch (the dry-run
-                # warns when none are given): an empty folder stands in for them here
-                probe.checkpoint.pretrained_checkpoint = stand_in
-            mb_config.runtime_config_update(probe)
+        with flex_check.skipped(cfg) as skipped:
+            if skipped:
+                print(flex_check.NOTE)
+            probe = copy.deepcopy(cfg)
+            probe.model.gradient_accumulation_fusion = False  # APEX or its stand-in, decided at launch
+            with tempfile.TemporaryDirectory() as stand_in:
+                if probe.peft is not None and not probe.checkpoint.pretrained_checkpoint:
+                    # LoRA needs starting weights, which --hf-checkpoint supplies at launch (the dry-run
+                    # warns when none are given): an empty folder stands in for them here
+                    probe.checkpoint.pretrained_checkpoint = stand_in
+                mb_config.runtime_config_update(probe)
         return None
     except (AssertionError, ValueError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:
-        mb_config.validate_flex_dispatcher_backend = probe_gpu
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -428,6 +427,10 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
             layers, _ = layers_and_experts(args.hf_folder)
             hint = f" (for this checkpoint on fewer GPUs, add --scale-down {layers}: its layer count)"
         return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above{hint}")
+    from bridge_recipes import patches
+
+    if refused := patches.problems(cfg, lora_from_random_init=args.lora_from_random_init, dry_run=args.dry_run):
+        return fail("; ".join(refused))
 
     if args.plan:
         from bridge_recipes.plan.memory import plan_report

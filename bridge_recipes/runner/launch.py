@@ -1,76 +1,25 @@
 """Hand a checked config to Megatron-Bridge's pretrain / finetune with the right forward step.
 
-Two differences between a registry install and an NGC container stop a run; each is handled
-here when it applies and reported in one log line:
-- ``initialize_megatron`` runs ``make`` to compile the dataset index helpers, but the
-  megatron-core wheel ships the compiled ``helpers_cpp`` and no Makefile: the compile step is
-  skipped when the compiled module imports.
-- ``gradient_accumulation_fusion`` (on by default) needs APEX's
-  ``fused_weight_gradient_mlp_cuda`` for Megatron-Core's own linear layers: without APEX
-  ``bridge_recipes.te_wgrad`` serves it with Transformer Engine's GEMM.
+Differences between a registry install and an NGC container are handled here when they apply,
+each reported in one log line; the run-time patches of upstream code the config asks for (among them
+the dataset helpers the megatron-core wheel ships compiled, and Transformer Engine's GEMM in place of
+APEX's weight-gradient kernel) are installed by ``bridge_recipes.patches.apply`` (docs/patches.md).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from bridge_recipes import patches
 from bridge_recipes.common import is_vlm
-from bridge_recipes.installed import apex_grad_fusion_available
 
 LOG = "[run_recipe]"
 
 
 def _log(msg: str) -> None:
     print(f"{LOG} {msg}", flush=True)
-
-
-def dataset_helpers_prebuilt() -> bool:
-    """The wheel's compiled helpers import and there is no Makefile to build them with."""
-    spec = importlib.util.find_spec("megatron.core.datasets")
-    folder = Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
-    if folder is None or (folder / "Makefile").exists():
-        return False
-    try:
-        importlib.import_module("megatron.core.datasets.helpers_cpp")
-        return True
-    except ImportError:
-        return False
-
-
-def skip_helper_compile_if_prebuilt() -> bool:
-    if not dataset_helpers_prebuilt():
-        return False
-    import megatron.bridge.training.initialize as init
-
-    init.compile_helpers = lambda: None
-    _log("dataset helpers: using the compiled helpers_cpp shipped in the megatron-core wheel (no Makefile to run)")
-    return True
-
-
-def grad_fusion_without_apex(cfg: Any) -> bool:
-    """Keep the recipe's ``gradient_accumulation_fusion`` where APEX is missing: Transformer Engine's
-    GEMM stands in for APEX's kernel (``bridge_recipes.te_wgrad``), after a check of it on this GPU;
-    should the check fail, fusion is turned off as without a stand-in. True when the stand-in was
-    installed."""
-    if not getattr(cfg.model, "gradient_accumulation_fusion", False) or apex_grad_fusion_available():
-        return False
-    from bridge_recipes import te_wgrad
-
-    problem = te_wgrad.self_check()
-    if problem:
-        cfg.model.gradient_accumulation_fusion = False
-        _log(f"{te_wgrad.FUSION_OFF} (APEX's fused_weight_gradient_mlp_cuda is not installed and {problem})")
-        return False
-    te_wgrad.install()
-    _log(
-        "gradient_accumulation_fusion: on, Megatron's own linear layers through Transformer Engine's GEMM "
-        "(APEX's fused_weight_gradient_mlp_cuda is not installed)"
-    )
-    return True
 
 
 def flash_attn_available() -> bool:
@@ -107,9 +56,7 @@ def fault_tolerance_off_without_ft_launcher(cfg: Any) -> bool:
 def prepare_for_registry_install(cfg: Any) -> None:
     """Apply the registry-install adjustments that apply (each logs one line)."""
     fault_tolerance_off_without_ft_launcher(cfg)
-    grad_fusion_without_apex(cfg)
     fall_back_from_flash_without_flash_attn(cfg)
-    skip_helper_compile_if_prebuilt()
 
 
 def forward_step_for(cfg: Any) -> Callable:
@@ -124,7 +71,7 @@ def forward_step_for(cfg: Any) -> Callable:
 
 def entry_point_name(cfg: Any, task: str, lora_from_random_init: bool = False) -> str:
     """``finetune`` for SFT/PEFT starting from weights; ``pretrain`` otherwise (random init, and a
-    LoRA benchmark from random weights: :mod:`bridge_recipes.bench.random_lora`)."""
+    LoRA benchmark from random weights: ``bridge_recipes.patches.random_lora``)."""
     if lora_from_random_init:
         return "pretrain"
     if task in ("sft", "peft") and (cfg.checkpoint.pretrained_checkpoint or cfg.peft is not None):
@@ -138,87 +85,17 @@ def entry_point_for(cfg: Any, task: str, lora_from_random_init: bool = False) ->
         from megatron.bridge.training.finetune import finetune
 
         return finetune
-    if lora_from_random_init:
-        from bridge_recipes.bench import random_lora
-
-        _log(random_lora.log_line(random_lora.install(cfg)))
-    elif task in ("sft", "peft"):
+    if not lora_from_random_init and task in ("sft", "peft"):
         _log("no checkpoint.pretrained_checkpoint: fine-tuning recipe runs from random init through pretrain()")
     from megatron.bridge.training.pretrain import pretrain
 
     return pretrain
 
 
-def attention_per_conversation_on_packed_rows(cfg: Any) -> bool:
-    """Rows with conversation boundaries train with attention run one conversation at a time
-    (``bridge_recipes.packed_attention``): each conversation's gradient is then the one it has alone."""
-    if not getattr(cfg.dataset, "enable_offline_packing", False) or is_vlm(cfg):
-        return False
-    from bridge_recipes import packed_attention
-
-    packed_attention.install()
-    _log("packed rows: attention runs one conversation at a time (bridge_recipes.packed_attention)")
-    return True
-
-
-def loss_a_chunk_at_a_time(cfg: Any) -> bool:
-    """Where the environment switches it on, the model's losses take the output layer a chunk of
-    tokens at a time, never the whole logits (``bridge_recipes.chunked_loss``)."""
-    from bridge_recipes import chunked_loss
-
-    if is_vlm(cfg) or not chunked_loss.enabled(cfg.env_vars):
-        return False
-    cfg.model.register_pre_wrap_hook(chunked_loss.pre_wrap_hook)
-    vocab = cfg.model.vocab_size or 0
-    _log(
-        f"loss: the output layer and cross entropy {chunked_loss.chunk_tokens(vocab) if vocab else 'a chunk'} "
-        f"tokens at a time ({chunked_loss.ENV}=1; bridge_recipes.chunked_loss)"
-    )
-    return True
-
-
-def init_independent_of_warmup_shapes() -> None:
-    """Keep the CUDA random state through Megatron-Bridge's JIT warm-up (idempotent).
-
-    ``setup()`` seeds the generators, then warms the fused kernels up on ``torch.rand`` tensors of
-    ``model.seq_length`` x ``train.micro_batch_size`` tokens, then builds the model. Left alone, the
-    initial weights of one seed change with the sequence length and micro batch, so two layouts of
-    the same rows cannot be compared from the same start; restored, they depend on the seed alone."""
-    import torch
-    from megatron.bridge.training import initialize
-
-    warmup = initialize._warmup_jit_function
-    if getattr(warmup, "keeps_rng", False):
-        return
-
-    def keeping_rng(*args: Any, **kwargs: Any) -> None:
-        state = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-        try:
-            warmup(*args, **kwargs)
-        finally:
-            if state is not None:
-                torch.cuda.set_rng_state(state)
-
-    keeping_rng.keeps_rng = True  # type: ignore[attr-defined]
-    initialize._warmup_jit_function = keeping_rng
-
-
-def lora_on_fp8_base(cfg: Any) -> bool:
-    """A LoRA run on a base stored in FP8 builds it one byte per weight (``bridge_recipes.fp8_base``)."""
-    from bridge_recipes import fp8_base
-
-    if not fp8_base.install(cfg):
-        return False
-    _log(f"FP8 base: the model is built with gradients off (row-wise FP8 weights), the backward {fp8_base.BACKWARD}")
-    return True
-
-
 def run(cfg: Any, task: str, lora_from_random_init: bool = False) -> None:
     prepare_for_registry_install(cfg)
-    init_independent_of_warmup_shapes()
-    attention_per_conversation_on_packed_rows(cfg)
-    loss_a_chunk_at_a_time(cfg)
-    lora_on_fp8_base(cfg)
+    for line in patches.apply(cfg, lora_from_random_init=lora_from_random_init):
+        _log(line)
     step = forward_step_for(cfg)
     entry = entry_point_for(cfg, task, lora_from_random_init)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")

@@ -25,7 +25,7 @@ def rel(a, b) -> float:
 @pytest.mark.parametrize("frozen_output", [False, True], ids=["trained_output", "frozen_output"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_loss_is_as_close_to_fp32_as_te_cross_entropy(family, frozen_output, row, bare_model, gradients):
-    from bridge_recipes import chunked_loss
+    from bridge_recipes.patches import chunked_loss
 
     batch, meta = row
     changes = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}
@@ -36,7 +36,7 @@ def test_chunked_loss_is_as_close_to_fp32_as_te_cross_entropy(family, frozen_out
         m.output_layer.weight.requires_grad_(not frozen_output)
     ref_loss, ref = gradients.gradient(reference, batch, meta, None)
     te_loss, te = gradients.gradient(model, batch, meta, None)
-    assert chunked_loss.install(model)
+    assert chunked_loss.install_on(model)
     loss, chunked = gradients.gradient(model, batch, meta, None)
     assert set(chunked) == set(te) == set(ref)
     assert ("output_layer.weight" in chunked) is not frozen_output

@@ -71,10 +71,11 @@ def test_packed_row_gradient_against_fp32_reference(row, case, bare_model, gradi
     import torch
 
     from bridge_recipes import packed_attention
+    from bridge_recipes.patches import packed_attention as patch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    packed_attention.install()
+    patch.install()
     family, changes = CASES[case]
     batch, meta = row
     cu = [int(x) for x in batch["cu_seqlens_q"][0]]

@@ -137,8 +137,9 @@ def test_a_conversations_loss_does_not_depend_on_its_row(rows, bare_model):
     import torch
 
     from bridge_recipes import packed_attention
+    from bridge_recipes.patches import packed_attention as patch
 
-    packed_attention.install()
+    patch.install()
     packed_attention.set_mode("per_conversation")
     OUT.mkdir(parents=True, exist_ok=True)
     log = OUT / "packed_row_invariance.log"

@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from bridge_recipes import chunked_loss as C  # noqa: E402
+from bridge_recipes.patches import chunked_loss as P  # noqa: E402
 
 TOKENS, HIDDEN, VOCAB = 300, 64, 1000  # 300 tokens in chunks of 128: two whole and one part
 
@@ -165,7 +166,7 @@ def test_an_installed_model_gives_the_same_losses_and_gradients_and_logits_witho
         torch.manual_seed(0)
         model = TinyLM(weight)
         if patched:
-            assert C.pre_wrap_hook([model]) == [model]
+            assert P.pre_wrap_hook([model]) == [model]
         loss = model(hidden, labels=labels)
         loss.sum().backward()
         models.append((model, loss))
@@ -177,7 +178,7 @@ def test_an_installed_model_gives_the_same_losses_and_gradients_and_logits_witho
     # without labels the model returns its logits, as before
     with torch.no_grad():
         torch.testing.assert_close(chunked(hidden), plain(hidden))
-    assert C.install(chunked)  # installing twice changes nothing
+    assert P.install_on(chunked)  # installing twice changes nothing
     torch.testing.assert_close(chunked(hidden, labels=labels), chunked_loss, rtol=0, atol=0, check_dtype=True)
 
 
@@ -195,10 +196,10 @@ def test_deferred_logits_refuse_any_use_but_the_predictions_by_name():
 def test_a_model_it_cannot_serve_is_named():
     _, weight, _, _ = inputs(torch.float32)
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2"):
-        C.install(TinyLM(weight, tp=2))
+        P.install_on(TinyLM(weight, tp=2))
     stage = TinyLM(weight)
     stage.post_process = False  # not the last pipeline stage: nothing to change
-    assert not C.install(stage)
+    assert not P.install_on(stage)
     assert "use_mup" in C.problem(SimpleNamespace(tensor_model_parallel_size=1, use_mup=True))
 
 
@@ -227,12 +228,15 @@ def test_the_planner_counts_one_chunk_of_logits_instead_of_the_whole(monkeypatch
 
 def test_the_runner_checks_and_installs_it_from_the_environment(monkeypatch):
     import bridge_recipes
-    from bridge_recipes.runner import checks, launch
+    from bridge_recipes.runner import checks
 
     monkeypatch.delenv(C.ENV, raising=False)
     cfg = bridge_recipes.build(FAST_35B, overrides=[ON])
     assert checks.chunked_loss_problems(cfg) == []
-    assert launch.loss_a_chunk_at_a_time(cfg)
+    assert P.wanted(cfg)
+    assert f"{C.ENV}=1" in P.install(cfg)
+    P.install(cfg)  # once
+    assert cfg.model._pre_wrap_hooks.count(P.pre_wrap_hook) == 1
     _, weight, _, _ = inputs(torch.float32)
     model = TinyLM(weight)
     cfg.model.pre_wrap_hook([model])
@@ -242,4 +246,4 @@ def test_the_runner_checks_and_installs_it_from_the_environment(monkeypatch):
     assert "model.tensor_model_parallel_size=2" in msg and f"+env_vars.{C.ENV}=0" in msg
     assert any("tensor_model_parallel_size=2" in p.message for p in checks.check(cfg, 2))
     off = bridge_recipes.build(FAST_35B)
-    assert checks.chunked_loss_problems(off) == [] and not launch.loss_a_chunk_at_a_time(off)
+    assert checks.chunked_loss_problems(off) == [] and not P.wanted(off)

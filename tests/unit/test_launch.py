@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from bridge_recipes.patches import dataset_helpers, warmup_rng
+from bridge_recipes.patches import te_wgrad as te_wgrad_patch
 from bridge_recipes.runner import launch
 
 
@@ -16,14 +18,14 @@ def smoke():
     return qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config()
 
 
-def test_helper_compile_is_skipped_for_the_wheel(capsys, monkeypatch):
+def test_helper_compile_is_skipped_for_the_wheel(monkeypatch):
     import megatron.bridge.training.initialize as init
 
-    monkeypatch.setattr(init, "compile_helpers", init.compile_helpers)
-    assert launch.dataset_helpers_prebuilt()  # this install: compiled module, no Makefile
-    assert launch.skip_helper_compile_if_prebuilt()
+    monkeypatch.setattr(init, "compile_helpers", lambda: pytest.fail("make ran"))
+    assert dataset_helpers.prebuilt()  # this install: compiled module, no Makefile
+    assert dataset_helpers.wanted()
+    assert "dataset helpers" in dataset_helpers.install()
     init.compile_helpers()  # now a no-op instead of running make
-    assert capsys.readouterr().out.count("[run_recipe] dataset helpers") == 1
 
 
 def test_helper_compile_is_kept_where_a_makefile_exists(tmp_path, monkeypatch):
@@ -38,10 +40,10 @@ def test_helper_compile_is_kept_where_a_makefile_exists(tmp_path, monkeypatch):
             else real(name, *a)
         ),
     )
-    assert not launch.dataset_helpers_prebuilt()
+    assert not dataset_helpers.prebuilt() and not dataset_helpers.wanted()
 
 
-def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys, monkeypatch):
+def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, monkeypatch):
     import sys
 
     from megatron.core.tensor_parallel import layers
@@ -49,15 +51,15 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys,
     from bridge_recipes import te_wgrad
 
     smoke.model.gradient_accumulation_fusion = True
-    monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
+    monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: False)
     monkeypatch.setitem(sys.modules, te_wgrad.APEX_MODULE, None)  # so that the undo removes the name
     monkeypatch.delitem(sys.modules, te_wgrad.APEX_MODULE)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.delattr(layers, "fused_weight_gradient_mlp_cuda", raising=False)
     monkeypatch.setattr(te_wgrad, "self_check", lambda: None)
-    assert launch.grad_fusion_without_apex(smoke)
+    assert te_wgrad_patch.wanted(smoke)
+    assert "gradient_accumulation_fusion: on" in te_wgrad_patch.install(smoke)
     assert smoke.model.gradient_accumulation_fusion is True
-    assert "gradient_accumulation_fusion: on" in capsys.readouterr().out
     # Megatron-Core's own linear layers find the stand-in where they look for APEX's kernel
     assert layers._grad_accum_fusion_available and layers.fused_weight_gradient_mlp_cuda is te_wgrad
     assert sys.modules[te_wgrad.APEX_MODULE] is te_wgrad
@@ -70,16 +72,16 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, capsys,
     assert not apex_grad_fusion_available()
 
 
-def test_grad_fusion_off_when_the_stand_in_fails_its_check(smoke, capsys, monkeypatch):
+def test_grad_fusion_off_when_the_stand_in_fails_its_check(smoke, monkeypatch):
     from bridge_recipes import te_wgrad
 
     smoke.model.gradient_accumulation_fusion = True
-    monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
+    monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: False)
     monkeypatch.setattr(te_wgrad, "self_check", lambda: "Transformer Engine's GEMM failed (RuntimeError: x)")
-    monkeypatch.setattr(te_wgrad, "install", lambda: pytest.fail("installed after a failed check"))
-    assert not launch.grad_fusion_without_apex(smoke)
+    monkeypatch.setattr(te_wgrad_patch, "serve_as_apex", lambda: pytest.fail("installed after a failed check"))
+    assert te_wgrad_patch.wanted(smoke)
+    out = te_wgrad_patch.install(smoke)
     assert smoke.model.gradient_accumulation_fusion is False
-    out = capsys.readouterr().out
     assert "gradient_accumulation_fusion: off" in out and "GEMM failed (RuntimeError: x)" in out
 
 
@@ -115,12 +117,12 @@ def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(mo
 
 def test_grad_fusion_left_alone_with_apex_or_when_off(smoke, monkeypatch):
     smoke.model.gradient_accumulation_fusion = True
-    monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: True)
-    assert not launch.grad_fusion_without_apex(smoke)
+    monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: True)
+    assert not te_wgrad_patch.wanted(smoke)
     assert smoke.model.gradient_accumulation_fusion is True
     smoke.model.gradient_accumulation_fusion = False
-    monkeypatch.setattr(launch, "apex_grad_fusion_available", lambda: False)
-    assert not launch.grad_fusion_without_apex(smoke)
+    monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: False)
+    assert not te_wgrad_patch.wanted(smoke)
     assert smoke.model.gradient_accumulation_fusion is False
 
 
@@ -193,8 +195,8 @@ def test_the_initial_weights_do_not_depend_on_the_warmup_shapes(monkeypatch):
     cfg = SimpleNamespace(seq_length=4096)
     initialize._warmup_jit_function(cfg, 2)
     assert state["offset"] == 8192  # unpatched, the warm-up moves the generator
-    launch.init_independent_of_warmup_shapes()
-    launch.init_independent_of_warmup_shapes()  # once
+    warmup_rng.install()
+    warmup_rng.install()  # once
     state["offset"] = 7
     initialize._warmup_jit_function(cfg, 2)
     assert state["offset"] == 7

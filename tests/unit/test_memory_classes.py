@@ -97,14 +97,17 @@ def test_the_fp8_base_needs_current_scaling():
 
 
 def test_the_patched_upstream_code_is_what_the_patches_were_written_for(monkeypatch):
-    assert fp8_base.upstream_problems() == []
     from megatron.bridge.models import model_provider
 
+    from bridge_recipes.patches import contract
+    from bridge_recipes.patches import fp8_base as patch
+
+    assert contract.problems(patch.PATCH) == []
     monkeypatch.setattr(model_provider, "_create_model", lambda provider, model_type: None)
-    (moved,) = fp8_base.upstream_problems()
-    assert "_create_model takes ('provider', 'model_type')" in moved and "0.6.2" in moved
+    (moved,) = contract.problems(patch.PATCH)
+    assert "_create_model takes ('provider', 'model_type')" in moved and "megatron-bridge >=0.6" in moved
     monkeypatch.delattr(model_provider, "_create_model")
-    assert "_create_model is gone" in fp8_base.upstream_problems()[0]
+    assert "_create_model is gone" in contract.problems(patch.PATCH)[0]
 
 
 def test_the_recipe_factory_gives_current_scaling_a_dequantized_backward():

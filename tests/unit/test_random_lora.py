@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import bridge_recipes
 from bridge_recipes.bench import random_lora
+from bridge_recipes.patches import random_lora as random_lora_patch
 from bridge_recipes.runner import cli, launch
 
 NO_CHECKPOINTS = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
@@ -38,7 +39,9 @@ def test_in_the_training_process_adapters_go_on_random_weights_and_nothing_loads
     # restored after the test: install() replaces it in the (one-run) training process
     monkeypatch.setattr(setup, "_create_peft_pre_wrap_hook", setup._create_peft_pre_wrap_hook)
     calls = []
-    monkeypatch.setattr(setup, "_apply_peft_transformation", lambda peft, model: calls.append((peft, model)) or model)
+    monkeypatch.setattr(
+        setup, "_apply_peft_transformation", lambda peft, base_model: calls.append((peft, base_model)) or base_model
+    )
 
     def no_loading(**kwargs):
         raise AssertionError("a checkpoint was loaded")
@@ -48,14 +51,15 @@ def test_in_the_training_process_adapters_go_on_random_weights_and_nothing_loads
     assert launch.entry_point_name(cfg, "peft") == "finetune"  # a real run needs the weights
     assert launch.entry_point_name(cfg, "peft", lora_from_random_init=True) == "pretrain"
 
-    stand_in = Path(random_lora.install(cfg))
+    monkeypatch.setitem(random_lora_patch._state, "stand_in", None)
+    line = random_lora_patch.install(cfg)
+    stand_in = Path(cfg.checkpoint.pretrained_checkpoint)
     assert stand_in.is_dir() and not any(stand_in.iterdir())
-    assert cfg.checkpoint.pretrained_checkpoint == str(stand_in)
+    assert random_lora.OPTION in line and str(stand_in) in line
     cfg.checkpoint.finalize()  # Megatron-Bridge's check that the named folder exists
     model = [object()]
     assert setup._create_peft_pre_wrap_hook(cfg, SimpleNamespace())(model) is model
     assert calls == [(cfg.peft, model)]
     # with checkpoint.load null, setup loads nothing after the model is built either
     assert setup._should_load_checkpoint(cfg, SimpleNamespace(checkpointing_context={})) is False
-    assert random_lora.OPTION in random_lora.log_line(str(stand_in))
     stand_in.rmdir()

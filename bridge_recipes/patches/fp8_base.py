@@ -1,0 +1,58 @@
+"""LoRA on a frozen base stored in FP8 (``bridge_recipes.fp8_base`` holds the logic): Megatron-Bridge's
+model factory (``model_provider._create_model``) runs with gradients off, so Transformer Engine builds
+row-wise FP8 weights only, and Megatron-Core's FP8 recipe factory (``fp8_utils.get_fp8_recipe``) gives
+per-tensor current scaling the dequantized backward; a pre-wrap hook checks the built model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge_recipes import fp8_base
+from bridge_recipes.patches.contract import Patch, check
+
+
+def wanted(cfg: Any, **run: Any) -> bool:
+    return fp8_base.applies(cfg)
+
+
+def install(cfg: Any) -> str:
+    """In the training process, before setup builds the model (idempotent)."""
+    check(PATCH)
+    from megatron.bridge.models import model_provider
+    from megatron.core import fp8_utils
+
+    model_provider._create_model = fp8_base.build_without_grad(model_provider._create_model)
+    fp8_utils.get_fp8_recipe = fp8_base.with_dequantized_backward(fp8_utils.get_fp8_recipe)
+    if fp8_base.check_hook not in (getattr(cfg.model, "_pre_wrap_hooks", None) or []):
+        cfg.model.register_pre_wrap_hook(fp8_base.check_hook)
+    return f"FP8 base: the model is built with gradients off (row-wise FP8 weights), the backward {fp8_base.BACKWARD}"
+
+
+PATCH = Patch(
+    name="fp8_base",
+    what="LoRA's frozen base at one byte per weight: built without gradients, dequantized backward",
+    written_for={
+        "megatron-bridge": ">=0.6,<0.7",
+        "megatron-core": ">=0.19,<0.20",
+        "transformer-engine": ">=2.20,<2.21",
+    },
+    targets={
+        "megatron.bridge.models.model_provider._create_model": ("model_provider", "model_type", "pg_collection"),
+        "megatron.core.fp8_utils.get_fp8_recipe": ("config",),
+        "transformer_engine.common.recipe.Float8CurrentScaling.backward_override": None,
+        "transformer_engine.pytorch.tensor.float8_tensor.Float8Tensor.__new__": (
+            "cls",
+            "args",
+            "data",
+            "fp8_scale_inv",
+            "fp8_dtype",
+            "fake_dtype",
+            "data_transpose",
+            "quantizer",
+            "transpose_invalid",
+            "kwargs",
+        ),
+    },
+    install=install,
+    wanted=wanted,
+)
