@@ -5,7 +5,9 @@ unwritable folder, one of the files the script reads); scripts call it while val
 arguments, before they run anything. ``write_text_atomic`` writes beside the target and
 renames, so a reader sees the old file or the new one, never a partial one (created with the
 mode a plain ``open`` gives, the umask's); ``staged_output``
-does the same for a folder. ``file_sha256`` is the hash the written files are checked by. Standard
+does the same for a folder. ``held_signals`` keeps a signal from cutting a few renames in two;
+``worker_processes`` lets a Ctrl-C stop a command and its forked workers quietly.
+``file_sha256`` is the hash the written files are checked by. Standard
 library only (the wheelhouse uses it before anything is installed).
 """
 
@@ -92,6 +94,78 @@ def exit_on_termination() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stop)
+
+
+TERMINATING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[list[int]]:
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (a few renames that must not be cut in
+    two); the list it gives holds those that came. Outside the main thread it holds nothing back."""
+    import signal
+    import threading
+
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    signals = [getattr(signal, name) for name in TERMINATING_SIGNALS if hasattr(signal, name)]
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in signals}
+    try:
+        yield held
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def worker_processes() -> Iterator[None]:
+    """For a block that forks worker processes (``multiprocessing`` pools): a Ctrl-C, which the
+    terminal sends to every process of the job, interrupts this process only; the workers ignore it
+    (no traceback from each) and, when the block ends with an error or an interrupt, the workers
+    started in it that are still running are killed, so nothing waits on them."""
+    import multiprocessing
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt(signum: int, frame) -> None:
+        if os.getpid() != owner:
+            return  # a forked worker: the process that started it stops it
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+    before = set(multiprocessing.active_children())
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    except BaseException:
+        started = [p for p in multiprocessing.active_children() if p not in before]
+        for p in started:
+            with contextlib.suppress(OSError, ValueError):
+                p.kill()
+        for p in started:
+            with contextlib.suppress(OSError, ValueError):
+                p.join(5)
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+INTERRUPTED = 130  # a command's exit status after a Ctrl-C, as a shell reports one
+
+
+def interrupted(out: str | os.PathLike) -> str:
+    """The one line a build prints when a Ctrl-C stopped it (its staging folder is gone by then)."""
+    return f"interrupted; nothing was written, {out} is as it was"
 
 
 def pid_alive(pid: int) -> bool:

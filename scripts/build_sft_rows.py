@@ -13,8 +13,9 @@ only to itself and a row is mostly conversation tokens); ``--packing one_per_row
 conversation in each padded row; ``--packing eos_joined`` builds the OpenRecipes benchmark workload
 (qwen35-tulu3-fixed8192-v1: seed 42, 8,192-token rows, EOS-joined). Writes OUT/rows.parquet,
 OUT/manifest.json and, with a validation split, OUT/val/; all of it appears at once when the
-build completes. Bad input exits with status 2. The logic lives in bridge_recipes.data.sft_rows
-(importable and tested).
+build completes. Bad input exits with status 2; Ctrl-C stops the build (and its workers) with
+status 130 and leaves --out as it was; one build at a time into an --out. The logic lives in
+bridge_recipes.data.sft_rows (importable and tested).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bridge_recipes import quiet
 from bridge_recipes.data import sft_rows
-from bridge_recipes.outputs import exit_on_termination
+from bridge_recipes.outputs import INTERRUPTED, exit_on_termination, interrupted
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -188,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     except sft_rows.SftRowsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted(args.out), file=sys.stderr)
+        return INTERRUPTED
     print(summary(manifest, args.out))
     return 0
 

@@ -48,7 +48,6 @@ import logging
 import math
 import multiprocessing
 import os
-import shutil
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -103,13 +102,11 @@ from bridge_recipes.data.row_writer import (
     PARQUET_COMPRESSION,
     ROWS_PER_BATCH,
     RowWriter,
-    check_output_dir,
-    clean_stale_stages,
-    publish,
-    stage_dir,
+    output_folder,
+    staged_build,
 )
 from bridge_recipes.models.qwen35 import SPECS
-from bridge_recipes.outputs import overlap_problem
+from bridge_recipes.outputs import overlap_problem, worker_processes
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +295,7 @@ def build_sft_rows(
             f"--val-input {val_input} is the training input itself: validation rows would repeat training "
             "conversations; give a separate file, or --val-fraction to split this one"
         )
-    out = Path(out_dir).expanduser()
+    out = output_folder(out_dir)
     local = [
         (flag, p) for flag, p, k in (("--input", source, kind), ("--val-input", val_input, val_kind)) if k != "hf"
     ]
@@ -306,12 +303,8 @@ def build_sft_rows(
         raise SftRowsError(problem)
     render, render_fields, eos_id, tok = _renderer(tokenizer, chat_format, eos_token)
     cutter = _cutter(tok, long)
-    for note in clean_stale_stages(out):
-        log.warning("%s (left by a build that did not finish)", note)
-    check_output_dir(out, overwrite)
-
-    stage = stage_dir(out)
-    try:
+    with staged_build(out, overwrite, log=log) as build:
+        stage = build.stage
         common = dict(messages_key=messages_key, split=split, revision=revision, progress=progress)
         reader = _open_source(source, kind, stage, cache_bytes=parquet_cache_bytes, **common)
         order = np.random.default_rng(seed).permutation(len(reader))
@@ -421,10 +414,8 @@ def build_sft_rows(
         for spool in stage.glob("hf-spool.jsonl"):
             spool.unlink()
         (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        publish(stage, out)
+        build.publish()
         return manifest
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, max_rows, split_name: str) -> dict:
@@ -524,12 +515,15 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def prepared(records: Iterator[tuple[int, Any]], work: Callable, workers: int) -> Iterator[tuple[int, Any]]:
+def prepared(
+    records: Iterator[tuple[int, Any]], work: Callable, workers: int, chunk: int | None = None
+) -> Iterator[tuple[int, Any]]:
     """``(index, work(index, raw))`` for each record, in the records' order, ``workers`` processes
-    rendering ahead of the packer: chunks of :data:`WORK_CHUNK` conversations, at most
+    rendering ahead of the packer: chunks of ``chunk`` (:data:`WORK_CHUNK`) conversations, at most
     :data:`CHUNKS_AHEAD` per worker in flight (memory bounded whatever the input's size). The workers
     are forked: they inherit the tokenizer and template instead of loading them again. One worker, or a
-    platform without fork, renders in this process."""
+    platform without fork, renders in this process. A Ctrl-C stops the workers quietly
+    (:func:`~bridge_recipes.outputs.worker_processes`)."""
     global _WORK
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         for index, raw in records:
@@ -538,15 +532,15 @@ def prepared(records: Iterator[tuple[int, Any]], work: Callable, workers: int) -
     _WORK = work
     pending: deque = deque()
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with worker_processes(), multiprocessing.get_context("fork").Pool(workers) as pool:
 
             def drain(limit: int) -> Iterator[tuple[int, Any]]:
                 while len(pending) > limit:
                     indices, result = pending.popleft()
                     yield from zip(indices, result.get())
 
-            while chunk := list(islice(records, WORK_CHUNK)):
-                pending.append(([index for index, _ in chunk], pool.apply_async(_work_chunk, (chunk,))))
+            while part := list(islice(records, chunk or WORK_CHUNK)):
+                pending.append(([index for index, _ in part], pool.apply_async(_work_chunk, (part,))))
                 yield from drain(CHUNKS_AHEAD * workers)
             yield from drain(0)
     finally:

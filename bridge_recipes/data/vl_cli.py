@@ -3,8 +3,8 @@
     build_vl_dataset.py --input conversations.jsonl --processor HF_FOLDER --out DIR [--val-fraction F]
 
 Exit status 0 when the dataset is written, 2 on bad input (the message names the flag or file
-and the fix); conversations that cannot be used are skipped, counted by reason in the summary
-and the manifest, never fatal.
+and the fix), 130 after a Ctrl-C (--out as it was); conversations that cannot be used are
+skipped, counted by reason in the summary and the manifest, never fatal.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 from bridge_recipes import quiet
 from bridge_recipes.data import vl_dataset
 from bridge_recipes.data.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from bridge_recipes.outputs import INTERRUPTED, interrupted
 
 USAGE_ERROR = 2
 
@@ -55,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace the dataset in --out once the new one is complete (a folder holding other files is refused)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes reading images and rendering conversations (default: this machine's cores); the "
+        "dataset is the same for any",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     return p
@@ -103,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                 max_image_pixels=args.max_image_pixels,
                 overwrite=args.overwrite,
                 progress=not args.no_progress,
+                workers=vl_dataset.default_workers() if args.workers is None else args.workers,
             )
     except vl_dataset.VlDatasetError as e:
         print(f"build_vl_dataset.py: error: {e}", file=sys.stderr)
         return USAGE_ERROR
+    except KeyboardInterrupt:
+        print(interrupted(args.out), file=sys.stderr)
+        return INTERRUPTED
     print(summary(manifest, args.out))
     return 0
 

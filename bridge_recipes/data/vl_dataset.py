@@ -33,12 +33,12 @@ import math
 import os
 import pickle
 import re
-import shutil
 import sys
 import tarfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -49,17 +49,24 @@ from tqdm import tqdm
 
 from bridge_recipes.data.conversations import JsonlSource, MalformedConversation, json_record
 from bridge_recipes.data.integrity import MANIFEST_FILE
-from bridge_recipes.data.row_writer import check_output_dir, clean_stale_stages, publish, stage_dir
-from bridge_recipes.data.sft_rows import DEFAULT_SEED, PERMUTATION  # the SFT rows' order and seed
+from bridge_recipes.data.row_writer import output_folder, staged_build
+from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and their worker processes
+    DEFAULT_SEED,
+    PERMUTATION,
+    WorkerError,
+    default_workers,  # noqa: F401 - the command line's default
+    prepared,
+)
 from bridge_recipes.data.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
+    Image,
     VlConversation,
     load_image,
     parse_record,
     relative_base,
 )
-from bridge_recipes.outputs import file_sha256, overlap_problem
+from bridge_recipes.outputs import file_sha256, overlap_problem, worker_processes
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,9 @@ DEFAULT_SAMPLES_PER_SHARD = 1000
 SHARD_BYTES = 2**30  # a shard is closed once it holds this much
 SAMPLES_PER_BATCH = 65536  # samples.parquet rows a row group
 MAX_REPORTED = 20  # skipped conversations logged one by one (and kept in the manifest)
+# Conversations a worker prepares per task: images travel back to the writer with them, so a task
+# is smaller than the SFT rows' (what is in flight: this x CHUNKS_AHEAD x workers conversations).
+WORK_CHUNK = 8
 # The processor files a dataset is pinned to (those present in the folder are hashed).
 PROCESSOR_FILES = (
     "tokenizer.json",
@@ -309,10 +319,13 @@ def build_vl_dataset(
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS,
     overwrite: bool = False,
     progress: bool = True,
+    workers: int = 1,
 ) -> dict:
     """Build the Energon dataset of ``source`` (a ``.jsonl`` file) rendered with the processor of
-    the checkpoint folder ``processor`` into ``out_dir``; returns the manifest. Raises
-    VlDatasetError on bad input; a conversation that cannot be used is skipped and counted."""
+    the checkpoint folder ``processor`` into ``out_dir``; returns the manifest. ``workers``
+    processes read the images and render the conversations; the dataset's bytes are the same
+    for any number. Raises VlDatasetError on bad input; a conversation that cannot be used is
+    skipped and counted."""
     if not 0.0 <= val_fraction < 1.0:
         raise VlDatasetError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     if not 0 <= seed < 2**32:
@@ -324,22 +337,22 @@ def build_vl_dataset(
     ):
         if value < 1:
             raise VlDatasetError(f"{flag} must be at least 1, got {value}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise VlDatasetError(f"--workers {workers}: at least 1 (the dataset is the same whatever the number)")
     src = Path(source).expanduser()
     if not src.is_file():
         raise VlDatasetError(f"--input {source}: no such file; pass the conversations' .jsonl file")
     if src.suffix.lower() != ".jsonl":
         raise VlDatasetError(f"--input {source}: {src.suffix or 'no suffix'} is not .jsonl; one JSON record a line")
-    out = Path(out_dir).expanduser()
+    out = output_folder(out_dir, error=VlDatasetError)
     if problem := overlap_problem(out, option="--out", inputs=[("--input", src), ("--processor", processor)]):
         raise VlDatasetError(problem)
     proc = load_processor(processor)
-    for note in clean_stale_stages(out):
-        log.warning("%s (left by a build that did not finish)", note)
     described = f"its shards, {META_DIR}/, {SAMPLES_FILE} and {MANIFEST_FILE}"
-    check_output_dir(out, overwrite, ours=is_dataset_entry, described=described, error=VlDatasetError)
-
-    stage = stage_dir(out, error=VlDatasetError)
-    try:
+    with staged_build(
+        out, overwrite, log=log, ours=is_dataset_entry, described=described, error=VlDatasetError
+    ) as build:
+        stage = build.stage
         reader = JsonlSource(
             src, progress=progress, chat_format=False
         )  # image conversations: vl_conversations reads them
@@ -352,6 +365,7 @@ def build_vl_dataset(
             limits=dict(max_bytes=max_image_bytes, max_pixels=max_image_pixels),
             samples_per_shard=samples_per_shard,
             progress=progress,
+            workers=workers,
         )
         splits, counts = {}, {}
         with SamplesWriter(stage / SAMPLES_FILE) as samples:
@@ -394,10 +408,33 @@ def build_vl_dataset(
             "versions": _versions(),
         }
         (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        publish(stage, out)
+        build.publish()
         return manifest
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _prepare_conversation(
+    proc: Processor, base: Path, limits: dict, index: int, line: bytes
+) -> tuple[list[dict], list[Image], int] | MalformedConversation:
+    """One conversation read, its images loaded and checked, and rendered (in a worker process when
+    there are several): its turns, images and text tokens, or why it is skipped."""
+    try:
+        conversation = parse_record(json_record(line, index), index, base)
+        loaded = [load_image(ref, index, **limits) for ref in conversation.images]
+        return conversation.messages, loaded, proc.render(conversation, index)
+    except MalformedConversation as e:
+        return e
+
+
+@contextlib.contextmanager
+def _stop_on_worker_error(src: Path) -> Iterator[None]:
+    """A failure no skip reason covers stops the build, naming the record; nothing is written."""
+    try:
+        yield
+    except WorkerError as e:
+        raise VlDatasetError(
+            f"--input {src}, {e}; the build stopped and wrote nothing (remove or fix that record, and report "
+            "the error if the record is valid)"
+        ) from None
 
 
 def _write_split(
@@ -412,6 +449,7 @@ def _write_split(
     limits: dict,
     samples_per_shard: int,
     progress: bool,
+    workers: int = 1,
 ) -> tuple[dict, dict]:
     """One split's conversations, in ``order``, into its shards (each used one's row added to
     ``samples``); returns the split's summary and its conversation counts."""
@@ -421,23 +459,24 @@ def _write_split(
     read = images = text_only = 0
     pixels_max = 0
     try:
-        with tqdm(total=len(order), desc=split, unit="conv", disable=not progress) as bar:
-            for index, line in reader.records(order):
+        with (
+            _stop_on_worker_error(reader.path),
+            tqdm(total=len(order), desc=split, unit="conv", disable=not progress, smoothing=0.05) as bar,
+        ):
+            work = partial(_prepare_conversation, proc, base, limits)
+            for index, done in prepared(reader.records(order), work, workers, chunk=WORK_CHUNK):
                 read += 1
                 bar.update(1)
-                try:
-                    conversation = parse_record(json_record(line, index), index, base)
-                    loaded = [load_image(ref, index, **limits) for ref in conversation.images]
-                    tokens = proc.render(conversation, index)
-                except MalformedConversation as e:
-                    skipped[e.reason] += 1
+                if isinstance(done, MalformedConversation):
+                    skipped[done.reason] += 1
                     if len(examples) < MAX_REPORTED:
-                        examples.append(str(e))
-                        log.warning("skipping conversation, %s", e)
+                        examples.append(str(done))
+                        log.warning("skipping conversation, %s", done)
                     bar.set_postfix(skipped=sum(skipped.values()), refresh=False)
                     continue
+                messages, loaded, tokens = done
                 key = f"{index:09d}"
-                shard = writer.add(key, conversation.messages, [im.data for im in loaded])
+                shard = writer.add(key, messages, [im.data for im in loaded])
                 images += len(loaded)
                 text_only += not loaded
                 pixels_max = max([pixels_max, *(im.width * im.height for im in loaded)])
@@ -538,7 +577,7 @@ def _prepare_energon(folder: Path, splits: list[str]) -> None:
     patterns = {split: rf"{split}-[0-9]+\.tar$" for split in splits}
     shards = len(list(folder.glob("*.tar")))
     log.info("indexing %d shard(s) with Energon", shards)
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), worker_processes():  # a Ctrl-C stops its workers too
         prepare_webdataset(folder, patterns, num_workers=max(1, min(4, shards, os.cpu_count() or 1)))
     (folder / META_DIR / DATASET_YAML).write_text(yaml.safe_dump(SAMPLE_LOADER, sort_keys=False))
 

@@ -203,7 +203,7 @@ if where == "packing":  # killed while writing rows
         os.kill(os.getpid(), signal.SIGKILL)
     w.RowWriter.add = dying_add
 elif where == "before_publish":  # killed with a complete staged dataset
-    s.publish = lambda stage, out: os.kill(os.getpid(), signal.SIGKILL)
+    w.publish = lambda stage, out: os.kill(os.getpid(), signal.SIGKILL)
 elif where == "between_renames":  # killed after the old dataset was parked, before the new one moved in
     real = os.replace
     def dying_replace(a, b):
