@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -48,6 +49,19 @@ def no_network(monkeypatch, request):
     monkeypatch.setattr(socket, "getaddrinfo", guarded_getaddrinfo)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def own_logging():
+    """A command's main() run in-process configures the root logger (and transformers its own) for the
+    test's captured stderr, as its process would: put back what was there, so no later test logs into
+    a closed capture."""
+    loggers = [logging.getLogger(), logging.getLogger("transformers")]  # transformers keeps its own handler
+    saved = [(list(logger.handlers), logger.level) for logger in loggers]
+    yield
+    for logger, (handlers, level) in zip(loggers, saved):
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
 
 
 def _cuda_available() -> bool:
