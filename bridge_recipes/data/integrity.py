@@ -117,13 +117,15 @@ def check_rows(
     seq_length: int | None = None,
     vocab_size: int | None = None,
     tokenizer: str | os.PathLike | None = None,
+    vocab_field: str | None = None,
 ) -> LoadedRows:
     """Check a rows folder against its manifest and the recipe, and load it.
 
     Checked: the manifest's fields; the Parquet size and sha256 against the manifest (a
     truncated, zero-byte or replaced file); that Parquet can read it; row count; column types;
     every row ``row_tokens`` long and ``row_tokens == seq_length``; token ids in
-    ``[0, vocab_size)``; loss mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
+    ``[0, vocab_size)`` (``vocab_field``: the config field that set it, named in the message); loss
+    mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
     the rows hash; the tokenizer's sha256 against ``tokenizer`` (a folder or tokenizer.json);
     and the same for the validation rows in ``val/``. Raises RowsIntegrityError.
     """
@@ -194,6 +196,12 @@ def check_rows(
     mask = flat("loss_mask", np.uint8)[0].reshape(-1, row_tokens)
     if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
         value = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        if vocab_field is not None and value >= 0:
+            raise RowsIntegrityError(
+                f"{where} holds token id {value}, outside {vocab_field}={vocab_size} (ids 0 to {vocab_size - 1}): "
+                f"set {vocab_field} above {value} if the model's vocabulary is that large, else rebuild the rows "
+                "with the model's tokenizer"
+            )
         raise RowsIntegrityError(
             f"{where} holds token id {value}, outside the model's vocabulary [0, {vocab_size}); the rows were built "
             "with another tokenizer: rebuild them with the model's tokenizer"
@@ -226,7 +234,13 @@ def check_rows(
     if hasher.hexdigest() != manifest["rows_sha256"]:
         raise RowsIntegrityError(f"{where} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}")
     if manifest.get("validation"):
-        val = check_rows(folder / VAL_DIR, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
+        val = check_rows(
+            folder / VAL_DIR,
+            seq_length=seq_length,
+            vocab_size=vocab_size,
+            tokenizer=tokenizer,
+            vocab_field=vocab_field,
+        )
         if val.manifest["rows_sha256"] != manifest["validation"]["rows_sha256"]:
             raise RowsIntegrityError(
                 f"{folder / VAL_DIR} is not the validation split {folder / MANIFEST_FILE} records; {_rebuild(folder)}"
