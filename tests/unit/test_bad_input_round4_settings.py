@@ -213,3 +213,43 @@ def test_an_export_folder_in_the_rows_folder_is_refused(rows):
     with pytest.raises(ValueError, match=r"export_hf .*/hf is inside dataset.path"):
         check_export_target(cfg, str(rows / "hf"))
     check_export_target(cfg, str(rows.parent / "hf"))  # beside the data: fine
+
+
+# ----------------------------------------------------------------- config files
+
+
+@pytest.fixture(scope="module")
+def saved_text():
+    import bridge_recipes
+    from bridge_recipes import config_files
+
+    return config_files.to_text(bridge_recipes.build(RECIPE), RECIPE)
+
+
+def test_a_duplicate_key_in_a_config_file_names_the_key_and_lines(saved_text, tmp_path):
+    lines = saved_text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("  train_iters:"))
+    lines.insert(at + 1, "  train_iters: 5\n")  # the same key again, in the train section
+    path = tmp_path / "cfg.yaml"
+    path.write_text("".join(lines))
+    code, text = _run("--config-file", path, "--dry-run", "--world-size", "8")
+    assert code == 2 and "Traceback" not in text
+    assert str(path) in text and "train.train_iters" in text and f"lines {at + 1} and {at + 2}" in text, text[-800:]
+
+
+def test_a_recipe_line_of_another_kind_of_model_is_refused(saved_text, tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(saved_text.replace(f"# recipe: {RECIPE}", f"# recipe: {VL_RECIPE}"))
+    code, text = _run("--config-file", path, "--dry-run", "--world-size", "8")
+    assert code == 2 and "Traceback" not in text
+    assert f"# recipe: {VL_RECIPE}" in text and "vision-language" in text and "text MoE" in text, text[-800:]
+    path.write_text(saved_text.replace(f"# recipe: {RECIPE}\n", f"# recipe: {RECIPE}\n# recipe: {VL_RECIPE}\n"))
+    code, text = _run("--config-file", path, "--dry-run", "--world-size", "8")
+    assert code == 2 and "names 2 recipes" in text
+
+
+def test_a_config_file_as_saved_still_builds(saved_text, tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(saved_text)
+    code, text = _run("--config-file", path, "--dry-run", "--world-size", "8")
+    assert code == 0, text[-1500:]
