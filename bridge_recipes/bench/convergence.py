@@ -54,6 +54,19 @@ class Comparison:
         return asdict(self)
 
 
+def diverged(reference: Mapping[int, float], candidate: Mapping[int, float]) -> list[str]:
+    """A reason per curve whose loss is not finite (inf or nan) at a step both curves log: that run
+    diverged, so the curves disagree (:func:`compare` measures finite curves only)."""
+    common = sorted(set(reference) & set(candidate))
+    reasons = []
+    for name, curve in (("reference", reference), ("candidate", candidate)):
+        if bad := [s for s in common if not math.isfinite(curve[s])]:
+            reasons.append(
+                f"{name} loss is {curve[bad[0]]} at step {bad[0]} ({len(bad)} step(s) not finite): it diverged"
+            )
+    return reasons
+
+
 def compare(
     reference: Mapping[int, float],
     candidate: Mapping[int, float],

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from bridge_recipes.data.packing import PACKING_MODES
 from bridge_recipes.outputs import file_sha256
 
 ROWS_FILE = "rows.parquet"
@@ -57,6 +58,30 @@ class RowsIntegrityError(ValueError):
 
 
 REQUIRED_KEYS = ("builder_version", "row_tokens", "rows", "packing", "rows_sha256", "parquet_sha256", "parquet_bytes")
+# The manifest fields training reads, with the JSON type each must have (``None``: may be null) and,
+# for numbers, the least value.
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], int | None]] = {
+    "builder_version": ((str,), None),
+    "row_tokens": ((int,), 1),
+    "rows": ((int,), 0),
+    "packing": ((str,), None),
+    "rows_sha256": ((str,), None),
+    "parquet_sha256": ((str,), None),
+    "parquet_bytes": ((int,), 0),
+    "eos_token_id": ((int, type(None)), 0),
+    "segments": ((int, type(None)), 0),
+    "tokenizer_sha256": ((str, type(None)), None),
+    "validation": ((dict, type(None)), None),
+}
+JSON_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number with a fraction",
+    dict: "an object",
+    list: "a list",
+    type(None): "null",
+    bool: "a boolean",
+}
 ID_TYPE, MASK_TYPE = "list<element: int32>", "list<element: uint8>"
 
 
@@ -97,7 +122,34 @@ def read_manifest(folder: str | os.PathLike) -> dict:
         raise RowsIntegrityError(
             f"{folder / MANIFEST_FILE} lacks {', '.join(missing)} (not written by this builder); {_rebuild(folder)}"
         )
+    if problem := _field_problem(manifest):
+        raise RowsIntegrityError(f"{folder / MANIFEST_FILE}: {problem}; {_rebuild(folder)}")
     return manifest
+
+
+def _field_problem(manifest: dict) -> str | None:
+    """The first manifest field of the wrong JSON type or below its least value (:data:`FIELD_TYPES`)."""
+    for key, (kinds, least) in FIELD_TYPES.items():
+        if key not in manifest:
+            continue
+        value = manifest[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            found = JSON_NAMES.get(type(value), type(value).__name__)
+            want = " or ".join(JSON_NAMES[k] for k in kinds)
+            hint = (
+                f" (write {value} without quotes)"
+                if isinstance(value, str) and value.isdigit() and int in kinds
+                else ""
+            )
+            return f"the manifest field {key} is {found} ({value!r}), not {want}{hint}"
+        if least is not None and isinstance(value, int) and value < least:
+            return f"the manifest field {key} is {value}, below {least}"
+    if manifest["packing"] not in PACKING_MODES:
+        return f"the manifest field packing is {manifest['packing']!r}, not one of {', '.join(PACKING_MODES)}"
+    validation = manifest.get("validation")
+    if validation is not None and not isinstance(validation.get("rows_sha256"), str):
+        return "the manifest field validation.rows_sha256 is missing or not a string"
+    return None
 
 
 def tokenizer_json(path: str | os.PathLike) -> Path:

@@ -4,6 +4,9 @@ and the fix, instead of a traceback, a failure on the GPU, or a misleading hint.
 import contextlib
 import io
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -253,3 +256,137 @@ def test_a_config_file_as_saved_still_builds(saved_text, tmp_path):
     path.write_text(saved_text)
     code, text = _run("--config-file", path, "--dry-run", "--world-size", "8")
     assert code == 0, text[-1500:]
+
+
+# ----------------------------------------------------------------- messages that pointed the wrong way
+
+
+def test_a_manifest_field_of_the_wrong_type_is_named_as_such(rows, tmp_path):
+    copy = tmp_path / "rows"
+    shutil.copytree(rows, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["row_tokens"] = str(manifest["row_tokens"])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    code, text = _rows_dry_run(copy)
+    assert code == 2 and "Traceback" not in text
+    assert "manifest field row_tokens is a string ('256')" in text and "not 256" not in text, text[-1500:]
+
+
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("rows", -1, "rows is -1, below 0"),
+        ("packing", "zigzag", "packing is 'zigzag'"),
+        ("eos_token_id", 1.5, "a number with a fraction (1.5), not an integer or null"),
+    ],
+)
+def test_manifest_field_types_and_values_are_checked(rows, tmp_path, field, value, words):
+    from bridge_recipes.data.integrity import RowsIntegrityError, read_manifest
+
+    copy = tmp_path / "rows"
+    shutil.copytree(rows, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest[field] = value
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RowsIntegrityError, match=f"manifest field {field}") as info:
+        read_manifest(copy)
+    assert words in str(info.value)
+
+
+def test_inspect_rows_without_a_validation_split_says_how_to_build_one(rows):
+    from bridge_recipes.data.inspect_rows import inspect_rows
+    from bridge_recipes.data.integrity import VAL_DIR, RowsIntegrityError
+
+    assert not (rows / VAL_DIR).exists()
+    with pytest.raises(RowsIntegrityError) as info:
+        inspect_rows(rows, split="val")
+    err = str(info.value)
+    assert "no validation split" in err and "--val-fraction" in err and "--val-input" in err
+    assert f"--out {rows / VAL_DIR}" not in err  # the old hint: build rows into val/ by hand
+
+
+def _compare_losses(*argv) -> tuple[int, str, str]:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/compare_losses.py"), *map(str, argv)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in p.stderr, p.stderr
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_compare_losses_reports_two_identical_runs_as_agreeing(tmp_path):
+    curve = "".join(f"{s} {10 / s}\n" for s in range(1, 11))
+    (tmp_path / "a.txt").write_text(curve)
+    (tmp_path / "b.txt").write_text(curve)
+    code, out, err = _compare_losses(tmp_path / "a.txt", tmp_path / "b.txt")
+    assert code == 0 and json.loads(out)["passed"] is True, err
+    code, _, err = _compare_losses(tmp_path / "a.txt", tmp_path / "a.txt")  # one file twice: a slip
+    assert code == 2 and "given twice" in err
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "-Infinity"])
+def test_compare_losses_reports_a_non_finite_loss_as_a_divergence(tmp_path, bad):
+    (tmp_path / "a.txt").write_text("".join(f"{s} {10 / s}\n" for s in range(1, 11)))
+    (tmp_path / "b.txt").write_text("".join(f"{s} {bad if s == 7 else 10 / s}\n" for s in range(1, 11)))
+    code, out, err = _compare_losses(tmp_path / "a.txt", tmp_path / "b.txt", "--out", tmp_path / "r.json")
+    assert code == 1 and "error" not in err
+    reasons = json.loads(out)["reasons"]
+    assert any("candidate" in r and "step 7" in r and "diverged" in r for r in reasons), reasons
+    assert json.loads((tmp_path / "r.json").read_text())["passed"] is False  # strict JSON: no bare inf
+
+
+def test_a_megatron_log_with_a_nan_loss_is_a_divergence(tmp_path):
+    def line(s, loss):
+        return (
+            f" [t] iteration {s}/ 10 | elapsed time per iteration (ms): 100.0 | global batch size: 8 | "
+            f"lm loss: {loss} |\n"
+        )
+
+    (tmp_path / "a.log").write_text("".join(line(s, f"{10 / s:.6E}") for s in range(1, 11)))
+    (tmp_path / "b.log").write_text("".join(line(s, "nan" if s > 5 else f"{10 / s:.6E}") for s in range(1, 11)))
+    code, out, _ = _compare_losses(tmp_path / "a.log", tmp_path / "b.log")
+    assert code == 1 and "diverged" in out
+
+
+@pytest.mark.parametrize(
+    "part,named",
+    [
+        ({"type": "image", "image": None}, "part 0 (image) has a null image"),
+        ({"type": "image_url", "image_url": {"url": None}}, "has a null image_url"),
+        (None, "part 0 is null"),
+    ],
+)
+def test_a_null_image_part_is_named_with_its_record(part, named):
+    from bridge_recipes.data.conversations import MalformedConversation
+    from bridge_recipes.data.vl_conversations import parse_record
+
+    record = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}, REPLY]}
+    with pytest.raises(MalformedConversation) as info:
+        parse_record(record, 7, ROOT)
+    assert info.value.reason == "image_null" and "source row 7" in str(info.value) and named in str(info.value)
+    assert "parts are text" not in str(info.value)  # the old message: as if images were unsupported
+
+
+@pytest.mark.parametrize(
+    "images,named", [({"images": [None]}, "images[0] is null"), ({"image": None}, "image is null")]
+)
+def test_a_null_llava_image_is_named_with_its_record(images, named):
+    from bridge_recipes.data.conversations import MalformedConversation
+    from bridge_recipes.data.vl_conversations import parse_record
+
+    with pytest.raises(MalformedConversation) as info:
+        parse_record({"messages": [{"role": "user", "content": "<image> what?"}, REPLY], **images}, 3, ROOT)
+    assert info.value.reason == "image_null" and "source row 3" in str(info.value) and named in str(info.value)
+
+
+REPLY = {"role": "assistant", "content": "a picture"}
+
+
+def test_a_vl_recipe_on_mock_data_is_pointed_at_energon():
+    code, text = _run("--recipe", VL_RECIPE, "--dataset", "mock", "--dry-run", "--world-size", "8")
+    assert "MOCK" in text and "--dataset energon" in text and "build_vl_dataset.py" in text
+    assert "sft-rows" not in text  # VL recipes refuse rows
+    code, text = _dry_run("--dataset", "mock")
+    assert "--dataset sft-rows" in text  # a text recipe still is
