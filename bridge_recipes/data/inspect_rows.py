@@ -116,7 +116,13 @@ def inspect_rows(
         raise RowsIntegrityError(
             f"the tokenizer the rows were built with ({tok_file}) is not there; pass --tokenizer DIR (its folder)"
         )
-    tok = Tokenizer.from_file(str(tok_file))
+    try:
+        tok = Tokenizer.from_file(str(tok_file))
+    except Exception as exc:  # the tokenizers library raises its own Exception for a file it cannot read
+        raise RowsIntegrityError(
+            f"{tok_file} is not a tokenizer.json the tokenizers library reads ({exc}); pass --tokenizer DIR, the "
+            "folder of the tokenizer the rows were built with"
+        ) from None
     count = len(loaded.ids)
     picked = rows if rows is not None else list(range(min(3, count)))
     if bad := [r for r in picked if not 0 <= r < count]:
