@@ -82,7 +82,7 @@ def _plain(obj: Any) -> Any:
 def recipe_of(path: str | os.PathLike, recipe: str | None = None) -> str:
     """The recipe a config file was written from (its ``# recipe:`` line), checked against
     ``recipe`` when both are given; ``recipe`` alone for a file without the line."""
-    text, _ = _parse(path)
+    text, data = _parse(path)
     m = RECIPE_LINE.search(text)
     if m and recipe and m.group(1) != recipe:
         raise ConfigFileError(
@@ -90,7 +90,40 @@ def recipe_of(path: str | os.PathLike, recipe: str | None = None) -> str:
         )
     if not m and not recipe:
         raise ConfigFileError(f"config file {path} has no '# recipe: NAME' line; pass --recipe NAME with it")
-    return m.group(1) if m else recipe
+    if m and len(names := set(RECIPE_LINE.findall(text))) > 1:
+        raise ConfigFileError(
+            f"config file {path} names {len(names)} recipes ({', '.join(sorted(names))}) in '# recipe:' lines; "
+            "keep the one it was written from"
+        )
+    name = m.group(1) if m else recipe
+    if problem := _model_kind_problem(name, data):
+        raise ConfigFileError(f"config file {path}: {problem}")
+    return name
+
+
+def _model_kind_problem(recipe: str, data: dict) -> str | None:
+    """The recipe line's model against the file's: text or vision-language, dense or MoE (the runner
+    takes the task and GPUs from the recipe, the model from the body)."""
+    from bridge_recipes import registry
+    from bridge_recipes.models.qwen35 import SPECS
+
+    try:
+        spec = SPECS.get(registry.find(recipe).model or "")
+    except registry.UnknownRecipe:
+        return None  # named as such by the runner
+    model = data.get("model")
+    if spec is None or not isinstance(model, dict) or not isinstance(model.get("_target_"), str):
+        return None
+    kind = {True: "vision-language", False: "text"}
+    moe = {True: "MoE", False: "dense"}
+    body_vl, body_moe = "VL" in model["_target_"].rsplit(".", 1)[-1], bool(model.get("num_moe_experts"))
+    if (body_vl, body_moe) == (spec.is_vl, spec.is_moe):
+        return None
+    return (
+        f"its '# recipe: {recipe}' line names a {kind[spec.is_vl]} {moe[spec.is_moe]} model, but the config "
+        f"holds a {kind[body_vl]} {moe[body_moe]} one (model._target_ {model['_target_']}, model.num_moe_experts "
+        f"{model.get('num_moe_experts')}); fix the '# recipe:' line to the recipe the file was saved from"
+    )
 
 
 def _read(path: str | os.PathLike) -> str:
@@ -116,6 +149,8 @@ def _parse(path: str | os.PathLike) -> tuple[str, dict]:
     text = _read(path)
     try:
         check_text(text)  # size and alias expansion, before the YAML is expanded
+        if twice := _duplicate_key(yaml.compose(text, Loader=yaml.SafeLoader)):
+            raise ConfigFileError(f"config file {path}: {twice}")
         data = yaml.safe_load(text)
     except UnsafeConfig as exc:
         raise ConfigFileError(f"config file {path}: {exc}") from None
@@ -131,6 +166,31 @@ def _parse(path: str | os.PathLike) -> tuple[str, dict]:
     except UnsafeConfig as exc:
         raise ConfigFileError(f"config file {path}: {exc}") from None
     return text, data
+
+
+def _duplicate_key(node: Any, path: str = "") -> str | None:
+    """The first key given twice in one mapping of the composed YAML ``node``, with both lines: YAML
+    loaders keep the last silently, so one of two differing settings would be dropped unseen."""
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key is not None and key != "<<":
+                if key in seen:
+                    return (
+                        f"key {path}{key} is given twice (lines {seen[key]} and {k.start_mark.line + 1}); "
+                        "keep one of them"
+                    )
+                seen[key] = k.start_mark.line + 1
+            if found := _duplicate_key(v, f"{path}{key}."):
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            if found := _duplicate_key(v, f"{path}{i}."):
+                return found
+    return None
 
 
 def load(path: str | os.PathLike) -> Any:

@@ -79,6 +79,14 @@ def is_mock(cfg: Any) -> bool:
     return blended and d.blend is None and d.blend_per_split is None
 
 
+def real_data(cfg: Any) -> str:
+    """The options that give ``cfg``'s kind of recipe real data: rows for a text recipe, an Energon
+    dataset for a VL one (which refuses rows)."""
+    if is_vlm(cfg):
+        return "--dataset energon dataset.path=DIR (an image-conversation dataset from scripts/build_vl_dataset.py)"
+    return "--dataset sft-rows dataset.path=DIR (rows from scripts/build_sft_rows.py)"
+
+
 def describe(cfg: Any) -> str:
     """The data a run reads, in one line: mock, or the rows folder with the counts its manifest gives."""
     import json
@@ -86,7 +94,7 @@ def describe(cfg: Any) -> str:
 
     d = cfg.dataset
     if is_mock(cfg):
-        return "mock (generated samples; --dataset sft-rows dataset.path=DIR trains on real rows)"
+        return f"mock (generated samples); for real data pass {real_data(cfg)}"
     path = getattr(d, "path", None)
     if type(d).__name__ == "PackedSFTRowsConfig":
         manifest = Path(str(path)) / "manifest.json" if path else None

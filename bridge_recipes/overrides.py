@@ -129,6 +129,11 @@ def parse(token: str) -> Override:
     if "=" not in token and not token.startswith("~"):
         raise OverrideError(f"malformed override {token!r}: expected KEY=VALUE (or ~KEY to delete)")
     key = token.partition("=")[0].lstrip("+~")
+    if key and "" in key.split("."):
+        raise OverrideError(
+            f"key {key!r} in {token!r} has an empty part between dots: config keys are names joined by single "
+            f"'.' (e.g. {'.'.join(p for p in key.split('.') if p) or 'optimizer.lr'}=...)"
+        )
     if key and not _KEY.fullmatch(key):
         odd = next(c for c in key if not _KEY.fullmatch(c) and c != ".")
         raise OverrideError(

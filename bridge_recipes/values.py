@@ -99,6 +99,9 @@ RANGES: tuple[Range, ...] = (
     _size("model.num_query_groups", "model.num_query_groups=", optional=True),
     _size("model.num_moe_experts", "model.num_moe_experts=", optional=True),
     _size("dataset.seq_length", "-sl", optional=True),
+    # rows of --dataset sft-rows joined into one packed sample, and the bound of their token ids
+    _size("dataset.rows_per_sample", "dataset.rows_per_sample="),
+    _size("dataset.vocab_size", "dataset.vocab_size=", optional=True),
     _size("checkpoint.save_interval", "--save-interval", optional=True),
     # torch.optim.Adam / SGD (and Transformer Engine's FusedAdam) refuse these when the
     # optimizer is built, after the model is.

@@ -11,16 +11,18 @@ Input formats (each log is read as the first that gives losses):
   blank lines, "#" comments and one header line ("step loss") allowed;
 - one log holding several runs (written by bridge_recipes.bench.runs.launch), split at its
   "===== run NAME: ..." lines; --reference and --candidate name two of them.
-Exit status 0 when the curves agree, 1 when they do not, 2 on bad input.
+Exit status 0 when the curves agree (two identical runs do), 1 when they do not (a loss of inf or
+nan in either run is a divergence), 2 on bad input.
 """
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 from bridge_recipes import quiet
-from bridge_recipes.bench.convergence import compare
+from bridge_recipes.bench.convergence import compare, diverged
 from bridge_recipes.logs.run_log import complete_losses, plain_losses, run_names, split_runs
 from bridge_recipes.outputs import output_problem, write_text_atomic
 
@@ -45,14 +47,14 @@ def _losses(text: str, what: str) -> dict[int, float]:
         ) from None
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     quiet.add_flag(ap)
     ap.add_argument("logs", nargs="+", help="one multi-run log, or two logs")
     ap.add_argument("--reference", help="run name in a multi-run log")
     ap.add_argument("--candidate", help="run name in a multi-run log")
     ap.add_argument("--out", help="write the comparison as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if len(args.logs) > 2:
         return fail(f"{len(args.logs)} logs given: pass one multi-run log, or two logs (reference, candidate)")
     if len(args.logs) == 2 and (args.reference or args.candidate):
@@ -71,8 +73,8 @@ def main() -> int:
             return fail(f"cannot read {p}: {exc.strerror or exc}")
     try:
         if len(texts) == 2:
-            if texts[0] == texts[1]:
-                return fail(f"{args.logs[0]} and {args.logs[1]} hold the same log; compare two runs")
+            if Path(args.logs[0]).resolve() == Path(args.logs[1]).resolve():
+                return fail(f"{args.logs[0]} is given twice; compare two runs' logs")
             ref = _losses(texts[0], f"the reference ({args.logs[0]})")
             cand = _losses(texts[1], f"the candidate ({args.logs[1]})")
         else:
@@ -87,6 +89,15 @@ def main() -> int:
                 return fail(f"--reference and --candidate both name {args.reference}; compare two runs")
             ref = _losses(runs[args.reference], f"run {args.reference}")
             cand = _losses(runs[args.candidate], f"run {args.candidate}")
+        if reasons := diverged(ref, cand):  # a diverged run: the curves disagree, there is nothing to measure
+            shown = [
+                {s: v if math.isfinite(v) else str(v) for s, v in c.items()} for c in (ref, cand)
+            ]  # JSON has no inf
+            doc = {"reference_losses": shown[0], "candidate_losses": shown[1], "passed": False, "reasons": reasons}
+            print(json.dumps({"passed": False, "reasons": reasons}, indent=1))
+            if args.out:
+                write_text_atomic(args.out, json.dumps(doc, indent=1) + "\n")
+            return 1
         result = compare(ref, cand)
     except ValueError as exc:
         return fail(str(exc))

@@ -30,6 +30,9 @@ def pointwise_tolerance(reference_loss: float) -> float:
 
 
 def pearson(a: Sequence[float], b: Sequence[float]) -> float:
+    # each series scaled by its largest magnitude first (the correlation does not change): losses near
+    # the float range would overflow their squares
+    a, b = (_scaled(list(x)) for x in (a, b))
     n = len(a)
     ma, mb = sum(a) / n, sum(b) / n
     cov = sum((x - ma) * (y - mb) for x, y in zip(a, b))
@@ -38,6 +41,11 @@ def pearson(a: Sequence[float], b: Sequence[float]) -> float:
     if va == 0 or vb == 0:
         return 1.0 if va == vb and all(x == y for x, y in zip(a, b)) else 0.0
     return cov / math.sqrt(va * vb)
+
+
+def _scaled(values: list[float]) -> list[float]:
+    top = max((abs(v) for v in values), default=0.0)
+    return [v / top for v in values] if top > 1.0 else values
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,19 @@ class Comparison:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def diverged(reference: Mapping[int, float], candidate: Mapping[int, float]) -> list[str]:
+    """A reason per curve whose loss is not finite (inf or nan) at a step both curves log: that run
+    diverged, so the curves disagree (:func:`compare` measures finite curves only)."""
+    common = sorted(set(reference) & set(candidate))
+    reasons = []
+    for name, curve in (("reference", reference), ("candidate", candidate)):
+        if bad := [s for s in common if not math.isfinite(curve[s])]:
+            reasons.append(
+                f"{name} loss is {curve[bad[0]]} at step {bad[0]} ({len(bad)} step(s) not finite): it diverged"
+            )
+    return reasons
 
 
 def compare(
@@ -78,7 +99,7 @@ def compare(
     failures = sum(abs(c - r) > pointwise_tolerance(r) * abs(r) for r, c in zip(ref, cand))
     final = abs(cand[-1] - ref[-1]) / abs(ref[-1]) if ref[-1] else abs(cand[-1])
     reasons = []
-    if corr < min_correlation:
+    if not corr >= min_correlation:  # nan included
         reasons.append(f"correlation {corr:.4f} < {min_correlation}")
     if failures > max_failing_fraction * len(kept):
         reasons.append(f"{failures} of {len(kept)} points outside the point-wise tolerance")

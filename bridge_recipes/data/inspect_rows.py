@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bridge_recipes.data.integrity import VAL_DIR, RowsIntegrityError, check_rows, tokenizer_json
+from bridge_recipes.data.integrity import MANIFEST_FILE, VAL_DIR, RowsIntegrityError, check_rows, tokenizer_json
 
 OPEN, CLOSE = "[[", "]]"  # around each supervised span
 
@@ -103,6 +103,12 @@ def inspect_rows(
     if split not in ("train", "val"):
         raise RowsIntegrityError(f"--split {split!r}: choose train or val")
     where = folder / VAL_DIR if split == "val" else folder
+    if split == "val" and not where.exists() and (folder / MANIFEST_FILE).is_file():
+        raise RowsIntegrityError(
+            f"--split val: the rows in {folder} have no validation split ({where} does not exist); build one with "
+            f"scripts/build_sft_rows.py --val-fraction F (held out of the input) or --val-input FILE, or inspect "
+            "--split train"
+        )
     loaded = check_rows(where)
     m = loaded.manifest
     tok_file = tokenizer_json(tokenizer or m.get("tokenizer") or "")
@@ -110,7 +116,13 @@ def inspect_rows(
         raise RowsIntegrityError(
             f"the tokenizer the rows were built with ({tok_file}) is not there; pass --tokenizer DIR (its folder)"
         )
-    tok = Tokenizer.from_file(str(tok_file))
+    try:
+        tok = Tokenizer.from_file(str(tok_file))
+    except Exception as exc:  # the tokenizers library raises its own Exception for a file it cannot read
+        raise RowsIntegrityError(
+            f"{tok_file} is not a tokenizer.json the tokenizers library reads ({exc}); pass --tokenizer DIR, the "
+            "folder of the tokenizer the rows were built with"
+        ) from None
     count = len(loaded.ids)
     picked = rows if rows is not None else list(range(min(3, count)))
     if bad := [r for r in picked if not 0 <= r < count]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from bridge_recipes.data.packing import PACKING_MODES
 from bridge_recipes.outputs import file_sha256
 
 ROWS_FILE = "rows.parquet"
@@ -69,6 +70,30 @@ class RowsIntegrityError(ValueError):
 
 
 REQUIRED_KEYS = ("builder_version", "row_tokens", "rows", "packing", "rows_sha256", "parquet_sha256", "parquet_bytes")
+# The manifest fields training reads, with the JSON type each must have (``None``: may be null) and,
+# for numbers, the least value.
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], int | None]] = {
+    "builder_version": ((str,), None),
+    "row_tokens": ((int,), 1),
+    "rows": ((int,), 0),
+    "packing": ((str,), None),
+    "rows_sha256": ((str,), None),
+    "parquet_sha256": ((str,), None),
+    "parquet_bytes": ((int,), 0),
+    "eos_token_id": ((int, type(None)), 0),
+    "segments": ((int, type(None)), 0),
+    "tokenizer_sha256": ((str, type(None)), None),
+    "validation": ((dict, type(None)), None),
+}
+JSON_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number with a fraction",
+    dict: "an object",
+    list: "a list",
+    type(None): "null",
+    bool: "a boolean",
+}
 ID_TYPE, MASK_TYPE = "list<element: int32>", "list<element: uint8>"
 
 
@@ -109,7 +134,34 @@ def read_manifest(folder: str | os.PathLike) -> dict:
         raise RowsIntegrityError(
             f"{folder / MANIFEST_FILE} lacks {', '.join(missing)} (not written by this builder); {_rebuild(folder)}"
         )
+    if problem := _field_problem(manifest):
+        raise RowsIntegrityError(f"{folder / MANIFEST_FILE}: {problem}; {_rebuild(folder)}")
     return manifest
+
+
+def _field_problem(manifest: dict) -> str | None:
+    """The first manifest field of the wrong JSON type or below its least value (:data:`FIELD_TYPES`)."""
+    for key, (kinds, least) in FIELD_TYPES.items():
+        if key not in manifest:
+            continue
+        value = manifest[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            found = JSON_NAMES.get(type(value), type(value).__name__)
+            want = " or ".join(JSON_NAMES[k] for k in kinds)
+            hint = (
+                f" (write {value} without quotes)"
+                if isinstance(value, str) and value.isdigit() and int in kinds
+                else ""
+            )
+            return f"the manifest field {key} is {found} ({value!r}), not {want}{hint}"
+        if least is not None and isinstance(value, int) and value < least:
+            return f"the manifest field {key} is {value}, below {least}"
+    if manifest["packing"] not in PACKING_MODES:
+        return f"the manifest field packing is {manifest['packing']!r}, not one of {', '.join(PACKING_MODES)}"
+    validation = manifest.get("validation")
+    if validation is not None and not isinstance(validation.get("rows_sha256"), str):
+        return "the manifest field validation.rows_sha256 is missing or not a string"
+    return None
 
 
 def tokenizer_json(path: str | os.PathLike) -> Path:
@@ -167,13 +219,15 @@ def check_rows(
     seq_length: int | None = None,
     vocab_size: int | None = None,
     tokenizer: str | os.PathLike | None = None,
+    vocab_field: str | None = None,
 ) -> LoadedRows:
     """Check a rows folder against its manifest and the recipe, and load it.
 
     Checked: the manifest's fields; the Parquet size and sha256 against the manifest (a
     truncated, zero-byte or replaced file); that Parquet can read it; row count; column types;
     every row ``row_tokens`` long and ``row_tokens == seq_length``; token ids in
-    ``[0, vocab_size)``; loss mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
+    ``[0, vocab_size)`` (``vocab_field``: the config field that set it, named in the message); loss
+    mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
     the rows hash; with ``tokenizer`` (a folder or its tokenizer.json), :func:`check_tokenizer`;
     and the same for the validation rows in ``val/``. Raises RowsIntegrityError.
     """
@@ -235,6 +289,12 @@ def check_rows(
     mask = flat("loss_mask", np.uint8)[0].reshape(-1, row_tokens)
     if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
         value = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        if vocab_field is not None and value >= 0:
+            raise RowsIntegrityError(
+                f"{where} holds token id {value}, outside {vocab_field}={vocab_size} (ids 0 to {vocab_size - 1}): "
+                f"set {vocab_field} above {value} if the model's vocabulary is that large, else rebuild the rows "
+                "with the model's tokenizer"
+            )
         raise RowsIntegrityError(
             f"{where} holds token id {value}, outside the model's vocabulary [0, {vocab_size}); the rows were built "
             "with another tokenizer: rebuild them with the model's tokenizer"
@@ -267,7 +327,13 @@ def check_rows(
     if hasher.hexdigest() != manifest["rows_sha256"]:
         raise RowsIntegrityError(f"{where} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}")
     if manifest.get("validation"):
-        val = check_rows(folder / VAL_DIR, seq_length=seq_length, vocab_size=vocab_size, tokenizer=tokenizer)
+        val = check_rows(
+            folder / VAL_DIR,
+            seq_length=seq_length,
+            vocab_size=vocab_size,
+            tokenizer=tokenizer,
+            vocab_field=vocab_field,
+        )
         if val.manifest["rows_sha256"] != manifest["validation"]["rows_sha256"]:
             raise RowsIntegrityError(
                 f"{folder / VAL_DIR} is not the validation split {folder / MANIFEST_FILE} records; {_rebuild(folder)}"

@@ -258,8 +258,13 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
             "(scripts/build_sft_rows.py --out)"
         ], []
     tokenizer = d.tokenizer_path or _local_tokenizer(cfg)
+    # the token ids must fit the model's embedding and the dataset's own bound (checked again at launch)
+    bounds = [(v, f) for f, v in (("model.vocab_size", cfg.model.vocab_size), ("dataset.vocab_size", d.vocab_size))]
+    vocab_size, vocab_field = min(((v, f) for v, f in bounds if v is not None), default=(None, None))
     try:
-        rows = check_rows(d.path, seq_length=d.seq_length, vocab_size=cfg.model.vocab_size, tokenizer=tokenizer)
+        rows = check_rows(
+            d.path, seq_length=d.seq_length, vocab_size=vocab_size, tokenizer=tokenizer, vocab_field=vocab_field
+        )
     except RowsIntegrityError as exc:
         return [str(exc)], []
     errors, warnings = [], []

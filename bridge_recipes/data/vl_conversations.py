@@ -106,6 +106,13 @@ def parse_record(record: dict, index: int, base: Path) -> VlConversation:
             )
         messages.append({"role": role, "content": parts})
     if placeholders != len(listed):
+        nulls = [k for k in IMAGES_KEYS if k in record and record[k] is None]
+        if nulls and not listed:
+            raise MalformedConversation(
+                index,
+                "image_null",
+                f"{nulls[0]} is null, and the text holds {placeholders} {IMAGE_PLACEHOLDER}; give the image path(s)",
+            )
         raise MalformedConversation(
             index,
             "image_count_mismatch",
@@ -122,6 +129,11 @@ def _listed_images(record: dict, index: int) -> list[str]:
         return []
     value = record[key]
     listed = [value] if isinstance(value, str) else value
+    if isinstance(listed, list) and None in listed:
+        at = listed.index(None)
+        raise MalformedConversation(
+            index, "image_null", f"{key}[{at}] is null; give the image's path (or drop it and its {IMAGE_PLACEHOLDER})"
+        )
     if not isinstance(listed, list) or not all(isinstance(v, str) for v in listed):
         raise MalformedConversation(index, "bad_image_part", f"{key} must be a path or a list of paths")
     return listed
@@ -150,8 +162,13 @@ def _role_and_content(turn: Any, j: int, index: int) -> tuple[str, Any]:
 def _parts(content: list, j: int, index: int) -> list[str | dict]:
     """Text parts as strings (their placeholders still in them) and image parts as ``{"source": ...}``."""
     out: list[str | dict] = []
-    for part in content:
+    for k, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if part is None or kind in ("image", "image_url") and _image_value(part) is None:
+            what = f"part {k} is null (no text, no image)" if part is None else f"part {k} ({kind}) has a null {kind}"
+            raise MalformedConversation(
+                index, "image_null", f"message {j}: {what}; give the image's path, or drop the part"
+            )
         if kind == "text" and isinstance(part.get("text"), str):
             out.append(part["text"])
         elif kind == "image_url":
@@ -170,6 +187,12 @@ def _parts(content: list, j: int, index: int) -> list[str | dict]:
                 f"message {j} has a {shown!r} part; parts are text, image_url and image (a path)",
             )
     return out
+
+
+def _image_value(part: dict) -> Any:
+    """What an image or image_url part names (its url, for an image_url given as an object)."""
+    value = part.get(part["type"])
+    return value.get("url") if part["type"] == "image_url" and isinstance(value, dict) else value
 
 
 def _ref(source: str, base: Path, index: int) -> ImageRef:

@@ -446,6 +446,27 @@ SHAPE_FIELDS = (
 )
 
 
+def vision_token_ids(folder: HfFolder) -> dict[str, int]:
+    """A VL checkpoint's own ids of the tokens that mark images and videos (its processor writes them),
+    as its config.json gives them (top level first, else text_config); an id that is not an integer
+    >= 0 is refused naming the field."""
+    from bridge_recipes.data.vl_checks import VISION_TOKEN_FIELDS
+
+    out = {}
+    for name in VISION_TOKEN_FIELDS if folder.is_vl else ():
+        for where, holder in (("", folder.config), ("text_config.", folder.config.get("text_config") or {})):
+            if isinstance(holder, dict) and holder.get(name) is not None:
+                value = holder[name]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise HfCheckpointError(
+                        f"{folder.path / CONFIG_FILE}: {where}{name} is {value!r}; a token id is an integer >= 0 "
+                        "(the id its processor writes for the token)"
+                    )
+                out[name] = value
+                break
+    return out
+
+
 def provider_of(folder: HfFolder) -> Any:
     """Megatron-Bridge's model provider for ``folder`` (``AutoBridge`` reads its config.json; no
     weights are loaded)."""
@@ -736,6 +757,27 @@ def cache_root() -> Path:
     """$QWEN35_RECIPES_CACHE/hf_import, else ~/.cache/qwen35_recipes/hf_import."""
     base = os.environ.get(CACHE_ENV)
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "qwen35_recipes") / "hf_import"
+
+
+def cache_problem(folder: HfFolder | None = None) -> str | None:
+    """Why the conversion cache (:func:`cache_root`) cannot be created or written, or None: ``$QWEN35_RECIPES_CACHE``
+    (or a folder on the way to it) naming a file, or a folder without write access (no matter when
+    ``folder``'s conversion is there already). Checked at the dry run; otherwise the launch stops at
+    the conversion, on the GPU machine."""
+    root, given = cache_root(), os.environ.get(CACHE_ENV)
+    if folder is not None and (root / cache_key(folder)).is_dir() and is_megatron_checkpoint(root / cache_key(folder)):
+        return None
+    named = f"${CACHE_ENV}={given}" if given else f"the default cache {root.parent} (${CACHE_ENV} unset)"
+    fix = f"point ${CACHE_ENV} at a folder the run can write (it creates {root.name}/ inside)"
+    existing = root
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "a file" if existing.is_file() else "not a folder"
+        return f"{named}: {existing} is {what}, so the converted checkpoint cannot be kept in {root}; {fix}"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{named}: {existing} cannot be written, so the converted checkpoint cannot be kept in {root}; {fix}"
+    return None
 
 
 def cache_key(folder: HfFolder) -> str:

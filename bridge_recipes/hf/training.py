@@ -85,7 +85,8 @@ def layers_and_experts(folder: ck.HfFolder) -> tuple[int, int | None]:
 
 def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
     """Set ``cfg.model``'s architecture fields (:data:`checkpoint.SHAPE_FIELDS`) to what Megatron-Bridge's
-    provider for the folder has; returns the changes as ``model.FIELD: old -> new``."""
+    provider for the folder has, and a VL model's vision token ids to the folder's config.json (top level
+    or text_config); returns the changes as ``model.FIELD: old -> new``."""
     provider = ck.provider_of(folder)
     changes = []
     for name in ck.SHAPE_FIELDS:
@@ -103,6 +104,14 @@ def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
             changes.append(f"model.{name}: {len(old)} layers -> {len(new)} layers")
         else:
             changes.append(f"model.{name}: {old!r} -> {new!r}")
+    try:
+        token_ids = ck.vision_token_ids(folder)
+    except ck.HfCheckpointError as e:
+        raise ValueError(f"hf_checkpoint: {e}") from None
+    for name, new in token_ids.items():  # a VL dataset built with the folder's processor writes these ids
+        if hasattr(cfg.model, name) and getattr(cfg.model, name) != new:
+            changes.append(f"model.{name}: {getattr(cfg.model, name)!r} -> {new!r}")
+            setattr(cfg.model, name, new)
     return changes
 
 
@@ -201,7 +210,7 @@ def attach(cfg: Any, folder: ck.HfFolder) -> Path:
 
 def check_export_target(cfg: Any, out: str) -> None:
     """--export-hf needs a save folder (the export reads the final checkpoint) and a free, writable
-    --export-hf apart from every folder the run reads or writes (checked at the dry run, not
+    --export-hf apart from every folder the run reads or writes, the data's included (checked at the dry run, not
     after training)."""
     from bridge_recipes.outputs import overlap_problem
 
@@ -216,6 +225,10 @@ def check_export_target(cfg: Any, out: str) -> None:
         ("checkpoint.load", ckpt.load),
         ("checkpoint.pretrained_checkpoint", ckpt.pretrained_checkpoint),
         ("hf_checkpoint", getattr(ckpt, "hf_source_path", None)),
+        (
+            "dataset.path",
+            data if isinstance(data := getattr(getattr(cfg, "dataset", None), "path", None), str) else None,
+        ),
     ]
     if problem := overlap_problem(path, option="export_hf", inputs=[(n, p) for n, p in folders if p]):
         raise ValueError(problem)

@@ -21,7 +21,10 @@ def log_losses(text: str) -> dict[int, float]:
 
 
 # A plain loss line: a step and a loss, separated by spaces, a tab, a comma or a semicolon.
-_PLAIN_LOSS = re.compile(r"^\s*(\d+)\s*[\s,;]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+# A loss of inf or nan (a diverged run) is read as such, for the comparison to report.
+_PLAIN_LOSS = re.compile(
+    r"^\s*(\d+)\s*[\s,;]\s*([-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|inf(?:inity)?|nan))\s*$", re.IGNORECASE
+)
 
 
 def plain_losses(text: str) -> dict[int, float]:

@@ -60,6 +60,18 @@ def folder_problem(key: str, folder: str) -> str | None:
     return None
 
 
+def data_overlap(cfg: Any, key: str, folder: str) -> str | None:
+    """An output folder (``key``) that is the dataset folder, inside it or holding it: the run's files would
+    be mixed with the data (and a rebuild of the data with --overwrite would delete them)."""
+    from bridge_recipes.outputs import overlap_problem
+
+    data = getattr(getattr(cfg, "dataset", None), "path", None)
+    if not isinstance(data, (str, os.PathLike)) or not str(data):
+        return None
+    problem = overlap_problem(folder, option=key, inputs=[("dataset.path", data)])
+    return f"{problem} (the run's files would be mixed with the data)" if problem else None
+
+
 def is_megatron_checkpoint(folder: str) -> bool:
     """Megatron-Bridge's own test: a tracker file, or an iteration folder with its markers."""
     from megatron.bridge.training.utils.checkpoint_utils import checkpoint_exists
@@ -74,7 +86,11 @@ def problems(cfg: Any, world_size: int) -> list[str]:
             "checkpoint.async_save needs checkpoint.save; give a save folder or set checkpoint.async_save=false"
         )
     if c.save:
-        out += [msg for msg in [folder_problem("checkpoint.save", c.save)] if msg]
+        out += [
+            msg
+            for msg in [folder_problem("checkpoint.save", c.save), data_overlap(cfg, "checkpoint.save", c.save)]
+            if msg
+        ]
     if c.pretrained_checkpoint and not os.path.exists(c.pretrained_checkpoint):
         out.append(f"checkpoint.pretrained_checkpoint={c.pretrained_checkpoint} does not exist")
     elif c.pretrained_checkpoint and not is_megatron_checkpoint(c.pretrained_checkpoint):

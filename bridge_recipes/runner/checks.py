@@ -52,6 +52,8 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
             f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp"
         )
+    for msg in layer_pattern_problems(m):
+        err(msg)
     if m.num_moe_experts and lay.etp is None:
         err(
             "model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)"
@@ -106,6 +108,34 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
         )
     return problems
+
+
+def layer_pattern_problems(m: Any) -> list[str]:
+    """The per-layer patterns (``linear_attention_freq``: 1 a Gated DeltaNet layer, 0 full attention;
+    ``moe_layer_freq``: 1 an MoE layer) against ``model.num_layers``: Megatron-Core asserts a list's
+    length at model build, on the GPU, and an interval that does not divide the layers leaves the
+    model without the full-attention layer that ends each block of the Qwen3.5 layout."""
+    n, out = m.num_layers, []
+    intervals = {"linear_attention_freq": "4 (one full-attention layer every 4)", "moe_layer_freq": "1 (every layer)"}
+    for name, interval in intervals.items():
+        freq, field = getattr(m, name, None), f"model.{name}"
+        if isinstance(freq, list):
+            if len(freq) != n:
+                out.append(
+                    f"{field} lists {len(freq)} layers but model.num_layers={n}: the pattern needs one entry a "
+                    f"layer; set model.num_layers={len(freq)}, or {field}={interval}"
+                )
+            elif odd := [v for v in freq if isinstance(v, bool) or v not in (0, 1)]:
+                out.append(f"{field} holds {odd[0]!r}: each entry is 1 or 0; fix the list, or set {field}={interval}")
+        elif name == "linear_attention_freq" and isinstance(freq, int) and not isinstance(freq, bool):
+            if freq < 1:
+                out.append(f"{field}={freq}: the full-attention interval is an integer >= 1; set {field}={interval}")
+            elif n % freq:
+                out.append(
+                    f"model.num_layers={n} is not a multiple of {field}={freq}: the last {n % freq} layer(s) would "
+                    f"follow the final full-attention layer; set model.num_layers to a multiple of {freq}"
+                )
+    return out
 
 
 def precision_summary(cfg: Any) -> str:

@@ -268,6 +268,10 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         from bridge_recipes.runner.checks import fp8_parameter_problems
 
         args.hf_folder = hf_training.inspect(args.hf_checkpoint)
+        from bridge_recipes.hf.checkpoint import cache_problem
+
+        if problem := cache_problem(args.hf_folder):  # the launch converts into it
+            raise ValueError(problem)
         from bridge_recipes.outputs import overlap_problem
 
         inputs = [("--hf-checkpoint", args.hf_checkpoint)]
@@ -289,12 +293,12 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
 
 def mock_data_warning(cfg: Any, task: str) -> str | None:
     """The warning for a fine-tuning run (SFT, or any with PEFT) that would read mock data."""
-    from bridge_recipes.datasets import is_mock
+    from bridge_recipes.datasets import is_mock, real_data
 
     if (task in ("sft", "peft") or cfg.peft is not None) and is_mock(cfg):
         return (
             f"WARNING: this {task if cfg.peft is None else 'PEFT'} run trains on MOCK data (generated samples, "
-            "nothing to learn): pass --dataset sft-rows dataset.path=DIR (rows from scripts/build_sft_rows.py)"
+            f"nothing to learn): pass {real_data(cfg)}"
         )
     return None
 

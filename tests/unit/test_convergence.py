@@ -123,7 +123,6 @@ BROKEN = [  # (logs, extra arguments, text the refusal holds)
     ([WHOLE, _log(range(1, 4), 20, 1.001)], [], "stopped at step 3 of 20"),
     ([_log(range(1, 4), 20), WHOLE], [], "stopped at step 3 of 20"),
     ([WHOLE, _log([*range(1, 11), *range(5, 21)], 20)], [], "more than once"),
-    ([WHOLE, WHOLE], [], "the same log"),
     (
         [_log(range(1, 21), 20, name="a") + _log(range(1, 21), 20, 1.5, name="a")],
         ["--reference", "a", "--candidate", "a"],

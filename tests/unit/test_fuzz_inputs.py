@@ -1,9 +1,13 @@
 """Property-based fuzzing of the command lines: generated bad values, tokens and files, config
 files, Hugging Face folders and loss logs.
 
-For every generated input: a non-zero exit (2, bad input), no traceback, a message that names
-the offending flag, field or token, and no input file changed. Runs are derandomized (the same
-examples every run) and bounded, so CI time stays fixed.
+For every generated bad input: a non-zero exit (2, bad input), no traceback, a message that names
+the offending flag, field or token, and no input file changed. Every command line (the runner's
+dry run with generated dotted overrides, the row and VL dataset builders, inspect_rows,
+compare_losses, the checkpoint converter) also gets generated arguments that may be valid: it
+exits 0, 1 or 2, never with a traceback, within a time limit, and writes nothing outside the
+test's temporary folder. Runs are derandomized (the same examples every run) and bounded, so CI
+time stays fixed.
 """
 
 import contextlib
@@ -320,3 +324,244 @@ def test_compare_losses_refuses_incomplete_or_repeated_runs(total, data):
             text=True,
         )
         assert p.returncode == 2 and "Traceback" not in p.stderr and text in p.stderr, p.stderr
+
+
+# Every command line, with generated bad arguments: exit 0, 1 or 2, never a traceback, within a time
+# limit, and nothing written outside the test's temporary folder.
+def _tree_state() -> tuple[str, list[str]]:
+    """What the checkout holds beyond its commits (changed, new and ignored files) and the runner's
+    conversion cache: a command that wrote anywhere but its temporary folder changes one of them."""
+    from bridge_recipes.hf.checkpoint import cache_root
+
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    cache = cache_root()
+    return status, sorted(p.name for p in cache.iterdir()) if cache.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def untouched():
+    """Asserts, after the module's tests that use it, that the checkout and the cache are as before."""
+    before = _tree_state()
+    yield
+    assert _tree_state() == before
+
+
+@pytest.fixture(scope="module")
+def config_keys():
+    """The dotted keys of the recipe's config, three sections deep."""
+    import dataclasses
+
+    import bridge_recipes
+
+    keys: list[str] = []
+
+    def walk(obj, prefix: str, depth: int) -> None:
+        for f in dataclasses.fields(obj):
+            if f.name.startswith("_"):
+                continue
+            value = getattr(obj, f.name, None)
+            keys.append(prefix + f.name)
+            if depth and dataclasses.is_dataclass(value) and not isinstance(value, type):
+                walk(value, f"{prefix}{f.name}.", depth - 1)
+
+    walk(bridge_recipes.build(RECIPE), "", 2)
+    return sorted(keys)
+
+
+VALUE = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.floats().map(repr),
+    st.sampled_from(["null", "true", "false", "[]", "[1,2]", "[a]", "{}", "''", "1e400", "-0", "~", "/", "x/y"]),
+    st.text(alphabet="abcxyz_/.-0123456789", min_size=1, max_size=12),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_runner_dry_run_with_random_dotted_overrides(untouched, config_keys, data):
+    """Real keys (and keys one part off) set to generated values: built and checked (0) or refused (2)."""
+    tokens = []
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        key = data.draw(st.sampled_from(config_keys))
+        kind = data.draw(st.sampled_from(["as is", "as is", "extra part", "drop first", "prefix"]))
+        if kind == "extra part":
+            key += "." + data.draw(st.text(alphabet="abc_", min_size=1, max_size=5))
+        elif kind == "drop first" and "." in key:
+            key = key.split(".", 1)[1]
+        elif kind == "prefix":
+            key = data.draw(st.sampled_from(["+", "++", "~"])) + key
+        tokens.append(key if key.startswith("~") else f"{key}={data.draw(VALUE)}")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp), _within(60):
+        code, err = _run(["--recipe", RECIPE, "--dry-run", "--world-size", "8", *tokens])
+        assert code in (0, 2) and "Traceback" not in err, (tokens, err[-2000:])
+        assert code == 0 or "error" in err, (tokens, err[-2000:])
+        assert list(Path(tmp).iterdir()) == []  # a dry run writes nothing
+
+
+def _script(name: str, *args: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / name), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _inputs(tmp: Path) -> dict[str, str]:
+    """Named inputs of every kind a command is given by mistake (all local: nothing looks like a hub id)."""
+    (tmp / "folder").mkdir()
+    (tmp / "empty.jsonl").write_text("")
+    (tmp / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    (tmp / "good.jsonl").write_text((json.dumps(GOOD) + "\n") * 8)
+    return {
+        "missing": str(tmp / "nowhere.jsonl"),
+        "folder": str(tmp / "folder"),
+        "empty": str(tmp / "empty.jsonl"),
+        "binary": str(tmp / "binary.jsonl"),
+        "good": str(tmp / "good.jsonl"),
+    }
+
+
+SMALL_NUMBER = st.one_of(
+    st.integers(min_value=-(2**40), max_value=2**40).map(str),
+    st.sampled_from(["0", "-1", "nan", "inf", "1e9", "0.5", "x", ""]),
+)
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    source=st.sampled_from(["missing", "folder", "empty", "binary", "good"]),
+    flag=st.sampled_from(["--row-tokens", "--val-fraction", "--max-rows", "--workers", "--chat-format", "--seed"]),
+    value=SMALL_NUMBER,
+)
+def test_build_sft_rows_with_bad_arguments(untouched, source, flag, value):
+    with tempfile.TemporaryDirectory() as tmp:
+        given = _inputs(Path(tmp))
+        out = Path(tmp) / "rows"
+        args = ["--input", given[source], "--tokenizer", str(TOKENIZER), "--chat-format", "chatml", "--out", str(out)]
+        p = _script("build_sft_rows.py", *args, "--no-progress", f"{flag}={value}")
+        assert p.returncode in (0, 2) and "Traceback" not in p.stderr, (source, flag, value, p.stderr[-2000:])
+        assert sorted(q.name for q in Path(tmp).iterdir() if q.name != "rows") == sorted(
+            Path(v).name for v in given.values() if Path(v).exists()
+        )
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    rows=st.lists(st.integers(min_value=-(2**63), max_value=2**63), max_size=3),
+    split=st.sampled_from(["train", "val", "test", ""]),
+    tokenizer=st.sampled_from([None, "missing", "folder", "binary"]),
+)
+def test_inspect_rows_with_bad_arguments(untouched, built_rows, rows, split, tokenizer):
+    """The script catches RowsIntegrityError alone: anything else would be a traceback."""
+    from bridge_recipes.data.inspect_rows import inspect_rows
+    from bridge_recipes.data.integrity import RowsIntegrityError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        given = _inputs(Path(tmp))
+        try:
+            inspect_rows(built_rows, rows or None, split, given.get(tokenizer) if tokenizer else None)
+        except RowsIntegrityError as exc:
+            assert str(exc)
+
+
+@pytest.fixture(scope="module")
+def built_rows(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz_rows")
+    src = root / "in.jsonl"
+    src.write_text((json.dumps(GOOD) + "\n") * 40)
+    sft_rows.build_sft_rows(src, TOKENIZER, root / "rows", row_tokens=256, chat_format="chatml", progress=False)
+    return root / "rows"
+
+
+def test_inspect_rows_script_exits_2_on_bad_arguments(untouched, built_rows):
+    for args in (["--row", "x"], ["--split", "test"], ["--row", str(2**70)], ["--tokenizer", "/nowhere"]):
+        p = _script("inspect_rows.py", str(built_rows), *args)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+LOSS = st.one_of(st.floats(), st.sampled_from([0.0, -1.0, 1e308, 5e-324]))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(a=st.lists(LOSS, min_size=3, max_size=12), b=st.lists(LOSS, min_size=3, max_size=12))
+def test_compare_losses_with_any_loss_values_compares(untouched, a, b):
+    """Well-formed curves of any values, inf and nan included: agree (0) or disagree (1), never bad input."""
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / "a.txt", Path(tmp) / "b.txt"]
+        for path, curve in zip(paths, (a, b)):
+            path.write_text("".join(f"{s} {v!r}\n" for s, v in enumerate(curve, 1)))
+        p = _script("compare_losses.py", *map(str, paths))
+        assert p.returncode in (0, 1) and "Traceback" not in p.stderr, (a, b, p.stderr[-2000:])
+
+
+@contextlib.contextmanager
+def _within(seconds: int):
+    """Fails the example (TimeoutError) when the command in the block runs longer than ``seconds``."""
+    import signal
+
+    def expire(*_):
+        raise TimeoutError(f"the command ran over {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _in_process(main, argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with _within(60), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    return code, err.getvalue()
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    source=st.sampled_from(["missing", "folder", "empty", "binary", "good"]),
+    processor=st.sampled_from(["missing", "folder", "binary"]),
+    flag=st.sampled_from(
+        ["--val-fraction", "--seed", "--samples-per-shard", "--max-image-bytes", "--max-image-pixels"]
+    ),
+    value=SMALL_NUMBER,
+)
+def test_build_vl_dataset_with_bad_arguments(untouched, source, processor, flag, value):
+    from bridge_recipes.data.vl_cli import main as vl_main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        given = _inputs(Path(tmp))
+        argv = ["--input", given[source], "--processor", given[processor], "--out", str(Path(tmp) / "ds")]
+        code, err = _in_process(vl_main, [*argv, "--no-progress", f"{flag}={value}"])
+        assert code in (0, 2) and "Traceback" not in err, (source, processor, flag, value, err[-2000:])
+        assert not (Path(tmp) / "ds").exists()
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    command=st.sampled_from(["import", "export"]),
+    source=st.sampled_from(["missing", "folder", "binary", "good"]),
+    recipe=st.sampled_from([RECIPE, "qwen35_nope", "", "qwen35_35b_a3b"]),
+    out=st.sampled_from(["new", "source", "inside"]),
+)
+def test_convert_checkpoint_with_bad_arguments(untouched, command, source, recipe, out):
+    from bridge_recipes.hf.cli import main as hf_main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        given = _inputs(Path(tmp))
+        target = {"new": str(Path(tmp) / "out"), "source": given[source], "inside": f"{given[source]}/out"}[out]
+        argv = {
+            "import": ["import", "--hf", given[source], "--recipe", recipe, "--out", target],
+            "export": ["export", "--megatron", given[source], "--recipe", recipe, "--out", target],
+        }[command]
+        code, err = _in_process(hf_main, [*argv, "--no-progress"])
+        assert code in (0, 2) and "Traceback" not in err, (argv, err[-2000:])
+        assert not (Path(tmp) / "out").exists()
