@@ -23,9 +23,11 @@ def _fields(cls: type) -> set[str]:
 
 
 def _subclasses(cls: type) -> set[type]:
-    out, todo = set(), [cls]
+    out: set[type] = set()
+    todo: list[type] = [cls]
     while todo:
-        for sub in todo.pop().__subclasses__():
+        subs: list[type] = todo.pop().__subclasses__()
+        for sub in subs:
             if sub not in out:
                 out.add(sub)
                 todo.append(sub)

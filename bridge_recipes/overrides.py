@@ -193,9 +193,9 @@ def precheck(tokens: list[str]) -> list[Override]:
             near = difflib.get_close_matches(top, sections, n=3, cutoff=0.5)
             hint = f" Nearest valid keys: {', '.join(near)}." if near else f" Sections: {', '.join(sections)}."
             raise OverrideError(f"unknown key {top!r} in {o.token!r}.{hint}")
-        if o.kind in ("set", "delete") and (hint := unknown_field(o.key)):
+        if o.kind in ("set", "delete") and (field_hint := unknown_field(o.key)):
             field = ".".join(o.key.split(".")[:2])
-            raise OverrideError(f"unknown key {field!r} in {o.token!r}. {hint}")
+            raise OverrideError(f"unknown key {field!r} in {o.token!r}. {field_hint}")
     range_precheck(parsed)
     return parsed
 

@@ -81,6 +81,7 @@ def list_figure(entry: registry.RecipeEntry) -> str | None:
     measured at its card's memory on a larger GPU, its peak against that memory."""
     from bridge_recipes.bench.result import memory_cap_gb, read_result
 
+    assert entry.meta.measured is not None
     doc = read_result(ROOT / entry.meta.measured["result"])
     r = doc["result"]
     if doc["gpu"]["type"].lower() != entry.meta.gpu:

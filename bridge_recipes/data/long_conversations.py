@@ -41,7 +41,7 @@ class TurnCutter:
         self.im_start = token_to_id("<|im_start|>")
         if self.im_start is None or not header or header[0] != self.im_start:
             raise ValueError("the tokenizer has no <|im_start|> token: --long split needs ChatML turn headers")
-        self.user = np.asarray(header[1:], dtype=np.int64)
+        self.user: np.ndarray = np.asarray(header[1:], dtype=np.int64)
         self.tool_response = token_to_id("<tool_response>")
 
     def turn_starts(self, ids: np.ndarray) -> np.ndarray:
@@ -69,9 +69,11 @@ class TurnCutter:
             return [], head
         bounds = [*starts.tolist(), len(ids)]
         pieces: list[Piece] = []
-        first, last = None, None  # the turns of the piece being gathered: ids[first:last]
+        first: int | None = None  # the turns of the piece being gathered: ids[first:last]
+        last = 0
 
         def close() -> None:
+            assert first is not None
             head_mask = mask[:head] if not pieces else np.zeros(head, dtype=mask.dtype)
             piece_mask = np.concatenate([head_mask, mask[first:last]])
             if piece_mask.any():
@@ -110,8 +112,8 @@ def row_tokens_keeping(lengths: np.ndarray, share: float = KEEP_SHARE, limit: in
     the tokens fit whole; None when that is over ``limit`` (the model's context window)."""
     if not len(lengths):
         return None
-    ordered = np.sort(lengths.astype(np.int64))
-    covered = np.cumsum(ordered)
+    ordered: np.ndarray = np.sort(lengths.astype(np.int64))
+    covered: np.ndarray = np.cumsum(ordered)
     need = int(ordered[np.searchsorted(covered, share * covered[-1] - 1e-9)])
     row = -(-need // ROW_STEP) * ROW_STEP
     return None if limit is not None and row > limit else row
@@ -151,7 +153,9 @@ class LongConversations:
         return out
 
     def summary(self) -> dict:
-        lengths = np.frombuffer(self.lengths, dtype=np.int32) if len(self.lengths) else np.zeros(0, np.int32)
+        lengths: np.ndarray = (
+            np.frombuffer(self.lengths, dtype=np.int32) if len(self.lengths) else np.zeros(0, np.int32)
+        )
         total = int(lengths.sum(dtype=np.int64))
         dropped = sum(self.dropped.values())
         return {

@@ -68,7 +68,7 @@ def check_control_tokens(
     messages: list[dict],
     tools: Any,
     index: int | None,
-    think_allowed: set[int] = frozenset(),
+    think_allowed: frozenset[int] | set[int] = frozenset(),
 ) -> None:
     """MalformedConversation (``control_token_in_text``) when a message or the tool list writes a control
     token; ``think_allowed``: messages whose leading ``<think>...</think>`` block is accepted."""

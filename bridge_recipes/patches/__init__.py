@@ -71,6 +71,6 @@ def apply(cfg: Any, *, lora_from_random_init: bool = False) -> list[str]:
         check(patch)
     lines = []
     for patch in needed:
-        if (line := patch.install(cfg)) is not None:
+        if patch.install is not None and (line := patch.install(cfg)) is not None:
             lines.append(line)
     return lines
