@@ -39,8 +39,19 @@ def main() -> int:
             print(f"memory_table.py: error: {problem}", file=sys.stderr)
             return 2
     text = render()
+    ours = text.splitlines()[0] if text else ""
+    if not args.check and args.out.exists() and args.out.resolve() != DOC.resolve():
+        with open(args.out, "rb") as existing:
+            first = existing.readline().decode("utf-8", "replace").rstrip("\n")
+        if first != ours:  # a file this script did not write: the user's
+            print(
+                f"memory_table.py: error: --out {args.out} exists and is not a memory table; remove it or choose "
+                "another path",
+                file=sys.stderr,
+            )
+            return 2
     if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
+        current = args.out.read_bytes().decode("utf-8", "replace") if args.out.exists() else ""
         if current != text:
             print(f"{args.out} is stale: rerun scripts/memory_table.py", file=sys.stderr)
             return 1

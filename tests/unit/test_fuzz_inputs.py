@@ -565,3 +565,56 @@ def test_convert_checkpoint_with_bad_arguments(untouched, command, source, recip
         code, err = _in_process(hf_main, [*argv, "--no-progress"])
         assert code in (0, 2) and "Traceback" not in err, (argv, err[-2000:])
         assert not (Path(tmp) / "out").exists()
+
+
+BAD_BENCHMARK_ARGS = st.sampled_from(
+    [
+        ["--steps", "0"],
+        ["--steps", "x"],
+        ["--window", "9", "3"],
+        ["--window", "-1", "4"],
+        ["--recipe", "qwen35_nope"],
+        ["--rows", "missing"],
+        ["--gpu-memory-gb", "-4"],
+        ["--proxy-layers", "3"],
+        ["train.trian_iters=5"],
+    ]
+)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    bad=BAD_BENCHMARK_ARGS,
+    other=st.lists(
+        st.sampled_from(
+            [["--lora-from-random-init"], ["--steps", "12"], ["--window", "3", "9"], ["--against", RECIPE]]
+        ),
+        max_size=2,
+    ),
+    out=st.sampled_from(["new", "folder", "binary"]),
+)
+def test_benchmark_with_bad_arguments_is_refused_and_runs_nothing(untouched, bad, other, out):
+    """Each case holds one bad argument: refused (2) before any run starts, no traceback, nothing written."""
+    from bridge_recipes.bench.benchmark import main as bench_main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        given = _inputs(Path(tmp))
+        target = {"new": str(Path(tmp) / "r.yaml"), "folder": given["folder"], "binary": given["binary"]}[out]
+        bad = [given["missing"] if a == "missing" else a for a in bad]
+        argv = ["--recipe", RECIPE, *[a for o in other for a in o], *bad, "--out", target]
+        code, err = _in_process(bench_main, argv)
+        assert code == 2 and "Traceback" not in err, (argv, err[-2000:])
+        assert not (Path(tmp) / "r.yaml").exists() and Path(given["binary"]).read_bytes() == bytes(range(256)) * 4
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(out=st.sampled_from(["folder", "binary", "inside_missing"]), check=st.booleans())
+def test_memory_table_with_bad_outputs(untouched, out, check):
+    with tempfile.TemporaryDirectory() as tmp:
+        given = _inputs(Path(tmp))
+        target = {"folder": given["folder"], "binary": given["binary"], "inside_missing": given["missing"] + "/x.md"}[
+            out
+        ]
+        p = _script("memory_table.py", "--out", target, *(["--check"] if check else []), timeout=300)
+        assert p.returncode in (1, 2) and "Traceback" not in p.stderr, (out, check, p.stderr[-2000:])
+        assert Path(given["binary"]).read_bytes() == bytes(range(256)) * 4 and Path(given["folder"]).is_dir()
