@@ -548,3 +548,5 @@ def test_install_times_are_their_logs(entry):
     assert entry["venv"] == (size.group(1) if size else None)
     compiled = "compiling transformer_engine_torch" in log
     assert entry["compiles"] is compiled and ("--light" in entry["command"]) is ("step 1/3" in log)
+    if said := re.search(r"the compile took (\d+ min \d+ s)", entry["conditions"]):
+        assert re.search(rf"^\[install\] compiled \S+ in {said.group(1)}$", log, re.M)
