@@ -29,9 +29,12 @@ def pointwise_tolerance(reference_loss: float) -> float:
     return 0.02
 
 
+OVERFLOW_SAFE = 1e100  # below this, products and squares of a few thousand values stay finite
+
+
 def pearson(a: Sequence[float], b: Sequence[float]) -> float:
-    # each series scaled by its largest magnitude first (the correlation does not change): losses near
-    # the float range would overflow their squares
+    # a series near the float range is scaled by its largest magnitude first (the correlation does not
+    # change; their squares would overflow); ordinary losses are left as they are, bit for bit
     a, b = (_scaled(list(x)) for x in (a, b))
     n = len(a)
     ma, mb = sum(a) / n, sum(b) / n
@@ -45,7 +48,7 @@ def pearson(a: Sequence[float], b: Sequence[float]) -> float:
 
 def _scaled(values: list[float]) -> list[float]:
     top = max((abs(v) for v in values), default=0.0)
-    return [v / top for v in values] if top > 1.0 else values
+    return [v / top for v in values] if top > OVERFLOW_SAFE else values
 
 
 @dataclass(frozen=True)
