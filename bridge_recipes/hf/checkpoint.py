@@ -104,6 +104,12 @@ def resolve_source(source: str | os.PathLike) -> Path:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
+        for var in ("HF_HUB_CACHE", "HF_HOME"):  # the cache a hub id is looked up in
+            if (value := os.environ.get(var)) and os.path.exists(value) and not os.path.isdir(value):
+                raise HfCheckpointError(
+                    f"${var}={value} is a file, so the Hugging Face cache {text} would be looked up in cannot "
+                    f"exist; point ${var} at the cache folder (or unset it), or pass the local checkpoint folder"
+                )
         try:
             return Path(snapshot_download(text, local_files_only=True))
         except (LocalEntryNotFoundError, OSError, ValueError):

@@ -390,3 +390,13 @@ def test_a_vl_recipe_on_mock_data_is_pointed_at_energon():
     assert "sft-rows" not in text  # VL recipes refuse rows
     code, text = _dry_run("--dataset", "mock")
     assert "--dataset sft-rows" in text  # a text recipe still is
+
+
+@pytest.mark.parametrize("var", ["HF_HOME", "HF_HUB_CACHE"])
+def test_a_hugging_face_cache_variable_naming_a_file_is_named(var, tmp_path, monkeypatch):
+    from bridge_recipes.hf.checkpoint import HfCheckpointError, resolve_source
+
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv(var, str(tmp_path / "file"))
+    with pytest.raises(HfCheckpointError, match=rf"\${var}=.* is a file"):
+        resolve_source("Qwen/Qwen3.5-27B")
