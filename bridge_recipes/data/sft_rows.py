@@ -532,19 +532,38 @@ def prepared(
     _WORK = work
     pending: deque = deque()
     try:
-        with worker_processes(), multiprocessing.get_context("fork").Pool(workers) as pool:
+        with worker_processes():
+            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_worker_start)
+            try:
 
-            def drain(limit: int) -> Iterator[tuple[int, Any]]:
-                while len(pending) > limit:
-                    indices, result = pending.popleft()
-                    yield from zip(indices, result.get())
+                def drain(limit: int) -> Iterator[tuple[int, Any]]:
+                    while len(pending) > limit:
+                        indices, result = pending.popleft()
+                        yield from zip(indices, result.get())
 
-            while part := list(islice(records, chunk or WORK_CHUNK)):
-                pending.append(([index for index, _ in part], pool.apply_async(_work_chunk, (part,))))
-                yield from drain(CHUNKS_AHEAD * workers)
-            yield from drain(0)
+                while part := list(islice(records, chunk or WORK_CHUNK)):
+                    pending.append(([index for index, _ in part], pool.apply_async(_work_chunk, (part,))))
+                    yield from drain(CHUNKS_AHEAD * workers)
+                yield from drain(0)
+                # at the end of the work the workers take their end marker and exit: no signal is sent, since a
+                # SIGTERM reaching a worker just forked can be lost, and Pool.terminate() then waits on it forever
+                pool.close()
+                pool.join()
+            finally:
+                # an error or an early stop: terminate (killing a worker instead could leave the queue's lock
+                # held); after close() and join() there is nothing left to stop
+                pool.terminate()
+                pool.join()
     finally:
         _WORK = None
+
+
+def _worker_start() -> None:
+    """A worker process ends on SIGTERM at once: the command's own handler (which turns SIGTERM into a
+    cleanup in the main process) has nothing to clean up in a worker."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextmanager

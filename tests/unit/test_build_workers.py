@@ -100,3 +100,28 @@ def test_a_build_stopped_by_a_worker_names_the_record_and_leaves_nothing(convers
     with pytest.raises(sft_rows.SftRowsError, match=r"c\.jsonl, source row 33: KeyError: 'boom'; the build stopped"):
         build(conversations, tmp_path / "rows", 2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_finished_work_stops_no_live_worker_by_signal(monkeypatch):
+    """When the work is done the workers end by their end marker: no live worker is sent SIGTERM (a
+    worker just forked can miss it, and the pool would then wait on it forever); an early stop
+    still terminates them."""
+    import multiprocessing.pool
+
+    from bridge_recipes.data.sft_rows import prepared
+
+    alive_at_terminate: list[list[bool]] = []
+    real = multiprocessing.pool.Pool.terminate
+
+    def terminate(self):
+        alive_at_terminate.append([p.exitcode is None for p in self._pool])
+        return real(self)
+
+    monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", terminate)
+    records = [(i, str(i)) for i in range(300)]
+    assert list(prepared(iter(records), lambda i, raw: raw + "!", 2)) == [(i, f"{i}!") for i in range(300)]
+    assert alive_at_terminate and not any(any(alive) for alive in alive_at_terminate)
+    early = prepared(iter(records), lambda i, raw: raw, 2)
+    assert next(early) == (0, "0")
+    early.close()  # a consumer that stops (max_rows): the pool is terminated, and nothing hangs
+    assert len(alive_at_terminate) == 2
