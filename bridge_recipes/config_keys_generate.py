@@ -8,9 +8,11 @@ recipe (imports Megatron; :mod:`bridge_recipes.config_keys` reads the file witho
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import dataclasses
 import json
 import sys
+import types
 import typing
 from typing import Any
 
@@ -39,15 +41,15 @@ def _classes(annotation: Any) -> tuple[set[type], bool]:
     if annotation is Any:
         return set(), True
     origin = typing.get_origin(annotation)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         found, open_ = set(), False
         for arg in typing.get_args(annotation):
             classes, is_open = _classes(arg)
             found |= classes
             open_ |= is_open
         return found, open_
-    if origin is not None:
-        return set(), origin in (dict, typing.Mapping) or _is_mapping(origin)
+    if origin is not None:  # dict[...], Mapping[...]: a mapping; list[...] and the like: neither
+        return set(), _is_mapping(origin)
     if isinstance(annotation, type):
         if dataclasses.is_dataclass(annotation):
             return {annotation}, False
@@ -56,8 +58,6 @@ def _classes(annotation: Any) -> tuple[set[type], bool]:
 
 
 def _is_mapping(cls: Any) -> bool:
-    import collections.abc
-
     return isinstance(cls, type) and issubclass(cls, collections.abc.Mapping)
 
 

@@ -51,18 +51,7 @@ def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     """One figure for a recipe and the file or source it comes from."""
     meta = entry.meta
     if meta.measured:  # the figure is the result file's: useful tokens/s/GPU on SFT rows
-        from bridge_recipes.bench.result import memory_cap_gb, read_result
-
-        doc = read_result(ROOT / meta.measured["result"])
-        r = doc["result"]
-        if doc["gpu"]["type"].lower() != meta.gpu:  # its memory measured under a cap, not its speed
-            ran_on = doc["gpu"]["type"]
-            return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):g} GB ({ran_on}, capped)", meta.measured[
-                "result"
-            ]
-        useful = r.get("useful_tokens_per_s_per_gpu")
-        figure = f"{useful:,.1f} useful tokens/s/GPU" if useful else f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU"
-        return figure, meta.measured["result"]
+        return " ".join(measured_figure(entry)), meta.measured["result"]
     ratio = _ratio_file(meta.evidence)
     if ratio is not None:
         doc = json.loads(ratio.read_text())
@@ -76,24 +65,25 @@ def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     return "-", "-"
 
 
-def list_figure(entry: registry.RecipeEntry) -> str | None:
-    """The short figure ``--list`` shows in its measured column: useful tokens/s/GPU, or for a recipe
-    measured at its card's memory on a larger GPU, its peak against that memory."""
+def measured_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
+    """A measured recipe's figure and what it is: useful tokens/s/GPU, or for a recipe measured at its
+    card's memory on a larger GPU, its peak against that memory and the GPU it ran on."""
     from bridge_recipes.bench.result import memory_cap_gb, read_result
 
     assert entry.meta.measured is not None
     doc = read_result(ROOT / entry.meta.measured["result"])
     r = doc["result"]
-    if doc["gpu"]["type"].lower() != entry.meta.gpu:
-        return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):g} GB"
-    return f"{r.get('useful_tokens_per_s_per_gpu') or r['tokens_per_s_per_gpu']:,.1f}"
+    if doc["gpu"]["type"].lower() != entry.meta.gpu:  # its memory measured under a cap, not its speed
+        return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):g} GB", f"({doc['gpu']['type']}, capped)"
+    useful = r.get("useful_tokens_per_s_per_gpu")
+    return f"{useful or r['tokens_per_s_per_gpu']:,.1f}", "useful tokens/s/GPU" if useful else "tokens/s/GPU"
 
 
 def measured_figures() -> str:
     """bridge_recipes/measured_figures.json: each measured recipe's ``--list`` figure, so the listing
     shows it without reading the evidence."""
     figures = {
-        name: list_figure(entry)
+        name: measured_figure(entry)[0]
         for name, entry in sorted(registry.discover().items())
         if entry.meta.status == "measured" and entry.meta.measured
     }

@@ -94,8 +94,7 @@ def chat_format(tokenizer: Any, eos_token: str | None = DEFAULT_EOS_TOKEN) -> Ch
             f"{IM_START} and {IM_END}, and the EOS separator between conversations "
             f"({eos_token!r}, set with --eos-token) must be a single token"
         )
-    if eos_token is not None:
-        eos_id(tok, eos_token)
+    eos = eos_id(tok, eos_token) if eos_token is not None else None
     newline = tuple(tok.encode("\n", add_special_tokens=False).ids)
     if not newline:  # a tokenizer that drops newlines cannot represent the format
         raise SftRowsError("tokenizer encodes '\\n' to no token; it cannot render the Qwen chat format")
@@ -103,7 +102,7 @@ def chat_format(tokenizer: Any, eos_token: str | None = DEFAULT_EOS_TOKEN) -> Ch
     return ChatFormat(
         im_start_id=tok.token_to_id(IM_START),
         im_end_id=tok.token_to_id(IM_END),
-        eos_id=tok.token_to_id(eos_token) if eos_token is not None else None,
+        eos_id=eos,
         newline_ids=newline,
         header_ids=headers,
         control=control_pattern(control_tokens(tok)),

@@ -162,7 +162,7 @@ class LongConversations:
             "mode": self.mode,
             "conversations_measured": len(lengths),
             "longer_than_row": self.longer,
-            "pieces": self.pieces if self.mode != "skip" else 0,
+            "pieces": self.pieces,
             "tokens": {
                 "of_conversations": total,
                 "kept": total - dropped,

@@ -456,24 +456,26 @@ def _text_size(value: Any) -> int:
 
 
 def _prepare(
-    decode: Callable, render: Renderer, max_bytes: int, row_tokens: int, index: int, raw: Any
+    decode: Callable, render: Renderer, row_bound: int | None, index: int, raw: Any
 ) -> tuple[np.ndarray, np.ndarray] | MalformedConversation:
     """One conversation read, decoded and rendered (in a worker process when there are several): its
-    tokens and loss mask, or why it is skipped."""
+    tokens and loss mask, or why it is skipped. ``row_bound``: the row length when a conversation longer
+    than a row is skipped (one of more bytes than could fit it is skipped unread); None when it may be
+    split or truncated (only a record over :data:`MAX_CONVERSATION_BYTES` is)."""
     try:
         size = len(raw) if isinstance(raw, bytes) else _text_size(raw)
-        if size > max_bytes and max_bytes == MAX_CONVERSATION_BYTES:
+        if row_bound is None and size > MAX_CONVERSATION_BYTES:
             raise MalformedConversation(
                 index,
                 "conversation_too_large",
                 f"conversation of {size:,} bytes, over the {MAX_CONVERSATION_BYTES:,} a build reads of one "
                 "conversation; skipped before tokenizing",
             )
-        if size > max_bytes:
+        if row_bound is not None and size > row_bound * MAX_LINE_BYTES_PER_TOKEN:
             raise MalformedConversation(
                 index,
                 "longer_than_row",
-                f"conversation of {size:,} bytes cannot fit a {row_tokens}-token row "
+                f"conversation of {size:,} bytes cannot fit a {row_bound}-token row "
                 f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped before tokenizing",
             )
         conversation = decode(raw, index)
@@ -633,8 +635,7 @@ def _pack_and_write(
             _stop_on_worker_error(reader),
             tqdm(total=len(order), desc="pack", unit="conv", disable=not progress, smoothing=0.05) as bar,
         ):
-            max_bytes = row_tokens * MAX_LINE_BYTES_PER_TOKEN if long_mode == "skip" else MAX_CONVERSATION_BYTES
-            prepare = partial(_prepare, reader.decode, render, max_bytes, row_tokens)
+            prepare = partial(_prepare, reader.decode, render, row_tokens if long_mode == "skip" else None)
             for index, done in prepared(reader.records(order, read_window), prepare, workers):
                 read += 1
                 bar.update(1)

@@ -91,10 +91,10 @@ def test_a_failing_worker_stops_the_build_with_its_error():
 def test_a_build_stopped_by_a_worker_names_the_record_and_leaves_nothing(conversations, tmp_path, monkeypatch):
     real = sft_rows._prepare
 
-    def failing(decode, render, max_bytes, row_tokens, index, raw):
+    def failing(decode, render, row_bound, index, raw):
         if index == 33:
             raise KeyError("boom")
-        return real(decode, render, max_bytes, row_tokens, index, raw)
+        return real(decode, render, row_bound, index, raw)
 
     monkeypatch.setattr(sft_rows, "_prepare", failing)
     with pytest.raises(sft_rows.SftRowsError, match=r"c\.jsonl, source row 33: KeyError: 'boom'; the build stopped"):
