@@ -42,7 +42,7 @@ class Gpu:
 
 # Peak FLOP/s: NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 "with
 # sparsity", twice these numbers.
-# Memory: the H200's is what the test host's device reports, 143,771 MiB (docs/evidence/README.md)
+# Memory: the H200's is what the test host's device reports, 143,771 MiB
 # = 150.76 GB = 140.4 GiB: NVIDIA's "141 GB" is a GiB-like figure, so for the GPUs not measured
 # here the datasheet figure is read as GiB too (nominal, not measured), except the 48 GB cards,
 # whose GDDR6 loses part of it to ECC: their datasheet figure is read as 1e9 bytes (48.0 GB), below

@@ -9,12 +9,15 @@ Fields:
 - gpus, gpu: the GPU count and type the layout is written for (``h100``, ``h200``, ...)
 - precision: ``bf16`` | ``fp8cs`` | ``fp8mx`` | ``fp8base`` (LoRA: the frozen base weights stored in FP8)
 - layout: short layout label, e.g. ``"TP1 PP1 EP8 DP8"`` (tests check it against the config)
-- status: ``measured`` (a result file in ``results/`` backs the figure), ``functional``
-  (trained on a GPU at reduced scale, log committed), ``unmeasured``
+- status: ``measured`` (a result file backs the figure), ``functional`` (trained on a GPU at
+  reduced scale, log committed), ``unmeasured``
 - reference: the published figure the recipe is compared with:
   ``{"tokens_per_s_per_gpu": 4663.1, "source": "..."}``
-- measured: ``{"tokens_per_s_per_gpu": ..., "result": "results/....yaml"}`` for ``measured``
-- evidence: path of the committed log or result file behind a ``functional`` status
+- measured: ``{"result": ID}`` for ``measured``: the id of its result file
+- evidence: the id of the committed log or result file behind a ``functional`` status
+
+An evidence id is the file's path in the measurement lab beside the package (``results/...`` or
+``evidence/...``); the lab resolves and checks it, the package never opens it.
 """
 
 from __future__ import annotations

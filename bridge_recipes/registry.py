@@ -209,12 +209,13 @@ def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     return all(t.lower() == m.status or (t.lower() not in STATUSES and t.lower() in hay) for t in terms)
 
 
-# Each measured recipe's figure for --list, generated from its result file by bridge_recipes.bench.report.
+# Each measured recipe's figure for --list and its measured tokens/s per GPU, generated from its result
+# file by the lab's report (the product reads no evidence).
 MEASURED_FIGURES = Path(__file__).with_name("measured_figures.json")
 
 
 @lru_cache(maxsize=1)
-def _measured_figures() -> dict[str, str]:
+def _measured_figures() -> dict[str, dict]:
     try:
         return json.loads(MEASURED_FIGURES.read_text())
     except (OSError, ValueError):
@@ -230,7 +231,12 @@ def _figure(d: dict | None) -> str:
 def _measured(entry: RecipeEntry) -> str:
     if entry.meta.status != "measured":
         return "-"
-    return _measured_figures().get(entry.alias_of or entry.name, "-")
+    return _measured_figures().get(entry.alias_of or entry.name, {}).get("list", "-")
+
+
+def measured_rate(name: str) -> float | None:
+    """Recipe ``name``'s measured tokens/s per GPU, or None when it has none."""
+    return _measured_figures().get(name, {}).get("tokens_per_s_per_gpu")
 
 
 def table(entries: list[RecipeEntry]) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How fast SFT rows are built, side by side in one command:
 
-    python scripts/bench_row_building.py --out results/data_build_throughput.json
+    python scripts/bench_row_building.py --out data_build_throughput.json
 
 1. Turn scaling: conversations of few and of many turns (the same words cut into more, shorter turns),
    rendered with the tokenizer folder's chat template as ``build_sft_rows.py`` does, alternating the two

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bridge_recipes import quiet, registry, runner_args, te_wgrad
@@ -59,32 +58,10 @@ def gpus_of(name: str, opts) -> int:
 
 
 def runs_of(opts) -> list[tuple[str, str, list[str]]]:
-    """(label, recipe, own overrides) of each run, in order: --recipe and --against, or a
-    --candidate and its published policy (the same recipe without the candidate's overrides).
+    """(label, recipe, own overrides) of each run, in order: --recipe and --against.
     Raises UnknownRecipe or ValueError."""
-    if opts.candidate:
-        from bridge_recipes.bench.candidates import find
-
-        c = find(opts.candidate)
-        if opts.recipe or opts.against or opts.against_set:
-            raise ValueError("--candidate names both runs; drop --recipe, --against and --against-set")
-        if opts.proxy_layers and c.full_scale_only:
-            raise ValueError(
-                f"--candidate {c.name} changes the pipeline split, which no proxy has: run it at the recipe's own "
-                "scale (drop --proxy-layers)"
-            )
-        if opts.proxy_layers and opts.proxy_gpus != c.proxy_gpus:
-            raise ValueError(
-                f"--candidate {c.name} is measured on {c.proxy_gpus} GPU(s): pass --proxy-gpus {c.proxy_gpus}"
-            )
-        # on chat rows (--rows) both run the recipe itself, whose data the rows replace; else its mock form
-        recipe = c.recipe if opts.rows else c.mock_recipe
-        return [
-            (c.name, recipe, c.proxy_overrides(opts.proxy_layers)),
-            ("published", recipe, list(c.published_overrides)),
-        ]
     if not opts.recipe:
-        raise ValueError("--recipe NAME is required (or --candidate NAME)")
+        raise ValueError("--recipe NAME is required")
     sets = list(opts.against_set or ())
     if sets and not opts.against:
         raise ValueError(f"--against-set {sets[0]}: changes the --against run; name it with --against RECIPE")
@@ -114,7 +91,7 @@ def one(
     nproc = gpus_of(name, opts)
     args = launch_args(request, opts)
     log_path = out.with_suffix(".log")
-    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta)
+    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta, entry.name)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
     print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
     run = launch(label or name, name, args, log_path, nproc=nproc)
@@ -163,10 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="an override of the --against run only, after the command's (repeatable): e.g. the same recipe with "
         "one field changed",
     )
-    ap.add_argument(
-        "--candidate",
-        help="a candidate policy (bridge_recipes.bench.candidates) measured side by side with its published policy",
-    )
     ap.add_argument("--proxy-layers", type=int, help="one-GPU proxy with this many layers (multiple of 4)")
     ap.add_argument(
         "--proxy-global-batch",
@@ -183,8 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--rows",
         metavar="DIR",
-        help="packed SFT rows (scripts/build_sft_rows.py) both runs train on instead of mock data; with "
-        "--candidate, the recipe itself runs instead of its mock form (a loss-curve check on chat rows)",
+        help="packed SFT rows (scripts/build_sft_rows.py) both runs train on instead of mock data",
     )
     ap.add_argument(
         random_lora.OPTION,
@@ -201,28 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="each run within GB of the GPU's memory (the runner's --gpu-memory-gb: a smaller card's memory)",
     )
     ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
-    ap.add_argument("--out", help="result file (.yaml); logs are written beside it (with --predict: a .json)")
-    ap.add_argument("--predict", metavar="RECIPE", help="predict RECIPE's full-scale tokens/s/GPU from two proxies")
-    ap.add_argument("--proxy-results", nargs=2, metavar=("A.yaml", "B.yaml"), help="with --predict: two depths")
-    ep_comm = ap.add_mutually_exclusive_group()
-    ep_comm.add_argument(
-        "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds a layer a micro batch (two GPUs)"
-    )
-    ep_comm.add_argument(
-        "--ep-comm-trace",
-        metavar="two_gpu_qwen35_35b_a3b.json",
-        help="with --predict: --ep-comm-s from the two-GPU suite's traced EP2 step (an upper bound)",
-    )
-    ap.add_argument(
-        "--intercept-result",
-        metavar="C.yaml",
-        help="with --predict: a proxy at the recipe's real output layer and MTP when the slope proxies shrank them",
-    )
-    ap.add_argument(
-        "--without-mtp",
-        action="store_true",
-        help="with --predict and --intercept-result: the recipe as run without its MTP layer (as the published 27B)",
-    )
+    ap.add_argument("--out", help="result file (.yaml); logs are written beside it")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
 
@@ -287,70 +238,30 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     return out, plans
 
 
-def predict_main(opts, ap: argparse.ArgumentParser) -> int:
-    """--predict RECIPE --proxy-results A B: the full-scale prediction, printed (and written to --out)."""
-    from bridge_recipes.bench import predict as pr
-    from bridge_recipes.outputs import output_problem
-
-    if not opts.proxy_results:
-        ap.error("--predict needs --proxy-results A.yaml B.yaml (benchmark.py --proxy-layers at two depths)")
-    inputs = [
-        *(("--proxy-results", p) for p in opts.proxy_results),
-        ("--intercept-result", opts.intercept_result),
-        ("--ep-comm-trace", opts.ep_comm_trace),
-    ]
-    if opts.out and (problem := output_problem(opts.out, option="--out", inputs=[i for i in inputs if i[1]])):
-        ap.error(problem)
-    if opts.ep_comm_s is not None and not (math.isfinite(opts.ep_comm_s) and opts.ep_comm_s >= 0):
-        ap.error(f"--ep-comm-s {opts.ep_comm_s}: a number of seconds >= 0")
-    try:
-        entry = registry.find(opts.predict)
-        points = [pr.proxy_point(p) for p in opts.proxy_results]
-        cfg = build_config(entry.name, overrides=opts.overrides)
-        published = (entry.meta.reference or {}).get("tokens_per_s_per_gpu")
-        intercept = pr.proxy_point(opts.intercept_result) if opts.intercept_result else None
-        ep_comm_s = opts.ep_comm_s
-        if opts.ep_comm_trace:
-            ep_comm_s = pr.two_gpu_ep_comm_s(opts.ep_comm_trace, cfg.model.expert_model_parallel_size)
-            print(f"[predict] EP all-to-all from {opts.ep_comm_trace}: {ep_comm_s * 1e3:.2f} ms a layer a micro batch")
-        prediction = pr.predict(
-            cfg,
-            entry.meta.gpus,
-            points,
-            recipe=entry.name,
-            ep_comm_s=ep_comm_s,
-            published=published,
-            intercept=intercept,
-            without_mtp=opts.without_mtp,
-        )
-    except (registry.UnknownRecipe, ValueError) as exc:
-        ap.error(in_cli_terms(str(exc)))
-    print(pr.report(prediction))
-    if opts.out:
-        write_text_atomic(Path(opts.out), json.dumps(prediction.as_dict(), indent=1) + "\n")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+def main(
+    argv: list[str] | None = None,
+    *,
+    parser: argparse.ArgumentParser | None = None,
+    runs: Callable[[argparse.Namespace], list[tuple[str, str, list[str]]]] = runs_of,
+) -> int:
+    """The command; ``parser`` and ``runs`` let a caller add options that name the runs another way."""
+    ap = parser or build_parser()
     opts = ap.parse_intermixed_args(argv)
-    if opts.predict:
-        return predict_main(opts, ap)
     if not opts.out:
         ap.error("--out FILE is required (the result file)")
     try:
-        runs = runs_of(opts)
+        planned = runs(opts)
     except (registry.UnknownRecipe, ValueError) as exc:
         ap.error(in_cli_terms(str(exc)))
-    problems, plans = argument_problems(opts, runs)
+    problems, plans = argument_problems(opts, planned)
     if problems:
         ap.error(in_cli_terms("; ".join(problems)))
     out = Path(opts.out)
-    names = [label for label, _, _ in runs]
+    names = [label for label, _, _ in planned]
     try:
         docs = [
             one(name, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"), *plans[i], label=label)
-            for i, (label, name, _) in enumerate(runs)
+            for i, (label, name, _) in enumerate(planned)
         ]
     except RuntimeError as exc:
         print(f"benchmark.py: {exc}", file=sys.stderr)

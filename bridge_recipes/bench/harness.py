@@ -86,18 +86,14 @@ def run_args(cfg: Any, **kwargs: Any) -> list[str]:
     return runner_args(**run_request(cfg, **kwargs))
 
 
-def published_step_seconds(cfg: Any, meta: Any) -> float | None:
-    """Seconds one full-scale step takes at the recipe's published tokens/s/GPU (its
-    ``meta.reference``) or, without one, at its own measured rate (``meta.measured``'s result file);
-    None without either: what a step count costs in device time before a run starts. The 35B-A3B
-    H200 SFT recipe (128 rows of 8,192 tokens on 8 GPUs at 4,663.1, openrecipes-35b-h200) gives
-    28.1 s."""
+def published_step_seconds(cfg: Any, meta: Any, name: str | None = None) -> float | None:
+    """Seconds one full-scale step takes at the recipe's published tokens/s per GPU (its
+    ``meta.reference``) or, without one, at recipe ``name``'s own measured rate
+    (:func:`bridge_recipes.registry.measured_rate`); None without either: what a step count costs in
+    device time before a run starts."""
     rate = (meta.reference or {}).get("tokens_per_s_per_gpu")
-    if not rate and meta.measured:
-        from bridge_recipes.bench.result import read_result
-        from bridge_recipes.bench.runs import ROOT
-
-        rate = read_result(ROOT / meta.measured["result"])["result"]["tokens_per_s_per_gpu"]
+    if not rate and name is not None:
+        rate = registry.measured_rate(name)
     if not rate:
         return None
     return cfg.train.global_batch_size * cfg.model.seq_length / (rate * meta.gpus)

@@ -8,10 +8,6 @@ beside them without a gate: a near-tie in the router then picks a different expe
 (``expert_set_differs_share``: the share of (token, MoE layer) pairs whose chosen expert sets
 differ), which moves that token's logits by far more than rounding.
 
-Measured on one H200 with 4-layer toys (hidden 512, 16 experts, vocabulary 8,192): dense FP32
-top-1 1.000, rel_err 1.2e-3; MoE FP32 all experts 1.000 / 1.2e-3; MoE FP32 top-4 0.986 /
-2.4e-2; dense BF16 0.949 / 1.6e-2 (results/hf_parity.json holds the committed run).
-
 GPU-side functions import Megatron-Bridge first: imported after cuDNN has been used in the
 process, its Transformer Engine attention fails to initialize.
 """
@@ -105,8 +101,7 @@ def _unwrap(module: Any) -> Any:
 
 
 # Parity tokens (ids below the toy tokenizer's 1,024): 8 x 512 = 4,096 positions, so that the
-# top-1 gate of 0.999 is a rate (4 disagreements allowed), not "none at all". The committed
-# results/hf_parity.json used 2 x 256 = 512 positions.
+# top-1 gate of 0.999 is a rate (4 disagreements allowed), not "none at all".
 BATCH, SEQ = 8, 512
 
 

@@ -24,7 +24,7 @@ from bridge_recipes.data.sft_rows import build_sft_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "tests/fixtures/qwen35_chat_tokenizer"
-CHATML = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
+CHATML = ROOT / "tests/fixtures/chatml_tokenizer.json"
 ROW = 256
 
 
@@ -268,7 +268,7 @@ def test_a_tokenizer_path_without_tokenizer_json_is_an_error_not_a_skipped_check
 def test_chatml_rows_need_no_template(tmp_path):
     build(tmp_path, GOOD, tokenizer=CHATML, chat_format="chatml")
     check_rows(tmp_path / "out", tokenizer=CHATML)
-    check_rows(ROOT / "docs/evidence/sft_rows_synthetic/rows", tokenizer=CHATML)
+    check_rows(ROOT / "tests/fixtures/eos_joined_rows", tokenizer=CHATML)
 
 
 def test_the_runner_dry_run_refuses_rows_of_another_template(template_rows, tmp_path, capsys):

@@ -122,7 +122,7 @@ def test_the_recipes_own_layer_pattern_passes():
 
 # ----------------------------------------------------------------- rows against the vocabulary and rows_per_sample
 
-CHATML = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
+CHATML = ROOT / "tests/fixtures/chatml_tokenizer.json"
 GOOD = {
     "messages": [
         {"role": "user", "content": "what is the capital of france, and why is it there?"},

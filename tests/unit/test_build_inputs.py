@@ -10,7 +10,7 @@ import pytest
 from bridge_recipes.data import sft_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKENIZER = ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"
+TOKENIZER = ROOT / "tests/fixtures/chatml_tokenizer.json"
 GOOD = {
     "messages": [
         {"role": "user", "content": "what is the capital of france, and why is it there?"},

@@ -9,7 +9,7 @@ from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedRowsError, 
 from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = str(ROOT / "docs/evidence/sft_rows_synthetic/rows")
+ROWS = str(ROOT / "tests/fixtures/eos_joined_rows")
 SFT = "qwen35_27b_sft_8gpu_h200_bf16_config"
 
 
@@ -31,7 +31,7 @@ def test_only_assistant_targets_are_trained(rows):
     """The synthetic rows: answers follow '<|im_start|>assistant\\n'; system/user text never is a target."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(ROOT / "docs/evidence/sft_rows_synthetic/tokenizer.json"))
+    tok = Tokenizer.from_file(str(ROOT / "tests/fixtures/chatml_tokenizer.json"))
     s = rows[0]
     trained = [int(t) for t, m in zip(s["labels"], s["loss_mask"]) if m]
     text = tok.decode(trained, skip_special_tokens=False)
@@ -112,21 +112,3 @@ def test_energon_selection_keeps_the_execution_policy():
     assert type(cfg.dataset).__name__ == "EnergonDatasetConfig" and enc.patch_size == 16
     assert enc.hf_processor_path == "Qwen/Qwen3.5-35B-A3B"
     assert (cfg.model.expert_model_parallel_size, cfg.train.micro_batch_size, dict(cfg.env_vars)) == before
-
-
-def test_committed_evidence_rows_are_reproducible(tmp_path):
-    """The rows the 27B H200 run trained on are rebuilt bit for bit by the committed script."""
-    import json
-    import subprocess
-    import sys
-
-    root = ROOT
-    p = subprocess.run(
-        [sys.executable, "scripts/gpu/make_synthetic_rows.py", "--out", str(tmp_path)],
-        cwd=root,
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 0, p.stderr
-    committed = json.load(open(f"{ROWS}/manifest.json"))
-    assert json.loads(p.stdout.strip().splitlines()[-1])["rows_sha256"] == committed["rows_sha256"]

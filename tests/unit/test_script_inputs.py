@@ -10,7 +10,6 @@ import pytest
 from bridge_recipes.bench.benchmark import main as benchmark_main
 
 ROOT = Path(__file__).resolve().parents[2]
-POLICIES_LOG = ROOT / "docs/evidence/h200_qwen35_35b_a3b_policies.log"
 
 
 def _script(name, *args):
@@ -19,13 +18,22 @@ def _script(name, *args):
     )
 
 
-def _two_logs(tmp_path):
-    from bridge_recipes.logs.run_log import split_runs
+def _log(losses) -> str:
+    """Megatron's iteration lines with these losses, as a training log prints them."""
+    n = len(losses)
+    return "".join(
+        f" [2026-01-01 00:00:{i:02d}] iteration {i:8d}/{n:8d} | consumed samples: {4 * i:12d} | "
+        f"elapsed time per iteration (ms): 2338.1 | global batch size:     4 | lm loss: {loss:.6E} |\n"
+        for i, loss in enumerate(losses, 1)
+    )
 
-    runs = split_runs(POLICIES_LOG.read_text())
+
+def _two_logs(tmp_path):
+    """Two training logs whose loss curves agree (the same fall, within a tenth of a percent)."""
+    curve = [12.8 - 0.9 * i for i in range(12)]
     a, b = tmp_path / "a.log", tmp_path / "b.log"
-    a.write_text(runs["reference"])
-    b.write_text(runs["no_recompute"])
+    a.write_text(_log(curve))
+    b.write_text(_log([v * 1.001 for v in curve]))
     return a, b
 
 
@@ -66,14 +74,6 @@ def test_compare_losses_writes_its_result(tmp_path):
     assert p.returncode == 0, p.stderr
     assert '"passed": true' in (tmp_path / "cmp.json").read_text()
     assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temporary left
-
-
-@pytest.mark.parametrize("where", ["folder", "missing"])
-def test_memory_table_out_must_be_a_writable_file(tmp_path, where):
-    out = tmp_path if where == "folder" else tmp_path / "no" / "plan.md"
-    p = _script("memory_table.py", "--out", out)
-    assert p.returncode == 2 and ("is a folder" in p.stderr or "does not exist" in p.stderr)
-    assert "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize(

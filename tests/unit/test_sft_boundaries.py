@@ -121,9 +121,9 @@ def test_config_reports_offline_packing_only_for_boundaries_rows(built, tmp_path
     out, _, _ = built
     cfg = PackedSFTRowsConfig(path=str(out), seq_length=ROW)
     assert cfg.enable_offline_packing and cfg.offline_packing_specs.packed_sequence_size == ROW
-    joined = PackedSFTRowsConfig(path=str(REPO / "docs/evidence/sft_rows_synthetic/rows"), seq_length=8192)
+    joined = PackedSFTRowsConfig(path=str(REPO / "tests/fixtures/eos_joined_rows"), seq_length=8192)
     assert not joined.enable_offline_packing and joined.offline_packing_specs is None
-    sample = PackedRowsDataset(REPO / "docs/evidence/sft_rows_synthetic/rows", 8192, 1)[0]
+    sample = PackedRowsDataset(REPO / "tests/fixtures/eos_joined_rows", 8192, 1)[0]
     assert "cu_seqlens_q" not in sample and sample["position_ids"].tolist() == list(range(8192))
 
 
@@ -186,7 +186,7 @@ def test_a_micro_batch_of_rows_becomes_one_sequence_of_them_joined(built):
     assert join_micro_batch_rows(odd) is None and odd.train.micro_batch_size == 2
     # other rows keep their micro batch
     one = NS(
-        dataset=PackedSFTRowsConfig(path=str(REPO / "docs/evidence/sft_rows_synthetic/rows"), seq_length=8192),
+        dataset=PackedSFTRowsConfig(path=str(REPO / "tests/fixtures/eos_joined_rows"), seq_length=8192),
         train=NS(micro_batch_size=2, global_batch_size=8),
         model=NS(seq_length=8192),
     )
@@ -216,7 +216,7 @@ def test_rows_joined_into_one_packed_sequence_on_request(built):
     (error,) = dry_run_problems(_Cfg(out, k=2, seq=ROW))[0]
     assert f"model.seq_length={2 * ROW}" in error
     with pytest.raises(ValueError, match="needs rows with boundaries"):
-        PackedRowsDataset(REPO / "docs/evidence/sft_rows_synthetic/rows", 8192, 1, rows_per_sample=2)
+        PackedRowsDataset(REPO / "tests/fixtures/eos_joined_rows", 8192, 1, rows_per_sample=2)
 
 
 def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):

@@ -121,7 +121,7 @@ def test_rows_build_after_megatron_bridge_hands_the_dataset_its_tokenizer(tmp_pa
         cfg.dataset.tokenizer = tokenizer
     train, _, _ = cfg.dataset.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=0, test_samples=0))
     assert len(train) == 4
-    cfg.dataset.tokenizer_path = str(REPO / "docs/evidence/sft_rows_synthetic/tokenizer.json")
+    cfg.dataset.tokenizer_path = str(REPO / "tests/fixtures/chatml_tokenizer.json")
     with pytest.raises(RowsIntegrityError, match="different tokenizer"):
         cfg.dataset.build_datasets(DatasetBuildContext(train_samples=4, valid_samples=0, test_samples=0))
 
@@ -164,7 +164,7 @@ def test_a_run_reading_rows_more_than_once_is_warned_with_its_epochs(tmp_path, c
 def test_runner_dry_run_prints_the_epochs_warning(capsys):
     from bridge_recipes.runner.cli import main
 
-    rows = str(REPO / "docs/evidence/sft_rows_synthetic/rows")
+    rows = str(REPO / "tests/fixtures/eos_joined_rows")
     args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8"]
     assert main([*args, "--dataset", "sft-rows", f"dataset.path={rows}"]) == 0
     err = capsys.readouterr().err

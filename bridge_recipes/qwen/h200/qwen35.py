@@ -6,7 +6,7 @@ measured there on 8 x H200 (AWS p5en.48xlarge) with slime on megatron-core 0.16.
 TE 2.10: 8,192-token SFT rows, global batch 128, BF16, precision-aware distributed Adam,
 lr 1e-5 cosine to 1e-6, 10% warm-up, weight decay 0.1, betas 0.9/0.98, per-token loss,
 flash attention. Their published tokens/s/GPU are the references below; our own measured
-figures, when there are any, live in results/ and are named by ``measured=``.
+figures, when there are any, are the result files named by ``measured=``.
 
 The 122B-A10B and 397B-A17B SFT layouts and every LoRA layout are this project's, sized by the
 memory planner (``run_recipe.py --recipe NAME --plan``, bridge_recipes/plan/memory.py) at the
@@ -123,7 +123,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     layout="TP1 PP1 EP8 DP8",
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers.log",
+    evidence="evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion_16_layers.log",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The published EP8 layout with the memory it can free spent on recompute: Adam's moments in
@@ -155,7 +155,7 @@ def _fast_35b_a3b_kernels(cfg: ConfigContainer) -> None:
     layout="TP1 PP1 EP8 DP8",
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_16_layers.log",
+    evidence="evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2_16_layers.log",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     """The fast recipe's kernels and BF16 Adam moments, spending the memory they free on a second
@@ -177,7 +177,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     layout="TP1 PP1 EP8 DP8",
     status="functional",
     reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-    evidence="docs/evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers.log",
+    evidence="evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers.log",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config() -> ConfigContainer:
     """The two-rows recipe at four 8,192-token rows a micro batch (32,768 tokens a GPU), full
@@ -287,7 +287,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     layout="TP1 PP4 DP2",
     status="functional",
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
-    evidence="docs/evidence/candidates/27b_te_ce_fused_swiglu_block10.log",
+    evidence="evidence/candidates/27b_te_ce_fused_swiglu_block10.log",
 )
 def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The published PP4 layout made faster for a run that trains Qwen3.5's MTP layer: the fused
@@ -314,7 +314,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     layout="TP1 PP4 DP2",
     status="functional",
     reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
-    evidence="docs/evidence/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows.log",
+    evidence="evidence/candidates/27b_te_ce_fused_swiglu_block10_fp8_current_bf16_params_cached_rows.log",
 )
 def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     """The fast 27B recipe with its layers' GEMMs in FP8 (per-tensor current scaling; the model's first
@@ -487,7 +487,7 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     precision="bf16",
     layout="TP1 PP1 DP1",
     status="measured",
-    measured={"result": "docs/evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_config.yaml"},
+    measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 99.0 GB)."""
@@ -503,7 +503,7 @@ def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 DP1",
     status="measured",
-    measured={"result": "docs/evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_fast_config.yaml"},
+    measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The one-GPU 27B LoRA recipe with the memory its frozen base leaves spent on speed. With the
@@ -555,8 +555,8 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
     status="measured",
-    measured={"result": "docs/evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_config.yaml"},
-    evidence="docs/evidence/hf/hf_lora_summary.json",
+    measured={"result": "evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_config.yaml"},
+    evidence="evidence/hf/hf_lora_summary.json",
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 108.8 GB)."""
@@ -572,7 +572,7 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
     status="measured",
-    measured={"result": "docs/evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config.yaml"},
+    measured={"result": "evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The one-GPU 35B-A3B LoRA recipe with the memory its frozen base leaves spent on speed. Its
@@ -709,7 +709,7 @@ def qwen35_397b_a17b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 DP1",
     status="functional",
-    evidence="docs/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log",
+    evidence="evidence/smoke_qwen35_35b_a3b_1gpu_h200.log",
 )
 def qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config() -> ConfigContainer:
     """The 35B-A3B H200 execution policy scaled down to one GPU: 4 layers (3 GDN + 1 gated

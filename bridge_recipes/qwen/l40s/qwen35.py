@@ -38,7 +38,7 @@ def qwen35_27b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     precision="fp8base",
     layout="TP1 PP1 EP1 DP1",
     status="measured",
-    measured={"result": "docs/evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config.yaml"},
+    measured={"result": "evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 48 GB GPU: the fast H200 recipe with its frozen base in FP8 and the

@@ -39,7 +39,7 @@ __all__ = [
     precision="bf16",
     layout="TP1 PP1 EP8 DP8",
     status="functional",
-    evidence="docs/evidence/vl/vl_finetune_summary.json",
+    evidence="evidence/vl/vl_finetune_summary.json",
 )
 def qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B-VL SFT on 8 x H200: the text recipe's EP8 layout, full recompute, no offload."""

@@ -1,0 +1,478 @@
+"""Each one-GPU LoRA recipe at its released size and its transformers + PEFT peer, back to back on
+one GPU: the same rows, the same tokens a step, the same steps and window.
+
+    python -m lab.lora_vs_peft --rows DIR --out lab/results/single_gpu_lora_vs_peft.json
+    python -m lab.lora_vs_peft --rows DIR --dry-run   # on a CPU: checks, trains nothing
+    python -m lab.lora_vs_peft --rows DIR --work DIR --assemble --out FILE
+                                           # the comparison of runs already in --work; trains nothing
+
+For each recipe (default :data:`RECIPES`), in this order:
+
+- ours: ``scripts/benchmark.py --recipe NAME --rows DIR --lora-from-random-init`` (the recipe's own
+  layout on its one GPU, random base weights: :mod:`bridge_recipes.bench.random_lora`), its result
+  file and log in ``--work``;
+- the peer: ``python -m lab.peer_peft`` with the same recipe, rows, overrides,
+  steps and window, in a process of its own (its JSON and log in ``--work``); once for recipes
+  whose peer workload is the same (a variant that changes only ours' execution shares its base's);
+- the planner: :func:`bridge_recipes.plan.memory.plan_memory` of the config ours runs: its peak
+  allocated memory (``planner_gb``, the figure a measured peak is compared with) and that plus the
+  framework overhead (``planner_total_gb``, the recipes' docstring figure).
+
+Both run ``--global-batch`` rows a step instead of the recipes' 128 (by default one of ours' micro
+batches, at least :data:`GLOBAL_BATCH` rows: :func:`rows_a_step`): the peer trains one row a micro
+batch either way, so a row costs it the same; the optimizer step, over adapters only, is amortized
+over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
+more per recipe (tokens/s ratio, step-time spread, useful-token share, errors), rewritten after each
+recipe so that a run cut short keeps what finished. A run that fails is recorded with its error and
+the next one runs; a peer that runs out of memory is recorded as not fitting (``peer_fits`` false),
+an answer rather than a failure. ``--dry-run`` runs ours' runner dry run with the exact launch
+arguments, the planner, and the peer's ``--dry-run`` (full model and adapters on the meta device): what fails on
+the GPU host for a reason a CPU can see fails here. Exit status 0 when every run gave figures,
+1 otherwise, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.bench.result import rows_a_micro_batch, rows_and_length
+from bridge_recipes.outputs import write_text_atomic
+from lab import ROOT
+
+RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
+GLOBAL_BATCH = 2  # the fewest rows a step of both runs (16,384 tokens), in place of the recipes' 128
+FIELDS = (
+    "model",
+    "ours_tokens_per_s",
+    "peer_tokens_per_s",
+    "ours_peak_gb",
+    "peer_peak_gb",
+    "planner_gb",
+    "steps",
+    "row_tokens",
+    "peer_stack",
+)
+LOG = "[lora_vs_peft]"
+# lines of the peer's and the runner's output shown as they come (the rest goes to the logs only)
+SHOWN = ("[peer]", "peer_peft:", "run_recipe.py: error", "checks: ok", "base weights:")
+
+
+def _log(msg: str) -> None:
+    print(f"{LOG} {msg}", flush=True)
+
+
+def benchmark_argv(recipe: str, opts: argparse.Namespace, out: Path) -> list[str]:
+    """``scripts/benchmark.py`` arguments of ours' run of ``recipe``."""
+    from bridge_recipes.bench import random_lora
+
+    return [
+        "--recipe",
+        recipe,
+        "--rows",
+        str(opts.rows),
+        random_lora.OPTION,
+        "--steps",
+        str(opts.steps),
+        "--window",
+        *map(str, opts.window),
+        "--out",
+        str(out),
+        *cap_args(recipe, opts),
+        *overrides(recipe, opts),
+    ]
+
+
+def memory_cap(recipe: str, opts: argparse.Namespace) -> float | None:
+    """The GB both runs of ``recipe`` train within: ``--gpu-memory-gb`` (``auto``: the memory of the
+    recipe's GPU), or None."""
+    if opts.gpu_memory_gb is None:
+        return None
+    if opts.gpu_memory_gb == "auto":
+        from bridge_recipes import registry
+        from bridge_recipes.gpus import class_memory_gb
+
+        return class_memory_gb(registry.find(recipe).meta.gpu)
+    return float(opts.gpu_memory_gb)
+
+
+def cap_args(recipe: str, opts: argparse.Namespace) -> list[str]:
+    cap = memory_cap(recipe, opts)
+    return [] if cap is None else ["--gpu-memory-gb", f"{cap:g}"]
+
+
+def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[str]:
+    """``python -m lab.peer_peft`` arguments of the peer of ``recipe`` (``out``
+    None: its dry run)."""
+    return [
+        "--recipe",
+        recipe,
+        "--rows",
+        str(opts.rows),
+        "--steps",
+        str(opts.steps),
+        "--window",
+        *map(str, opts.window),
+        *(["--out", str(out)] if out else ["--dry-run"]),
+        *cap_args(recipe, opts),
+        *overrides(recipe, opts),
+    ]
+
+
+def rows_a_step(recipe: str, opts: argparse.Namespace) -> int:
+    """The rows a step both runs of ``recipe`` train: ``--global-batch``, or else one of ours' micro
+    batches (the recipe's rows a micro batch with the command's overrides), at least
+    :data:`GLOBAL_BATCH`: a step of ours is then never cut below one micro batch."""
+    from lab import peer_peft
+
+    if opts.global_batch is not None:
+        return opts.global_batch
+    try:
+        cfg = peer_peft.workload_config(recipe, opts.rows, opts.overrides)
+    except peer_peft.PeerError:
+        return GLOBAL_BATCH  # the runs name the problem
+    return max(GLOBAL_BATCH, rows_a_micro_batch(cfg))
+
+
+def overrides(recipe: str, opts: argparse.Namespace) -> list[str]:
+    """The recipe overrides both runs get: the rows a step, then the command's KEY=VALUE."""
+    return [f"train.global_batch_size={rows_a_step(recipe, opts)}", *opts.overrides]
+
+
+def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str], Any, Any]:
+    """Ours' run as ``scripts/benchmark.py`` plans it: the runner arguments it launches, its
+    config, and the planner's memory plan of that config on one H200. Raises ValueError on bad input."""
+    from bridge_recipes.bench import benchmark
+    from bridge_recipes.plan.memory import plan_memory
+
+    bench_opts = benchmark.build_parser().parse_intermixed_args(benchmark_argv(recipe, opts, out))
+    problems, plans = benchmark.argument_problems(bench_opts, benchmark.runs_of(bench_opts))
+    if problems:
+        raise ValueError("; ".join(problems))
+    request, cfg = plans[0]
+    return benchmark.launch_args(request, bench_opts), cfg, plan_memory(cfg, 1, gpu_memory_gb=memory_cap(recipe, opts))
+
+
+def streamed(cmd: list[str], log_path: Path) -> int:
+    """Run ``cmd`` from the repository root, its output both printed and written to ``log_path``."""
+    with open(log_path, "a", buffering=1) as log:  # line by line: a run cut short keeps its log
+        log.write(f"\n===== {' '.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout or ():
+            log.write(line)
+            if line.startswith(SHOWN):
+                print(line, end="", flush=True)
+        return proc.wait()
+
+
+def run_ours(recipe: str, opts: argparse.Namespace, out: Path) -> dict:
+    """Ours' benchmark run of ``recipe``: its result document (scripts/benchmark.py's), or
+    ``{"error": ...}``."""
+    from bridge_recipes.bench import benchmark
+    from bridge_recipes.bench.result import read_result
+
+    try:
+        code = benchmark.main(benchmark_argv(recipe, opts, out))
+    except SystemExit as exc:  # its argument errors
+        code = exc.code if isinstance(exc.code, int) else 2
+    if code != 0 or not out.is_file():
+        return {"error": f"scripts/benchmark.py exited {code}; see {out.with_suffix('.log')}"}
+    return read_result(out)
+
+
+def run_peer(recipe: str, opts: argparse.Namespace, out: Path, useful_share: float | None) -> dict:
+    """The peer's run of ``recipe`` in its own process: its result JSON, or ``{"error": ...}`` (with
+    the figures of the steps its log holds when it stopped part way)."""
+    cmd = [sys.executable, "-m", "lab.peer_peft", *peer_argv(recipe, opts, out)]
+    out.unlink(missing_ok=True)
+    out.with_suffix(".log").unlink(missing_ok=True)
+    code = streamed(cmd, out.with_suffix(".log"))
+    doc = peer_document(out, tuple(opts.window), useful_share)
+    if code != 0:
+        own = json.loads(out.read_text()).get("error") if out.is_file() else None
+        doc["error"] = own or f"peer_peft exited {code}; see {out.with_suffix('.log')}"
+    return doc
+
+
+def peer_document(out: Path, window: tuple[int, int], useful_share: float | None) -> dict:
+    """The peer's result JSON ``out``; when it holds no figures, the figures of its log
+    (:func:`lab.peer_peft.result_from_log`) with the JSON's error, if any."""
+    from lab.peer_peft import result_from_log
+
+    doc = json.loads(out.read_text()) if out.is_file() else {}
+    log = out.with_suffix(".log")
+    if not doc.get("result") and log.is_file():
+        try:
+            doc = {
+                **result_from_log(log.read_text(), window, useful_share),
+                **({"error": doc["error"]} if doc.get("error") else {}),
+            }
+        except ValueError as exc:
+            doc.setdefault("error", f"{log}: {exc}")
+    if not doc:
+        doc["error"] = f"neither {out} nor its log is there"
+    return doc
+
+
+def ours_document(out: Path) -> dict:
+    """Ours' benchmark result ``out``, or ``{"error": ...}``."""
+    from bridge_recipes.bench.result import read_result
+
+    return read_result(out) if out.is_file() else {"error": f"no result file {out}"}
+
+
+def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, step: tuple[int, int]) -> dict:
+    """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
+    result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows a
+    step and tokens a row)."""
+    global_batch, row_tokens = step
+    o, p = ours.get("result") or {}, peer.get("result") or {}
+    line = {
+        "model": ours.get("model") or peer.get("model"),
+        "ours_tokens_per_s": o.get("tokens_per_s_per_gpu"),
+        "peer_tokens_per_s": p.get("tokens_per_s"),
+        "ours_peak_gb": o.get("peak_allocated_gb"),
+        "peer_peak_gb": p.get("peak_allocated_gb"),
+        "planner_gb": round(plan.peak_allocated_gb, 1),
+        "steps": opts.steps,
+        "row_tokens": row_tokens,
+        "peer_stack": peer.get("peer_stack"),
+        "recipe": recipe,
+        "global_batch": global_batch,
+        "window": list(opts.window),
+        "planner_total_gb": round(plan.peak_gb, 1),
+    }
+    if p.get("window") and list(p["window"]) != list(opts.window):
+        line["peer_window"] = list(p["window"])
+    if peer.get("cut_short"):
+        line["peer_cut_short"] = peer["cut_short"]
+    line.update(memory_class_fields(recipe, opts, ours, peer, line))
+    if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
+        line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
+    if line["ours_peak_gb"]:
+        line["ours_peak_vs_planner"] = round(line["ours_peak_gb"] / plan.peak_allocated_gb - 1, 4)
+    line["ours_step_time_cv_percent"] = o.get("step_time_cv_percent")
+    line["peer_step_time_cv_percent"] = p.get("step_time_cv_percent")
+    rows = (ours.get("workload") or {}).get("rows") or (peer.get("workload") or {}).get("rows") or {}
+    line["useful_token_share"] = rows.get("useful_token_share")
+    line["ours_notes"] = ours.get("notes") or []
+    for side, doc in (("ours", ours), ("peer", peer)):
+        if doc.get("error"):
+            line[f"{side}_error"] = doc["error"]
+    return line
+
+
+def memory_class_fields(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict) -> dict:
+    """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision,
+    ours' useful tokens/s and whether the peer fit at all (False: it ran out of memory)."""
+    from bridge_recipes import registry
+
+    meta = registry.find(recipe).meta
+    useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
+    ran_out = "out of memory" in str(peer.get("error") or "")
+    measured_on = ((ours.get("gpu") or {}).get("type") or "").lower()
+    cap = memory_cap(recipe, opts)
+    return {
+        "gpu": meta.gpu,
+        "memory_cap_gb": cap,
+        # a card emulated by a cap has its memory, not its speed (an A100 or L40S computes slower than an H200)
+        "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
+        "base_precision": "fp8" if meta.precision == "fp8base" else "bf16",
+        "ours_useful_tokens_per_s": useful,
+        # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)
+        "peer_fits": True if line["peer_tokens_per_s"] else False if ran_out else None,
+    }
+
+
+def dry_run(opts: argparse.Namespace, work: Path) -> int:
+    """Everything a CPU can check of the comparison: ours' runner dry run with its launch arguments,
+    the planner's figure, the peer's model and adapters at full size on the meta device."""
+    failed = 0
+    for recipe in opts.recipe:
+        try:
+            args, cfg, plan = planned(recipe, opts, work / f"{recipe}.yaml")
+        except ValueError as exc:
+            _log(f"{recipe}: ours cannot run: {exc}")
+            failed += 1
+            continue
+        ours_cmd = [sys.executable, "-m", "bridge_recipes.runner", "--recipe", recipe, "--dry-run", *args]
+        ours_rc = streamed(ours_cmd, work / f"{recipe}_dry_run.log")
+        peer_cmd = [sys.executable, "-m", "lab.peer_peft", *peer_argv(recipe, opts, None)]
+        peer_rc = streamed(peer_cmd, work / f"{recipe}_peer_dry_run.log")
+        _log(
+            f"{recipe}: ours' dry run {'passes' if ours_rc == 0 else f'FAILS (exit {ours_rc})'} "
+            f"({' '.join(args)}); planner {plan.peak_allocated_gb:.1f} GB allocated, {plan.peak_gb:.1f} GB with "
+            f"the framework's overhead, of {plan.gpu_memory_gb:.1f}; the peer's dry run "
+            f"{'passes' if peer_rc == 0 else f'FAILS (exit {peer_rc})'}; logs in {work}"
+        )
+        failed += ours_rc != 0 or peer_rc != 0
+    return 1 if failed else 0
+
+
+def gpu_problem() -> str | None:
+    """Why the comparison cannot run here (no GPU), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA GPU: the comparison runs on one GPU (--dry-run checks it on a CPU)"
+    return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m lab.lora_vs_peft",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--rows", required=True, metavar="DIR", help="packed SFT rows both runs train on")
+    ap.add_argument("--out", help="the comparison file (.json); required unless --dry-run")
+    ap.add_argument(
+        "--work",
+        default="experiments/lora_vs_peft",
+        metavar="DIR",
+        help="where each run's result and log go (default experiments/lora_vs_peft)",
+    )
+    ap.add_argument(
+        "--recipe", action="append", help=f"a one-GPU LoRA recipe (repeatable; default {', '.join(RECIPES)})"
+    )
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--window", type=int, nargs=2, default=[5, 19], metavar=("FIRST", "LAST"))
+    ap.add_argument(
+        "--global-batch",
+        type=int,
+        help=f"rows a step (default: a micro batch of the recipe's, at least {GLOBAL_BATCH})",
+    )
+    ap.add_argument(
+        "--gpu-memory-gb",
+        metavar="GB|auto",
+        help="both runs within GB of the GPU's memory; auto: the memory of each recipe's GPU (an 80 or 48 GB card's)",
+    )
+    ap.add_argument("--dry-run", action="store_true", help="check everything a CPU can; train nothing")
+    ap.add_argument(
+        "--assemble",
+        action="store_true",
+        help="write --out from the runs already in --work (a run cut short: the steps its log holds); train nothing",
+    )
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides both runs get")
+    return ap
+
+
+def argument_problems(opts: argparse.Namespace) -> list[str]:
+    from bridge_recipes import registry
+    from bridge_recipes.outputs import output_problem
+
+    out = []
+    if not Path(opts.rows).is_dir():
+        out.append(f"--rows {opts.rows}: not a folder (build one with scripts/build_sft_rows.py)")
+    if opts.gpu_memory_gb not in (None, "auto"):
+        try:
+            if not float(opts.gpu_memory_gb) > 0:
+                raise ValueError
+        except ValueError:
+            out.append(f"--gpu-memory-gb {opts.gpu_memory_gb}: a positive number of GB, or auto")
+    if opts.global_batch is not None and opts.global_batch < 1:
+        out.append(f"--global-batch {opts.global_batch}: at least 1")
+    if not opts.dry_run:
+        if not opts.out:
+            out.append("--out FILE is required (the comparison file), or --dry-run")
+        elif problem := output_problem(opts.out, option="--out", inputs=[("--rows", opts.rows)]):
+            out.append(problem)
+    for recipe in opts.recipe:
+        try:
+            entry = registry.find(recipe)
+        except registry.UnknownRecipe as exc:
+            out.append(str(exc))
+            continue
+        if entry.meta.task != "peft" or entry.meta.gpus != 1:
+            out.append(
+                f"--recipe {recipe}: a one-GPU LoRA recipe is needed (this one is {entry.meta.task} on "
+                f"{entry.meta.gpus} GPU(s))"
+            )
+    return out
+
+
+def shared_peers(recipes: list[str], opts: argparse.Namespace) -> dict[str, str]:
+    """Each recipe's peer run: its own, or that of the first recipe before it whose peer workload and
+    memory cap are the same (:func:`lab.peer_peft.workload_key`; e.g. a recipe and a
+    variant changing only ours' execution). The peer runs once for both."""
+    from lab import peer_peft
+
+    keys: dict[str, Any] = {}
+    for recipe in recipes:
+        try:
+            cfg = peer_peft.workload_config(recipe, opts.rows, overrides(recipe, opts))
+            keys[recipe] = {**peer_peft.workload_key(cfg), "gpu_memory_gb": memory_cap(recipe, opts)}
+        except peer_peft.PeerError:
+            keys[recipe] = None  # the peer's own run names the problem
+    return {
+        recipe: next((r for r in recipes if keys[r] is not None and keys[r] == keys[recipe]), recipe)
+        for recipe in recipes
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    opts = ap.parse_intermixed_args(argv)
+    opts.recipe = opts.recipe or list(RECIPES)
+    problems = argument_problems(opts)
+    if problems:
+        ap.error("; ".join(problems))
+    work = Path(opts.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if opts.dry_run:
+        return dry_run(opts, work)
+    if not opts.assemble and (problem := gpu_problem()):
+        ap.error(problem)
+    plans = {}
+    for recipe in opts.recipe:  # every run's arguments checked before the first starts
+        try:
+            plans[recipe] = planned(recipe, opts, work / f"{recipe}.yaml")
+        except ValueError as exc:
+            ap.error(str(exc))
+    peer_of = shared_peers(opts.recipe, opts)
+    peers: dict[str, dict] = {}
+    lines: list[dict] = []
+    for recipe in opts.recipe:
+        _, cfg, plan = plans[recipe]
+        start = time.time()
+        what = (
+            "assembled from"
+            if opts.assemble
+            else f"ours ({opts.steps} steps of {rows_and_length(cfg)[0]} rows), then the peer; logs in"
+        )
+        _log(f"{recipe}: {what} {work}")
+        ours_out, peer_out = work / f"{recipe}.yaml", work / f"{peer_of[recipe]}_peer.json"
+        ours = ours_document(ours_out) if opts.assemble else run_ours(recipe, opts, ours_out)
+        share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
+        if peer_of[recipe] in peers:
+            _log(f"{recipe}: the peer's workload is {peer_of[recipe]}'s; its run is shared")
+            peer = peers[peer_of[recipe]]
+        elif opts.assemble:
+            peer = peer_document(peer_out, tuple(opts.window), share)
+        else:
+            peer = run_peer(recipe, opts, peer_out, share)
+        peers[peer_of[recipe]] = peer
+        lines.append(entry(recipe, opts, ours, peer, plan, rows_and_length(cfg)))
+        if peer_of[recipe] != recipe:
+            lines[-1]["peer_recipe"] = peer_of[recipe]
+        write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
+        last = lines[-1]
+        _log(
+            f"{recipe} ({time.time() - start:.0f} s): ours {last['ours_tokens_per_s']} tokens/s, peak "
+            f"{last['ours_peak_gb']} GB (planner {last['planner_gb']}); peer {last['peer_tokens_per_s']} tokens/s, "
+            f"peak {last['peer_peak_gb']} GB; ratio {last.get('tokens_per_s_ratio')}"
+        )
+    # a peer that ran out of memory under a card's cap answered the question: it does not fit the card
+    gave_figures = [
+        not (ln.get("ours_error") or (ln.get("peer_error") and ln.get("peer_fits") is not False)) for ln in lines
+    ]
+    return 0 if all(gave_figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""lab/gpu/detached.sh: a queue runs detached, step after step (a failure does not stop it),
+and `wait` packs what it wrote into $OUT."""
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "lab/gpu/detached.sh"
+
+
+def _sh(*args, env, timeout=60):
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd="/", env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_queue_runs_detached_and_wait_collects(tmp_path):
+    env = {
+        **os.environ,
+        "DETACHED_DIR": str(tmp_path / "d"),
+        "DETACHED_SETUP": "export GREETING=hi",
+        "OUT": str(tmp_path / "out"),
+    }
+    queue = tmp_path / "queue"
+    queue.write_text(
+        "# a comment\n"
+        "echo $GREETING > $OUT/first.txt; pwd\n\n"
+        "echo failing; exit 3\n"
+        "sleep 1; printf part > $OUT/jit.tar.xz.00\n"
+    )
+    start = _sh("start", str(queue), env=env)
+    assert start.returncode == 0 and "3 step(s) started" in start.stdout, start.stderr
+    again = _sh("start", str(queue), env=env)  # the queue is still running (the last step sleeps)
+    assert again.returncode == 2 and "still running" in again.stderr
+    done = _sh("wait", "30", env=env)
+    assert done.returncode == 0 and done.stdout.rstrip().endswith("detached.sh: done"), done.stdout
+    status = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("20")]
+    assert [s.split(":")[0] for s in status] == ["start", "rc 0", "start", "rc 3", "start", "rc 0"]
+    with tarfile.open(tmp_path / "out/detached.tgz") as tar:
+        names = set(tar.getnames())
+        assert {"status.log", "out/first.txt", "out/step_01.out", "out/step_02.out"} <= names
+        assert "out/jit.tar.xz.00" not in names  # kernel-cache parts travel as separate files
+        assert tar.extractfile("out/first.txt").read() == b"hi\n"
+        assert tar.extractfile("out/step_01.out").read().decode().strip() == str(ROOT)  # steps run from the repo
+        assert tar.extractfile("out/step_02.out").read() == b"failing\n"
+    assert (tmp_path / "out/jit.tar.xz.00").read_text() == "part"
+
+
+def test_several_queues_run_one_after_the_other(tmp_path):
+    env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d"), "DETACHED_SETUP": "true", "OUT": str(tmp_path / "o")}
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("# first\necho one >> $OUT/order.txt")  # no final newline
+    second.write_text("echo two >> $OUT/order.txt\n")
+    start = _sh("start", str(first), str(second), env=env)
+    assert start.returncode == 0 and "2 step(s) started" in start.stdout, start.stderr
+    assert _sh("wait", "30", env=env).stdout.rstrip().endswith("detached.sh: done")
+    with tarfile.open(tmp_path / "o/detached.tgz") as tar:
+        assert tar.extractfile("out/order.txt").read() == b"one\ntwo\n"
+    assert _sh("start", str(first), str(tmp_path / "missing"), env=env).returncode == 2
+
+
+def test_bad_use_exits_2(tmp_path):
+    env = {**os.environ, "DETACHED_DIR": str(tmp_path / "d")}
+    assert _sh("start", str(tmp_path / "missing"), env=env).returncode == 2
+    assert _sh("wait", "1", env=env).returncode == 2  # nothing started
+    assert _sh("bogus", env=env).returncode == 2
+
+
+def test_committed_queues_name_existing_recipes_and_scripts():
+    """A typo in a queue would cost a lease's device time: every recipe and file a queue names exists."""
+    import re
+    import shlex
+
+    from bridge_recipes import registry
+    from lab.candidates import find
+
+    queues = sorted((ROOT / "lab/gpu/queues").glob("*.txt"))
+    assert queues
+    for queue in queues:
+        steps = _queue_steps(queue)
+        assert steps, queue
+        for step in steps:
+            words = shlex.split(step)
+            for flag in ("--recipe", "--against"):
+                if flag in words:
+                    registry.find(words[words.index(flag) + 1])  # raises for an unknown name
+            if "--candidate" in words:
+                find(words[words.index("--candidate") + 1])  # raises for an unknown candidate
+            for word in words:
+                if re.fullmatch(r"(scripts|tests)/[\w/.-]+\.(py|sh)", word):
+                    assert (ROOT / word).is_file(), f"{queue.name}: {word}"
+
+
+def _queue_steps(queue):
+    return [s for s in queue.read_text().splitlines() if s.strip() and not s.lstrip().startswith("#")]
+
+
+def _queued_benchmarks(out: str = "$OUT"):
+    """(queue file name, step, parsed options) of each scripts/benchmark.py line of every queue, with
+    ``$OUT`` replaced by ``out``."""
+    import shlex
+
+    from bridge_recipes.bench.benchmark import build_parser
+
+    parser = build_parser()
+    for queue in sorted((ROOT / "lab/gpu/queues").glob("*.txt")):
+        for step in _queue_steps(queue):
+            words = shlex.split(step.replace("$OUT", out))
+            if "scripts/benchmark.py" in words:
+                yield queue.name, step, parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
+
+
+def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
+    """A full-scale benchmark's steps (both recipes' with --against, at the global batch its
+    overrides set) take at most 10 minutes at the published or measured rates, so 30 minutes of device time holds two
+    with their start-ups; each measures a window of 2+ steps after step 2; a pair trains one model
+    on the same rows, so that its loss curves are compared."""
+    from bridge_recipes import registry
+    from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
+    from lab.benchmark import runs_of
+
+    checked = 0
+    for queue, step, opts in _queued_benchmarks():
+        if opts.proxy_layers:
+            continue
+        steps, (first, last) = opts.steps, opts.window
+        assert 3 <= first < last <= steps, f"{queue}: window {first}-{last} of {steps} steps: {step}"
+        rates, cfgs = [], []
+        for _, name, own in runs_of(opts):  # a candidate runs with its published policy, in one command
+            entry = registry.find(name)
+            rows = {"dataset": "sft-rows", "overrides": [f"dataset.path={opts.rows}"]} if opts.rows else {}
+            cfgs.append(
+                build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *own, *opts.overrides]})
+            )
+            rates.append(published_step_seconds(cfgs[-1], entry.meta, entry.name))
+        # an arm with no rate of its own (a variant of the other arm) is sized by the slower known one
+        known = [s for s in rates if s]
+        assert known, f"{queue}: no arm has a published or measured rate to size its steps by: {step}"
+        seconds = sum(steps * (s or max(known)) for s in rates)
+        assert seconds <= 600, f"{queue}: {seconds / 60:.1f} min of steps: {step}"
+        if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
+            assert different_training(*cfgs) is None, f"{queue}: {step}"
+        checked += 1
+    assert checked >= 8  # the 8-GPU queue's five benchmarks, two convergence pairs and a candidate
+
+
+def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
+    """Each benchmark line of every queue gets past the checks benchmark.py makes before a run
+    starts (recipes, overrides, proxy size, candidates, value ranges, the output folder), so no
+    lease spends its device time on a line that stops at once."""
+    import shlex
+
+    from bridge_recipes.bench.benchmark import argument_problems, runs_of
+    from bridge_recipes.data.synthetic_chat import build_lognormal_rows
+
+    tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+    checked = 0
+    for queue, step, opts in _queued_benchmarks(str(tmp_path)):
+        if opts.predict:
+            continue
+        words = shlex.split(step.replace("$OUT", str(tmp_path)))
+        if "lab/gpu/make_lognormal_rows.py" in words:  # the rows the line builds before it runs
+            at = words.index("lab/gpu/make_lognormal_rows.py")
+            out, row = Path(words[at + 1]), words[at + 2] if words[at + 2].isdigit() else None
+            for packing in ("boundaries", "one_per_row") if row is None else ("boundaries",):
+                build_lognormal_rows(out / packing, tokenizer, packing, row_tokens=int(row or 8192))
+        problems, _ = argument_problems(opts, runs_of(opts))
+        assert problems == [], f"{queue}: {step}"
+        checked += 1
+    assert checked >= 20

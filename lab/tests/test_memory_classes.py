@@ -1,0 +1,56 @@
+"""LoRA on the GPUs people have: the 80 GB and 48 GB recipes, the FP8 base, the GPU checks and the cap."""
+
+from __future__ import annotations
+
+import argparse
+
+from bridge_recipes.gpu_memory import Device
+
+CLASSES = {
+    "qwen35_27b_peft_1gpu_h100_fp8base_config": ("h100", True),
+    "qwen35_35b_a3b_peft_1gpu_h100_bf16_config": ("h100", False),
+    "qwen35_27b_peft_1gpu_a100_bf16_config": ("a100", False),
+    "qwen35_35b_a3b_peft_1gpu_a100_bf16_config": ("a100", False),
+    "qwen35_27b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
+    "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
+}
+A100 = Device("NVIDIA A100-SXM4-80GB", 85.1, (8, 0))
+H100 = Device("NVIDIA H100 80GB HBM3", 85.5, (9, 0))
+L40S = Device("NVIDIA L40S", 48.3, (8, 9))
+H200 = Device("NVIDIA H200", 150.1, (9, 0))
+
+
+def test_both_runs_of_a_comparison_take_the_cap_of_the_recipes_card(tmp_path):
+    from lab import lora_vs_peft
+
+    opts = argparse.Namespace(
+        rows=str(tmp_path), steps=20, window=[5, 19], overrides=[], global_batch=2, gpu_memory_gb="auto"
+    )
+    name = "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"
+    assert lora_vs_peft.memory_cap(name, opts) == 48.0
+    for argv in (
+        lora_vs_peft.benchmark_argv(name, opts, tmp_path / "o.yaml"),
+        lora_vs_peft.peer_argv(name, opts, None),
+    ):
+        assert argv[argv.index("--gpu-memory-gb") + 1] == "48"
+    line = {"peer_tokens_per_s": None}
+    oom = {"error": "out of memory: CUDA out of memory. Tried to allocate 1024.00 MiB"}
+    ours = {"result": {"useful_tokens_per_s_per_gpu": 1000.0}}
+    fields = lora_vs_peft.memory_class_fields(name, opts, ours, oom, line)
+    assert fields == {
+        "gpu": "l40s",
+        "memory_cap_gb": 48.0,
+        "speed_of": "l40s",
+        "base_precision": "fp8",
+        "ours_useful_tokens_per_s": 1000.0,
+        "peer_fits": False,
+    }
+    assert (
+        lora_vs_peft.memory_class_fields(name, opts, ours, {"error": "peer_peft exited 2"}, line)["peer_fits"] is None
+    )
+    on_h200 = lora_vs_peft.memory_class_fields(name, opts, {**ours, "gpu": {"type": "H200"}}, oom, line)
+    assert on_h200["speed_of"] == "h200, not l40s"
+    opts.gpu_memory_gb = None
+    assert lora_vs_peft.memory_cap(name, opts) is None and "--gpu-memory-gb" not in lora_vs_peft.peer_argv(
+        name, opts, None
+    )

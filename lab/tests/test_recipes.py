@@ -1,0 +1,33 @@
+"""Every recipe's evidence id names a committed file that backs its status."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge_recipes import registry
+from lab import resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted(registry.discover())
+# Names fixed by the reference page of the GB300 module (bridge-gb300-vl) rather than by our convention.
+PAGE_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_evidence_files_exist(name):
+    meta = registry.find(name).meta
+    if meta.status == "functional":
+        assert resolve(meta.evidence).is_file()
+        if meta.evidence.endswith(".json"):  # an evidence result: it is this recipe's, and it passed
+            doc = json.loads(resolve(meta.evidence).read_text())
+            assert doc["recipe"] == name and doc["passed"] is True
+    if meta.status == "measured":  # a benchmark result of this recipe, at its own GPU count and type
+        from bridge_recipes.bench.result import memory_cap_gb, read_result
+        from bridge_recipes.gpus import class_memory_gb
+
+        doc = read_result(resolve(meta.measured["result"]))
+        assert doc["recipe"] == name and doc["result"]["tokens_per_s_per_gpu"] > 0
+        assert doc["gpu"]["count"] == meta.gpus
+        if doc["gpu"]["type"].lower() != meta.gpu:  # another GPU, its allocator capped at this one's memory
+            assert memory_cap_gb(doc) == pytest.approx(class_memory_gb(meta.gpu), abs=0.5)
