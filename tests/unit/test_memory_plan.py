@@ -572,6 +572,8 @@ def test_over_budget_the_report_names_changes_that_fit_and_they_do():
 
 
 def test_no_change_is_named_when_none_fits(monkeypatch):
-    monkeypatch.setattr(M, "GPU_MEMORY_GB", {**M.GPU_MEMORY_GB, "h200": 1.0})
+    from bridge_recipes.plan import peak
+
+    monkeypatch.setattr(peak, "GPU_MEMORY_GB", {**peak.GPU_MEMORY_GB, "h200": 1.0})
     text, fits = M.plan_report(build(SFT_27B), 8, "h200")
     assert not fits and "changes that fit" not in text and "no usual change fits" in text
