@@ -201,15 +201,6 @@ class FlopsPerToken:
         """The model FLOPs per trained token: the numerator of MFU."""
         return TRAINING_TO_FORWARD * self.forward_total
 
-    @property
-    def weight_training(self) -> float:
-        """Training FLOPs of the weight matrices without MTP: exactly 6 x matmul_active."""
-        return TRAINING_TO_FORWARD * sum(self.forward[name] for name in WEIGHT_COMPONENTS)
-
-    @property
-    def mtp_training(self) -> float:
-        return TRAINING_TO_FORWARD * sum(self.forward[name] for name in MTP_COMPONENTS)
-
 
 def model_flops_per_token(
     spec: Qwen35Spec | str,

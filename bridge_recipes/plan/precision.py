@@ -10,9 +10,10 @@ from bridge_recipes.plan.params import lora_targets
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 
 
-def _dtype_bytes(dtype: Any, default: int = 4) -> int:
+def _dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a torch dtype or its name; 4 (FP32) when unset or unknown."""
     name = str(dtype).replace("torch.", "") if dtype is not None else ""
-    return DTYPE_BYTES.get(name, default)
+    return DTYPE_BYTES.get(name, 4)
 
 
 def mixed_precision_config(cfg: Any) -> Any:
