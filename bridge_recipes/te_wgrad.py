@@ -11,11 +11,9 @@ them the same two functions on Transformer Engine's ``general_gemm``, the call T
 make for their fused weight gradient (``layout="NT"``, ``accumulate=True``, ``out=main_grad``);
 ``bridge_recipes.patches.te_wgrad`` makes this module serve under APEX's name.
 
-Why it matters: measured on the one-GPU proxy of the 35B-A3B EP8 shard (16 layers, 1 x H200;
-results/h200_trace_qwen35_35b_a3b_*_16_layers.json), the unfused adds were 10,312 kernel
-launches a step, one per weight a micro batch (each of the 32 experts' weights is its own parameter),
-16.5% of the fast policy's launches (12.2% of the published policy's) in a step whose pace the
-host sets; fusion removes those of the GEMM weights, about nine in ten.
+Why it matters: without fusion every weight gets its own add kernel per micro batch (each routed
+expert's weights are their own parameters), launches that count in a step whose pace the host sets;
+fusion removes those of the GEMM weights. The measured launch counts: the trace results in ``results/``.
 """
 
 from __future__ import annotations

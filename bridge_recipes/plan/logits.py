@@ -17,7 +17,8 @@ def logits_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return tok.seq * padded_vocab(d, par) / par.tp
 
 
-def cross_entropy_kind(m: Any, env_vars: dict | None = None) -> str:
+def cross_entropy_kind(m: Any, env_vars: dict | None) -> str:
+    """The loss kernel: ``chunked``, ``unfused``, ``te`` or ``native`` (the terms of :func:`logits_peak_bytes`)."""
     from bridge_recipes import chunked_loss
 
     if chunked_loss.enabled(env_vars) and chunked_loss.problem(m) is None:
@@ -32,7 +33,7 @@ def logits_peak_bytes(d: ModelDims, par: Layout, tok: Tokens, kind: str) -> floa
     set (the per-kind terms: ``bridge_recipes.plan.memory``'s docstring)."""
     L = logits_elems(d, par, tok)
     earlier = d.mtp_layers  # MTP losses are computed first and keep their backward tensors
-    if kind == "chunked":  # one chunk's working set, and a few floats a token a loss
+    if kind == "chunked":  # one chunk's working set, and a few floats per token per loss
         from bridge_recipes.chunked_loss import chunk_tokens
 
         vocab = L / tok.seq

@@ -81,8 +81,8 @@ def layer_linears(d: ModelDims, par: Layout, gdn: bool, moe: bool) -> list[tuple
     """(module name, local input, local output, how many a rank holds) of a decoder layer's linears, its
     mixer (Gated DeltaNet or attention) and its MLP (routed experts and shared expert, or dense):
     column-parallel ones split their output by TP, row-parallel ones their input; the routed experts'
-    two matrices, split by ETP, count once an expert on the rank (Transformer Engine's grouped linear
-    keeps one weight an expert)."""
+    two matrices, split by ETP, count once per expert on the rank (Transformer Engine's grouped linear
+    keeps one weight per expert)."""
     glu = 2 if d.gated_linear_unit else 1
     if gdn:
         qkvz = 2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads
@@ -100,7 +100,7 @@ def layer_linears(d: ModelDims, par: Layout, gdn: bool, moe: bool) -> list[tuple
 
 
 def lora_params(d: ModelDims, par: Layout, layers: list[int], targets: frozenset[str], dim: int) -> float:
-    """Adapter parameters a rank holds for ``layers`` (trained; the base stays frozen): one adapter a
+    """Adapter parameters a rank holds for ``layers`` (trained; the base stays frozen): one adapter per
     targeted linear, the routed experts' shared by all the rank's experts."""
     return sum(
         dim * (n + m) for i in layers for name, n, m, _ in layer_linears(d, par, *d.layer_kinds(i)) if name in targets

@@ -206,14 +206,14 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")
         if caches_fp8_weights(cfg):
             notes.append(
-                "FP8 with BF16 parameters: Transformer Engine's cached FP8 weight copies counted (2 bytes a "
+                "FP8 with BF16 parameters: Transformer Engine's cached FP8 weight copies counted (2 bytes per "
                 "parameter of the FP8 layers; model.disable_parameter_transpose_cache=true casts each weight when "
                 "used instead)"
             )
         if casts_fp8_weights_per_use(cfg):
             notes.append(
                 "FP8 with BF16 parameters cast when used: the FP8 weight each micro batch keeps for its backward "
-                "counted (2 bytes a parameter of the FP8 layers that keep their activations, per micro batch in "
+                "counted (2 bytes per parameter of the FP8 layers that keep their activations, per micro batch in "
                 "flight)"
             )
     if is_vlm(cfg):

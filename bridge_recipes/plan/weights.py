@@ -48,7 +48,7 @@ def fp8_base_dequantized_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list
 
 
 def _fp8_weight_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]) -> dict[int, float]:
-    """An FP8 copy of each layer's weights, data and transpose (2 bytes a parameter), by global layer
+    """An FP8 copy of each layer's weights, data and transpose (2 bytes per parameter), by global layer
     index; none for the layers the preset keeps in BF16 (``num_layers_at_start_in_bf16`` and
     ``num_layers_at_end_in_bf16`` when ``first_last_layers_bf16`` is set)."""
     mp = mixed_precision_config(cfg)
@@ -60,11 +60,10 @@ def _fp8_weight_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]) ->
 
 def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int], stage: int) -> float:
     """What :func:`caches_fp8_weights` keeps on a stage: each TE linear of an FP8 layer caches its
-    weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes a parameter) from the first micro
+    weight's FP8 data and FP8 transpose (``_fp8_workspaces``, 2 bytes per parameter) from the first micro
     batch of a step. Layers the preset keeps in BF16 (``first_last_layers_bf16``, by global index) hold
     none; MTP layers run FP8. From Transformer Engine 2.20's ``Linear.forward`` and Megatron-Core
-    0.19.2's TE wrappers; measured on the 27B's 4-layer proxy, 101.55 GB
-    allocated against 101.87 planned."""
+    0.19.2's TE wrappers."""
     if not caches_fp8_weights(cfg):
         return 0.0
     mtp = 2 * mtp_layers_params(d, par).total if stage == par.pp - 1 else 0.0
@@ -73,13 +72,12 @@ def fp8_weight_cache_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int
 
 def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int]], stage: int) -> ChunkActivations:
     """What :func:`casts_fp8_weights_per_use` adds to a stage's activations: each TE linear of an FP8 layer
-    saves the FP8 weight it cast, data and transpose (2 bytes a parameter), for its backward, a new copy
+    saves the FP8 weight it cast, data and transpose (2 bytes per parameter), for its backward, a new copy
     every micro batch (Transformer Engine 2.20's ``Linear.forward`` saves ``weightmat``; Megatron-Core
     0.19.2 passes ``is_first_microbatch=None`` with the cache off). A layer that keeps its activations
-    holds one a micro batch in flight (``saved``); a recomputed layer holds one while the backward
+    holds one per micro batch in flight (``saved``); a recomputed layer holds one while the backward
     rebuilds it (``rebuilt``: one layer at a time under block recompute, n under uniform recompute of
-    n). Measured on the 27B's 4-layer proxy: 100.78 GB allocated against 99.48
-    planned without it, 1.3 GB for its 2 FP8 layers that keep their activations."""
+    n)."""
     if not casts_fp8_weights_per_use(cfg):
         return ChunkActivations(saved=0.0, rebuilt=0.0)
     m = cfg.model
@@ -101,10 +99,9 @@ def fp8_weight_copies(cfg: Any, d: ModelDims, par: Layout, chunks: list[list[int
 def stage_weight_gemms(d: ModelDims, par: Layout, layers: list[int], stage: int) -> Counter[tuple[int, int]]:
     """The weights on a stage whose gradient a GEMM computes, counted by (out, in) shape on one rank: each
     layer's two mixer projections, each routed expert's two matrices (Transformer Engine's grouped
-    linear keeps one weight an expert), the shared expert's or the dense MLP's two; on the last stage
+    linear keeps one weight per expert), the shared expert's or the dense MLP's two; on the last stage
     the output layer (tied to the embedding or not) and each MTP layer's 2h -> h projection, attention
-    and MLP. The 35B-A3B's 16-layer proxy with 32 experts has 1,158 (its log lists them among the 1,289
-    parameters)."""
+    and MLP."""
     weights: Counter[tuple[int, int]] = Counter()
 
     def layer(gdn: bool, moe: bool) -> None:
@@ -127,11 +124,9 @@ def fused_wgrad_placeholder_bytes(cfg: Any, d: ModelDims, par: Layout, layers: l
     ``main_grad`` hands autograd a placeholder instead of the gradient, and Transformer Engine's
     ``get_dummy_wgrad`` (2.20, ``module/base.py``) keeps one such BF16 tensor for every distinct weight
     shape (:func:`stage_weight_gemms`), for the life of the process: Transformer Engine's own layers and
-    Megatron-Core 0.19.2's ``ColumnParallelLinear`` (the output layer) alike. The output layer's is the
-    big one (248,320 x 2,048 on the 35B-A3B, 1.02 GB); with the decoder's, MTP's and the experts'
-    shapes 1.128 GB, which is what the 35B-A3B's proxies measured over the same run without fusion at 4
-    and at 16 layers (1 x H200: 60.776 against 59.647 GB, 90.592 against 89.464). None with
-    LoRA (the frozen base weights have no ``main_grad``; the adapters' placeholders are small)."""
+    Megatron-Core 0.19.2's ``ColumnParallelLinear`` (the output layer) alike; the output layer's
+    (vocabulary x hidden) is the big one; the measured check is in docs/memory_plan.md. None with LoRA
+    (the frozen base weights have no ``main_grad``; the adapters' placeholders are small)."""
     if not getattr(cfg.model, "gradient_accumulation_fusion", False) or lora_targets(cfg) is not None:
         return 0.0
     return BF16 * sum(out * inp for out, inp in stage_weight_gemms(d, par, layers, stage).keys())

@@ -57,7 +57,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
 @benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config (EP8, the fast recipe's kernels and
-    BF16 moments, two rows a micro batch, full recompute)."""
+    BF16 moments, two rows per micro batch, full recompute)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config()
     benchmark_settings(cfg)
     return cfg
@@ -66,7 +66,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config() -> ConfigContaine
 @benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config (EP8, the fast recipe's kernels and
-    BF16 moments, four rows a micro batch, full recompute)."""
+    BF16 moments, four rows per micro batch, full recompute)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config()
     benchmark_settings(cfg)
     return cfg
