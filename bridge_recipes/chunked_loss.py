@@ -40,7 +40,7 @@ def enabled(env_vars: dict | None, environ: dict | None = None) -> bool:
 
 
 def chunk_tokens(vocab: int) -> int:
-    """Tokens a chunk: :data:`CHUNK_BYTES` over 8 bytes a logit (BF16 logit, FP32 copy, BF16
+    """Tokens per chunk: :data:`CHUNK_BYTES` over 8 bytes per logit (BF16 logit, FP32 copy, BF16
     gradient), a multiple of 128, at least 128."""
     return max(128, CHUNK_BYTES // (8 * vocab) // 128 * 128)
 

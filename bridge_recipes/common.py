@@ -319,14 +319,3 @@ def vlm_sft_config(
     cfg = _sft_container(spec, seq_length=seq_length, dataset=mock_vlm_dataset(seq_length, processor), vlm=True)
     _train_all_vl_parts(cfg)
     return cfg
-
-
-def vlm_peft_config(
-    model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH, checkpoint: str = "qwen3.5"
-) -> ConfigContainer:
-    """VL LoRA fine-tuning of the language model: :func:`peft_config`'s LoRA on
-    :func:`vlm_sft_config`, the vision tower frozen."""
-    cfg = vlm_sft_config(model, seq_length=seq_length, checkpoint=checkpoint)
-    _add_lora(cfg)
-    cfg.model.freeze_vision_model = True
-    return cfg

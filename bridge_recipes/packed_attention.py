@@ -40,7 +40,7 @@ _BOUNDS = "_per_conversation_bounds"  # the host copy kept on a micro batch's pa
 def boundaries(packed_seq_params: Any) -> list[int]:
     """The row's conversation boundaries on the host; refuses padding between conversations. Read
     once a micro batch: every attention layer, and the recompute and backward, get the same
-    parameters object, which keeps the host copy (one device read, not one a layer call)."""
+    parameters object, which keeps the host copy (one device read, not one per layer call)."""
     kept = getattr(packed_seq_params, _BOUNDS, None)
     if kept is not None and kept[0] is packed_seq_params.cu_seqlens_q:
         return kept[1]

@@ -18,6 +18,10 @@ Fields:
 
 An evidence id is the file's path in the measurement lab beside the package (``results/...`` or
 ``evidence/...``); the lab resolves and checks it, the package never opens it.
+
+A benchmark twin (mock data, benchmark settings) carries ``@benchmark_of(real.<recipe>, ...)``
+instead: its real recipe's metadata less that recipe's own evidence (:data:`TWIN_RESETS`), plus
+the differences it declares as keyword literals; ``twin_of`` then names the real recipe.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TASKS = ("pretrain", "sft", "peft")
@@ -44,6 +48,7 @@ class RecipeMeta:
     reference: dict[str, Any] | None = None
     measured: dict[str, Any] | None = None
     evidence: str | None = None
+    twin_of: str | None = None  # a benchmark twin: the real-data recipe it measures
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -78,11 +83,17 @@ def own_run_folder(cfg: Any, name: str) -> None:
         log.tensorboard_dir = os.path.join(run, "tb")
 
 
-def recipe(**meta: Any) -> Callable:
-    """Attach :class:`RecipeMeta` to a recipe function (``fn.recipe_meta``); the configs it builds get the
-    recipe's own run folder (:func:`own_run_folder`)."""
-    info = RecipeMeta(**meta)
+# What a benchmark twin does not take from its real recipe: the evidence behind that recipe's status
+# (the twin is unmeasured until a run of its own is declared).
+TWIN_RESETS: dict[str, Any] = {"status": "unmeasured", "measured": None, "evidence": None}
 
+
+def twin_meta(real: RecipeMeta, real_name: str, **declared: Any) -> RecipeMeta:
+    """A benchmark twin's metadata: ``real``'s with :data:`TWIN_RESETS` and the ``declared`` differences."""
+    return replace(real, **{**TWIN_RESETS, **declared, "twin_of": real_name})
+
+
+def _attach(info: RecipeMeta) -> Callable:
     def wrap(fn: Callable) -> Callable:
         name = fn.__name__.removesuffix("_config")
 
@@ -96,3 +107,14 @@ def recipe(**meta: Any) -> Callable:
         return build
 
     return wrap
+
+
+def recipe(**meta: Any) -> Callable:
+    """Attach :class:`RecipeMeta` to a recipe function (``fn.recipe_meta``); the configs it builds get the
+    recipe's own run folder (:func:`own_run_folder`)."""
+    return _attach(RecipeMeta(**meta))
+
+
+def benchmark_of(real: Callable, **declared: Any) -> Callable:
+    """:func:`recipe` for a benchmark twin of the recipe function ``real`` (:func:`twin_meta`)."""
+    return _attach(twin_meta(real.recipe_meta, real.__name__, **declared))

@@ -2,7 +2,9 @@
 
 Nothing is imported to list recipes: each module under ``bridge_recipes`` and
 ``perf_recipes`` is parsed with :mod:`ast`, and the literal arguments of its ``@recipe``
-decorators give the table. Only :func:`load` imports the one module a recipe lives in.
+decorators give the table; a benchmark twin's ``@benchmark_of(real.<recipe>, ...)`` takes the
+metadata of the recipe it names (found earlier in the scan) as :func:`bridge_recipes.recipe.twin_meta`
+does at run time. Only :func:`load` imports the one module a recipe lives in.
 
 Qwen3.6 names: Qwen3.6 checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
 recipe whose size has a Qwen3.6 checkpoint in the catalog (``bridge_recipes.models.qwen35``) is
@@ -22,7 +24,7 @@ from functools import lru_cache, wraps
 from pathlib import Path
 
 from bridge_recipes.models.qwen35 import SPECS, Checkpoint
-from bridge_recipes.recipe import STATUSES, RecipeMeta
+from bridge_recipes.recipe import STATUSES, RecipeMeta, twin_meta
 
 PACKAGE_ROOT = Path(__file__).resolve().parent  # bridge_recipes/
 TREES = {"bridge_recipes": PACKAGE_ROOT, "perf_recipes": PACKAGE_ROOT.parent / "perf_recipes"}
@@ -84,17 +86,35 @@ class _Substitute(ast.NodeTransformer):
         return ast.Constant(self.constants[node.id]) if node.id in self.constants else node
 
 
-def _recipe_kwargs(fn: ast.FunctionDef, path: Path, constants: dict[str, object]) -> dict | None:
+def _decorator_name(dec: ast.expr) -> str | None:
+    return getattr(dec.func, "id", getattr(dec.func, "attr", None)) if isinstance(dec, ast.Call) else None
+
+
+def _recipe_meta(
+    fn: ast.FunctionDef, path: Path, constants: dict[str, object], known: dict[str, RecipeEntry]
+) -> RecipeMeta | None:
+    """The metadata of ``fn``'s ``@recipe`` or ``@benchmark_of`` decorator (None without one)."""
     for dec in fn.decorator_list:
-        if isinstance(dec, ast.Call) and getattr(dec.func, "id", getattr(dec.func, "attr", None)) == "recipe":
-            try:
-                sub = _Substitute(constants)
-                return {kw.arg: ast.literal_eval(sub.visit(kw.value)) for kw in dec.keywords}
-            except ValueError as exc:
-                raise ValueError(
-                    f"{path}:{fn.lineno}: @recipe arguments of {fn.name} must be literals or module-level "
-                    f"literal constants ({exc})"
-                ) from None
+        kind = _decorator_name(dec)
+        if kind not in ("recipe", "benchmark_of"):
+            continue
+        try:
+            sub = _Substitute(constants)
+            kwargs = {kw.arg: ast.literal_eval(sub.visit(kw.value)) for kw in dec.keywords}
+        except ValueError as exc:
+            raise ValueError(
+                f"{path}:{fn.lineno}: @{kind} arguments of {fn.name} must be literals or module-level "
+                f"literal constants ({exc})"
+            ) from None
+        if kind == "recipe":
+            return RecipeMeta(**kwargs)
+        real = getattr(dec.args[0], "attr", getattr(dec.args[0], "id", None)) if dec.args else None
+        if real not in known:
+            raise ValueError(
+                f"{path}:{fn.lineno}: @benchmark_of of {fn.name} must name a real-data recipe function "
+                f"(real.<name>_config), got {ast.unparse(dec.args[0]) if dec.args else 'nothing'}"
+            )
+        return twin_meta(known[real].meta, real, **kwargs)
     return None
 
 
@@ -103,26 +123,21 @@ def _module_name(tree: str, root: Path, path: Path) -> str:
     return ".".join((tree, *rel.parts))
 
 
-def scan_file(tree: str, root: Path, path: Path) -> list[RecipeEntry]:
+def scan_file(tree: str, root: Path, path: Path, known: dict[str, RecipeEntry] | None = None) -> list[RecipeEntry]:
+    """The recipes defined in ``path``; ``known`` holds the recipes a benchmark twin may name."""
     module = ast.parse(path.read_text(), filename=str(path))
     constants = _module_constants(module)
     out = []
     for node in module.body:
         if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
             continue
-        kwargs = _recipe_kwargs(node, path, constants)
-        if kwargs is None:
+        meta = _recipe_meta(node, path, constants, known or {})
+        if meta is None:
             continue
         doc = (ast.get_docstring(node) or "").strip().splitlines()
         out.append(
             RecipeEntry(
-                node.name,
-                _module_name(tree, root, path),
-                tree,
-                RecipeMeta(**kwargs),
-                doc[0] if doc else "",
-                path,
-                node.lineno,
+                node.name, _module_name(tree, root, path), tree, meta, doc[0] if doc else "", path, node.lineno
             )
         )
     return out
@@ -130,7 +145,8 @@ def scan_file(tree: str, root: Path, path: Path) -> list[RecipeEntry]:
 
 @lru_cache(maxsize=1)
 def discover() -> dict[str, RecipeEntry]:
-    """All recipes by name. Two recipes with one name are an error: lookups must be unambiguous."""
+    """All recipes by name (the real-data tree first: benchmark twins name its recipes). Two recipes with
+    one name are an error: lookups must be unambiguous."""
     found: dict[str, RecipeEntry] = {}
     for tree, root in TREES.items():
         if not root.is_dir():
@@ -138,7 +154,7 @@ def discover() -> dict[str, RecipeEntry]:
         for path in sorted(root.rglob("*.py")):
             if SKIP_DIRS.intersection(path.relative_to(root).parts):
                 continue
-            for entry in scan_file(tree, root, path):
+            for entry in scan_file(tree, root, path, found):
                 if entry.name in found:
                     other = found[entry.name]
                     raise ValueError(f"recipe name {entry.name!r} is defined twice: {other.module} and {entry.module}")

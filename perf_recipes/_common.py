@@ -3,7 +3,8 @@
 A perf recipe is its real-data recipe (same execution policy, built by the same
 ``_apply_*_execution_config`` helper) with mock data and measurement settings: a fixed number
 of steps (20, so OpenRecipes' window of steps 5-19 fits), no evaluation, no checkpoints, every
-step logged, NaN checks off, resilience monitors off.
+step logged, NaN checks off, resilience monitors off. Its metadata is the real-data recipe's too
+(``@benchmark_of(real.<recipe>, ...)``, :func:`bridge_recipes.recipe.twin_meta`).
 
 Numerics (the model's fields and the mixed-precision preset) are the real-data recipe's, so a
 benchmark measures the recipe users train with, with exactly these declared differences:

@@ -140,7 +140,7 @@ def summary(m: dict, out: str) -> str:
         mean = (m["rows"] * m["row_tokens"] - m["padding_tokens"]) / max(1, m["rows"])
         lines.append(
             f"note: the rows are {padding:.0%} padding (a conversation averages {mean:.0f} of {m['row_tokens']} "
-            "tokens); the default --packing boundaries packs several conversations a row"
+            "tokens); the default --packing boundaries packs several conversations per row"
         )
     v = m.get("validation")
     if v:

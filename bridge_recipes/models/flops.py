@@ -75,7 +75,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge_recipes.models.params import count_parameters
+from bridge_recipes.models import params as P
+from bridge_recipes.models.dims import spec_dims
 from bridge_recipes.models.qwen35 import Qwen35Spec, get_spec
 
 FLA_CHUNK_SIZE = 64  # chunk_gated_delta_rule's default, the one Megatron-Core 0.19.2 calls
@@ -108,10 +109,7 @@ COMPONENTS = WEIGHT_COMPONENTS + SEQUENCE_COMPONENTS + MTP_COMPONENTS
 
 def attention_projection_flops(s: Qwen35Spec) -> int:
     """Q + output gate, K, V and output projections of one gated-attention layer."""
-    q_gate = s.hidden_size * 2 * s.num_attention_heads * s.head_dim
-    kv = s.hidden_size * 2 * s.num_query_groups * s.head_dim
-    out = s.num_attention_heads * s.head_dim * s.hidden_size
-    return 2 * (q_gate + kv + out)
+    return 2 * P.attention_projections(spec_dims(s))
 
 
 def attention_core_flops(s: Qwen35Spec, seq_length: int, causal: bool = True) -> int:
@@ -125,18 +123,12 @@ def attention_core_flops(s: Qwen35Spec, seq_length: int, causal: bool = True) ->
 
 def gdn_projection_flops(s: Qwen35Spec) -> int:
     """in_proj (Q, K, V, Z and beta/alpha) and out_proj of one Gated DeltaNet layer."""
-    key_dim = s.linear_num_key_heads * s.linear_key_head_dim
-    value_dim = s.linear_num_value_heads * s.linear_value_head_dim
-    in_qkvz = s.hidden_size * (2 * key_dim + 2 * value_dim)
-    in_ba = s.hidden_size * 2 * s.linear_num_value_heads
-    out = value_dim * s.hidden_size
-    return 2 * (in_qkvz + in_ba + out)
+    return 2 * P.gdn_projections(spec_dims(s))
 
 
 def gdn_conv_flops(s: Qwen35Spec) -> int:
     """Depthwise causal conv over the Q, K, V channels: one multiply-add per channel and tap."""
-    channels = 2 * s.linear_num_key_heads * s.linear_key_head_dim + s.linear_num_value_heads * s.linear_value_head_dim
-    return 2 * channels * s.linear_conv_kernel_dim
+    return 2 * P.gdn_conv(spec_dims(s))
 
 
 def gdn_recurrence_terms(s: Qwen35Spec, chunk_size: int = FLA_CHUNK_SIZE) -> dict[str, float]:
@@ -166,19 +158,20 @@ def gdn_recurrence_flops(s: Qwen35Spec, chunk_size: int = FLA_CHUNK_SIZE) -> flo
 
 def mlp_flops(s: Qwen35Spec) -> dict[str, int]:
     """One layer's MLP split as in the breakdown (dense SwiGLU, or router / routed / shared)."""
-    h = s.hidden_size
+    d = spec_dims(s)
     if not s.is_moe:
-        return {"mlp": 2 * 3 * h * s.ffn_hidden_size, "moe_router": 0, "moe_routed_experts": 0, "moe_shared_expert": 0}
+        return {"mlp": 2 * P.mlp_matrices(d, d.ffn), "moe_router": 0, "moe_routed_experts": 0, "moe_shared_expert": 0}
+    gate = d.hidden if d.shared_gate else 0  # the shared expert's sigmoid gate (h x 1)
     return {
         "mlp": 0,
-        "moe_router": 2 * h * s.num_experts,
-        "moe_routed_experts": 2 * s.moe_router_topk * 3 * h * s.moe_ffn_hidden_size,
-        "moe_shared_expert": 2 * (3 * h * s.moe_shared_expert_ffn_hidden_size + h),  # + its sigmoid gate (h x 1)
+        "moe_router": 2 * d.hidden * d.experts,
+        "moe_routed_experts": 2 * d.topk * P.mlp_matrices(d, d.moe_ffn),
+        "moe_shared_expert": 2 * (P.mlp_matrices(d, d.shared_ffn) + gate),
     }
 
 
 def lm_head_flops(s: Qwen35Spec) -> int:
-    return 2 * s.hidden_size * s.vocab_size
+    return 2 * P.output_params(spec_dims(s)).split
 
 
 # --- the whole model -------------------------------------------------------------------------
@@ -207,15 +200,6 @@ class FlopsPerToken:
     def training_total(self) -> float:
         """The model FLOPs per trained token: the numerator of MFU."""
         return TRAINING_TO_FORWARD * self.forward_total
-
-    @property
-    def weight_training(self) -> float:
-        """Training FLOPs of the weight matrices without MTP: exactly 6 x matmul_active."""
-        return TRAINING_TO_FORWARD * sum(self.forward[name] for name in WEIGHT_COMPONENTS)
-
-    @property
-    def mtp_training(self) -> float:
-        return TRAINING_TO_FORWARD * sum(self.forward[name] for name in MTP_COMPONENTS)
 
 
 def model_flops_per_token(
@@ -246,7 +230,7 @@ def model_flops_per_token(
         "attention_core": attn_layers * attention_core_flops(s, seq_length),
         "gdn_recurrence": gdn_layers * gdn_recurrence_flops(s, chunk_size),
         # The MTP layer is a gated-attention layer (as params.py counts it) with the same MLP.
-        "mtp_projection": mtp * 2 * (2 * s.hidden_size * s.hidden_size),
+        "mtp_projection": mtp * 2 * P.mtp_own_params(spec_dims(s)).matrices(),
         "mtp_attention_projections": mtp * attention_projection_flops(s),
         "mtp_attention_core": mtp * attention_core_flops(s, seq_length),
         "mtp_mlp": mtp * sum(mlp.values()),
@@ -264,4 +248,4 @@ def model_flops_per_token(
 def six_n_flops_per_token(spec: Qwen35Spec | str) -> int:
     """OpenRecipes' MFU numerator: 6 x the active matmul parameters N."""
     s = get_spec(spec) if isinstance(spec, str) else spec
-    return 6 * count_parameters(s).matmul_active
+    return 6 * P.count_parameters(s).matmul_active

@@ -1,7 +1,9 @@
-"""Parameter counts of a Qwen3.5 spec: total, active per token, and the matmul count N.
+"""Parameter counts of the Qwen3.5 architecture: one definition per module, used by the catalog's
+counts (total, active per token, the matmul count N) and by the memory plan's per-rank counts
+(``bridge_recipes.plan.params``), which splits each module by tensor and expert parallelism.
 
 Counted module by module from the layer structure Megatron-Core builds for Qwen3.5 (and
-that the HF checkpoint stores):
+that the HF checkpoint stores), on :class:`~bridge_recipes.models.dims.ModelDims`:
 
 - gated attention: Q and its output gate (2 x heads x head_dim), K and V (query groups x
   head_dim each), output projection, Q/K RMSNorm (head_dim each);
@@ -11,7 +13,8 @@ that the HF checkpoint stores):
   over value head dim, output projection;
 - MLP: SwiGLU (3 x hidden x ffn); MoE adds a router (hidden x experts), routed experts, a
   shared expert and its sigmoid gate (hidden x 1);
-- two RMSNorms per layer, a final norm, untied input embedding and LM head;
+- two RMSNorms per layer (each counted with the mixer or MLP it feeds), a final norm, untied
+  input embedding and LM head;
 - MTP (one layer): two RMSNorms on the embedding and hidden state, a 2h -> h projection, one
   attention + MLP layer, a final norm (the MTP layer shares the embedding and LM head).
 
@@ -25,14 +28,114 @@ vectors (norms, A_log, dt_bias) and the MTP head. It reproduces their published 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 
+from bridge_recipes.models.dims import ModelDims, spec_dims
 from bridge_recipes.models.qwen35 import Qwen35Spec, VisionSpec
 
 
 @dataclass(frozen=True)
-class LayerParams:
-    matrices: int  # weight matrices (and the conv kernel)
-    vectors: int  # norms and other 1-D parameters
+class ModuleParams:
+    """One module's parameters, by how model parallelism splits them."""
+
+    split: int = 0  # split by TP: weight matrices, the GDN conv kernel, its per-head A_log and dt_bias
+    replicated: int = 0  # whole on every TP rank: norms, the MoE router and the shared expert's gate
+    expert: int = 0  # one routed expert's matrices (EP spreads the experts, ETP splits each one)
+    experts: int = 0  # routed experts
+    vectors: int = 0  # how many of split + replicated are 1-D (norms, A_log, dt_bias): no matmul
+
+    def total(self, routed: int | None = None) -> int:
+        """Every parameter, or those a token touches when it is sent to ``routed`` experts."""
+        return self.split + self.replicated + (self.experts if routed is None else routed) * self.expert
+
+    def matrices(self, routed: int | None = None) -> int:
+        """The weights a token multiplies (:meth:`total` less the 1-D parameters)."""
+        return self.total(routed) - self.vectors
+
+
+def attention_projections(d: ModelDims) -> int:
+    """Q (and its output gate), K, V and the output projection of a gated-attention layer."""
+    return d.hidden * (d.q_dim * (2 if d.output_gate else 1) + 2 * d.kv_dim) + d.q_dim * d.hidden
+
+
+def gdn_projections(d: ModelDims) -> int:
+    """A Gated DeltaNet layer's in_proj (Q, K, V, Z, beta, alpha) and out_proj."""
+    return d.hidden * (2 * d.gdn_qk + 2 * d.gdn_v + 2 * d.gdn_value_heads) + d.gdn_v * d.hidden
+
+
+def gdn_conv(d: ModelDims) -> int:
+    """The depthwise causal conv kernel over the Q, K, V channels (no bias)."""
+    return (2 * d.gdn_qk + d.gdn_v) * d.conv_kernel
+
+
+def mlp_matrices(d: ModelDims, ffn: int) -> int:
+    """fc1 (two halves under SwiGLU) and fc2 of an MLP of width ``ffn``."""
+    return d.hidden * ffn * (2 if d.gated_linear_unit else 1) + ffn * d.hidden
+
+
+def attention_params(d: ModelDims) -> ModuleParams:
+    """A gated-attention mixer and the input norm fused into its QKV projection."""
+    norms = d.hidden + (2 * d.head_dim if d.qk_norm else 0)  # fused input norm, Q/K norms
+    return ModuleParams(split=attention_projections(d), replicated=norms, vectors=norms)
+
+
+def gdn_params(d: ModelDims) -> ModuleParams:
+    """A Gated DeltaNet mixer and the input norm fused into its in_proj."""
+    per_head = 2 * d.gdn_value_heads  # A_log, dt_bias
+    norms = d.hidden + d.gdn_value_dim  # fused input norm, gated output norm
+    split = gdn_projections(d) + gdn_conv(d) + per_head
+    return ModuleParams(split=split, replicated=norms, vectors=per_head + norms)
+
+
+def dense_mlp_params(d: ModelDims) -> ModuleParams:
+    """A dense MLP and the pre-MLP norm fused into fc1."""
+    return ModuleParams(split=mlp_matrices(d, d.ffn), replicated=d.hidden, vectors=d.hidden)
+
+
+def moe_params(d: ModelDims) -> ModuleParams:
+    """A MoE block: pre-MLP norm, router, routed experts, shared expert and its sigmoid gate."""
+    replicated = d.hidden + d.hidden * d.experts + (d.hidden if d.shared_gate else 0)  # norm, router, gate
+    return ModuleParams(
+        split=mlp_matrices(d, d.shared_ffn),
+        replicated=replicated,
+        expert=mlp_matrices(d, d.moe_ffn),
+        experts=d.experts,
+        vectors=d.hidden,
+    )
+
+
+def mixer_params(d: ModelDims, index: int) -> ModuleParams:
+    return gdn_params(d) if d.layer_pattern[index] else attention_params(d)
+
+
+def mlp_params(d: ModelDims, index: int) -> ModuleParams:
+    return moe_params(d) if d.moe_pattern[index] else dense_mlp_params(d)
+
+
+def padded_vocab(d: ModelDims, tp: int = 1) -> int:
+    """The vocabulary padded to a multiple of ``make_vocab_size_divisible_by`` x TP."""
+    multiple = d.vocab_multiple * tp
+    return ceil(d.vocab / multiple) * multiple
+
+
+def embedding_params(d: ModelDims, tp: int = 1) -> ModuleParams:
+    return ModuleParams(split=padded_vocab(d, tp) * d.hidden)
+
+
+def output_params(d: ModelDims, tp: int = 1, tied: bool = False) -> ModuleParams:
+    """The final norm and the output layer (none of its own when ``tied`` to the embedding)."""
+    return ModuleParams(split=0 if tied else padded_vocab(d, tp) * d.hidden, replicated=d.hidden, vectors=d.hidden)
+
+
+def mtp_own_params(d: ModelDims) -> ModuleParams:
+    """What an MTP layer adds to its attention layer and MLP: two input norms, the 2h -> h
+    projection and a final norm (the embedding and output layer are shared)."""
+    return ModuleParams(split=2 * d.hidden * d.hidden, replicated=3 * d.hidden, vectors=3 * d.hidden)
+
+
+def mtp_layer_params(d: ModelDims) -> tuple[ModuleParams, ...]:
+    """One MTP layer's modules: its own, an attention layer and the model's MLP kind."""
+    return mtp_own_params(d), attention_params(d), moe_params(d) if d.experts else dense_mlp_params(d)
 
 
 @dataclass(frozen=True)
@@ -62,34 +165,6 @@ class ParameterCount:
         return self.decoder_matmul_active + self.output_layer
 
 
-def attention_params(s: Qwen35Spec) -> LayerParams:
-    q_gate = s.hidden_size * s.num_attention_heads * s.head_dim * 2
-    kv = 2 * s.hidden_size * s.num_query_groups * s.head_dim
-    out = s.num_attention_heads * s.head_dim * s.hidden_size
-    return LayerParams(q_gate + kv + out, 2 * s.head_dim)
-
-
-def gdn_params(s: Qwen35Spec) -> LayerParams:
-    key_dim = s.linear_num_key_heads * s.linear_key_head_dim
-    value_dim = s.linear_num_value_heads * s.linear_value_head_dim
-    in_qkvz = s.hidden_size * (2 * key_dim + 2 * value_dim)
-    in_ba = s.hidden_size * 2 * s.linear_num_value_heads
-    conv = (2 * key_dim + value_dim) * s.linear_conv_kernel_dim
-    out = value_dim * s.hidden_size
-    vectors = 2 * s.linear_num_value_heads + s.linear_value_head_dim  # A_log, dt_bias, gated norm
-    return LayerParams(in_qkvz + in_ba + conv + out, vectors)
-
-
-def mlp_params(s: Qwen35Spec, active: bool) -> int:
-    if not s.is_moe:
-        return 3 * s.hidden_size * s.ffn_hidden_size
-    expert = 3 * s.hidden_size * s.moe_ffn_hidden_size
-    experts = (s.moe_router_topk if active else s.num_experts) * expert
-    router = s.hidden_size * s.num_experts
-    shared = 3 * s.hidden_size * s.moe_shared_expert_ffn_hidden_size + s.hidden_size  # + sigmoid gate
-    return router + experts + shared
-
-
 def vision_params(v: VisionSpec, out_hidden: int) -> int:
     """Vision tower: Conv3d patch embed, learned position table, pre-LN ViT blocks with biases,
     and the 2x2 patch merger (LayerNorm, two linears) projecting to the LM hidden size."""
@@ -103,20 +178,17 @@ def vision_params(v: VisionSpec, out_hidden: int) -> int:
 
 
 def count_parameters(s: Qwen35Spec) -> ParameterCount:
-    attn, gdn = attention_params(s), gdn_params(s)
-    layer_norms = 2 * s.hidden_size
-    mixers_m = s.num_attention_layers * attn.matrices + s.num_gdn_layers * gdn.matrices
-    mixers_v = s.num_attention_layers * attn.vectors + s.num_gdn_layers * gdn.vectors
-    vectors = mixers_v + s.num_layers * layer_norms + s.hidden_size  # + final norm
-    mlp_total, mlp_active = mlp_params(s, active=False), mlp_params(s, active=True)
-    mtp_base = 3 * s.hidden_size + 2 * s.hidden_size * s.hidden_size + attn.matrices + attn.vectors + layer_norms
+    d = spec_dims(s)
+    layers = [m for i in range(s.num_layers) for m in (mixer_params(d, i), mlp_params(d, i))]
+    mtp = mtp_layer_params(d)
+    output = output_params(d)
     return ParameterCount(
-        embedding=s.vocab_size * s.hidden_size,
-        output_layer=s.vocab_size * s.hidden_size,
-        decoder_total=mixers_m + s.num_layers * mlp_total + vectors,
-        decoder_active=mixers_m + s.num_layers * mlp_active + vectors,
-        decoder_matmul_active=mixers_m + s.num_layers * mlp_active,
-        mtp_total=s.mtp_num_layers * (mtp_base + mlp_total),
-        mtp_active=s.mtp_num_layers * (mtp_base + mlp_active),
+        embedding=embedding_params(d).split,
+        output_layer=output.split,
+        decoder_total=sum(m.total() for m in layers) + output.replicated,  # + final norm
+        decoder_active=sum(m.total(d.topk) for m in layers) + output.replicated,
+        decoder_matmul_active=sum(m.matrices(d.topk) for m in layers),
+        mtp_total=d.mtp_layers * sum(m.total() for m in mtp),
+        mtp_active=d.mtp_layers * sum(m.total(d.topk) for m in mtp),
         vision=vision_params(s.vision, s.hidden_size) if s.is_vl else 0,
     )

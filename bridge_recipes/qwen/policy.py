@@ -70,8 +70,8 @@ def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: in
 
 def te_cross_entropy(cfg: ConfigContainer) -> None:
     """Transformer Engine's fused cross entropy instead of Megatron-Core's native kernel: it keeps a
-    BF16 copy of the 248K-vocabulary logits instead of an FP32 one (the EP8 shard's loss working set
-    28.5 -> 12.2 GB) and ran faster on the H200 proxy. Megatron-Core 0.19.2 still warns of known
+    BF16 copy of the 248K-vocabulary logits instead of an FP32 one (a smaller loss working set) and
+    ran faster on the H200 proxy. Megatron-Core 0.19.2 still warns of known
     stability issues: Megatron-LM disabled it in 2026-06 after runs diverged, traced to its backward
     keeping the gradient in the BF16 logits buffer. Transformer Engine 2.20 (the lock's) saves FP32
     softmax statistics and rebuilds the gradient in FP32 in the backward (a test checks the installed
@@ -83,8 +83,8 @@ def te_cross_entropy(cfg: ConfigContainer) -> None:
 
 def fused_swiglu(cfg: ConfigContainer) -> None:
     """Megatron-Core's fused SwiGLU kernel instead of the unfused chunk, SiLU and product (Megatron-
-    Bridge's default is off): each layer keeps 2 x FFN-width fewer elements a token for the backward
-    (the 27B: 0.57 GB a layer a micro batch) and moves less memory."""
+    Bridge's default is off): each layer keeps 2 x FFN-width fewer elements per token for the backward
+    and moves less memory."""
     cfg.model.bias_activation_fusion = True
 
 
@@ -124,10 +124,9 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     checkpoint load without optimizer state (``DistributedOptimizer._copy_model_params_to_main_params``
     dequantizes them), so the Hugging Face weights would start, and be exported, rounded to FP8. With
     BF16 parameters Transformer Engine keeps an FP8 copy of every FP8 layer's weight for the step
-    (2 bytes a parameter, ``plan.memory.fp8_weight_cache_bytes``: 13.7 GB on an 18-layer 27B stage),
-    cast in the step's first micro batch.
+    (2 bytes per parameter, ``plan.memory.fp8_weight_cache_bytes``), cast in the step's first micro batch.
     ``disable_parameter_transpose_cache=true`` instead casts each weight in every forward and recomputed
-    forward and keeps that copy for the layer's backward, one a micro batch in flight
+    forward and keeps that copy for the layer's backward, one per micro batch in flight
     (``plan.memory.fp8_weight_copies``): less memory at recompute of few layers, slower."""
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
@@ -154,7 +153,7 @@ def fp8_frozen_base(cfg: ConfigContainer) -> None:
 
 def bf16_adam_moments(cfg: ConfigContainer) -> None:
     """Adam's two moments kept in BF16 by the precision-aware optimizer (FP32 by default): 4 of the
-    16 bytes a parameter of optimizer state saved (the 35B-A3B EP8 shard: 53.3 -> 35.5 GB a GPU)."""
+    16 bytes per parameter of optimizer state saved."""
     import torch
 
     cfg.optimizer.exp_avg_dtype = torch.bfloat16

@@ -53,11 +53,9 @@ def test_peft_adds_lora_on_attention_gdn_and_mlp(validate, tmp_path):
     validate(cfg)
 
 
-@pytest.mark.parametrize("builder", [common.vlm_pretrain_config, common.vlm_sft_config, common.vlm_peft_config])
-def test_vlm_builders(builder, validate, tmp_path):
+@pytest.mark.parametrize("builder", [common.vlm_pretrain_config, common.vlm_sft_config])
+def test_vlm_builders(builder, validate):
     cfg = builder("qwen35_vl_35b_a3b")
-    if cfg.peft is not None:
-        cfg.checkpoint.pretrained_checkpoint = str(tmp_path)  # PEFT refuses to start without one
     assert type(cfg.model).__name__ == "Qwen35VLMoEModelProvider"
     assert type(cfg.dataset).__name__ == "MockVLMSFTDatasetConfig"
     assert cfg.dataset.hf_processor_path == "Qwen/Qwen3.5-35B-A3B"
@@ -96,12 +94,3 @@ def test_vlm_sft_has_the_sft_defaults():
     assert _shared_training_fields(vl) == _shared_training_fields(text)
     assert vl.peft is None and not vl.model.freeze_vision_model and not vl.model.freeze_language_model
     assert vl.checkpoint.save.endswith("qwen35_vl_35b_a3b_sft/checkpoints")
-
-
-def test_vlm_peft_has_the_peft_defaults_and_a_frozen_vision_tower():
-    vl = common.vlm_peft_config("qwen35_vl_35b_a3b")
-    text = common.peft_config("qwen35_35b_a3b")
-    assert _shared_training_fields(vl) == _shared_training_fields(text)
-    lora = ("target_modules", "dim", "alpha", "dropout")
-    assert [getattr(vl.peft, k) for k in lora] == [getattr(text.peft, k) for k in lora]
-    assert vl.model.freeze_vision_model and not vl.model.freeze_language_model

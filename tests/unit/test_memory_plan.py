@@ -300,7 +300,7 @@ def test_the_fast_35b_a3b_lora_recipe_spends_the_room_it_frees_on_rows():
 
 def test_fp8_with_bf16_parameters_counts_transformer_engines_weight_cache():
     """With FP8 GEMMs and BF16 parameters TE keeps an FP8 copy and transpose of each FP8 layer's weights
-    between micro batches (2 bytes a parameter): on the FP8 fast 27B recipe's layout 7.7-14.5 GB a stage
+    between micro batches (2 bytes per parameter): on the FP8 fast 27B recipe's layout 7.7-14.5 GB a stage
     more than with the transpose cache off; FP8 parameters (the preset as it is) or the cache off cache
     nothing. The model's first and last layers stay BF16 and cache nothing. Measured on the 27B proxy
     (1 x H200): 101.55 GB allocated, 101.87 planned (tests/unit/test_results_consistency.py)."""
@@ -329,15 +329,15 @@ def test_fp8_with_bf16_parameters_counts_transformer_engines_weight_cache():
     cfg = bridge_recipes.build(fast)
     par = parallel_layout(cfg, 8)
     d, first = model_dims(cfg.model), stage_chunks(cfg, par)[0][0]
-    # the first stage's 16 layers less layer 0 (BF16), at 2 bytes a parameter
+    # the first stage's 16 layers less layer 0 (BF16), at 2 bytes per parameter
     assert fp8_weight_cache_bytes(cfg, d, par, first, 0) == fp8_weight_cache_bytes(cfg, d, par, first[1:], 0)
     assert fp8_weight_cache_bytes(cfg, d, par, first[:1], 0) == 0
 
 
 def test_fp8_weights_cast_when_used_are_kept_once_a_micro_batch_in_flight():
     """With the transpose cache off each TE linear of an FP8 layer keeps the FP8 weight it cast (data and
-    transpose, 2 bytes a parameter) for its backward, one copy each micro batch: a layer that keeps its
-    activations holds one a micro batch in flight, a recomputed layer one while it is rebuilt. On the
+    transpose, 2 bytes per parameter) for its backward, one copy each micro batch: a layer that keeps its
+    activations holds one per micro batch in flight, a recomputed layer one while it is rebuilt. On the
     BF16 fast recipe's layout (16/18/18/12, block recompute of 10) that plans 170.7 GB; on the FP8 fast
     recipe's (14 layers of each stage recomputed) its second stage keeps 5 layers of 19 for 3 micro
     batches in flight, 11.4 GB of copies. No copies with FP8 parameters, the cache on (the recipe), or
@@ -403,6 +403,8 @@ def test_fp8_weights_cast_when_used_are_kept_once_a_micro_batch_in_flight():
 
 
 def test_no_change_is_named_when_none_fits(monkeypatch):
-    monkeypatch.setattr(M, "GPU_MEMORY_GB", {**M.GPU_MEMORY_GB, "h200": 1.0})
+    from bridge_recipes.plan import peak
+
+    monkeypatch.setattr(peak, "GPU_MEMORY_GB", {**peak.GPU_MEMORY_GB, "h200": 1.0})
     text, fits = M.plan_report(build(SFT_27B), 8, "h200")
     assert not fits and "changes that fit" not in text and "no usual change fits" in text

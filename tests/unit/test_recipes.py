@@ -422,8 +422,7 @@ PERF = [n for n in RECIPES if registry.find(n).tree == "perf_recipes"]
 
 
 def _counterpart(name):
-    module = importlib.import_module(registry.find(name).module)
-    return getattr(module, "REAL_COUNTERPARTS", {}).get(name, name.replace("_mock_config", "_config"))
+    return registry.find(name).meta.twin_of
 
 
 def _numerics(cfg):

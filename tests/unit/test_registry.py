@@ -88,6 +88,46 @@ def test_duplicate_recipe_names_are_rejected(tmp_path, monkeypatch):
         registry.discover.cache_clear()
 
 
+def _twin_trees(tmp_path, monkeypatch, twin_decorator):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    (tmp_path / "a" / "r.py").write_text(
+        "@recipe(task='sft', gpus=8, gpu='h200', precision='bf16', layout='TP1', status='functional',\n"
+        "        evidence='run.log', reference={'tokens_per_s_per_gpu': 1.0, 'source': 's'})\n"
+        "def real_config():\n    pass\n"
+    )
+    (tmp_path / "b" / "p.py").write_text(f"{twin_decorator}\ndef real_mock_config():\n    pass\n")
+    monkeypatch.setattr(registry, "TREES", {"bridge_recipes": tmp_path / "a", "perf_recipes": tmp_path / "b"})
+    registry.discover.cache_clear()
+
+
+def test_a_benchmark_twin_takes_its_real_recipes_metadata_and_its_declared_differences(tmp_path, monkeypatch):
+    _twin_trees(tmp_path, monkeypatch, "@benchmark_of(real.real_config, layout='TP2')")
+    try:
+        found = registry.discover()
+    finally:
+        registry.discover.cache_clear()
+    real, twin = found["real_config"].meta, found["real_mock_config"].meta
+    assert (twin.task, twin.gpus, twin.gpu, twin.precision, twin.reference) == (
+        real.task,
+        real.gpus,
+        real.gpu,
+        real.precision,
+        real.reference,
+    )
+    assert (twin.layout, twin.twin_of) == ("TP2", "real_config")
+    assert (twin.status, twin.evidence) == ("unmeasured", None) and real.status == "functional"
+
+
+def test_a_benchmark_twin_of_an_unknown_recipe_is_reported_with_its_location(tmp_path, monkeypatch):
+    _twin_trees(tmp_path, monkeypatch, "@benchmark_of(real.no_such_config)")
+    try:
+        with pytest.raises(ValueError, match=r"p.py:2: @benchmark_of of real_mock_config .*no_such_config"):
+            registry.discover()
+    finally:
+        registry.discover.cache_clear()
+
+
 def test_non_literal_metadata_is_reported_with_its_location(tmp_path):
     path = tmp_path / "r.py"
     path.write_text(

@@ -6,17 +6,16 @@ pretraining (bridge-perf-recipes in docs/sources.md): 122B-A10B on 32 GPUs at TP
 397B-A17B on 64 at EP64 ETP1, both with the flex dispatcher's HybridEP backend over one NVL72
 domain. The text model is the VL model's language backbone, so its SFT takes the same layout; what
 changes is the workload (8,192-token SFT rows, global batch 128, the text recipes' numerics) and
-what that costs in memory (the planner, GB300's 288 GiB = 309.2 GB):
+what that costs in memory (``--plan`` gives each recipe's figures against GB300's 288 GiB):
 
-- 122B-A10B, EP32 (8 of 256 experts a GPU), no recompute: 290.0 GB planned (the benchmark does
-  not recompute either); full recompute would plan 148.5 GB and cost about a quarter more forward
-  work.
-- 397B-A17B, EP64 (8 of 512 experts a GPU): without recompute 434.2 GB (the benchmark's rows are
-  half as long); block recompute of 40 of the 60 layers plans 293.4 GB, a 5% margin like the
-  122B's 6% (38 layers plan 300.2, 36 307.5: within 0.6% of the capacity; 30 do not fit, 328.3).
+- 122B-A10B, EP32 (8 of 256 experts per GPU), no recompute (the benchmark does not recompute
+  either); full recompute would fit too and cost about a quarter more forward work.
+- 397B-A17B, EP64 (8 of 512 experts per GPU): without recompute it does not fit (the benchmark's
+  rows are half as long); block recompute of 40 of the 60 layers leaves a margin like the 122B's,
+  and fewer recomputed layers come within a few GB of the capacity or over it.
 
-Each plan counts gradient-accumulation fusion's placeholder gradients (one BF16 tensor a weight
-shape, the output layer's the largest: 2.0 GB at the 397B's hidden 4,096).
+Each plan counts gradient-accumulation fusion's placeholder gradients (one BF16 tensor per weight
+shape, the output layer's the largest).
 
 CUDA graphs stay off: the benchmarks capture the MoE router and preprocessing, which no run here
 has checked against packed SFT rows. Neither recipe has run.
@@ -62,8 +61,7 @@ def _expert_parallel_over_one_nvl72(cfg: ConfigContainer, ep: int) -> None:
 
 
 def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
-    """32 GB300: EP32 (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute (290.0 of 309.2
-    GB planned)."""
+    """32 GB300: EP32 (128 rows = 1 row x 4 micro batches x 32 GPUs), no recompute."""
     _expert_parallel_over_one_nvl72(cfg, ep=32)
     # every layer keeps its activations: the memory is there, so no forward is repeated
     cfg.model.recompute_granularity = None
@@ -80,7 +78,7 @@ def _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg: ConfigContainer) -
     status="unmeasured",
 )
 def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
-    """Qwen3.5-122B-A10B SFT on 32 x GB300: EP32, HybridEP, no recompute (planner peak 290.0 GB)."""
+    """Qwen3.5-122B-A10B SFT on 32 x GB300: EP32, HybridEP, no recompute."""
     cfg = sft_config("qwen35_122b_a10b")
     _apply_qwen35_122b_a10b_32gpu_gb300_execution_config(cfg)
     return cfg
@@ -88,7 +86,7 @@ def qwen35_122b_a10b_sft_32gpu_gb300_bf16_config() -> ConfigContainer:
 
 def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -> None:
     """64 GB300: EP64 (128 rows = 1 row x 2 micro batches x 64 GPUs), block recompute of the first
-    40 of 60 layers (293.4 of 309.2 GB planned)."""
+    40 of 60 layers."""
     _expert_parallel_over_one_nvl72(cfg, ep=64)
     # the first 40 layers recompute their activations in the backward pass, the last 20 keep them
     full_recompute(cfg, "block", 40)
@@ -103,7 +101,7 @@ def _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg: ConfigContainer) -
     status="unmeasured",
 )
 def qwen35_397b_a17b_sft_64gpu_gb300_bf16_config() -> ConfigContainer:
-    """Qwen3.5-397B-A17B SFT on 64 x GB300: EP64, HybridEP, block recompute 40 (planner peak 293.4 GB)."""
+    """Qwen3.5-397B-A17B SFT on 64 x GB300: EP64, HybridEP, block recompute 40."""
     cfg = sft_config("qwen35_397b_a17b")
     _apply_qwen35_397b_a17b_64gpu_gb300_execution_config(cfg)
     return cfg

@@ -100,7 +100,7 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
 @recipe(task="peft", gpus=1, gpu="h100", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
 def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the fast H200 recipe (BF16 base, one CUTLASS grouped
-    GEMM for the 256 experts a layer) at one row per micro batch with the loss a chunk of tokens at a time.
+    GEMM for the 256 experts per layer) at one row per micro batch with the loss a chunk of tokens at a time.
     Its base stays BF16: FP8 experts run one cuBLAS GEMM per expert, several times slower."""
     cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
     # no 248K-vocabulary logits of the whole micro batch

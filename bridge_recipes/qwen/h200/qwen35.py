@@ -127,7 +127,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The published EP8 layout with the memory it can free spent on recompute: Adam's moments in
-    BF16 and Transformer Engine's cross entropy free about 34 GB a GPU, which buys block recompute of
+    BF16 and Transformer Engine's cross entropy free the memory that buys block recompute of
     the first 5 of 40 layers instead of full recompute of all 40; the fused SwiGLU and router cut
     kernel launches. It is the published recipe with candidate
     ``35b_bf16_moments_te_ce_fused_swiglu_block5_router_fusion``'s overrides."""
@@ -159,12 +159,12 @@ def _fast_35b_a3b_kernels(cfg: ConfigContainer) -> None:
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     """The fast recipe's kernels and BF16 Adam moments, spending the memory they free on a second
-    8,192-token row a micro batch (16,384 tokens a GPU) with the published full recompute. The step
+    8,192-token row per micro batch (16,384 tokens per GPU) with the published full recompute. The step
     is bound by the host's kernel launches, and a launch that carries two rows halves them. Rows with
     conversation boundaries (``--packing boundaries``) run as one packed sequence of the two."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
-    # two 8,192-token rows a micro batch: 16 rows a GPU a step in 8 micro batches, every layer recomputed
+    # two 8,192-token rows per micro batch: 16 rows per GPU per step in 8 micro batches, every layer recomputed
     cfg.train.micro_batch_size = 2
     return cfg
 
@@ -180,12 +180,12 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     evidence="evidence/candidates/35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs4_16_layers.log",
 )
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config() -> ConfigContainer:
-    """The two-rows recipe at four 8,192-token rows a micro batch (32,768 tokens a GPU), full
+    """The two-rows recipe at four 8,192-token rows per micro batch (32,768 tokens per GPU), full
     recompute kept: the launches halve again and the step comes near the GPU's own time. Under full
     recompute only the layer being rebuilt holds its experts' tokens, so the memory left covers a hot
     expert rank. If a run stops out of memory, the two-rows recipe keeps more of the GPU free."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config()
-    # four 8,192-token rows a micro batch: 16 rows a GPU a step in 4 micro batches, every layer recomputed
+    # four 8,192-token rows per micro batch: 16 rows per GPU per step in 4 micro batches, every layer recomputed
     cfg.train.micro_batch_size = 4
     return cfg
 
@@ -291,7 +291,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
 )
 def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The published PP4 layout made faster for a run that trains Qwen3.5's MTP layer: the fused
-    SwiGLU frees the memory for block recompute of 10 instead of 12 layers a stage, Transformer
+    SwiGLU frees the memory for block recompute of 10 instead of 12 layers per stage, Transformer
     Engine's cross entropy shrinks the last stage's loss working set, and a 16/18/18/12 split moves
     two layers off the last stage, which also runs the output layer and the MTP layer. It is the
     published recipe with candidate ``27b_te_ce_fused_swiglu_block10``'s overrides and that split."""
@@ -299,7 +299,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     te_cross_entropy(cfg)
     fused_swiglu(cfg)
     # 64 layers as 16/18/18/12: the last stage also runs the output layer, the MTP layer and its
-    # second pass through the output layer (285.8 ms a micro batch on the proxy, about 6 layers)
+    # second pass through the output layer (together about 6 layers' time)
     set_layout(cfg, pp=4, first=16, last=12)
     # the first 10 layers of each stage recompute their activations in the backward pass
     full_recompute(cfg, "block", 10)
@@ -321,14 +321,14 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     and last layers stay BF16), parameters in BF16 so that a run from Hugging Face weights starts
     from and exports them unrounded, and Transformer Engine's FP8 weight cache, cast once a step.
     FP8 makes the layers cheaper but not the last stage's head, so the split moves two more layers
-    off it (16/19/19/10), and the cache's memory is paid for by recomputing 14 layers a stage."""
+    off it (16/19/19/10), and the cache's memory is paid for by recomputing 14 layers per stage."""
     cfg = qwen35_27b_sft_8gpu_h200_bf16_fast_config()
     fp8_current_scaling(cfg)
     # 64 layers as 16/19/19/10: with the layers in FP8 the last stage's output layer, loss and MTP
     # (BF16 but for the MTP layer) are a larger share of a micro batch; the predictor's best split
     set_layout(cfg, pp=4, first=16, last=10)
-    # the FP8 weight cache (0.77 GB a layer) is held for the step: recomputing the first 14 layers of
-    # each stage keeps 0-5 layers' activations (second stage: 146.1 GB)
+    # the FP8 weight cache is held for the step: recomputing the first 14 layers of each stage keeps
+    # 0-5 layers' activations
     full_recompute(cfg, "block", 14)
     return cfg
 
@@ -490,7 +490,7 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 99.0 GB)."""
+    """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS)."""
     cfg = peft_config("qwen35_27b")
     _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg)
     return cfg
@@ -510,7 +510,7 @@ def qwen35_27b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     base weights frozen, the backward has no weight gradients to compute, so recomputing a layer's
     forward costs about a third of its step instead of a quarter: Transformer Engine's cross entropy
     (BF16 logits) and the fused SwiGLU free the room for 24 of the 64 layers to keep their
-    activations (about 2 GB a layer at 8,192 tokens): as many as leave a tenth of the GPU free by
+    activations: as many as leave a tenth of the GPU free by
     the planner."""
     cfg = qwen35_27b_peft_1gpu_h200_bf16_config()
     te_cross_entropy(cfg)
@@ -559,7 +559,7 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     evidence="evidence/hf/hf_lora_summary.json",
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS; planner peak 108.8 GB)."""
+    """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS)."""
     cfg = peft_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg)
     return cfg
@@ -576,10 +576,10 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
 )
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The one-GPU 35B-A3B LoRA recipe with the memory its frozen base leaves spent on speed. Its
-    step is bound by the host's launches a micro batch, not by the GPU: the 256 experts' GEMMs run
-    as one CUTLASS grouped GEMM a layer, with the fused router, SwiGLU and Transformer Engine's
+    step is bound by the host's launches per micro batch, not by the GPU: the 256 experts' GEMMs run
+    as one CUTLASS grouped GEMM per layer, with the fused router, SwiGLU and Transformer Engine's
     cross entropy, and a micro batch carries four 8,192-token rows (on rows with conversation
-    boundaries, one packed sequence of the four), a quarter of the launches a row. Every layer
+    boundaries, one packed sequence of the four), a quarter of the launches per row. Every layer
     recomputes its forward to make room for the four rows' logits; the planner fits four, not five."""
     cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
     te_cross_entropy(cfg)
@@ -587,7 +587,7 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     fused_router(cfg)
     # one grouped kernel for the 256 experts instead of 256 cuBLAS launches from the host
     cutlass_grouped_gemm(cfg)
-    # four rows a micro batch: the host's work a micro batch is spread over four times the tokens
+    # four rows per micro batch: the host's work per micro batch is spread over four times the tokens
     cfg.train.micro_batch_size = 4
     # fewer launches outweigh the recompute: every layer rebuilds its forward in the backward
     full_recompute(cfg, "block", cfg.model.num_layers)
@@ -636,7 +636,7 @@ def qwen35_27b_peft_1gpu_h200_bf16_32k_config() -> ConfigContainer:
     status="unmeasured",
 )
 def qwen35_35b_a3b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on 8 x H200 with the SFT recipe's EP8 layout (planner peak 47.7 GB)."""
+    """Qwen3.5/3.6-35B-A3B LoRA on 8 x H200 with the SFT recipe's EP8 layout."""
     cfg = peft_config("qwen35_35b_a3b")
     _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg)
     return cfg
@@ -664,7 +664,7 @@ def _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     status="unmeasured",
 )
 def qwen35_122b_a10b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5-122B-A10B LoRA on one 8 x H200 node: EP8 (planner peak 79.6 GB)."""
+    """Qwen3.5-122B-A10B LoRA on one 8 x H200 node: EP8."""
     cfg = peft_config("qwen35_122b_a10b")
     _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg)
     return cfg
@@ -693,7 +693,7 @@ def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     status="unmeasured",
 )
 def qwen35_397b_a17b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5-397B-A17B LoRA on one 8 x H200 node: TP2 SP, EP8 (planner peak 133.8 GB)."""
+    """Qwen3.5-397B-A17B LoRA on one 8 x H200 node: TP2 SP, EP8."""
     cfg = peft_config("qwen35_397b_a17b")
     _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg)
     return cfg

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.qwen.gb300 import qwen35 as real
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ __all__ = [
 ]
 
 
-@recipe(task="sft", gpus=32, gpu="gb300", precision="bf16", layout="TP1 PP1 EP32 DP32", status="unmeasured")
+@benchmark_of(real.qwen35_122b_a10b_sft_32gpu_gb300_bf16_config)
 def qwen35_122b_a10b_sft_32gpu_gb300_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_122b_a10b_sft_32gpu_gb300_bf16_config (EP32, HybridEP, no recompute)."""
     cfg = real.qwen35_122b_a10b_sft_32gpu_gb300_bf16_config()
@@ -25,7 +25,7 @@ def qwen35_122b_a10b_sft_32gpu_gb300_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="sft", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
+@benchmark_of(real.qwen35_397b_a17b_sft_64gpu_gb300_bf16_config)
 def qwen35_397b_a17b_sft_64gpu_gb300_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_397b_a17b_sft_64gpu_gb300_bf16_config (EP64, HybridEP, block recompute 40)."""
     cfg = real.qwen35_397b_a17b_sft_64gpu_gb300_bf16_config()

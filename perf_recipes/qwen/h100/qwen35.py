@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.qwen.h100 import qwen35 as real
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["qwen35_35b_a3b_sft_8gpu_h100_bf16_mock_config"]
 
 
-@recipe(task="sft", gpus=8, gpu="h100", precision="bf16", layout="TP2 PP2 CP2 EP4 ETP1 DP1", status="unmeasured")
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h100_bf16_config)
 def qwen35_35b_a3b_sft_8gpu_h100_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h100_bf16_config (slime's TP2 PP2 CP2 EP4 layout)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h100_bf16_config()

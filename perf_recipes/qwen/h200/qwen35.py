@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.qwen.h200 import qwen35 as real
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:
@@ -36,24 +36,8 @@ __all__ = [
     "qwen35_397b_a17b_peft_8gpu_h200_bf16_mock_config",
 ]
 
-OPENRECIPES_35B_H200 = (
-    "OpenRecipes H200 leaderboard for Qwen3.6-35B-A3B SFT, ATTUNE, measured 2026-10-13"
-    " (openrecipes-35b-h200, docs/sources.md)"
-)
-OPENRECIPES_27B_H200 = (
-    "OpenRecipes YAML of ATTUNE's Qwen3.6-27B H200 recipe, measured 2026-10-18 (openrecipes-27b-h200, docs/sources.md)"
-)
 
-
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP1 EP8 DP8",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-)
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_config (EP8, no offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
@@ -61,15 +45,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP1 EP8 DP8",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-)
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_config (EP8, BF16 moments, TE cross
     entropy, fused SwiGLU and router, block recompute of 5 layers)."""
@@ -78,49 +54,25 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP1 EP8 DP8",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-)
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config (EP8, the fast recipe's kernels and
-    BF16 moments, two rows a micro batch, full recompute)."""
+    BF16 moments, two rows per micro batch, full recompute)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config()
     benchmark_settings(cfg)
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP1 EP8 DP8",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 4663.1, "mfu": 0.083, "source": OPENRECIPES_35B_H200},
-)
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config (EP8, the fast recipe's kernels and
-    BF16 moments, four rows a micro batch, full recompute)."""
+    BF16 moments, four rows per micro batch, full recompute)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config()
     benchmark_settings(cfg)
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP1 EP8 DP8",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3466.8, "mfu": 0.062, "source": OPENRECIPES_35B_H200},
-)
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config (16,384 tokens/GPU, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config()
@@ -128,15 +80,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP2 EP4 DP4",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 3076.8, "mfu": 0.055, "source": OPENRECIPES_35B_H200},
-)
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config (PP2 EP4, offload)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_config()
@@ -144,7 +88,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_pp2_ep4_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 CP2 EP8 ETP1 DP2", status="unmeasured")
+@benchmark_of(real.qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config)
 def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config (CP2, 32,768 tokens)."""
     cfg = real.qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config()
@@ -152,15 +96,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP4 DP2",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
-)
+@benchmark_of(real.qwen35_27b_sft_8gpu_h200_bf16_config)
 def qwen35_27b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_config (PP4 16/17/17/14, block recompute 12)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_config()
@@ -168,15 +104,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP4 DP2",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
-)
+@benchmark_of(real.qwen35_27b_sft_8gpu_h200_bf16_fast_config)
 def qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_sft_8gpu_h200_bf16_fast_config (PP4 16/18/18/12, TE cross entropy,
     fused SwiGLU, block recompute 10)."""
@@ -185,15 +113,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="fp8cs",
-    layout="TP1 PP4 DP2",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 2499.5, "mfu": 0.3886, "source": OPENRECIPES_27B_H200},
-)
+@benchmark_of(real.qwen35_27b_sft_8gpu_h200_fp8cs_fast_config)
 def qwen35_27b_sft_8gpu_h200_fp8cs_fast_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_sft_8gpu_h200_fp8cs_fast_config (the BF16 fast policy with FP8 GEMMs,
     per-tensor current scaling, on BF16 parameters; its own split and recompute)."""
@@ -202,15 +122,7 @@ def qwen35_27b_sft_8gpu_h200_fp8cs_fast_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(
-    task="sft",
-    gpus=8,
-    gpu="h200",
-    precision="bf16",
-    layout="TP4 PP2 DP1",
-    status="unmeasured",
-    reference={"tokens_per_s_per_gpu": 948.7, "source": OPENRECIPES_27B_H200},
-)
+@benchmark_of(real.qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config)
 def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config() -> ConfigContainer:
     """Benchmark of the slime reference layout of the 27B (TP4 SP PP2 34/30, CPU Adam)."""
     cfg = real.qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config()
@@ -218,7 +130,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_slime_reference_mock_config() -> ConfigContain
     return cfg
 
 
-@recipe(task="sft", gpus=24, gpu="h200", precision="bf16", layout="TP1 PP3 EP8 DP8", status="unmeasured")
+@benchmark_of(real.qwen35_122b_a10b_sft_24gpu_h200_bf16_config)
 def qwen35_122b_a10b_sft_24gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_122b_a10b_sft_24gpu_h200_bf16_config (PP3 17/18/13, EP8, full recompute)."""
     cfg = real.qwen35_122b_a10b_sft_24gpu_h200_bf16_config()
@@ -226,7 +138,7 @@ def qwen35_122b_a10b_sft_24gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="sft", gpus=64, gpu="h200", precision="bf16", layout="TP2 PP4 EP16 DP8", status="unmeasured")
+@benchmark_of(real.qwen35_397b_a17b_sft_64gpu_h200_bf16_config)
 def qwen35_397b_a17b_sft_64gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_397b_a17b_sft_64gpu_h200_bf16_config (TP2 SP, PP4 15/16/16/13, EP16)."""
     cfg = real.qwen35_397b_a17b_sft_64gpu_h200_bf16_config()
@@ -234,7 +146,7 @@ def qwen35_397b_a17b_sft_64gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 DP1", status="unmeasured")
+@benchmark_of(real.qwen35_27b_peft_1gpu_h200_bf16_config)
 def qwen35_27b_peft_1gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_27b_peft_1gpu_h200_bf16_config (LoRA, one GPU)."""
     cfg = real.qwen35_27b_peft_1gpu_h200_bf16_config()
@@ -242,7 +154,7 @@ def qwen35_27b_peft_1gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+@benchmark_of(real.qwen35_35b_a3b_peft_1gpu_h200_bf16_config)
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_35b_a3b_peft_1gpu_h200_bf16_config (LoRA, one GPU)."""
     cfg = real.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
@@ -250,7 +162,7 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured")
+@benchmark_of(real.qwen35_122b_a10b_peft_8gpu_h200_bf16_config)
 def qwen35_122b_a10b_peft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_122b_a10b_peft_8gpu_h200_bf16_config (LoRA, EP8)."""
     cfg = real.qwen35_122b_a10b_peft_8gpu_h200_bf16_config()
@@ -258,7 +170,7 @@ def qwen35_122b_a10b_peft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=8, gpu="h200", precision="bf16", layout="TP2 PP1 EP8 DP4", status="unmeasured")
+@benchmark_of(real.qwen35_397b_a17b_peft_8gpu_h200_bf16_config)
 def qwen35_397b_a17b_peft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_397b_a17b_peft_8gpu_h200_bf16_config (LoRA, TP2 SP EP8)."""
     cfg = real.qwen35_397b_a17b_peft_8gpu_h200_bf16_config()

@@ -17,7 +17,7 @@ from bridge_recipes.qwen_vl.policy import (
     set_vl_fused_kernels,
     set_vl_layout,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipe import benchmark_of
 from perf_recipes._common import vl_benchmark_settings
 
 if TYPE_CHECKING:
@@ -29,17 +29,12 @@ __all__ = [
     "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config",
 ]
 
-# Real-data counterparts of the benchmarks whose names are not ``<real-data name>_mock_config``.
-REAL_COUNTERPARTS = {
-    "qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config": "qwen35_vl_397b_a17b_pretrain_config",
-    "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config": "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config",
-}
 # Benchmarks with Megatron-Bridge's layout rather than their real-data recipe's (they may differ
 # from it in perf_recipes._common.LAYOUT_FIELDS).
 OWN_LAYOUT = ["qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config"]
 
 
-@recipe(task="pretrain", gpus=64, gpu="gb300", precision="bf16", layout="TP1 PP1 EP64 DP64", status="unmeasured")
+@benchmark_of(real.qwen35_vl_397b_a17b_pretrain_config)
 def qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config() -> ConfigContainer:
     """Qwen3.5-VL 397B-A17B benchmark on 64 x GB300 (BF16, EP64), the shipped layout.
 
@@ -50,7 +45,7 @@ def qwen35_vl_397b_a17b_pretrain_64gpu_gb300_bf16_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="pretrain", gpus=16, gpu="gb300", precision="bf16", layout="TP1 PP1 EP4 DP16", status="unmeasured")
+@benchmark_of(real.qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config)
 def qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config on mock data.
 
@@ -74,7 +69,7 @@ def _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg: ConfigContainer) -
     cfg.env_vars = {**GB300_ENV, **hybridep_env(8)}
 
 
-@recipe(task="pretrain", gpus=8, gpu="gb300", precision="fp8mx", layout="TP1 PP1 EP8 DP8", status="unmeasured")
+@benchmark_of(real.qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config, layout="TP1 PP1 EP8 DP8")
 def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config() -> ConfigContainer:
     """Qwen3.5-VL 35B-A3B benchmark on 8 x GB300, MXFP8, EP8, global batch 512 (not the
     ``_library`` real-data recipe, which keeps the 16-GPU layout).

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge_recipes.qwen_vl.h200 import qwen35_vl as real
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipe import benchmark_of
 from perf_recipes._common import vl_benchmark_settings
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 
-@recipe(task="sft", gpus=8, gpu="h200", precision="bf16", layout="TP1 PP1 EP8 DP8", status="unmeasured")
+@benchmark_of(real.qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config)
 def qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config (EP8, full recompute)."""
     cfg = real.qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config()
@@ -27,7 +27,7 @@ def qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_mock_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="sft", gpus=64, gpu="h200", precision="bf16", layout="TP2 PP4 EP16 DP8", status="unmeasured")
+@benchmark_of(real.qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_config)
 def qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_mock_config() -> ConfigContainer:
     """Benchmark of qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_config (TP2 SP, PP4, EP16)."""
     cfg = real.qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_config()
