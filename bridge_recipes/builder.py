@@ -74,44 +74,95 @@ def build(
     ValueError for a bad scale-down or dataset.
     """
     values = flag_values(dict(flags or {}))
+    _check_request(scale_down, scale_experts, gpus, peft, config_file, dataset)
+    cfg = _base_config(name, config_file)
+    folder = None
+    if hf_checkpoint is not None:
+        folder, scale_experts = _open_checkpoint(cfg, hf_checkpoint, scale_down, scale_experts)
+    if scale_down is not None:
+        _shrink(cfg, scale_down, scale_experts, gpus, report)
+    _reshape(cfg, folder, dataset, peft, report)
+    _apply_flags_and_overrides(cfg, values, overrides, name)
+    if folder is not None:
+        from bridge_recipes.hf import training as hf_training
+
+        hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
+    from bridge_recipes.data.packed_rows import join_micro_batch_rows
+
+    if (packed := join_micro_batch_rows(cfg)) and report:  # rows with boundaries: a micro batch's rows joined
+        report(packed)
+    return cfg
+
+
+def _check_request(
+    scale_down: int | None,
+    scale_experts: int | None,
+    gpus: int | None,
+    peft: str | None,
+    config_file: str | None,
+    dataset: str | None,
+) -> None:
+    """The keywords of :func:`build` that cannot go together, refused before anything is built."""
     if peft is not None and peft not in PEFT_SCHEMES:
         raise ValueError(f"peft={peft!r} is not known; choose one of {', '.join(PEFT_SCHEMES)}")
     if scale_experts is not None and scale_down is None:
         raise ValueError("scale_experts needs scale_down=LAYERS (it shrinks a scaled-down model's experts)")
     if gpus is not None and scale_down is None:
         raise ValueError(f"gpus={gpus} needs scale_down=LAYERS (it is the GPU count the recipe is shrunk to)")
-    if config_file is not None:
-        if scale_down is not None or dataset:
-            raise ValueError(
-                "--scale-down and --dataset reshape a recipe; a config file is already resolved: "
-                "save it with them, or set its fields with KEY=VALUE overrides"
-            )
-        from bridge_recipes import config_files
+    if config_file is not None and (scale_down is not None or dataset):
+        raise ValueError(
+            "--scale-down and --dataset reshape a recipe; a config file is already resolved: "
+            "save it with them, or set its fields with KEY=VALUE overrides"
+        )
 
-        cfg = config_files.load(config_file)
-    else:
-        cfg = registry.load(name)()
-    folder = None
-    if hf_checkpoint is not None:
+
+def _base_config(name: str, config_file: str | None) -> Any:
+    """The config before any change: the saved ``config_file``, else recipe ``name`` called."""
+    if config_file is None:
+        return registry.load(name)()
+    from bridge_recipes import config_files
+
+    return config_files.load(config_file)
+
+
+def _open_checkpoint(
+    cfg: Any, hf_checkpoint: str, scale_down: int | None, scale_experts: int | None
+) -> tuple[Any, int | None]:
+    """The ``--hf-checkpoint`` folder, checked to be of the recipe's family, and the experts a
+    scale-down keeps for it."""
+    from bridge_recipes.hf import training as hf_training
+
+    folder = hf_training.inspect(hf_checkpoint)
+    hf_training.check_family(cfg, folder)
+    if scale_down is not None:
+        scale_experts = _checkpoint_scale(cfg, folder, scale_down, scale_experts)
+    return folder, scale_experts
+
+
+def _shrink(
+    cfg: Any, layers: int, experts: int | None, gpus: int | None, report: Callable[[str], None] | None
+) -> None:
+    """Scale ``cfg`` down to ``layers`` layers on ``gpus`` GPUs (one by default), keeping its global batch."""
+    from bridge_recipes.scaledown import scale_down as shrink
+
+    for change in shrink(
+        cfg,
+        num_layers=layers,
+        num_experts=experts,
+        global_batch_size=cfg.train.global_batch_size,
+        gpus=1 if gpus is None else gpus,
+    ):
+        if report:
+            report(f"scale-down: {change}")
+
+
+def _reshape(
+    cfg: Any, folder: Any, dataset: str | None, peft: str | None, report: Callable[[str], None] | None
+) -> None:
+    """The checkpoint's model shape, the data and the adapters, then the checkpoint's tokenizer and weights."""
+    if folder is not None:
         from bridge_recipes.hf import training as hf_training
 
-        folder = hf_training.inspect(hf_checkpoint)
-        hf_training.check_family(cfg, folder)
-        if scale_down is not None:
-            scale_experts = _checkpoint_scale(cfg, folder, scale_down, scale_experts)
-    if scale_down is not None:
-        from bridge_recipes.scaledown import scale_down as shrink
-
-        for change in shrink(
-            cfg,
-            num_layers=scale_down,
-            num_experts=scale_experts,
-            global_batch_size=cfg.train.global_batch_size,
-            gpus=1 if gpus is None else gpus,
-        ):
-            if report:
-                report(f"scale-down: {change}")
-    if folder is not None:
         for change in hf_training.take_shape(cfg, folder):  # the model's shape is the checkpoint's
             if report:
                 report(f"hf checkpoint: {change} (from its config.json)")
@@ -123,6 +174,10 @@ def build(
         PEFT_SCHEMES[peft](cfg)
     if folder is not None:
         hf_training.use_checkpoint(cfg, folder)
+
+
+def _apply_flags_and_overrides(cfg: Any, values: dict[str, Any], overrides: Sequence[str], name: str) -> None:
+    """The convenience flags, then the overrides; the load folder and the trackers follow the save folder."""
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     before = tracking.snapshot(cfg)
@@ -132,13 +187,6 @@ def build(
     tracking.follow_save(cfg, before, [o.key for o in applied], name)  # TensorBoard and W&B folders
     if problem := tracking.problem(cfg):
         raise ValueError(problem)
-    if folder is not None:
-        hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
-    from bridge_recipes.data.packed_rows import join_micro_batch_rows
-
-    if (packed := join_micro_batch_rows(cfg)) and report:  # rows with boundaries: a micro batch's rows joined
-        report(packed)
-    return cfg
 
 
 def _checkpoint_scale(cfg: Any, folder: Any, layers: int, experts: int | None) -> int | None:

@@ -142,7 +142,33 @@ def scale_down(
     m, changes = cfg.model, []
     period = 4
     old_stages = stage_layers(cfg) or [m.num_layers]
-    old_stage = max(old_stages)
+    _check_sizes(m, num_layers, num_experts, period)
+    _set(m, "num_layers", num_layers, changes, "model.")
+    pattern = hybrid_pattern(num_layers, period)
+    if isinstance(m.linear_attention_freq, list) and m.linear_attention_freq != pattern:
+        m.linear_attention_freq = pattern
+        changes.append(f"model.linear_attention_freq: rebuilt for {num_layers} layers")
+
+    # The parallel layout: as much of the recipe's own as fits the GPUs (all 1 on one GPU).
+    if not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"gpus={gpus}: at least 1")
+    fit = fit_layout(cfg, gpus, num_layers, num_experts, stages=old_stages)
+    _take_layout(cfg, fit, max(old_stages), num_layers, changes)
+    _take_experts(m, fit, num_experts, changes)
+    if seq_length is not None:
+        _set(m, "seq_length", seq_length, changes, "model.")
+        if hasattr(cfg.dataset, "seq_length"):
+            _set(cfg.dataset, "seq_length", seq_length, changes, "dataset.")
+    _take_batch(cfg, fit, gpus, global_batch_size, micro_batch_size, changes)
+    if train_iters is not None:
+        _set(cfg.train, "train_iters", train_iters, changes, "train.")
+        warmup = max(1, train_iters // 10)
+        _set(cfg.scheduler, "lr_warmup_iters", warmup, changes, "scheduler.")
+    return changes
+
+
+def _check_sizes(m: Any, num_layers: int, num_experts: int | None, period: int) -> None:
+    """The layers a whole number of GDN/attention periods within the recipe's, the experts within its."""
     if not isinstance(num_layers, int) or not period <= num_layers <= m.num_layers or num_layers % period:
         raise ValueError(
             f"scale_down={num_layers}: layers must be a multiple of the GDN/attention period {period} "
@@ -157,16 +183,11 @@ def scale_down(
             raise ValueError(
                 f"scale_experts={num_experts}: keep between 1 and the recipe's {m.num_moe_experts} routed experts"
             )
-    _set(m, "num_layers", num_layers, changes, "model.")
-    pattern = hybrid_pattern(num_layers, period)
-    if isinstance(m.linear_attention_freq, list) and m.linear_attention_freq != pattern:
-        m.linear_attention_freq = pattern
-        changes.append(f"model.linear_attention_freq: rebuilt for {num_layers} layers")
 
-    # The parallel layout: as much of the recipe's own as fits the GPUs (all 1 on one GPU).
-    if not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"gpus={gpus}: at least 1")
-    fit = fit_layout(cfg, gpus, num_layers, num_experts, stages=old_stages)
+
+def _take_layout(cfg: Any, fit: FittedLayout, old_stage: int, num_layers: int, changes: list[str]) -> None:
+    """The fitted parallel sizes and stages, sequence parallelism where TP is, block recompute rescaled."""
+    m = cfg.model
     for field, value in (
         ("tensor_model_parallel_size", fit.tp),
         ("pipeline_model_parallel_size", fit.pp),
@@ -185,6 +206,9 @@ def scale_down(
         kept = scaled_block_recompute(m.recompute_num_layers, old_stage, new_stage)
         _set(m, "recompute_num_layers", kept, changes, "model.")
 
+
+def _take_experts(m: Any, fit: FittedLayout, num_experts: int | None, changes: list[str]) -> None:
+    """The kept routed experts (top-k within them), and a dispatcher that works without expert parallelism."""
     if num_experts is not None:
         _set(m, "num_moe_experts", num_experts, changes, "model.")
         _set(m, "moe_router_topk", min(m.moe_router_topk, num_experts), changes, "model.")
@@ -192,11 +216,12 @@ def scale_down(
     if getattr(m, "moe_token_dispatcher_type", None) == "flex" and fit.ep == 1:
         _set(m, "moe_token_dispatcher_type", "alltoall", changes, "model.")
 
-    if seq_length is not None:
-        _set(m, "seq_length", seq_length, changes, "model.")
-        if hasattr(cfg.dataset, "seq_length"):
-            _set(cfg.dataset, "seq_length", seq_length, changes, "dataset.")
-    # The largest micro batch up to the recipe's that the data-parallel ranks divide the batch by.
+
+def _take_batch(
+    cfg: Any, fit: FittedLayout, gpus: int, global_batch_size: int, micro_batch_size: int | None, changes: list[str]
+) -> None:
+    """The global batch, and the largest micro batch up to the recipe's that the data-parallel ranks
+    divide it by (``micro_batch_size`` when given)."""
     dp = gpus // (fit.tp * fit.pp * fit.cp)
     per_rank = global_batch_size // dp if global_batch_size % dp == 0 else global_batch_size
     mbs = micro_batch_size or max(
@@ -204,8 +229,3 @@ def scale_down(
     )
     _set(cfg.train, "micro_batch_size", mbs, changes, "train.")
     _set(cfg.train, "global_batch_size", global_batch_size, changes, "train.")
-    if train_iters is not None:
-        _set(cfg.train, "train_iters", train_iters, changes, "train.")
-        warmup = max(1, train_iters // 10)
-        _set(cfg.scheduler, "lr_warmup_iters", warmup, changes, "scheduler.")
-    return changes

@@ -271,8 +271,16 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
         out.append(f"world size {world_size!r} must be an integer >= 1; set --world-size N or WORLD_SIZE=N")
     out += range_problems(cfg)
     out += choice_problems(cfg)
-    m, t, o, s = cfg.model, cfg.train, cfg.optimizer, cfg.scheduler
+    out += _optimizer_problems(cfg)
+    out += _learning_rate_problems(cfg)
+    out += _model_problems(cfg)
+    return out
 
+
+def _optimizer_problems(cfg: Any) -> list[str]:
+    """The sample counter, the optimizer, its loss scale and weight decay, and the step count."""
+    out = []
+    t, o, s = cfg.train, cfg.optimizer, cfg.scheduler
     # Megatron-Core counts consumed samples (global batch x steps) in a 64-bit integer.
     gb, steps = t.global_batch_size, t.train_iters
     if _is_int(gb) and _is_int(steps) and gb >= 1 and steps >= 1 and gb * steps > INT64_MAX:
@@ -297,14 +305,17 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
             f"scheduler.end_weight_decay={wd1:g} is below scheduler.start_weight_decay={wd0:g}; "
             "Megatron-Core's scheduler needs end >= start"
         )
-
-    iters = t.train_iters
-    if _is_int(iters) and iters > MAX_TRAIN_ITERS:
+    if _is_int(steps) and steps > MAX_TRAIN_ITERS:
         out.append(
-            f"train.train_iters={iters} is over {MAX_TRAIN_ITERS:,} steps; set --max-steps to the steps you mean"
+            f"train.train_iters={steps} is over {MAX_TRAIN_ITERS:,} steps; set --max-steps to the steps you mean"
         )
+    return out
 
-    # Learning rates: finite, the peak positive, the floor in [0, peak].
+
+def _learning_rate_problems(cfg: Any) -> list[str]:
+    """Learning rates finite, the peak positive, the floor in [0, peak]; a warm-up shorter than the decay."""
+    out = []
+    o, s, iters = cfg.optimizer, cfg.scheduler, cfg.train.train_iters
     lr, min_lr = o.lr, o.min_lr
     if not _finite_number(lr) or lr <= 0:
         out.append(f"optimizer.lr={lr!r} must be a finite number > 0; set --lr, e.g. --lr 1e-5")
@@ -318,7 +329,6 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
             f"scheduler.lr_warmup_init={init:g} is above optimizer.lr={lr:g}; the warm-up starts below the peak: "
             "set scheduler.lr_warmup_init at most --lr"
         )
-
     # Warm-up: non-negative and shorter than the decay (which defaults to the whole run).
     warmup = s.lr_warmup_iters
     decay = s.lr_decay_iters if s.lr_decay_iters is not None else iters
@@ -330,18 +340,20 @@ def value_problems(cfg: Any, world_size: int) -> list[str]:
                 f"scheduler.lr_warmup_iters={warmup} is not shorter than the {decay} decay steps "
                 f"(train.train_iters unless scheduler.lr_decay_iters is set); set --warmup-iters below {decay}"
             )
+    return out
 
-    # Routing: top-k within the experts.
+
+def _model_problems(cfg: Any) -> list[str]:
+    """Routing within the experts, the LoRA targets, the seed and the recompute settings."""
+    out = []
+    m = cfg.model
     experts, topk = m.num_moe_experts, m.moe_router_topk
     if _is_int(experts) and experts >= 1 and (not _is_int(topk) or not 1 <= topk <= experts):
         out.append(f"model.moe_router_topk={topk!r} must be between 1 and the {experts} experts")
-
     out += lora_target_problems(cfg)
-
     seed = cfg.rng.seed
     if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
         out.append(f"rng.seed={seed!r} must be an integer in [0, {MAX_SEED}]; set rng.seed=N")
-
     # Selective recompute rebuilds named modules; a method (uniform/block) applies only to full.
     if m.recompute_granularity == "selective" and m.recompute_method is not None:
         out.append(

@@ -160,32 +160,34 @@ def summary(m: dict, out: str) -> str:
     return "\n".join(lines)
 
 
+def options(args: argparse.Namespace) -> sft_rows.RowOptions:
+    """The build's settings from the command line."""
+    return sft_rows.RowOptions(
+        row_tokens=args.row_tokens,
+        seed=args.seed,
+        messages_key=args.messages_key,
+        eos_token=args.eos_token,
+        supervise_eos=args.supervise_eos,
+        max_rows=args.max_rows,
+        revision=args.revision,
+        split=args.split,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        chat_format=args.chat_format,
+        packing=args.packing,
+        val_fraction=args.val_fraction,
+        val_input=args.val_input,
+        workers=sft_rows.default_workers() if args.workers is None else args.workers,
+        long=args.long,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s", stream=sys.stderr)
     try:
         with logging_redirect_tqdm():
-            manifest = sft_rows.build_sft_rows(
-                args.input,
-                args.tokenizer,
-                args.out,
-                row_tokens=args.row_tokens,
-                seed=args.seed,
-                messages_key=args.messages_key,
-                eos_token=args.eos_token,
-                supervise_eos=args.supervise_eos,
-                max_rows=args.max_rows,
-                revision=args.revision,
-                split=args.split,
-                overwrite=args.overwrite,
-                progress=not args.no_progress,
-                chat_format=args.chat_format,
-                packing=args.packing,
-                val_fraction=args.val_fraction,
-                val_input=args.val_input,
-                workers=sft_rows.default_workers() if args.workers is None else args.workers,
-                long=args.long,
-            )
+            manifest = sft_rows.build_sft_rows(args.input, args.tokenizer, args.out, options(args))
     except sft_rows.SftRowsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

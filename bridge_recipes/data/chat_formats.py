@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.data.conversations import MalformedConversation
+from bridge_recipes.data.errors import MalformedConversation
 from bridge_recipes.data.message_text import IMAGE_KEYS, check_image_record
 
 TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI and ShareGPT)

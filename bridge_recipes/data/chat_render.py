@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
+from bridge_recipes.data.errors import MalformedConversation, SftRowsError
 from bridge_recipes.data.message_text import (
     assistant_image_problem,
     check_control_tokens,

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
+from bridge_recipes.data.errors import MalformedConversation, SftRowsError
 from bridge_recipes.data.integrity import template_files_sha256
 from bridge_recipes.data.message_text import (
     THINK_CLOSE,

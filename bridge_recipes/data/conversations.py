@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from bridge_recipes.data.errors import MalformedConversation, SftRowsError
 from bridge_recipes.data.integrity import file_sha256
 
 DEFAULT_MESSAGES_KEY = "messages"
@@ -37,24 +38,6 @@ _FILE_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
 # Suffixes that mark a missing *file* rather than a Hugging Face dataset id.
 _PATH_LIKE_SUFFIXES = {".jsonl", ".json", ".parquet", ".arrow", ".csv", ".txt", ".gz", ".zst", ".bz2", ".xz"}
 _HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-
-
-class SftRowsError(Exception):
-    """Bad input to a build (missing file, unusable tokenizer, output folder in use, ...)."""
-
-
-class MalformedConversation(ValueError):
-    """A source conversation that cannot be rendered; ``index`` is its source row index."""
-
-    def __init__(self, index: int | None, reason: str, detail: str):
-        self.index = index
-        self.reason = reason
-        self.detail = detail
-        where = f"source row {index}" if index is not None else "conversation"
-        super().__init__(f"{where}: {detail} [{reason}]")
-
-    def __reduce__(self):  # rebuilt from its fields when a worker process hands it back
-        return type(self), (self.index, self.reason, self.detail)
 
 
 def source_kind(source: str) -> str:

@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -231,42 +232,75 @@ def check_rows(
     the rows hash; with ``tokenizer`` (a folder or its tokenizer.json), :func:`check_tokenizer`;
     and the same for the validation rows in ``val/``. Raises RowsIntegrityError.
     """
-    import pyarrow as pa
-
     folder = Path(folder)
     manifest = read_manifest(folder)
-    rows_file = folder / ROWS_FILE
-    where = f"{rows_file}"
     row_tokens = manifest["row_tokens"]
     if seq_length is not None and row_tokens != seq_length:
         raise RowsIntegrityError(
             f"rows in {folder} are {row_tokens} tokens but the model's seq_length is {seq_length}; "
             f"set -sl {row_tokens} or rebuild the rows with --row-tokens {seq_length}"
         )
+    _check_file(folder, manifest)
+    if tokenizer is not None:
+        check_tokenizer(folder, manifest, tokenizer)
+    table = _read_table(folder, manifest)
+    ids = _column(table, "input_ids", np.int32, folder, row_tokens)[0].reshape(-1, row_tokens)
+    mask = _column(table, "loss_mask", np.uint8, folder, row_tokens)[0].reshape(-1, row_tokens)
+    _check_ids_and_mask(folder, ids, mask, vocab_size, vocab_field)
+    cu = _boundaries(table, folder, manifest, ids, mask) if manifest["packing"] == "boundaries" else None
+    hasher = hashlib.sha256()
+    for r in range(len(ids)):
+        update_rows_hash(hasher, ids[r], mask[r], None if cu is None else cu[r])
+    if hasher.hexdigest() != manifest["rows_sha256"]:
+        raise RowsIntegrityError(
+            f"{folder / ROWS_FILE} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}"
+        )
+    if manifest.get("validation"):
+        val = check_rows(
+            folder / VAL_DIR,
+            seq_length=seq_length,
+            vocab_size=vocab_size,
+            tokenizer=tokenizer,
+            vocab_field=vocab_field,
+        )
+        if val.manifest["rows_sha256"] != manifest["validation"]["rows_sha256"]:
+            raise RowsIntegrityError(
+                f"{folder / VAL_DIR} is not the validation split {folder / MANIFEST_FILE} records; {_rebuild(folder)}"
+            )
+    return LoadedRows(manifest, ids, mask, cu)
+
+
+def _check_file(folder: Path, manifest: dict) -> None:
+    """The rows file's size and sha256 against the manifest: a truncated, zero-byte or replaced file."""
+    rows_file = folder / ROWS_FILE
     size = rows_file.stat().st_size
     if size != manifest["parquet_bytes"]:
         raise RowsIntegrityError(
-            f"{where} is {size} bytes but {MANIFEST_FILE} records {manifest['parquet_bytes']}: the file is "
+            f"{rows_file} is {size} bytes but {MANIFEST_FILE} records {manifest['parquet_bytes']}: the file is "
             f"truncated or was replaced; {_rebuild(folder)}"
         )
     if file_sha256(rows_file) != manifest["parquet_sha256"]:
         raise RowsIntegrityError(
-            f"{where} does not match the sha256 in {MANIFEST_FILE} (the file changed after the build); "
+            f"{rows_file} does not match the sha256 in {MANIFEST_FILE} (the file changed after the build); "
             f"{_rebuild(folder)}"
         )
-    if tokenizer is not None:
-        check_tokenizer(folder, manifest, tokenizer)
+
+
+def _read_table(folder: Path, manifest: dict) -> Any:
+    """The rows file as a table, readable, of the manifest's row count and with the columns' types."""
+    import pyarrow as pa
+
+    where = folder / ROWS_FILE
     try:
-        table = pq.read_table(rows_file)
+        table = pq.read_table(where)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError on a damaged file
         raise RowsIntegrityError(f"cannot read {where}: {e}; {_rebuild(folder)}") from None
     if table.num_rows != manifest["rows"]:
         raise RowsIntegrityError(
             f"{where} holds {table.num_rows} rows but {MANIFEST_FILE} records {manifest['rows']}; {_rebuild(folder)}"
         )
-    boundaries = manifest["packing"] == "boundaries"
     expected = {"input_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.uint8())}
-    if boundaries:
+    if manifest["packing"] == "boundaries":
         expected[CU_COLUMN] = pa.list_(pa.int32())
     for name, kind in expected.items():
         if name not in table.column_names or table.schema.field(name).type != kind:
@@ -274,19 +308,27 @@ def check_rows(
             raise RowsIntegrityError(f"{where} column {name!r} is {found}, expected {kind}; {_rebuild(folder)}")
     if table.num_rows == 0:
         raise RowsIntegrityError(f"{folder} holds no rows; {_rebuild(folder)}")
+    return table
 
-    def flat(name: str, dtype) -> np.ndarray:
-        column = table.column(name).combine_chunks()
-        lengths = np.diff(np.asarray(column.offsets))
-        if name != CU_COLUMN and (lengths != row_tokens).any():
-            bad = int(np.flatnonzero(lengths != row_tokens)[0])
-            raise RowsIntegrityError(
-                f"{where} row {bad} {name} has {lengths[bad]} tokens, not {row_tokens}; {_rebuild(folder)}"
-            )
-        return np.asarray(column.flatten(), dtype=dtype), lengths
 
-    ids = flat("input_ids", np.int32)[0].reshape(-1, row_tokens)
-    mask = flat("loss_mask", np.uint8)[0].reshape(-1, row_tokens)
+def _column(table: Any, name: str, dtype: Any, folder: Path, row_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's values, flat, and each row's length; ``input_ids`` and ``loss_mask`` rows must be
+    ``row_tokens`` long."""
+    column = table.column(name).combine_chunks()
+    lengths = np.diff(np.asarray(column.offsets))
+    if name != CU_COLUMN and (lengths != row_tokens).any():
+        bad = int(np.flatnonzero(lengths != row_tokens)[0])
+        raise RowsIntegrityError(
+            f"{folder / ROWS_FILE} row {bad} {name} has {lengths[bad]} tokens, not {row_tokens}; {_rebuild(folder)}"
+        )
+    return np.asarray(column.flatten(), dtype=dtype), lengths
+
+
+def _check_ids_and_mask(
+    folder: Path, ids: np.ndarray, mask: np.ndarray, vocab_size: int | None, vocab_field: str | None
+) -> None:
+    """Token ids within the model's vocabulary, the loss mask only 0 and 1."""
+    where = folder / ROWS_FILE
     if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
         value = int(ids.min()) if ids.min() < 0 else int(ids.max())
         if vocab_field is not None and value >= 0:
@@ -303,39 +345,26 @@ def check_rows(
         raise RowsIntegrityError(
             f"{where} loss_mask holds {int(mask.max())}; only 0 and 1 are allowed; {_rebuild(folder)}"
         )
-    cu = None
-    if boundaries:
-        values, lengths = flat(CU_COLUMN, np.int32)
-        cu = np.split(values, np.cumsum(lengths)[:-1])
-        for r, c in enumerate(cu):
-            if len(c) < 2 or c[0] != 0 or c[-1] != row_tokens or (np.diff(c) <= 0).any():
-                raise RowsIntegrityError(
-                    f"{where} row {r} cu_seqlens {c.tolist()[:8]} do not run from 0 to {row_tokens} in increasing "
-                    f"order; {_rebuild(folder)}"
-                )
-        placed = sum(
-            len(c) - 1 - _padding_segment(ids[r], mask[r], c, manifest.get("eos_token_id")) for r, c in enumerate(cu)
-        )
-        if manifest.get("segments") is not None and placed != manifest["segments"]:
+
+
+def _boundaries(table: Any, folder: Path, manifest: dict, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+    """Each boundaries row's cu_seqlens, checked to run from 0 to ``row_tokens`` in increasing order, and
+    the conversations and pieces they place against the manifest's ``segments``."""
+    where, row_tokens = folder / ROWS_FILE, manifest["row_tokens"]
+    values, lengths = _column(table, CU_COLUMN, np.int32, folder, row_tokens)
+    cu = np.split(values, np.cumsum(lengths)[:-1])
+    for r, c in enumerate(cu):
+        if len(c) < 2 or c[0] != 0 or c[-1] != row_tokens or (np.diff(c) <= 0).any():
             raise RowsIntegrityError(
-                f"{where} rows hold {placed} conversations and pieces of split ones but {MANIFEST_FILE} records "
-                f"{manifest['segments']}; {_rebuild(folder)}"
+                f"{where} row {r} cu_seqlens {c.tolist()[:8]} do not run from 0 to {row_tokens} in increasing "
+                f"order; {_rebuild(folder)}"
             )
-    hasher = hashlib.sha256()
-    for r in range(len(ids)):
-        update_rows_hash(hasher, ids[r], mask[r], None if cu is None else cu[r])
-    if hasher.hexdigest() != manifest["rows_sha256"]:
-        raise RowsIntegrityError(f"{where} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}")
-    if manifest.get("validation"):
-        val = check_rows(
-            folder / VAL_DIR,
-            seq_length=seq_length,
-            vocab_size=vocab_size,
-            tokenizer=tokenizer,
-            vocab_field=vocab_field,
+    placed = sum(
+        len(c) - 1 - _padding_segment(ids[r], mask[r], c, manifest.get("eos_token_id")) for r, c in enumerate(cu)
+    )
+    if manifest.get("segments") is not None and placed != manifest["segments"]:
+        raise RowsIntegrityError(
+            f"{where} rows hold {placed} conversations and pieces of split ones but {MANIFEST_FILE} records "
+            f"{manifest['segments']}; {_rebuild(folder)}"
         )
-        if val.manifest["rows_sha256"] != manifest["validation"]["rows_sha256"]:
-            raise RowsIntegrityError(
-                f"{folder / VAL_DIR} is not the validation split {folder / MANIFEST_FILE} records; {_rebuild(folder)}"
-            )
-    return LoadedRows(manifest, ids, mask, cu)
+    return cu

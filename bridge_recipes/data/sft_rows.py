@@ -51,6 +51,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import islice
 from pathlib import Path
@@ -181,14 +182,22 @@ def _cutter(tok: Any, long: str) -> TurnCutter | None:
         raise SftRowsError(f"--long split: {e}; use --long truncate or skip") from None
 
 
-def _open_source(source: str, kind: str, work: Path, *, messages_key, split, revision, progress, cache_bytes):
+def _open_source(source: str, kind: str, work: Path, opts: RowOptions) -> JsonlSource | ParquetSource:
+    """The conversations of ``source``: a local file read in place, a Hub dataset spooled into ``work`` first."""
     if kind == "hf":
         spool = work / "hf-spool.jsonl"
-        spool_hf_dataset(source, spool, split=split, revision=revision, messages_key=messages_key, progress=progress)
-        return JsonlSource(spool, messages_key, progress)
+        spool_hf_dataset(
+            source,
+            spool,
+            split=opts.split,
+            revision=opts.revision,
+            messages_key=opts.messages_key,
+            progress=opts.progress,
+        )
+        return JsonlSource(spool, opts.messages_key, opts.progress)
     if kind == "jsonl":
-        return JsonlSource(source, messages_key, progress)
-    return ParquetSource(source, messages_key, cache_bytes)
+        return JsonlSource(source, opts.messages_key, opts.progress)
+    return ParquetSource(source, opts.messages_key, opts.parquet_cache_bytes)
 
 
 def context_window(folder: str | os.PathLike) -> int | None:
@@ -219,30 +228,74 @@ def context_window_problem(tokenizer: str | os.PathLike, row_tokens: int) -> str
     )
 
 
+@dataclass(frozen=True)
+class RowOptions:
+    """Every setting of a rows build but its input, tokenizer and output folder; the command line's
+    options of the same names (docs/sft_data.md). ``long`` is ``--long``; ``read_window``,
+    ``rows_per_batch`` and ``parquet_cache_bytes`` bound the memory a build holds."""
+
+    row_tokens: int = DEFAULT_ROW_TOKENS
+    seed: int = DEFAULT_SEED
+    messages_key: str = DEFAULT_MESSAGES_KEY
+    eos_token: str = DEFAULT_EOS_TOKEN
+    supervise_eos: bool = False
+    max_rows: int | None = None
+    revision: str | None = None
+    split: str = "train"
+    overwrite: bool = False
+    progress: bool = True
+    read_window: int = READ_WINDOW
+    rows_per_batch: int = ROWS_PER_BATCH
+    parquet_cache_bytes: int = PARQUET_CACHE_BYTES
+    chat_format: str = "template"
+    packing: str = DEFAULT_PACKING
+    val_fraction: float = 0.0
+    val_input: str | os.PathLike | None = None
+    workers: int = 1
+    long: str = DEFAULT_LONG
+
+
+@dataclass(frozen=True)
+class _Packing:
+    """How a split's conversations become rows: the same for the training and the validation split."""
+
+    render: Renderer
+    eos_id: int
+    row_tokens: int
+    packing: str
+    supervise_eos: bool
+    read_window: int
+    rows_per_batch: int
+    progress: bool
+    workers: int
+    long_mode: str
+    cutter: TurnCutter | None
+    context_limit: int
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A build in its staging folder: the training input in its permuted order, whose first ``n_val``
+    conversations are the validation split unless ``opts.val_input`` gives it."""
+
+    source: str
+    kind: str
+    val_kind: str | None
+    stage: Path
+    opts: RowOptions
+    pack: _Packing
+    base: dict  # the manifest fields both splits share
+    reader: JsonlSource | ParquetSource
+    order: np.ndarray
+    n_val: int
+
+
 def build_sft_rows(
     source: str | os.PathLike,
     tokenizer: str | os.PathLike,
     out_dir: str | os.PathLike,
-    *,
-    row_tokens: int = DEFAULT_ROW_TOKENS,
-    seed: int = DEFAULT_SEED,
-    messages_key: str = DEFAULT_MESSAGES_KEY,
-    eos_token: str = DEFAULT_EOS_TOKEN,
-    supervise_eos: bool = False,
-    max_rows: int | None = None,
-    revision: str | None = None,
-    split: str = "train",
-    overwrite: bool = False,
-    progress: bool = True,
-    read_window: int = READ_WINDOW,
-    rows_per_batch: int = ROWS_PER_BATCH,
-    parquet_cache_bytes: int = PARQUET_CACHE_BYTES,
-    chat_format: str = "template",
-    packing: str = DEFAULT_PACKING,
-    val_fraction: float = 0.0,
-    val_input: str | os.PathLike | None = None,
-    workers: int = 1,
-    long: str = DEFAULT_LONG,
+    options: RowOptions | None = None,
+    **changes: Any,
 ) -> dict:
     """Build ``out_dir/rows.parquet``, ``out_dir/manifest.json`` and (with a validation split)
     ``out_dir/val/``; returns the manifest.
@@ -250,11 +303,53 @@ def build_sft_rows(
     ``source`` is a local ``.jsonl`` / ``.parquet`` file or a Hugging Face dataset id
     (``split`` and ``revision`` apply to the latter; needs network). ``tokenizer`` is the
     model's tokenizer folder (``chat_format="template"``) or a ``tokenizer.json``
-    (``"chatml"``). The validation split is ``val_fraction`` of the permuted conversations or
-    the whole of ``val_input``. Everything is built in a staging folder beside ``out_dir`` and
-    renamed into place when complete: a failed or killed build leaves the previous dataset
-    as it was. Raises SftRowsError on bad input.
+    (``"chatml"``). The settings are ``options`` (:class:`RowOptions`' defaults when None) with
+    ``changes`` of its fields by keyword (``row_tokens=1024``). The validation split is
+    ``val_fraction`` of the permuted conversations or the whole of ``val_input``. Everything is
+    built in a staging folder beside ``out_dir`` and renamed into place when complete: a failed
+    or killed build leaves the previous dataset as it was. Raises SftRowsError on bad input.
     """
+    opts = replace(options or RowOptions(), **changes)
+    _check_options(opts, tokenizer)
+    source = str(source)
+    kind = source_kind(source)
+    val_kind = source_kind(str(opts.val_input)) if opts.val_input is not None else None
+    out = _output(out_dir, source, kind, val_kind, tokenizer, opts)
+    render, render_fields, eos_id, tok = _renderer(tokenizer, opts.chat_format, opts.eos_token)
+    cutter = _cutter(tok, opts.long)
+    with staged_build(out, opts.overwrite, log=log) as build:
+        reader = _open_source(source, kind, build.stage, opts)
+        order = np.random.default_rng(opts.seed).permutation(len(reader))
+        pack = _Packing(
+            render=render,
+            eos_id=eos_id,
+            row_tokens=opts.row_tokens,
+            packing=opts.packing,
+            supervise_eos=opts.supervise_eos,
+            read_window=opts.read_window,
+            rows_per_batch=opts.rows_per_batch,
+            progress=opts.progress,
+            workers=opts.workers,
+            long_mode=opts.long,
+            cutter=cutter,
+            context_limit=context_window(tokenizer) or MAX_ROW_TOKENS,
+        )
+        n_val = math.ceil(opts.val_fraction * len(order)) if opts.val_fraction else 0
+        base = _base_fields(opts, render_fields, eos_id)
+        staged = _Staged(source, kind, val_kind, build.stage, opts, pack, base, reader, order, n_val)
+        val_prints: set[bytes] = set()  # the validation conversations' tokens, hashed, to count those in training
+        validation = _write_validation(staged, val_prints) if n_val or opts.val_input is not None else None
+        manifest = _write_training(staged, val_prints, validation)
+        for spool in build.stage.glob("hf-spool.jsonl"):
+            spool.unlink()
+        (build.stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+        build.publish()
+        return manifest
+
+
+def _check_options(opts: RowOptions, tokenizer: str | os.PathLike) -> None:
+    """The settings within their ranges and fit together, each refused naming its option and the fix."""
+    row_tokens, packing, long = opts.row_tokens, opts.packing, opts.long
     if not 1 <= row_tokens <= MAX_ROW_TOKENS:
         raise SftRowsError(
             f"--row-tokens {row_tokens} is outside [1, {MAX_ROW_TOKENS:,}]: a row is one training sequence, at most "
@@ -262,19 +357,20 @@ def build_sft_rows(
         )
     if problem := context_window_problem(tokenizer, row_tokens):
         raise SftRowsError(problem)
-    if not 0 <= seed < 2**32:
-        raise SftRowsError(f"seed must be in [0, 2**32), got {seed}")
+    if not 0 <= opts.seed < 2**32:
+        raise SftRowsError(f"seed must be in [0, 2**32), got {opts.seed}")
+    workers = opts.workers
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise SftRowsError(f"--workers {workers}: at least 1 (the rows are the same whatever the number)")
-    if max_rows is not None and max_rows < 1:
-        raise SftRowsError(f"max_rows must be positive, got {max_rows}")
-    if chat_format not in CHAT_FORMATS:
-        raise SftRowsError(f"chat format {chat_format!r} is not one of {', '.join(CHAT_FORMATS)}")
+    if opts.max_rows is not None and opts.max_rows < 1:
+        raise SftRowsError(f"max_rows must be positive, got {opts.max_rows}")
+    if opts.chat_format not in CHAT_FORMATS:
+        raise SftRowsError(f"chat format {opts.chat_format!r} is not one of {', '.join(CHAT_FORMATS)}")
     if packing not in PACKING_MODES:
         raise SftRowsError(f"packing {packing!r} is not one of {', '.join(PACKING_MODES)}")
-    if not 0.0 <= val_fraction < 1.0:
-        raise SftRowsError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if val_fraction and val_input is not None:
+    if not 0.0 <= opts.val_fraction < 1.0:
+        raise SftRowsError(f"val_fraction must be in [0, 1), got {opts.val_fraction}")
+    if opts.val_fraction and opts.val_input is not None:
         raise SftRowsError("give either a validation fraction or a validation input, not both")
     if long not in LONG_MODES:
         raise SftRowsError(f"--long {long!r} is not one of {', '.join(LONG_MODES)}")
@@ -283,13 +379,23 @@ def build_sft_rows(
             f"--long {long} applies to boundaries and one_per_row rows; eos_joined rows already carry a "
             "conversation on into the next row (leave --long out, or choose --packing boundaries)"
         )
-    if supervise_eos and packing != "eos_joined":
+    if opts.supervise_eos and packing != "eos_joined":
         raise SftRowsError(
             f"supervise_eos applies to eos_joined rows ({packing} rows have no EOS separators between conversations)"
         )
-    source = str(source)
-    kind = source_kind(source)
-    val_kind = source_kind(str(val_input)) if val_input is not None else None
+
+
+def _output(
+    out_dir: str | os.PathLike,
+    source: str,
+    kind: str,
+    val_kind: str | None,
+    tokenizer: str | os.PathLike,
+    opts: RowOptions,
+) -> Path:
+    """The output folder, checked to be none of the inputs nor inside one, and the validation input
+    checked not to be the training input."""
+    val_input = opts.val_input
     if val_kind and val_kind != "hf" and kind != "hf" and os.path.samefile(source, val_input):
         raise SftRowsError(
             f"--val-input {val_input} is the training input itself: validation rows would repeat training "
@@ -301,121 +407,108 @@ def build_sft_rows(
     ]
     if problem := overlap_problem(out, option="--out", inputs=[*local, ("--tokenizer", tokenizer)]):
         raise SftRowsError(problem)
-    render, render_fields, eos_id, tok = _renderer(tokenizer, chat_format, eos_token)
-    cutter = _cutter(tok, long)
-    with staged_build(out, overwrite, log=log) as build:
-        stage = build.stage
-        common = dict(messages_key=messages_key, split=split, revision=revision, progress=progress)
-        reader = _open_source(source, kind, stage, cache_bytes=parquet_cache_bytes, **common)
-        order = np.random.default_rng(seed).permutation(len(reader))
-        n_val = math.ceil(val_fraction * len(order)) if val_fraction else 0
-        settings = dict(
-            render=render,
-            eos_id=eos_id,
-            row_tokens=row_tokens,
-            packing=packing,
-            supervise_eos=supervise_eos,
-            read_window=read_window,
-            rows_per_batch=rows_per_batch,
-            progress=progress,
-            workers=workers,
-            long_mode=long,
-            cutter=cutter,
-            context_limit=context_window(tokenizer) or MAX_ROW_TOKENS,
-        )
-        base = {
-            "builder": BUILDER,
-            "builder_version": BUILDER_VERSION,
-            "messages_key": messages_key,
-            **render_fields,
-            "packing": packing,
-            "loss_on": render_fields.pop("loss_on") + (" + EOS separators" if supervise_eos else ""),
-            "eos_token": eos_token,
-            "eos_token_id": eos_id,
-            "eos_supervised": supervise_eos,
-            "seed": seed,
-            "row_tokens": row_tokens,
-            "long": long,
-        }
-        validation = None
-        val_prints: set[bytes] = set()  # the validation conversations' tokens, hashed, to count those in training
-        if n_val or val_input is not None:
-            if val_input is not None:
-                val_reader = _open_source(str(val_input), val_kind, stage, cache_bytes=parquet_cache_bytes, **common)
-                if val_reader.sha256 == reader.sha256:
-                    raise SftRowsError(
-                        f"--val-input {val_input} holds the same bytes as --input {source} (sha256 "
-                        f"{reader.sha256[:16]}...): validation rows would repeat training conversations; give a "
-                        "separate file, or --val-fraction to split this one"
-                    )
-                val_order = np.random.default_rng(seed).permutation(len(val_reader))
-                val_source = {"source": str(val_input), "source_format": val_kind, "permutation": PERMUTATION}
-            else:
-                val_reader, val_order = reader, order[:n_val]
-                val_source = {
-                    "source": source,
-                    "source_format": kind,
-                    "permutation": f"{PERMUTATION}[:{n_val}]",
-                    "val_fraction": val_fraction,
-                }
-            (stage / VAL_DIR).mkdir()
-            val_stats = _pack_and_write(
-                val_reader, val_order, stage / VAL_DIR / ROWS_FILE, None, **settings, fingerprints=val_prints
-            )
-            val_stats.pop("conversations_in_validation")
-            if val_stats["rows"] == 0:
-                conv = val_stats["conversations"]
-                skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
-                raise SftRowsError(
-                    f"the validation split gave no rows: {conv['read']} conversation(s) read, {conv['used']} used"
-                    + (f", skipped: {skipped}" if skipped else "")
-                    + f", {val_stats['stream_tokens']} tokens; "
-                    + (
-                        f"give a --val-input with usable conversations (now {val_input})"
-                        if val_input is not None
-                        else f"raise --val-fraction (now {val_fraction}) or give --val-input"
-                    )
-                    + (", or fix the skipped conversations" if skipped else "")
-                )
-            validation = _manifest(
-                base, val_source, val_reader, val_stats, stage / VAL_DIR / ROWS_FILE, None, "validation"
-            )
-            (stage / VAL_DIR / MANIFEST_FILE).write_text(json.dumps(validation, indent=2) + "\n")
-        stats = _pack_and_write(reader, order[n_val:], stage / ROWS_FILE, max_rows, **settings, seen=val_prints)
-        in_both = stats.pop("conversations_in_validation")
-        if in_both:
-            log.warning(
-                "%d training conversation(s) are also in the validation split (the same tokens): the validation "
-                "loss on them measures memory, not generalization; remove the duplicates from the data",
-                in_both,
-            )
-        if stats["rows"] == 0:
-            conv = stats["conversations"]
-            skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
+    return out
+
+
+def _base_fields(opts: RowOptions, render_fields: dict, eos_id: int) -> dict:
+    """The manifest fields both splits share: the builder, the rendering and the packing."""
+    return {
+        "builder": BUILDER,
+        "builder_version": BUILDER_VERSION,
+        "messages_key": opts.messages_key,
+        **render_fields,
+        "packing": opts.packing,
+        "loss_on": render_fields.pop("loss_on") + (" + EOS separators" if opts.supervise_eos else ""),
+        "eos_token": opts.eos_token,
+        "eos_token_id": eos_id,
+        "eos_supervised": opts.supervise_eos,
+        "seed": opts.seed,
+        "row_tokens": opts.row_tokens,
+        "long": opts.long,
+    }
+
+
+def _write_validation(staged: _Staged, prints: set[bytes]) -> dict:
+    """The validation split's rows and manifest in ``val/``: the first ``n_val`` permuted conversations,
+    or the whole ``--val-input``; ``prints`` collects its conversations' fingerprints. Returns its manifest."""
+    opts, stage, val_input = staged.opts, staged.stage, staged.opts.val_input
+    if val_input is not None:
+        val_reader = _open_source(str(val_input), staged.val_kind, stage, opts)
+        if val_reader.sha256 == staged.reader.sha256:
             raise SftRowsError(
-                f"no rows built from {source}: {conv['read']} conversation(s) read, {conv['used']} usable, "
-                f"giving {stats['stream_tokens']} tokens, fewer than one supervised {row_tokens}-token row"
-                + (f"; skipped: {skipped} (the warnings above show examples)" if skipped else "")
+                f"--val-input {val_input} holds the same bytes as --input {staged.source} (sha256 "
+                f"{staged.reader.sha256[:16]}...): validation rows would repeat training conversations; give a "
+                "separate file, or --val-fraction to split this one"
             )
-        train_source = {
-            "source": source,
-            "source_format": kind,
-            "revision": revision,
-            "split": split if kind == "hf" else None,
-            "permutation": f"{PERMUTATION}[{n_val}:]" if n_val else PERMUTATION,
+        val_order = np.random.default_rng(opts.seed).permutation(len(val_reader))
+        val_source = {"source": str(val_input), "source_format": staged.val_kind, "permutation": PERMUTATION}
+    else:
+        val_reader, val_order = staged.reader, staged.order[: staged.n_val]
+        val_source = {
+            "source": staged.source,
+            "source_format": staged.kind,
+            "permutation": f"{PERMUTATION}[:{staged.n_val}]",
+            "val_fraction": opts.val_fraction,
         }
-        manifest = _manifest(base, train_source, reader, stats, stage / ROWS_FILE, max_rows, "train")
-        manifest["validation"] = (
-            None
-            if validation is None
-            else {k: validation[k] for k in ("rows", "rows_sha256", "parquet_sha256", "conversations")}
-            | {"folder": VAL_DIR, "conversations_also_in_training": in_both}
+    (stage / VAL_DIR).mkdir()
+    rows_path = stage / VAL_DIR / ROWS_FILE
+    val_stats = _pack_and_write(val_reader, val_order, rows_path, None, staged.pack, fingerprints=prints)
+    val_stats.pop("conversations_in_validation")
+    if val_stats["rows"] == 0:
+        conv = val_stats["conversations"]
+        skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
+        raise SftRowsError(
+            f"the validation split gave no rows: {conv['read']} conversation(s) read, {conv['used']} used"
+            + (f", skipped: {skipped}" if skipped else "")
+            + f", {val_stats['stream_tokens']} tokens; "
+            + (
+                f"give a --val-input with usable conversations (now {val_input})"
+                if val_input is not None
+                else f"raise --val-fraction (now {opts.val_fraction}) or give --val-input"
+            )
+            + (", or fix the skipped conversations" if skipped else "")
         )
-        for spool in stage.glob("hf-spool.jsonl"):
-            spool.unlink()
-        (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        build.publish()
-        return manifest
+    validation = _manifest(staged.base, val_source, val_reader, val_stats, rows_path, None, "validation")
+    (stage / VAL_DIR / MANIFEST_FILE).write_text(json.dumps(validation, indent=2) + "\n")
+    return validation
+
+
+def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None) -> dict:
+    """The training split's rows: the permuted conversations after the validation ones. Returns the
+    build's manifest, which names the validation split; a conversation also in it is warned about."""
+    opts, stage, source, n_val = staged.opts, staged.stage, staged.source, staged.n_val
+    order = staged.order[n_val:]
+    stats = _pack_and_write(staged.reader, order, stage / ROWS_FILE, opts.max_rows, staged.pack, seen=prints)
+    in_both = stats.pop("conversations_in_validation")
+    if in_both:
+        log.warning(
+            "%d training conversation(s) are also in the validation split (the same tokens): the validation "
+            "loss on them measures memory, not generalization; remove the duplicates from the data",
+            in_both,
+        )
+    if stats["rows"] == 0:
+        conv = stats["conversations"]
+        skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
+        raise SftRowsError(
+            f"no rows built from {source}: {conv['read']} conversation(s) read, {conv['used']} usable, "
+            f"giving {stats['stream_tokens']} tokens, fewer than one supervised {opts.row_tokens}-token row"
+            + (f"; skipped: {skipped} (the warnings above show examples)" if skipped else "")
+        )
+    train_source = {
+        "source": source,
+        "source_format": staged.kind,
+        "revision": opts.revision,
+        "split": opts.split if staged.kind == "hf" else None,
+        "permutation": f"{PERMUTATION}[{n_val}:]" if n_val else PERMUTATION,
+    }
+    manifest = _manifest(staged.base, train_source, staged.reader, stats, stage / ROWS_FILE, opts.max_rows, "train")
+    manifest["validation"] = (
+        None
+        if validation is None
+        else {k: validation[k] for k in ("rows", "rows_sha256", "parquet_sha256", "conversations")}
+        | {"folder": VAL_DIR, "conversations_also_in_training": in_both}
+    )
+    return manifest
 
 
 def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, max_rows, split_name: str) -> dict:
@@ -581,105 +674,127 @@ def _stop_on_worker_error(reader: JsonlSource | ParquetSource) -> Iterator[None]
         ) from None
 
 
+@dataclass
+class _Tally:
+    """What one split's pass counts as it reads, packs and writes."""
+
+    read: int = 0
+    used: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+    rows_without_targets: int = 0
+    padding: int = 0  # in the rows written or skipped without targets
+    segments: int = 0  # conversations and pieces of split ones in the rows written (boundaries rows)
+    in_validation: int = 0
+
+    def skip(self, e: MalformedConversation) -> None:
+        """A skipped conversation: counted by reason, the first :data:`MAX_REPORTED` logged and kept."""
+        self.skipped[e.reason] += 1
+        if len(self.examples) < MAX_REPORTED:
+            self.examples.append(str(e))
+            log.warning("skipping conversation, %s", e)
+
+
+def _write_rows(rows: Any, writer: RowWriter, tally: _Tally, max_rows: int | None) -> bool:
+    """Write the packed ``rows`` (one without a supervised token is counted, not written); True once
+    ``max_rows`` are written."""
+    for row in rows:
+        tally.padding += row.padding
+        if not row.mask.any():  # nothing to learn from: counted, not written
+            tally.rows_without_targets += 1
+            continue
+        writer.add(row.ids, row.mask, row.cu)
+        if row.cu is not None:
+            tally.segments += len(row.cu) - 1 - (1 if row.padding else 0)
+        if writer.rows == max_rows:
+            return True
+    return False
+
+
+def _pieces(ids: np.ndarray, mask: np.ndarray, index: int, long: LongConversations, row_tokens: int) -> list:
+    """A rendered conversation's pieces to pack (the whole of it, or its pieces under ``--long``);
+    MalformedConversation when no piece of it is kept."""
+    pieces = long.pieces_of(ids, mask)
+    if not pieces:
+        kept = "" if long.mode == "skip" else f"; --long {long.mode} kept no piece of it"
+        raise MalformedConversation(
+            index,
+            "longer_than_row",
+            f"conversation of {len(ids)} tokens is longer than a {row_tokens}-token row{kept}",
+        )
+    return pieces
+
+
 def _pack_and_write(
     reader: JsonlSource | ParquetSource,
     order: np.ndarray,
     path: Path,
     max_rows: int | None,
+    pack: _Packing,
     *,
-    render: Renderer,
-    eos_id: int,
-    row_tokens: int,
-    packing: str,
-    supervise_eos: bool,
-    read_window: int,
-    rows_per_batch: int,
-    progress: bool,
-    workers: int = 1,
-    long_mode: str = DEFAULT_LONG,
-    cutter: TurnCutter | None = None,
-    context_limit: int | None = None,
     fingerprints: set[bytes] | None = None,
     seen: set[bytes] | None = None,
 ) -> dict:
-    """Conversations in ``order`` -> rendered (by ``workers`` processes) -> the long ones skipped, split or
-    truncated (``long_mode``) -> packed -> written, in that order whatever the workers. Returns the counts.
-    ``fingerprints`` collects a hash of each used conversation's tokens; the conversations whose hash is in
-    ``seen`` are counted (``conversations_in_validation``)."""
-    boundaries = packing == "boundaries"
-    packer = packer_for(packing, row_tokens, eos_id, supervise_eos)
-    writer = RowWriter(path, row_tokens, rows_per_batch, boundaries=boundaries)
-    read, used, skipped, examples, rows_without_targets = 0, 0, Counter(), [], 0
-    padding = 0  # in the rows written or skipped without targets
-    segments = 0  # conversations and pieces of split ones in the rows written (boundaries rows)
-    in_validation = 0
-    long = LongConversations(long_mode, row_tokens, cutter=cutter, whole=packing != "eos_joined", limit=context_limit)
-
-    def write(rows) -> bool:
-        nonlocal rows_without_targets, padding, segments
-        for row in rows:
-            padding += row.padding
-            if not row.mask.any():  # nothing to learn from: counted, not written
-                rows_without_targets += 1
-                continue
-            writer.add(row.ids, row.mask, row.cu)
-            if row.cu is not None:
-                segments += len(row.cu) - 1 - (1 if row.padding else 0)
-            if writer.rows == max_rows:
-                return True
-        return False
-
+    """Conversations in ``order`` -> rendered (by ``pack.workers`` processes) -> the long ones skipped, split
+    or truncated (``pack.long_mode``) -> packed -> written, in that order whatever the workers. Returns the
+    counts. ``fingerprints`` collects a hash of each used conversation's tokens; the conversations whose hash
+    is in ``seen`` are counted (``conversations_in_validation``)."""
+    row_tokens, long_mode = pack.row_tokens, pack.long_mode
+    packer = packer_for(pack.packing, row_tokens, pack.eos_id, pack.supervise_eos)
+    writer = RowWriter(path, row_tokens, pack.rows_per_batch, boundaries=pack.packing == "boundaries")
+    tally = _Tally()
+    whole = pack.packing != "eos_joined"
+    long = LongConversations(long_mode, row_tokens, cutter=pack.cutter, whole=whole, limit=pack.context_limit)
     stopped = False
     try:
         with (
             _stop_on_worker_error(reader),
-            tqdm(total=len(order), desc="pack", unit="conv", disable=not progress, smoothing=0.05) as bar,
+            tqdm(total=len(order), desc="pack", unit="conv", disable=not pack.progress, smoothing=0.05) as bar,
         ):
-            prepare = partial(_prepare, reader.decode, render, row_tokens if long_mode == "skip" else None)
-            for index, done in prepared(reader.records(order, read_window), prepare, workers):
-                read += 1
+            prepare = partial(_prepare, reader.decode, pack.render, row_tokens if long_mode == "skip" else None)
+            for index, done in prepared(reader.records(order, pack.read_window), prepare, pack.workers):
+                tally.read += 1
                 bar.update(1)
                 try:
                     if isinstance(done, MalformedConversation):
                         raise done
                     ids, mask = done
-                    if fingerprints is not None or seen:
-                        fingerprint = conversation_fingerprint(ids)
-                    pieces = long.pieces_of(ids, mask)
-                    if not pieces:
-                        kept = "" if long.mode == "skip" else f"; --long {long.mode} kept no piece of it"
-                        raise MalformedConversation(
-                            index,
-                            "longer_than_row",
-                            f"conversation of {len(ids)} tokens is longer than a {row_tokens}-token row{kept}",
-                        )
+                    fingerprint = conversation_fingerprint(ids) if fingerprints is not None or seen else b""
+                    pieces = _pieces(ids, mask, index, long, row_tokens)
                 except MalformedConversation as e:
-                    skipped[e.reason] += 1
-                    if len(examples) < MAX_REPORTED:
-                        examples.append(str(e))
-                        log.warning("skipping conversation, %s", e)
+                    tally.skip(e)
                     continue
-                used += 1
+                tally.used += 1
                 if fingerprints is not None:
                     fingerprints.add(fingerprint)
                 if seen and fingerprint in seen:
-                    in_validation += 1
-                for piece_ids, piece_mask in pieces:
-                    if write(packer.add(piece_ids, piece_mask)):
-                        stopped = True
-                        break
-                if stopped:
+                    tally.in_validation += 1
+                if stopped := any(_write_rows(packer.add(i, m), writer, tally, max_rows) for i, m in pieces):
                     break
-                if read % 256 == 0:
+                if tally.read % 256 == 0:
                     bar.set_postfix(rows=writer.rows, refresh=False)
         if not stopped:
-            stopped = write(packer.finish())
+            stopped = _write_rows(packer.finish(), writer, tally, max_rows)
     finally:
         writer.close()
-    skipped_total = sum(skipped.values())
-    if skipped_total > len(examples):
-        unreported = skipped_total - len(examples)
+    return _split_stats(reader, writer, packer, tally, long, pack, max_rows)
+
+
+def _split_stats(
+    reader: JsonlSource | ParquetSource,
+    writer: RowWriter,
+    packer: RowPacker,
+    tally: _Tally,
+    long: LongConversations,
+    pack: _Packing,
+    max_rows: int | None,
+) -> dict:
+    """A split's counts for its manifest (see the module docstring for how they add up)."""
+    skipped_total = sum(tally.skipped.values())
+    if skipped_total > len(tally.examples):
+        unreported = skipped_total - len(tally.examples)
         log.warning("%d more conversation(s) skipped; the counts by reason follow", unreported)
+    row_tokens, rows_without_targets, padding = pack.row_tokens, tally.rows_without_targets, tally.padding
     written_tokens = writer.rows * row_tokens
     return {
         "rows": writer.rows,
@@ -695,16 +810,16 @@ def _pack_and_write(
         "rows_skipped_without_targets": rows_without_targets,
         "stopped_at_max_rows": max_rows is not None and writer.rows == max_rows,
         "rows_sha256": writer.rows_sha256,
-        "segments": segments if boundaries else None,
+        "segments": tally.segments if pack.packing == "boundaries" else None,
         "long_conversations": long.summary(),
-        "conversations_in_validation": in_validation,
+        "conversations_in_validation": tally.in_validation,
         "conversations": {
             "indexed": len(reader),
-            "read": read,
-            "used": used,
-            "skipped": dict(sorted(skipped.items())),
+            "read": tally.read,
+            "used": tally.used,
+            "skipped": dict(sorted(tally.skipped.items())),
             "skipped_total": skipped_total,
-            "skipped_examples": examples,
+            "skipped_examples": tally.examples,
             "blank_lines": reader.blank_lines,
         },
     }

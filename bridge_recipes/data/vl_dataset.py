@@ -326,24 +326,8 @@ def build_vl_dataset(
     processes read the images and render the conversations; the dataset's bytes are the same
     for any number. Raises VlDatasetError on bad input; a conversation that cannot be used is
     skipped and counted."""
-    if not 0.0 <= val_fraction < 1.0:
-        raise VlDatasetError(f"--val-fraction must be in [0, 1), got {val_fraction}")
-    if not 0 <= seed < 2**32:
-        raise VlDatasetError(f"--seed must be in [0, 2**32), got {seed}")
-    for flag, value in (
-        ("--samples-per-shard", samples_per_shard),
-        ("--max-image-bytes", max_image_bytes),
-        ("--max-image-pixels", max_image_pixels),
-    ):
-        if value < 1:
-            raise VlDatasetError(f"{flag} must be at least 1, got {value}")
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise VlDatasetError(f"--workers {workers}: at least 1 (the dataset is the same whatever the number)")
-    src = Path(source).expanduser()
-    if not src.is_file():
-        raise VlDatasetError(f"--input {source}: no such file; pass the conversations' .jsonl file")
-    if src.suffix.lower() != ".jsonl":
-        raise VlDatasetError(f"--input {source}: {src.suffix or 'no suffix'} is not .jsonl; one JSON record a line")
+    _check_settings(val_fraction, seed, samples_per_shard, max_image_bytes, max_image_pixels, workers)
+    src = _input_file(source)
     out = output_folder(out_dir, error=VlDatasetError)
     if problem := overlap_problem(out, option="--out", inputs=[("--input", src), ("--processor", processor)]):
         raise VlDatasetError(problem)
@@ -373,21 +357,8 @@ def build_vl_dataset(
                 if len(part):
                     splits[split], counts[split] = _write_split(reader, part, split, samples, **settings)
         _refuse_empty(splits, counts, n_val, src, val_fraction)
-        table = pq.read_table(stage / SAMPLES_FILE)
         _prepare_energon(stage, [s for s in SPLITS if splits.get(s, {}).get("samples")])
-        budget = dict(
-            patch=proc.fields["patch_size"],
-            merge=proc.fields["merge_size"],
-            min_pixels=proc.fields["min_pixels"],
-            max_pixels=proc.fields["max_pixels"],
-        )
-        lengths = sequence_tokens(table, **budget)
-        for split, info in splits.items():
-            mine = lengths[np.asarray(table.column("split").to_pylist()) == split]
-            info["sequence_tokens_at_processor_pixels"] = {
-                "max": int(mine.max()),
-                "mean": round(float(mine.mean()), 1),
-            }
+        _add_sequence_lengths(splits, pq.read_table(stage / SAMPLES_FILE), proc)
         manifest = {
             "builder": BUILDER,
             "builder_version": BUILDER_VERSION,
@@ -410,6 +381,52 @@ def build_vl_dataset(
         (stage / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         build.publish()
         return manifest
+
+
+def _check_settings(
+    val_fraction: float, seed: int, samples_per_shard: int, max_image_bytes: int, max_image_pixels: int, workers: int
+) -> None:
+    """The build's numbers within their ranges, each refused naming its flag."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise VlDatasetError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+    if not 0 <= seed < 2**32:
+        raise VlDatasetError(f"--seed must be in [0, 2**32), got {seed}")
+    for flag, value in (
+        ("--samples-per-shard", samples_per_shard),
+        ("--max-image-bytes", max_image_bytes),
+        ("--max-image-pixels", max_image_pixels),
+    ):
+        if value < 1:
+            raise VlDatasetError(f"{flag} must be at least 1, got {value}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise VlDatasetError(f"--workers {workers}: at least 1 (the dataset is the same whatever the number)")
+
+
+def _input_file(source: str | os.PathLike) -> Path:
+    """``--input``: an existing ``.jsonl`` file."""
+    src = Path(source).expanduser()
+    if not src.is_file():
+        raise VlDatasetError(f"--input {source}: no such file; pass the conversations' .jsonl file")
+    if src.suffix.lower() != ".jsonl":
+        raise VlDatasetError(f"--input {source}: {src.suffix or 'no suffix'} is not .jsonl; one JSON record a line")
+    return src
+
+
+def _add_sequence_lengths(splits: dict[str, dict], table: pa.Table, proc: Processor) -> None:
+    """Each split's longest and mean sample, in tokens at the processor's own pixel bounds."""
+    budget = dict(
+        patch=proc.fields["patch_size"],
+        merge=proc.fields["merge_size"],
+        min_pixels=proc.fields["min_pixels"],
+        max_pixels=proc.fields["max_pixels"],
+    )
+    lengths = sequence_tokens(table, **budget)
+    for split, info in splits.items():
+        mine = lengths[np.asarray(table.column("split").to_pylist()) == split]
+        info["sequence_tokens_at_processor_pixels"] = {
+            "max": int(mine.max()),
+            "mean": round(float(mine.mean()), 1),
+        }
 
 
 def _prepare_conversation(

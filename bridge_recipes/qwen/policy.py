@@ -3,13 +3,15 @@
 Each ``_apply_<model>_<N>gpu_<gpu>_execution_config`` helper is written from these, so one
 setting (say, how CPU optimizer offload is switched on) has one definition. Each block sets one
 kind of thing: numerics, optimizer sharding, recompute, offload, layout. None of them touches
-``cfg.env_vars``: the environment is a dict (:data:`OPENRECIPES_ENV`) that each
-``_apply_*`` helper assigns once, as its last statement, so a recipe's environment reads in one
-place.
+``cfg.env_vars``: the environment is a dict (:data:`OPENRECIPES_ENV`) assigned once, last, by
+each ``_apply_*`` helper or by the frame they share (:func:`openrecipes_execution`), so a
+recipe's environment reads in one place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -60,6 +62,18 @@ def shard_optimizer_precision_aware(cfg: ConfigContainer) -> None:
     cfg.optimizer.use_distributed_optimizer = True
     cfg.ddp.use_distributed_optimizer = True
     cfg.optimizer.use_precision_aware_optimizer = True
+
+
+@contextmanager
+def openrecipes_execution(cfg: ConfigContainer) -> Iterator[None]:
+    """The frame of an OpenRecipes execution policy, around the layout, recompute and dispatcher
+    its block sets: first the shared numerics and the precision-aware sharded optimizer, last one
+    row per micro batch and the environment :data:`OPENRECIPES_ENV`."""
+    set_openrecipes_numerics(cfg)
+    shard_optimizer_precision_aware(cfg)
+    yield
+    cfg.train.micro_batch_size = 1
+    cfg.env_vars = {**OPENRECIPES_ENV}
 
 
 def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: int = 1) -> None:

@@ -34,47 +34,17 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     bad_values = value_problems(cfg, world_size)
     if bad_values:
         return [Problem("error", msg) for msg in bad_values]
-    m, problems = cfg.model, []
+    m = cfg.model
+    lay = layout_of(cfg, world_size)
+    problems = [Problem("error", msg) for msg in _layout_errors(cfg, lay)]
 
     def err(msg: str) -> None:
         problems.append(Problem("error", msg))
 
-    def warn(msg: str) -> None:
-        problems.append(Problem("warning", msg))
-
-    lay = layout_of(cfg, world_size)
-    # Layers over pipeline stages: the split itself (first/last) is the recipe's to fix.
-    stages = stage_layers(cfg)
-    if stages is None:
-        err(
-            f"{m.num_layers} layers do not split over PP={lay.pp} stages "
-            f"with first={m.num_layers_in_first_pipeline_stage}"
-            f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
-            f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp"
-        )
-    for msg in layer_pattern_problems(m):
-        err(msg)
-    if m.num_moe_experts and lay.etp is None:
-        err(
-            "model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)"
-        )
-    # The parallel sizes against the world, the stages, the heads, the experts and the sequence.
-    for msg in rule_problems(model_shape(m), lay, stages):
-        err(msg)
-    # a packed sample may join several rows (dataset.rows_per_sample): its length is theirs together
-    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length) * (getattr(cfg.dataset, "rows_per_sample", 1) or 1)
-    if data_seq != m.seq_length:
-        err(f"model.seq_length={m.seq_length} differs from dataset.seq_length={data_seq}; set both (-sl sets both)")
-    # Megatron-Bridge stops at setup when the tokenizer's vocabulary outgrows the embedding.
-    tok = getattr(cfg, "tokenizer", None)
-    tok_vocab = getattr(tok, "vocab_size", None) if getattr(tok, "tokenizer_type", None) == "NullTokenizer" else None
-    if tok_vocab and m.vocab_size and tok_vocab > m.vocab_size:
-        err(
-            f"tokenizer.vocab_size={tok_vocab} is larger than model.vocab_size={m.vocab_size}; "
-            f"set tokenizer.vocab_size={m.vocab_size} with the smaller model vocabulary"
-        )
     if m.sequence_parallel and lay.tp == 1:
-        warn("sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
+        problems.append(
+            Problem("warning", "sequence_parallel has no effect at TP=1; set model.sequence_parallel=false")
+        )
 
     problems += [Problem("error", msg) for msg in vision_budget_problems(cfg)]
     data_errors, data_warnings = dataset_findings(cfg)
@@ -108,6 +78,43 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
             f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
         )
     return problems
+
+
+def _layout_errors(cfg: Any, lay: Any) -> list[str]:
+    """The layers over the stages, the per-layer patterns, the parallel sizes against the model, and the
+    sequence length and vocabulary the data and the tokenizer ask of the model."""
+    m, out = cfg.model, []
+    # Layers over pipeline stages: the split itself (first/last) is the recipe's to fix.
+    stages = stage_layers(cfg)
+    if stages is None:
+        out.append(
+            f"{m.num_layers} layers do not split over PP={lay.pp} stages "
+            f"with first={m.num_layers_in_first_pipeline_stage}"
+            f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
+            f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp"
+        )
+    out += layer_pattern_problems(m)
+    if m.num_moe_experts and lay.etp is None:
+        out.append(
+            "model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)"
+        )
+    # The parallel sizes against the world, the stages, the heads, the experts and the sequence.
+    out += rule_problems(model_shape(m), lay, stages)
+    # a packed sample may join several rows (dataset.rows_per_sample): its length is theirs together
+    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length) * (getattr(cfg.dataset, "rows_per_sample", 1) or 1)
+    if data_seq != m.seq_length:
+        out.append(
+            f"model.seq_length={m.seq_length} differs from dataset.seq_length={data_seq}; set both (-sl sets both)"
+        )
+    # Megatron-Bridge stops at setup when the tokenizer's vocabulary outgrows the embedding.
+    tok = getattr(cfg, "tokenizer", None)
+    tok_vocab = getattr(tok, "vocab_size", None) if getattr(tok, "tokenizer_type", None) == "NullTokenizer" else None
+    if tok_vocab and m.vocab_size and tok_vocab > m.vocab_size:
+        out.append(
+            f"tokenizer.vocab_size={tok_vocab} is larger than model.vocab_size={m.vocab_size}; "
+            f"set tokenizer.vocab_size={m.vocab_size} with the smaller model vocabulary"
+        )
+    return out
 
 
 def layer_pattern_problems(m: Any) -> list[str]:

@@ -93,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"fine-tune with adapters instead of all weights ({' | '.join(PEFT_SCHEMES)}): lora puts LoRA "
         "(rank 32) on attention, Gated DeltaNet and MLP/expert projections, lr 1e-4; the recipe's layout is kept",
     )
+    _add_run_options(p)
+    g = p.add_argument_group("convenience flags (applied before trailing overrides)")
+    for dest, flag in FLAG_KEYS.items():
+        g.add_argument(flag_option(dest), dest=dest, type=flag.type, help=" and ".join(flag.keys))
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    return p
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """The options of what a build is checked for, planned or run with, and what it writes."""
     p.add_argument(
         "--world-size",
         type=int,
@@ -137,11 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="benchmark only: train a LoRA recipe's adapters on random base weights (speed and memory, no "
         "checkpoint); refused unless checkpoint.save and checkpoint.load are null and no weights are named",
     )
-    g = p.add_argument_group("convenience flags (applied before trailing overrides)")
-    for dest, flag in FLAG_KEYS.items():
-        g.add_argument(flag_option(dest), dest=dest, type=flag.type, help=" and ".join(flag.keys))
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    return p
 
 
 def fail(msg: str) -> int:
@@ -372,29 +377,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         entries = [e for e in registry.entries().values() if registry.matches(e, args.filter)]
         print(registry.table(sorted(entries, key=lambda e: (e.tree, e.name))))
         return 0
-    if not args.recipe and not args.config_file:
-        return fail("--recipe NAME is required (or --config-file FILE, or --list to see the recipes)")
-    if args.overwrite_config and not args.save_config:
-        return fail("--overwrite-config applies to --save-config FILE; add it, or drop --overwrite-config")
-    if args.save_config and (problem := save_config_problem(args)):
-        return fail(problem)
-    if problem := gpus_conflict(args):
-        return fail(problem)
-    if args.gpu_memory_gb is not None:
-        from bridge_recipes.gpu_memory import cap_value_problem
-
-        if problem := cap_value_problem(args.gpu_memory_gb):
-            return fail(problem)
-    try:  # what needs no Megatron import is answered before it
-        precheck(args.overrides)
-        range_precheck(flag_overrides(vars(args)))
-        if args.recipe:
-            registry.find(args.recipe)
-    except (OverrideError, registry.UnknownRecipe) as exc:
-        return fail(str(exc))
-    from bridge_recipes.installed import training_stack_problem
-
-    if problem := training_stack_problem("a dry run, --plan or a launch"):
+    if problem := request_problem(args):
         return fail(problem)
     print(
         f"[run_recipe] loading Megatron-Bridge and building {args.recipe or args.config_file}",
@@ -411,15 +394,59 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         refused := random_lora.problems(cfg, hf_checkpoint=args.hf_checkpoint, export_hf=args.export_hf)
     ):
         return fail("; ".join(refused))
-
-    from bridge_recipes.runner import checks, environment
-
     if warning := mock_data_warning(cfg, entry.meta.task):
         print(warning, file=sys.stderr, flush=True)
     try:
         world = world_size_of(args, entry.meta.gpus)
     except ValueError as exc:
         return fail(str(exc))
+    if problem := checks_problem(args, entry, cfg, world):
+        return fail(problem)
+    if args.plan:
+        return print_plan(args, entry, cfg, world)
+    from bridge_recipes.hf.training import random_init_warning
+
+    warning = None if args.lora_from_random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
+    if warning and entry.meta.task == "peft" and cfg.peft is not None:
+        # adapters on random weights learn nothing worth keeping: refused, dry run and launch alike
+        return fail(warning)
+    if args.dry_run:
+        return dry_run(args, entry, cfg, world, warning)
+    return launch_run(args, entry, cfg, world, start_state)
+
+
+def request_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line before anything is built: options that do not go together,
+    bad overrides or flag values, an unknown recipe, a training stack that is not installed."""
+    if not args.recipe and not args.config_file:
+        return "--recipe NAME is required (or --config-file FILE, or --list to see the recipes)"
+    if args.overwrite_config and not args.save_config:
+        return "--overwrite-config applies to --save-config FILE; add it, or drop --overwrite-config"
+    if args.save_config and (problem := save_config_problem(args)):
+        return problem
+    if problem := gpus_conflict(args):
+        return problem
+    if args.gpu_memory_gb is not None:
+        from bridge_recipes.gpu_memory import cap_value_problem
+
+        if problem := cap_value_problem(args.gpu_memory_gb):
+            return problem
+    try:  # what needs no Megatron import is answered before it
+        precheck(args.overrides)
+        range_precheck(flag_overrides(vars(args)))
+        if args.recipe:
+            registry.find(args.recipe)
+    except (OverrideError, registry.UnknownRecipe) as exc:
+        return str(exc)
+    from bridge_recipes.installed import training_stack_problem
+
+    return training_stack_problem("a dry run, --plan or a launch")
+
+
+def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
+    """The layout checks (each printed) and the patches' refusals for ``world`` GPUs: why the run cannot go on."""
+    from bridge_recipes.runner import checks
+
     problems = checks.check(cfg, world)
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
@@ -430,60 +457,68 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
 
             layers, _ = layers_and_experts(args.hf_folder)
             hint = f" (for this checkpoint on fewer GPUs, add --scale-down {layers}: its layer count)"
-        return fail(f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above{hint}")
+        return f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above{hint}"
     from bridge_recipes import patches
 
     if refused := patches.problems(cfg, lora_from_random_init=args.lora_from_random_init, dry_run=args.dry_run):
-        return fail("; ".join(refused))
+        return "; ".join(refused)
+    return None
 
-    if args.plan:
-        from bridge_recipes.plan.memory import plan_report
 
-        text, fits = plan_report(cfg, world, entry.meta.gpu, gpu_memory_gb=args.gpu_memory_gb)
-        print(text)
-        if not fits:
-            from bridge_recipes.gpus import class_memory_gb
-            from bridge_recipes.runner.gpu_fit import recipes_that_fit
+def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> int:
+    """--plan: the memory plan per pipeline stage, and where it does not fit the recipes that do; 0 when it fits."""
+    from bridge_recipes.plan.memory import plan_report
 
-            memory = args.gpu_memory_gb or class_memory_gb(entry.meta.gpu)
-            if memory and (fitting := recipes_that_fit(entry, memory, world)):
-                print(f"recipes of this model and task planned to fit {memory:.1f} GB: {', '.join(fitting)}")
-        return 0 if fits else USAGE_ERROR
+    text, fits = plan_report(cfg, world, entry.meta.gpu, gpu_memory_gb=args.gpu_memory_gb)
+    print(text)
+    if not fits:
+        from bridge_recipes.gpus import class_memory_gb
+        from bridge_recipes.runner.gpu_fit import recipes_that_fit
 
-    from bridge_recipes.hf.training import random_init_warning
+        memory = args.gpu_memory_gb or class_memory_gb(entry.meta.gpu)
+        if memory and (fitting := recipes_that_fit(entry, memory, world)):
+            print(f"recipes of this model and task planned to fit {memory:.1f} GB: {', '.join(fitting)}")
+    return 0 if fits else USAGE_ERROR
 
-    warning = None if args.lora_from_random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
-    if warning and entry.meta.task == "peft" and cfg.peft is not None:
-        # adapters on random weights learn nothing worth keeping: refused, dry run and launch alike
-        return fail(warning)
-    if args.dry_run:
-        print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
-        if entry.checkpoint is not None:
-            rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
-            alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
-            print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
-        print(checks.summary(cfg, world))
-        print(run_summary(cfg, entry, args))
-        problem = megatron_validation(cfg, world)
-        if problem:
-            return fail(f"Megatron-Bridge rejects this config: {problem}")
-        if warning:
-            print(in_cli_terms(warning), file=sys.stderr)
-        if args.lora_from_random_init:
-            print(f"{random_lora.NOTE}; at launch the adapters go on the random weights and nothing is loaded")
-        if args.show_yaml:
-            cfg.print_yaml()
-        if args.save_config:
-            from bridge_recipes import config_files
-            from bridge_recipes.outputs import write_text_atomic
 
-            run = {
-                o: os.path.abspath(v) for o in config_files.RUN_OPTIONS if (v := getattr(args, o.replace("-", "_")))
-            }
-            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
-            print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
-        print("checks: ok (layout checks and Megatron-Bridge validation passed)")
-        return 0
+def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, warning: str | None) -> int:
+    """--dry-run: the layout and what the run reads and writes, Megatron-Bridge's validation, and the
+    config written where --save-config asks."""
+    from bridge_recipes.runner import checks
+
+    print(f"# {entry.name} ({entry.tree}, {entry.meta.task}); written for {entry.meta.gpus} x {entry.meta.gpu}")
+    if entry.checkpoint is not None:
+        rev = f" at revision {entry.checkpoint.revision}" if entry.checkpoint.revision else ""
+        alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
+        print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
+    print(checks.summary(cfg, world))
+    print(run_summary(cfg, entry, args))
+    problem = megatron_validation(cfg, world)
+    if problem:
+        return fail(f"Megatron-Bridge rejects this config: {problem}")
+    if warning:
+        print(in_cli_terms(warning), file=sys.stderr)
+    if args.lora_from_random_init:
+        print(f"{random_lora.NOTE}; at launch the adapters go on the random weights and nothing is loaded")
+    if args.show_yaml:
+        cfg.print_yaml()
+    if args.save_config:
+        from bridge_recipes import config_files
+        from bridge_recipes.outputs import write_text_atomic
+
+        run = {o: os.path.abspath(v) for o in config_files.RUN_OPTIONS if (v := getattr(args, o.replace("-", "_")))}
+        write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
+        print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
+    print("checks: ok (layout checks and Megatron-Bridge validation passed)")
+    return 0
+
+
+def launch_run(
+    args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, start_state: dict | None
+) -> int:
+    """The launch: the machine's prerequisites, the recipe's environment (a re-exec, or --show-env's
+    report of it), this GPU's fit, then training and the --export-hf export."""
+    from bridge_recipes.runner import checks, environment
 
     if not args.show_env:
         from bridge_recipes.runner.prerequisites import launch_problems
@@ -496,18 +531,13 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     if args.show_env:
         state = start_state or {}
         names = sorted(cfg.env_vars)
-        print(
-            json.dumps(
-                {
-                    "reexecuted_from_pid": os.environ.get(environment.MARKER),
-                    "transformer_engine_imported_at_start": state.get("transformer_engine_imported"),
-                    "recipe_env_at_start": {k: (state.get("environ") or {}).get(k) for k in names},
-                },
-                indent=1,
-            )
-        )
+        report = {
+            "reexecuted_from_pid": os.environ.get(environment.MARKER),
+            "transformer_engine_imported_at_start": state.get("transformer_engine_imported"),
+            "recipe_env_at_start": {k: (state.get("environ") or {}).get(k) for k in names},
+        }
+        print(json.dumps(report, indent=1))
         return 0
-
     if problem := fit_this_gpu(entry, cfg, args.gpu_memory_gb, world):
         return fail(problem)
     from bridge_recipes.runner import launch

@@ -274,3 +274,66 @@ def test_the_layer_checks_see_a_cycle_a_recipe_import_and_a_script_path(tmp_path
     assert _script_paths(script) == ["scripts/x.py"]
     script.write_text('ROOT = 1\nCMD = ROOT / "scripts" / "run_recipe.py"\nFOLDERS = ("scripts", "tests")\n')
     assert _script_paths(script) == ["scripts"]
+
+
+# --- modules import one way ----------------------------------------------------------------------
+def _module_imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that the module ``name`` (at ``path``) imports, at module level or
+    inside functions: ``from a import b`` names a.b when that is a module, else a; a relative import
+    is resolved against the module's package; an imported name that is no module gives its nearest
+    enclosing module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules of the package at ``root`` it imports (see :func:`_module_imports`)."""
+    paths = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {name: _module_imports(path, name, set(paths)) for name, path in paths.items()}
+
+
+def test_no_import_cycle_between_modules():
+    """No two modules import each other, directly or around a loop, even from inside a function: the
+    piece both need belongs in a module below them."""
+    graph = _module_graph(ROOT / "bridge_recipes")
+    assert "bridge_recipes.data.errors" in graph["bridge_recipes.data.conversations"]
+    assert _cycles(graph) == []
+
+
+def test_the_module_check_sees_a_cycle_through_a_function_or_a_relative_import(tmp_path):
+    root = tmp_path / "bridge_recipes"
+    (root / "data").mkdir(parents=True)
+    for name, body in {
+        "__init__.py": "",
+        "data/__init__.py": "",
+        "data/a.py": "def f():\n    from bridge_recipes.data import b\n",
+        "data/b.py": "from .c import X\n",
+        "data/c.py": "import bridge_recipes.data.a\n",
+        "data/d.py": "from bridge_recipes.data.a import f\nfrom numpy import array\n",
+    }.items():
+        (root / name).write_text(body)
+    graph = _module_graph(root)
+    assert graph["bridge_recipes.data.d"] == {"bridge_recipes.data.a"}
+    assert _cycles(graph) == [["bridge_recipes.data.a", "bridge_recipes.data.b", "bridge_recipes.data.c"]]
+    (root / "data/c.py").write_text("import numpy\n")
+    assert _cycles(_module_graph(root)) == []

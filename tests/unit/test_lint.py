@@ -59,3 +59,42 @@ def test_pre_commit_runs_ruff_and_the_size_check():
     hooks = {h["id"]: h for repo in config["repos"] for h in repo["hooks"]}
     assert {"ruff-check", "ruff-format", "check-added-large-files"} <= set(hooks)
     assert "--maxkb=500" in hooks["check-added-large-files"]["args"]
+
+
+# A function reads as one unit: at most this many lines from its def line to its last line.
+MAX_FUNCTION_LINES = 80
+# The product is bridge_recipes/ but for its benchmark tools.
+NOT_PRODUCT = ("bench",)
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``path:line name`` -> lines, for each function or method under ``root`` (nested ones too) longer
+    than ``limit`` lines, its def line to its last line (decorators aside)."""
+    import ast
+
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] in NOT_PRODUCT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    out[f"{path.relative_to(root.parent)}:{node.lineno} {node.name}"] = lines
+    return out
+
+
+def test_no_product_function_is_over_80_lines():
+    assert (ROOT / "bridge_recipes/data/sft_rows.py").is_file()
+    assert long_functions(ROOT / "bridge_recipes") == {}, "split the function into named steps"
+
+
+def test_the_length_check_counts_def_line_to_last_line(tmp_path):
+    root = tmp_path / "bridge_recipes"
+    (root / "bench").mkdir(parents=True)
+    lines = [f"x{i} = {i}" for i in range(79)]
+    fits = "\n".join(["@decorator", "def fits():", *(f"    {x}" for x in lines)])  # 80 lines from def
+    over = "\n".join(["class C:", "    async def over(self):", *(f"        {x}" for x in [*lines, "pass"])])
+    (root / "m.py").write_text(f"{fits}\n\n\n{over}\n")
+    (root / "bench" / "b.py").write_text("\n".join(["def skipped():", *(f"    {x}" for x in [*lines, "y = 1"])]))
+    assert long_functions(root) == {"bridge_recipes/m.py:85 over": 81}

@@ -21,11 +21,9 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.common import sft_config
 from bridge_recipes.qwen.policy import (
-    OPENRECIPES_ENV,
     full_recompute,
+    openrecipes_execution,
     set_layout,
-    set_openrecipes_numerics,
-    shard_optimizer_precision_aware,
 )
 from bridge_recipes.recipe import recipe
 
@@ -42,13 +40,10 @@ OPENRECIPES_35B_B200 = (
 def _apply_qwen35_35b_a3b_8gpu_b200_execution_config(cfg: ConfigContainer) -> None:
     """TP1 PP1 EP8 ETP1 DP8, one 8,192-token row per micro batch, block recompute of 20 layers,
     alltoall dispatcher, precision-aware distributed Adam on the GPU."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, ep=8)
-    full_recompute(cfg, "block", 20)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, ep=8)
+        full_recompute(cfg, "block", 20)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(

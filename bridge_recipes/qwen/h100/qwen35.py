@@ -21,14 +21,12 @@ from typing import TYPE_CHECKING
 from bridge_recipes.common import sft_config
 from bridge_recipes.qwen.h200 import qwen35 as h200
 from bridge_recipes.qwen.policy import (
-    OPENRECIPES_ENV,
     chunked_cross_entropy,
     cpu_optimizer_offload,
     fp8_frozen_base,
     full_recompute,
+    openrecipes_execution,
     set_layout,
-    set_openrecipes_numerics,
-    shard_optimizer_precision_aware,
 )
 from bridge_recipes.recipe import recipe
 
@@ -49,18 +47,15 @@ SLIME_35B_H100 = (
 
 def _apply_qwen35_35b_a3b_8gpu_h100_execution_config(cfg: ConfigContainer) -> None:
     """TP2 SP PP2 CP2 EP4 ETP1 (DP1) on 8 x H100 80 GB, as slime's recipe class sets it."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, tp=2, pp=2, cp=2, ep=4, etp=1, sp=True)
-    full_recompute(cfg)
-    cpu_optimizer_offload(cfg)
-    cfg.model.moe_token_dispatcher_type = "flex"  # slime: moe_token_dispatcher_type=flex
-    cfg.model.moe_flex_dispatcher_backend = "deepep"  # slime: moe_enable_deepep=True
-    # 8,192 tokens per GPU at CP2
-    cfg.model.seq_length = 16384
-    cfg.dataset.seq_length = 16384
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, tp=2, pp=2, cp=2, ep=4, etp=1, sp=True)
+        full_recompute(cfg)
+        cpu_optimizer_offload(cfg)
+        cfg.model.moe_token_dispatcher_type = "flex"  # slime: moe_token_dispatcher_type=flex
+        cfg.model.moe_flex_dispatcher_backend = "deepep"  # slime: moe_enable_deepep=True
+        # 8,192 tokens per GPU at CP2
+        cfg.model.seq_length = 16384
+        cfg.dataset.seq_length = 16384
 
 
 @recipe(

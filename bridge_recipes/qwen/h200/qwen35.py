@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.common import peft_config, pretrain_config, sft_config
 from bridge_recipes.qwen.policy import (
-    OPENRECIPES_ENV,
     bf16_adam_moments,
     chunked_cross_entropy,
     cpu_optimizer_offload,
@@ -35,9 +34,8 @@ from bridge_recipes.qwen.policy import (
     full_recompute,
     fused_router,
     fused_swiglu,
+    openrecipes_execution,
     set_layout,
-    set_openrecipes_numerics,
-    shard_optimizer_precision_aware,
     te_cross_entropy,
 )
 from bridge_recipes.recipe import recipe
@@ -89,13 +87,10 @@ def _apply_qwen35_35b_a3b_8gpu_h200_execution_config(cfg: ConfigContainer) -> No
     """ATTUNE's tuned 8 x H200 layout (openrecipes-35b-h200, #1): TP1 PP1 EP8 ETP1 DP8, one 8,192-token row
     per micro batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware
     distributed Adam on the GPU (no offload)."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, ep=8)
-    full_recompute(cfg)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, ep=8)
+        full_recompute(cfg)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(
@@ -254,12 +249,9 @@ def _apply_qwen35_27b_8gpu_h200_execution_config(cfg: ConfigContainer) -> None:
     8,192-token row per micro batch, full recompute of the first 12 layers of each stage
     (block), precision-aware distributed Adam on the GPU. Block 10 ran out of memory on the
     first stage; PP2 at TP1 ran out on the last stage (FP32 logits of the 248K vocabulary)."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, pp=4, first=16, last=14)
-    full_recompute(cfg, "block", 12)
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, pp=4, first=16, last=14)
+        full_recompute(cfg, "block", 12)
 
 
 @recipe(
@@ -337,13 +329,10 @@ def _apply_qwen35_27b_8gpu_h200_slime_reference_execution_config(cfg: ConfigCont
     """The reference ATTUNE compared against (openrecipes-27b-h200): slime's run-qwen3.5-27B.sh on one node,
     TP4 with sequence parallelism, PP2 with 34/30 layers, CP1, full uniform recompute,
     optimizer on the CPU, same optimizer settings."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, tp=4, pp=2, sp=True, first=34, last=30)
-    full_recompute(cfg)
-    cpu_optimizer_offload(cfg)
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, tp=4, pp=2, sp=True, first=34, last=30)
+        full_recompute(cfg)
+        cpu_optimizer_offload(cfg)
 
 
 @recipe(
@@ -389,13 +378,10 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
       (openrecipes-35b-h200: 3,466.8 offloaded vs 4,663.1 tokens/s/GPU).
     Global batch 128 = 1 row x 16 micro batches x DP8.
     """
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, pp=3, ep=8, first=17, last=13)
-    full_recompute(cfg)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, pp=3, ep=8, first=17, last=13)
+        full_recompute(cfg)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(
@@ -436,13 +422,10 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
       hold 397e9 x 16 bytes / 4 nodes = 1.59 TB of FP32 state and gradient copies.
     Global batch 128 = 1 row x 16 micro batches x DP8.
     """
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, tp=2, sp=True, pp=4, ep=16, first=15, last=13)
-    full_recompute(cfg)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, tp=2, sp=True, pp=4, ep=16, first=15, last=13)
+        full_recompute(cfg)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(
@@ -472,12 +455,9 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     """One H200 per model replica: TP1 PP1 (the 27B's 54 GB of BF16 weights fit one GPU), full
     uniform recompute of 1 layer, one 8,192-token row per micro batch. Planner: 99.0 GB of 150.8
     (recomputing only the first 32 layers plans 187.9 GB). On N GPUs it is DP N."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg)
-    full_recompute(cfg)
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg)
+        full_recompute(cfg)
 
 
 @recipe(
@@ -539,13 +519,10 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     """All 256 experts on one H200 (EP1: 35e9 x 2 bytes = 70 GB of frozen BF16 weights), full
     uniform recompute of 1 layer, alltoall dispatcher, one 8,192-token row per micro batch.
     Planner: 108.8 GB of 150.8."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg)
-    full_recompute(cfg)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg)
+        full_recompute(cfg)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(
@@ -646,13 +623,10 @@ def _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     """One node: TP1 PP1 EP8 DP8 (32 experts per GPU; frozen BF16 experts 116e9 x 2 / 8 = 29 GB
     a GPU), full uniform recompute of 1 layer, alltoall dispatcher. Planner: 79.6 GB of 150.8;
     4 GPUs (EP4) would also fit (110.8 GB) but a node is the unit these recipes are written for."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, ep=8)
-    full_recompute(cfg)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, ep=8)
+        full_recompute(cfg)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(
@@ -675,13 +649,10 @@ def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer
     layer, alltoall dispatcher. The frozen BF16 experts are 386e9 x 2 / 8 = 97 GB a GPU; TP2
     halves the dense part and the logits. Planner: 133.8 GB of 150.8; TP1 EP8 plans 161.4 GB and
     PP2 EP4 152.5 GB on its last stage (does not fit), so TP2 it is."""
-    set_openrecipes_numerics(cfg)
-    shard_optimizer_precision_aware(cfg)
-    set_layout(cfg, tp=2, sp=True, ep=8)
-    full_recompute(cfg)
-    cfg.model.moe_token_dispatcher_type = "alltoall"
-    cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    with openrecipes_execution(cfg):
+        set_layout(cfg, tp=2, sp=True, ep=8)
+        full_recompute(cfg)
+        cfg.model.moe_token_dispatcher_type = "alltoall"
 
 
 @recipe(

@@ -1,0 +1,25 @@
+"""The errors of an SFT rows build: bad input that stops it, and a conversation it skips.
+
+A leaf module: the sources, the record formats and the renderers all raise these, and import
+nothing else of the library to do so.
+"""
+
+from __future__ import annotations
+
+
+class SftRowsError(Exception):
+    """Bad input to a build (missing file, unusable tokenizer, output folder in use, ...)."""
+
+
+class MalformedConversation(ValueError):
+    """A source conversation that cannot be rendered; ``index`` is its source row index."""
+
+    def __init__(self, index: int | None, reason: str, detail: str):
+        self.index = index
+        self.reason = reason
+        self.detail = detail
+        where = f"source row {index}" if index is not None else "conversation"
+        super().__init__(f"{where}: {detail} [{reason}]")
+
+    def __reduce__(self):  # rebuilt from its fields when a worker process hands it back
+        return type(self), (self.index, self.reason, self.detail)
