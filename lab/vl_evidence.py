@@ -4,7 +4,7 @@
 
 1. toy: the VL MoE toy of ``convert_checkpoint.py toy --vl`` (4 layers, 16 experts, a 2-layer vision
    tower, the offline Qwen-VL processor), BF16;
-2. data: coloured shapes (:mod:`bridge_recipes.data.synthetic_images`) in every accepted record
+2. data: coloured shapes (:mod:`bridge_recipes.vl.synthetic_images`) in every accepted record
    form, built into an Energon dataset with a validation split by scripts/build_vl_dataset.py's
    entry point, with the toy as the processor;
 3. training: the VL SFT recipe scaled to the toy, ``--hf-checkpoint TOY --export-hf EXPORT
@@ -47,8 +47,8 @@ TRAIN_FLAGS += ["--lr", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "3"]
 def run_args(toy: Path, spec: Any, dataset: Path, export: Path, ckpt: Path) -> list[str]:
     """Runner arguments of the training run: the VL SFT recipe scaled to the toy (its vision tower
     and token ids too), the built dataset with its validation split, the toy's weights and an export."""
-    from bridge_recipes.data.offline_vl_processor import vision_token_ids
     from bridge_recipes.hf.toy import model_overrides
+    from bridge_recipes.vl.offline_vl_processor import vision_token_ids
 
     return [
         "--scale-down", str(spec.num_layers), "--scale-experts", str(spec.num_experts), *TRAIN_FLAGS,
@@ -140,8 +140,8 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
     import torch
 
     from bridge_recipes.bench.runs import launch
-    from bridge_recipes.data.synthetic_images import held_out_examples, write_conversations
     from bridge_recipes.hf.toy import make_toy, toy_spec
+    from bridge_recipes.vl.synthetic_images import held_out_examples, write_conversations
 
     out.mkdir(parents=True, exist_ok=True)
     scratch.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
         source = write_conversations(scratch / "conversations", TRAIN_CONVERSATIONS, seed=0)
         for folder in (dataset, ckpt, export):
             shutil.rmtree(folder, ignore_errors=True)
-        cmd = [sys.executable, "-m", "bridge_recipes.data.vl_cli", "--input", str(source), "--processor", str(toy),
+        cmd = [sys.executable, "-m", "bridge_recipes.vl.vl_cli", "--input", str(source), "--processor", str(toy),
                "--out", str(dataset), "--val-fraction", str(VAL_FRACTION), "--no-progress"]  # fmt: skip
         run_child(log, cmd, "the dataset build")
         manifest = json.loads((dataset / "manifest.json").read_text())

@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(counts) < 1:
         print("bench_row_building.py: error: every count and --workers: at least 1", file=sys.stderr)
         return 2
-    from bridge_recipes.data.chat_template import TemplateRenderer
-    from bridge_recipes.data.conversations import SftRowsError
+    from bridge_recipes.chat.chat_template import TemplateRenderer
+    from bridge_recipes.chat.conversations import SftRowsError
 
     try:
         renderer = TemplateRenderer(opts.tokenizer)

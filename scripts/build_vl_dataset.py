@@ -11,7 +11,7 @@ LLaVA ``<image>`` placeholders with an ``images`` list; paths are relative to th
 absolute. A conversation with a missing, unreadable or oversized image is skipped and counted by
 reason. Writes the shards, Energon's metadata, samples.parquet and manifest.json into --out, all
 at once when the build completes; bad input exits with status 2. The logic lives in
-bridge_recipes.data.vl_dataset (importable and tested).
+bridge_recipes.vl.vl_dataset (importable and tested).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 
 from bridge_recipes import quiet
-from bridge_recipes.data.vl_cli import main
 from bridge_recipes.outputs import exit_on_termination
+from bridge_recipes.vl.vl_cli import main
 
 if __name__ == "__main__":
     quiet.install()  # other libraries' start-up notices (shown with --verbose)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from bridge_recipes.chat.chat_template import TEMPLATE_FILES, template_files_sha256
 from bridge_recipes.data.packing import PACKING_MODES
 from bridge_recipes.outputs import file_sha256
 
@@ -32,18 +33,6 @@ ROWS_SHA256_DEFINITION = (
     "sha256 over, for each row in order, input_ids as little-endian int32 bytes followed by loss_mask as uint8 bytes"
 )
 ROWS_SHA256_DEFINITION_BOUNDARIES = ROWS_SHA256_DEFINITION + ", then cu_seqlens as little-endian int32 bytes"
-# The files of a tokenizer folder that decide how the chat template renders (chat_template_sha256).
-TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def template_files_sha256(folder: str | os.PathLike) -> str:
-    """sha256 over the files that decide the rendering (name, then bytes, for those present)."""
-    hasher = hashlib.sha256()
-    for name in TEMPLATE_FILES:
-        path = Path(folder) / name
-        if path.is_file():
-            hasher.update(name.encode() + b"\0" + path.read_bytes())
-    return hasher.hexdigest()
 
 
 def update_rows_hash(hasher: hashlib._Hash, ids: np.ndarray, mask: np.ndarray, cu: np.ndarray | None = None) -> None:

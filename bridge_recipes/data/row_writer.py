@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bridge_recipes.data.errors import SftRowsError
+from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data.integrity import CU_COLUMN, MANIFEST_FILE, ROWS_FILE, VAL_DIR, update_rows_hash
 from bridge_recipes.outputs import held_signals, pid_alive
 

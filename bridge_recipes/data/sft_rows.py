@@ -61,7 +61,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from bridge_recipes.data.chat_render import (  # noqa: F401 - the public names of the builder
+from bridge_recipes.chat.chat_render import (  # noqa: F401 - the public names of the builder
     DEFAULT_EOS_TOKEN,
     IM_END,
     IM_START,
@@ -74,9 +74,9 @@ from bridge_recipes.data.chat_render import (  # noqa: F401 - the public names o
     render_conversation,
     validate_conversation,
 )
-from bridge_recipes.data.chat_render import eos_id as special_token_id
-from bridge_recipes.data.chat_template import TemplateRenderer
-from bridge_recipes.data.conversations import (  # noqa: F401
+from bridge_recipes.chat.chat_render import eos_id as special_token_id
+from bridge_recipes.chat.chat_template import TemplateRenderer
+from bridge_recipes.chat.conversations import (  # noqa: F401
     DEFAULT_MESSAGES_KEY,
     PARQUET_CACHE_BYTES,
     READ_WINDOW,

@@ -116,7 +116,7 @@ def aligned_conversations_jsonl(tokenizer: str | Path, n: int = ALIGNED_CONVERSA
     template (the row builder's render) to exactly ``ALIGNED_TOKENS`` tokens: the last answer's
     words are cut or extended until it does. Lengths are measured, never estimated: a word's tokens
     at the end of an answer are rendered once, and every conversation is rendered again to check."""
-    from bridge_recipes.data.chat_template import TemplateRenderer
+    from bridge_recipes.chat.chat_template import TemplateRenderer
 
     renderer = TemplateRenderer(tokenizer)
 

@@ -456,7 +456,7 @@ def vision_token_ids(folder: HfFolder) -> dict[str, int]:
     """A VL checkpoint's own ids of the tokens that mark images and videos (its processor writes them),
     as its config.json gives them (top level first, else text_config); an id that is not an integer
     >= 0 is refused naming the field."""
-    from bridge_recipes.data.vl_checks import VISION_TOKEN_FIELDS
+    from bridge_recipes.vl.vl_checks import VISION_TOKEN_FIELDS
 
     out = {}
     for name in VISION_TOKEN_FIELDS if folder.is_vl else ():

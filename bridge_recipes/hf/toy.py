@@ -6,7 +6,7 @@ recipe's model (full-attention interval, head dimensions, GDN head dimensions, c
 width, rotary fraction), the size fields shrink. It is saved with ``save_pretrained`` (sharded,
 with the index) next to a small byte-level BPE tokenizer, so that Megatron-Bridge's
 ``save_hf_pretrained`` finds tokenizer files in the source folder. A VL toy without a given
-tokenizer ships the offline Qwen-VL processor (:mod:`bridge_recipes.data.offline_vl_processor`)
+tokenizer ships the offline Qwen-VL processor (:mod:`bridge_recipes.vl.offline_vl_processor`)
 instead, its config's vision token ids pointing at that processor's tokens: the folder is then a
 whole VL checkpoint (weights, tokenizer, chat template, image processor), as a released one is.
 """
@@ -108,7 +108,7 @@ def save_tokenizer(out: str | Path, tokenizer_json: str | Path | None = None) ->
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_json is None:
-        from bridge_recipes.data.byte_bpe import train_byte_bpe
+        from bridge_recipes.vl.byte_bpe import train_byte_bpe
 
         train_byte_bpe([TOKENIZER_TEXT] * 4, TOKENIZER_SPECIALS, 1024).save(str(out / "tokenizer.json"))
     else:
@@ -154,7 +154,7 @@ def make_toy(
     out = Path(out)
     with_processor = vl and tokenizer_json is None
     if with_processor:
-        from bridge_recipes.data.offline_vl_processor import build, vision_token_ids
+        from bridge_recipes.vl.offline_vl_processor import build, vision_token_ids
 
         build(out)
         for name, value in vision_token_ids(out).items():
@@ -187,7 +187,7 @@ def make_toy(
         save_tokenizer(out, tokenizer_json)
     meta = {"toy_of": recipe_spec_of(spec).name, "family": family, "vl": vl, "seed": seed}
     if with_processor:
-        meta["processor"] = "bridge_recipes.data.offline_vl_processor"
+        meta["processor"] = "bridge_recipes.vl.offline_vl_processor"
     (out / "toy.json").write_text(json.dumps(meta, indent=1) + "\n")
     return spec
 

@@ -5,7 +5,7 @@ transformers compiles a chat template once per template text
 (``transformers.utils.chat_template_utils._compile_jinja_template``) into Jinja's immutable sandbox,
 whose ``is_safe_attribute`` verdict depends on the object's type and the attribute's name only; deciding
 it again on every attribute a template reads is most of a long conversation's rendering time. The
-renderer (``bridge_recipes.data.chat_template``) calls :func:`memoize` on its template. Outside the
+renderer (``bridge_recipes.chat.chat_template``) calls :func:`memoize` on its template. Outside the
 versions it was written for, or with the symbols moved, nothing is patched: renders stay correct, only
 slower."""
 

@@ -286,7 +286,7 @@ def dataset_findings(cfg: Any) -> tuple[list[str], list[str]]:
 
         return dry_run_problems(cfg)
     if kind == "EnergonDatasetConfig":
-        from bridge_recipes.data.vl_checks import dry_run_problems
+        from bridge_recipes.vl.vl_checks import dry_run_problems
 
         return dry_run_problems(cfg)
     return [], []

@@ -16,8 +16,8 @@ import random
 import tempfile
 from pathlib import Path
 
-from bridge_recipes.data.byte_bpe import train_byte_bpe
 from bridge_recipes.data.sft_rows import build_sft_rows
+from bridge_recipes.vl.byte_bpe import train_byte_bpe
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

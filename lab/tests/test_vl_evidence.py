@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.data.synthetic_images import held_out_examples, write_conversations
+from bridge_recipes.vl.synthetic_images import held_out_examples, write_conversations
 from lab import vl_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +23,9 @@ def tiny(tiny_vl_toy):
 def test_the_gpu_runs_command_passes_the_dry_run(tmp_path):
     """The evidence's toy (its default sizes) and a shapes dataset built with it: the training
     command of the GPU test, dry-run here."""
-    from bridge_recipes.data.vl_dataset import build_vl_dataset
     from bridge_recipes.hf.toy import make_toy, toy_spec
     from bridge_recipes.runner.cli import main as run_main
+    from bridge_recipes.vl.vl_dataset import build_vl_dataset
 
     toy = tmp_path / "toy"
     make_toy(toy, "moe", vl=True)

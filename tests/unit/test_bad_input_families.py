@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes.chat.chat_template import TemplateRenderer
 from bridge_recipes.data import sft_rows
-from bridge_recipes.data.chat_template import TemplateRenderer
 from bridge_recipes.outputs import overlap_problem, staged_output, write_text_atomic
 from bridge_recipes.runner.cli import main
 
@@ -154,7 +154,7 @@ def test_absurd_row_tokens_are_refused_before_the_data_is_read(tmp_path):
 
 def test_a_huge_line_is_skipped_unread(tmp_path, monkeypatch):
     """A line far longer than its row never reaches the JSON parser or the tokenizer."""
-    from bridge_recipes.data import conversations
+    from bridge_recipes.chat import conversations
 
     huge = {"messages": [{"role": "user", "content": "x" * 200_000}, {"role": "assistant", "content": "y"}]}
     src = _jsonl(tmp_path / "in.jsonl", [GOOD] * 30 + [huge])
@@ -208,7 +208,7 @@ SKIPPED = [
 
 @pytest.mark.parametrize("messages,reason", SKIPPED, ids=[s[1] + str(i) for i, s in enumerate(SKIPPED)])
 def test_template_rendering_skips_with_a_reason(messages, reason):
-    from bridge_recipes.data.conversations import MalformedConversation
+    from bridge_recipes.chat.conversations import MalformedConversation
 
     with pytest.raises(MalformedConversation) as info:
         TemplateRenderer(TEMPLATE).render(messages, index=3)
@@ -228,8 +228,8 @@ def test_tool_results_after_a_tool_call_still_render():
 
 
 def test_chatml_skips_an_empty_assistant_reply():
-    from bridge_recipes.data.chat_render import validate_conversation
-    from bridge_recipes.data.conversations import MalformedConversation
+    from bridge_recipes.chat.chat_render import validate_conversation
+    from bridge_recipes.chat.conversations import MalformedConversation
 
     with pytest.raises(MalformedConversation) as info:
         validate_conversation([{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}], 0)

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bridge_recipes.data.chat_template import TemplateRenderer
-from bridge_recipes.data.conversations import ParquetSource, SftRowsError
+from bridge_recipes.chat.chat_template import TemplateRenderer
+from bridge_recipes.chat.conversations import ParquetSource, SftRowsError
 from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
 from bridge_recipes.data.sft_rows import build_sft_rows
 

@@ -50,9 +50,9 @@ def test_an_empty_key_part_is_named_not_a_traceback(token):
 def vl_setup(tiny_vl_toy, tmp_path_factory):
     """The tiny VL toy, a dataset built with its processor, and the flags that fit the recipe to it
     (no model.*_token_id overrides: the ids come from the checkpoint)."""
-    from bridge_recipes.data.synthetic_images import write_conversations
-    from bridge_recipes.data.vl_dataset import build_vl_dataset
     from bridge_recipes.hf.toy import model_overrides
+    from bridge_recipes.vl.synthetic_images import write_conversations
+    from bridge_recipes.vl.vl_dataset import build_vl_dataset
 
     root = tmp_path_factory.mktemp("round4_vl")
     toy, spec = tiny_vl_toy
@@ -359,8 +359,8 @@ def test_a_megatron_log_with_a_nan_loss_is_a_divergence(tmp_path):
     ],
 )
 def test_a_null_image_part_is_named_with_its_record(part, named):
-    from bridge_recipes.data.conversations import MalformedConversation
-    from bridge_recipes.data.vl_conversations import parse_record
+    from bridge_recipes.chat.conversations import MalformedConversation
+    from bridge_recipes.vl.vl_conversations import parse_record
 
     record = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "hi"}]}, REPLY]}
     with pytest.raises(MalformedConversation) as info:
@@ -373,8 +373,8 @@ def test_a_null_image_part_is_named_with_its_record(part, named):
     "images,named", [({"images": [None]}, "images[0] is null"), ({"image": None}, "image is null")]
 )
 def test_a_null_llava_image_is_named_with_its_record(images, named):
-    from bridge_recipes.data.conversations import MalformedConversation
-    from bridge_recipes.data.vl_conversations import parse_record
+    from bridge_recipes.chat.conversations import MalformedConversation
+    from bridge_recipes.vl.vl_conversations import parse_record
 
     with pytest.raises(MalformedConversation) as info:
         parse_record({"messages": [{"role": "user", "content": "<image> what?"}, REPLY], **images}, 3, ROOT)

@@ -18,9 +18,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from bridge_recipes.data import row_writer, sft_rows, vl_dataset
+from bridge_recipes.data import row_writer, sft_rows
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
-from bridge_recipes.data.synthetic_images import write_conversations
+from bridge_recipes.vl import vl_dataset
+from bridge_recipes.vl.synthetic_images import write_conversations
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests/fixtures/qwen35_chat_tokenizer"
@@ -75,7 +76,7 @@ def builder(request, chats, images, capsys):
         return vl_dataset.build_vl_dataset(images, toy, out, progress=False, **kw)
 
     def cli(out, *extra):
-        from bridge_recipes.data.vl_cli import main
+        from bridge_recipes.vl.vl_cli import main
 
         capsys.readouterr()
         code = main([str(a) for a in ("--input", images, "--processor", toy, "--out", out, "--workers", 1, *extra)])

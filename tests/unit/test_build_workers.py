@@ -67,7 +67,7 @@ def test_a_worker_count_below_one_is_refused(conversations, tmp_path, workers):
 def test_a_skipped_conversation_crosses_a_process_boundary():
     import pickle
 
-    from bridge_recipes.data.conversations import MalformedConversation
+    from bridge_recipes.chat.conversations import MalformedConversation
 
     back = pickle.loads(pickle.dumps(MalformedConversation(7, "invalid_json", "line is not valid JSON")))
     assert (back.index, back.reason, str(back)) == (

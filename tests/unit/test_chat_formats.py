@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bridge_recipes.data.conversations import SftRowsError
+from bridge_recipes.chat.conversations import SftRowsError
 from bridge_recipes.data.sft_rows import build_sft_rows
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"

@@ -535,7 +535,7 @@ def _in_process(main, argv: list[str]) -> tuple[int, str]:
     value=SMALL_NUMBER,
 )
 def test_build_vl_dataset_with_bad_arguments(untouched, source, processor, flag, value):
-    from bridge_recipes.data.vl_cli import main as vl_main
+    from bridge_recipes.vl.vl_cli import main as vl_main
 
     with tempfile.TemporaryDirectory() as tmp:
         given = _inputs(Path(tmp))

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bridge_recipes.data.chat_template import TemplateRenderer
+from bridge_recipes.chat.chat_template import TemplateRenderer
 from bridge_recipes.data.inspect_rows import inspect_rows, row_conversations
 from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
 from bridge_recipes.data.long_conversations import TurnCutter, row_tokens_keeping

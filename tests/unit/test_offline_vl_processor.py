@@ -2,7 +2,7 @@
 
 import pytest
 
-from bridge_recipes.data.offline_vl_processor import build, vision_token_overrides
+from bridge_recipes.vl.offline_vl_processor import build, vision_token_overrides
 
 
 @pytest.fixture(scope="module")

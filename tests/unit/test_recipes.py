@@ -338,7 +338,7 @@ def _energon_metadata(folder: Path) -> Path:
     """``folder`` with the metadata of a prepared Energon dataset (train and val splits), and no data."""
     import yaml
 
-    from bridge_recipes.data.vl_dataset import META_DIR, SAMPLE_LOADER
+    from bridge_recipes.vl.vl_dataset import META_DIR, SAMPLE_LOADER
 
     meta = folder / META_DIR
     meta.mkdir()

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bridge_recipes.data.chat_template import TemplateRenderer
+from bridge_recipes.chat.chat_template import TemplateRenderer
 from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedSFTRowsConfig, dry_run_problems
 from bridge_recipes.data.packing import BoundaryPacker
 from bridge_recipes.data.sft_rows import build_sft_rows
@@ -234,7 +234,7 @@ def test_dry_run_refuses_what_packed_rows_cannot_run_with(built):
 
 
 def test_eos_joined_template_rows_are_the_benchmark_layout(tmp_path):
-    from bridge_recipes.data.conversations import SftRowsError
+    from bridge_recipes.chat.conversations import SftRowsError
 
     src = tmp_path / "c.jsonl"
     src.write_text("".join(json.dumps(conversation(i)) + "\n" for i in range(40)))
@@ -289,7 +289,7 @@ def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(buil
         assert dry_run_problems(_Cfg(tmp_path / "one", mbs=mbs, cp=cp, graphs=graphs))[0] == []
     (error,) = dry_run_problems(_Cfg(tmp_path / "one", k=2))[0]
     assert "dataset.rows_per_sample=1" in error
-    from bridge_recipes.data.conversations import SftRowsError
+    from bridge_recipes.chat.conversations import SftRowsError
 
     with pytest.raises(SftRowsError, match="one_per_row rows have no EOS separators"):
         build_sft_rows(src, TOKENIZER, tmp_path / "x", row_tokens=ROW, packing="one_per_row", supervise_eos=True)

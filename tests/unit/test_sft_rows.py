@@ -20,7 +20,6 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from bridge_recipes.data.byte_bpe import train_byte_bpe
 from bridge_recipes.data.sft_rows import (
     MalformedConversation,
     RowPacker,
@@ -32,6 +31,7 @@ from bridge_recipes.data.sft_rows import (
     source_kind,
     validate_conversation,
 )
+from bridge_recipes.vl.byte_bpe import train_byte_bpe
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / "scripts" / "build_sft_rows.py"

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bridge_recipes.data.byte_bpe import train_byte_bpe
-from bridge_recipes.data.chat_template import TemplateRenderer, normalize_conversation
-from bridge_recipes.data.conversations import MalformedConversation, SftRowsError
+from bridge_recipes.chat.chat_template import TemplateRenderer, normalize_conversation
+from bridge_recipes.chat.conversations import MalformedConversation, SftRowsError
 from bridge_recipes.data.sft_rows import build_sft_rows
+from bridge_recipes.vl.byte_bpe import train_byte_bpe
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"

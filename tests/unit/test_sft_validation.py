@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.data.conversations import SftRowsError
+from bridge_recipes.chat.conversations import SftRowsError
 from bridge_recipes.data.packed_rows import PackedSFTRowsConfig, RowsIntegrityError, dry_run_problems
 from bridge_recipes.data.sft_rows import build_sft_rows
 

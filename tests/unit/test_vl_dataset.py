@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bridge_recipes.data import vl_dataset
-from bridge_recipes.data.conversations import MalformedConversation
-from bridge_recipes.data.synthetic_images import QUESTION, answer, draw, write_conversations
-from bridge_recipes.data.vl_conversations import load_image, parse_record
+from bridge_recipes.chat.conversations import MalformedConversation
+from bridge_recipes.vl import vl_dataset
+from bridge_recipes.vl.synthetic_images import QUESTION, answer, draw, write_conversations
+from bridge_recipes.vl.vl_conversations import load_image, parse_record
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT_TOKENIZER = ROOT / "tests/fixtures/qwen35_chat_tokenizer"
@@ -330,7 +330,7 @@ def test_the_script_builds_and_summarises(built, toy, tmp_path):
     ],
 )
 def test_bad_input_is_refused_naming_the_flag(built, toy, tmp_path, capsys, case, flag):
-    from bridge_recipes.data.vl_cli import main
+    from bridge_recipes.vl.vl_cli import main
 
     src, out, _ = built
     args = {"--input": src, "--processor": toy, "--out": tmp_path / "new"}
@@ -387,7 +387,7 @@ def test_the_generated_answers_name_what_the_image_shows(tmp_path):
     image, and the shape covers about its expected share of its bounding box."""
     from PIL import Image
 
-    from bridge_recipes.data.synthetic_images import COLOURS, FORMS, SHAPES
+    from bridge_recipes.vl.synthetic_images import COLOURS, FORMS, SHAPES
 
     src = write_conversations(tmp_path, 12, seed=5)
     share = {"square": 1.0, "circle": math.pi / 4, "triangle": 0.5}

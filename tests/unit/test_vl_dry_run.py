@@ -12,12 +12,12 @@ import shutil
 import pytest
 
 from bridge_recipes import build
-from bridge_recipes.data.offline_vl_processor import vision_token_ids
-from bridge_recipes.data.synthetic_images import write_conversations
-from bridge_recipes.data.vl_checks import dry_run_problems
-from bridge_recipes.data.vl_dataset import build_vl_dataset
 from bridge_recipes.hf.toy import model_overrides
 from bridge_recipes.runner.cli import main as run_main
+from bridge_recipes.vl.offline_vl_processor import vision_token_ids
+from bridge_recipes.vl.synthetic_images import write_conversations
+from bridge_recipes.vl.vl_checks import dry_run_problems
+from bridge_recipes.vl.vl_dataset import build_vl_dataset
 
 RECIPE = "qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config"
 PIXELS = ["dataset.task_encoder.min_pixels=4096", "dataset.task_encoder.max_pixels=16384"]

@@ -91,7 +91,7 @@ def family(request):
     log = OUT / f"{name}.log"
     if spec.get("vl"):
         pytest.importorskip("qwen_vl_utils", reason="Megatron-Bridge's Qwen-VL collate needs qwen-vl-utils")
-        from bridge_recipes.data.offline_vl_processor import build, vision_token_overrides
+        from bridge_recipes.vl.offline_vl_processor import build, vision_token_overrides
 
         tokens = vision_token_overrides(build(SCRATCH / "vl_processor"))
         spec["args"] = [*spec["args"], *tokens]

@@ -62,7 +62,7 @@ CASES = [(family, layout) for family, layouts in TWO_GPU_FAMILY_LAYOUTS.items() 
 def _args(family: str, layout: str | None) -> list[str]:
     args = runner_args(**two_gpu_request(family, layout))
     if GPU_FAMILIES[family].get("vl"):
-        from bridge_recipes.data.offline_vl_processor import build, vision_token_overrides
+        from bridge_recipes.vl.offline_vl_processor import build, vision_token_overrides
 
         args += vision_token_overrides(build(SCRATCH / "vl_processor"))
     return args

@@ -1,7 +1,7 @@
 """An Energon dataset of image conversations for the VL recipes (``--dataset energon dataset.path=DIR``).
 
 ``build_vl_dataset`` reads a JSONL file of image conversations (the forms of
-:mod:`bridge_recipes.data.vl_conversations`) and writes what Megatron-Bridge's Qwen-VL task
+:mod:`bridge_recipes.vl.vl_conversations`) and writes what Megatron-Bridge's Qwen-VL task
 encoder reads:
 
 - ``train-NNNNNN.tar`` / ``val-NNNNNN.tar``: WebDataset shards, one sample a conversation: its
@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from bridge_recipes.data.conversations import JsonlSource, MalformedConversation, json_record
+from bridge_recipes.chat.conversations import JsonlSource, MalformedConversation, json_record
 from bridge_recipes.data.integrity import MANIFEST_FILE
 from bridge_recipes.data.row_writer import output_folder, staged_build
 from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and their worker processes
@@ -57,7 +57,8 @@ from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and 
     default_workers,  # noqa: F401 - the command line's default
     prepared,
 )
-from bridge_recipes.data.vl_conversations import (
+from bridge_recipes.outputs import file_sha256, overlap_problem, worker_processes
+from bridge_recipes.vl.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     Image,
@@ -66,12 +67,13 @@ from bridge_recipes.data.vl_conversations import (
     parse_record,
     relative_base,
 )
-from bridge_recipes.outputs import file_sha256, overlap_problem, worker_processes
 
 log = logging.getLogger(__name__)
 
 BUILDER_VERSION = "1"
-BUILDER = f"bridge_recipes.data.vl_dataset/{BUILDER_VERSION}"
+# The builder id datasets record (a name, kept when the module moves: built datasets stay readable).
+BUILDER_NAME = "bridge_recipes.data.vl_dataset"
+BUILDER = f"{BUILDER_NAME}/{BUILDER_VERSION}"
 SPLITS = ("train", "val")  # the split names Megatron-Bridge's Energon data module asks for
 SAMPLES_FILE = "samples.parquet"
 META_DIR = ".nv-meta"  # Energon's metadata folder
@@ -623,8 +625,6 @@ def read_manifest(folder: str | os.PathLike) -> dict | None:
         raise VlDatasetError(
             f"{path} cannot be read ({e}); rebuild the dataset with scripts/build_vl_dataset.py"
         ) from None
-    if not isinstance(manifest, dict) or not str(manifest.get("builder", "")).startswith(
-        "bridge_recipes.data.vl_dataset"
-    ):
+    if not isinstance(manifest, dict) or not str(manifest.get("builder", "")).startswith(BUILDER_NAME):
         return None
     return manifest

@@ -27,8 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from bridge_recipes.data.errors import MalformedConversation, SftRowsError
-from bridge_recipes.data.integrity import file_sha256
+from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
+from bridge_recipes.outputs import file_sha256
 
 DEFAULT_MESSAGES_KEY = "messages"
 READ_WINDOW = 4096  # conversations fetched per sorted random-access window
@@ -115,7 +115,7 @@ class JsonlSource:
 
     def _first_record_format(self):
         """The format of the file's first record; SftRowsError listing the formats when it fits none."""
-        from bridge_recipes.data import chat_formats
+        from bridge_recipes.chat import chat_formats
 
         with open(self.path, "rb") as f:
             f.seek(int(self.offsets[0]))
@@ -168,7 +168,7 @@ class ParquetSource:
             self.file = pq.ParquetFile(self.path)
         except Exception as e:
             raise SftRowsError(f"cannot read Parquet file {self.path}: {e}") from e
-        from bridge_recipes.data import chat_formats
+        from bridge_recipes.chat import chat_formats
 
         names = self.file.schema_arrow.names
         self.format = chat_formats.detect(names, messages_key)
@@ -216,7 +216,7 @@ class ParquetSource:
     def decode(self, value: dict, index: int) -> tuple[Any, Any]:
         """The row's conversation, tool calls and tool list read without the keys of other rows: a struct
         column gives each row every key any row has, null where it had none (a null is read as absent)."""
-        from bridge_recipes.data.message_text import drop_nulls
+        from bridge_recipes.chat.message_text import drop_nulls
 
         messages, tools = self.format.read(value, index)
         if isinstance(messages, list):
@@ -238,7 +238,7 @@ def spool_hf_dataset(
     A streaming dataset has no random access; spooling it once gives the count and the
     offsets a global permutation needs, with bounded memory (disk: about the column's size).
     """
-    from bridge_recipes.data.chat_formats import formats
+    from bridge_recipes.chat.chat_formats import formats
 
     keys = list(dict.fromkeys(k for f in formats(messages_key) for k in f.keys))
     try:

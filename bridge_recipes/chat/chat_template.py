@@ -52,6 +52,7 @@ and ``S`` is tokenized once, whatever the number of turns.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -59,9 +60,8 @@ from typing import Any
 
 import numpy as np
 
-from bridge_recipes.data.errors import MalformedConversation, SftRowsError
-from bridge_recipes.data.integrity import template_files_sha256
-from bridge_recipes.data.message_text import (
+from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
+from bridge_recipes.chat.message_text import (
     THINK_CLOSE,
     THINK_OPEN,
     VL_BUILDER,
@@ -82,6 +82,20 @@ ROLE_ALIASES = {"developer": "system"}
 END_OF_TURN = "<|im_end|>"  # Qwen3.5's end of a chat turn
 ASSISTANT_HEADER = "<|im_start|>assistant\n"  # ChatML's opening of an assistant turn
 SHORT_HEAD = 16  # characters: texts this short between an added token and a span boundary are cached
+
+
+# The files of a tokenizer folder that decide how the chat template renders (chat_template_sha256).
+TEMPLATE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def template_files_sha256(folder: str | os.PathLike) -> str:
+    """sha256 over the files that decide the rendering (name, then bytes, for those present)."""
+    hasher = hashlib.sha256()
+    for name in TEMPLATE_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            hasher.update(name.encode() + b"\0" + path.read_bytes())
+    return hasher.hexdigest()
 
 
 def _text_of(content: Any, index: int | None, j: int, role: str = "user") -> str:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from bridge_recipes.data.errors import MalformedConversation
+from bridge_recipes.chat.errors import MalformedConversation
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 IMAGE_PLACEHOLDER = "<image>"  # LLaVA's stand-in for an image in the text

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from bridge_recipes.data.errors import MalformedConversation
+from bridge_recipes.chat.errors import MalformedConversation
 
 MESSAGES_KEYS = ("messages", "conversations")
 IMAGES_KEYS = ("images", "image")

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from bridge_recipes.data.errors import MalformedConversation, SftRowsError
-from bridge_recipes.data.message_text import (
+from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
+from bridge_recipes.chat.message_text import (
     assistant_image_problem,
     check_control_tokens,
     control_pattern,

@@ -14,9 +14,9 @@ import logging
 import sys
 
 from bridge_recipes import quiet
-from bridge_recipes.data import vl_dataset
-from bridge_recipes.data.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from bridge_recipes.outputs import INTERRUPTED, interrupted
+from bridge_recipes.vl import vl_dataset
+from bridge_recipes.vl.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 
 USAGE_ERROR = 2
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.data.errors import MalformedConversation
-from bridge_recipes.data.message_text import IMAGE_KEYS, check_image_record
+from bridge_recipes.chat.errors import MalformedConversation
+from bridge_recipes.chat.message_text import IMAGE_KEYS, check_image_record
 
 TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI and ShareGPT)
 # ShareGPT speaker -> OpenAI role; function_call becomes an assistant tool call

@@ -44,7 +44,7 @@ def build(folder: str | Path, patch_size: int = 16, merge_size: int = 2, tempora
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    from bridge_recipes.data.byte_bpe import train_byte_bpe
+    from bridge_recipes.vl.byte_bpe import train_byte_bpe
 
     tok = train_byte_bpe(CORPUS, SPECIAL_TOKENS, vocab_size=512)
     tokenizer = PreTrainedTokenizerFast(

@@ -1,0 +1,1 @@
+"""Vision-language data: image conversations built into Energon datasets, and their checks."""
