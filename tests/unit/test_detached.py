@@ -131,8 +131,9 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
         for _, name, own in runs_of(opts):  # a candidate runs with its published policy, in one command
             entry = registry.find(name)
             rows = {"dataset": "sft-rows", "overrides": [f"dataset.path={opts.rows}"]} if opts.rows else {}
+            # the command's overrides, then the run's own, in scripts/benchmark.py's order
             cfgs.append(
-                build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *own, *opts.overrides]})
+                build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *opts.overrides, *own]})
             )
             rates.append(published_step_seconds(cfgs[-1], entry.meta))
         # an arm with no rate of its own (a variant of the other arm) is sized by the slower known one
