@@ -56,7 +56,10 @@ def build(
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
     - ``report``: called with each change the build makes beyond the recipe: scale-down
       (``scale-down: field: old -> new``), the checkpoint's shape (``hf checkpoint: field: old ->
-      new ...``) and a packed micro batch (``packed rows: ...``).
+      new ...``) and, on rows with conversation boundaries, the rows a micro batch the recipe declares
+      joined into one packed sequence (``packed rows: field: old -> new``, after the overrides;
+      ``packed_rows.join_recipe_rows``). A micro batch above 1 that the recipe does not declare is
+      left as it is, for the dry run to refuse on such rows.
     - ``hf_checkpoint``: a local Hugging Face folder to start from: checked to be of the recipe's
       model family, its ``config.json`` made the model's shape (after the scale-down, whose LAYERS
       must be its layer count; its experts are kept), its tokenizer made the run's (before the
@@ -87,10 +90,11 @@ def build(
         from bridge_recipes.hf import training as hf_training
 
         hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
-    from bridge_recipes.data.packed_rows import join_micro_batch_rows
+    from bridge_recipes.data.packed_rows import join_recipe_rows
 
-    if (packed := join_micro_batch_rows(cfg)) and report:  # rows with boundaries: a micro batch's rows joined
-        report(packed)
+    for change in join_recipe_rows(cfg):  # rows with boundaries: the recipe's rows per micro batch as one sequence
+        if report:
+            report(f"packed rows: {change}")
     return cfg
 
 

@@ -112,6 +112,22 @@ def describe(cfg: Any) -> str:
     return f"{type(d).__name__} {path}" if path else type(d).__name__
 
 
+def rows_per_sequence(cfg: Any) -> int:
+    """Rows of the data in one sequence of ``model.seq_length``: ``dataset.rows_per_sample`` of packed
+    SFT rows (rows joined into one packed sequence), 1 for other data."""
+    return getattr(getattr(cfg, "dataset", None), "rows_per_sample", 1) or 1
+
+
+def rows_per_step(cfg: Any) -> int:
+    """Rows of the data a step: the global batch (sequences) x the rows a sequence."""
+    return cfg.train.global_batch_size * rows_per_sequence(cfg)
+
+
+def row_tokens(cfg: Any) -> int:
+    """Tokens a row of the data: the sequence length / the rows a sequence."""
+    return cfg.model.seq_length // rows_per_sequence(cfg)
+
+
 KINDS: dict[str, Callable[[Any], None]] = {"mock": use_mock, "energon": use_energon, "sft-rows": use_sft_rows}
 
 

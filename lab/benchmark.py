@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def runs_of(opts) -> list[tuple[str, str, list[str]]]:
     """(label, recipe, own overrides) of each run: a --candidate and its published policy (the same
     recipe without the candidate's overrides), or the product's --recipe and --against."""
-    if not opts.candidate:
+    if not getattr(opts, "candidate", None):
         return product.runs_of(opts)
     from lab.candidates import find
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.bench.result import rows_a_micro_batch, rows_and_length
+from bridge_recipes.datasets import row_tokens, rows_per_sequence, rows_per_step
 from bridge_recipes.outputs import write_text_atomic
 from lab import ROOT
 
@@ -136,7 +136,7 @@ def rows_a_step(recipe: str, opts: argparse.Namespace) -> int:
         cfg = peer_peft.workload_config(recipe, opts.rows, opts.overrides)
     except peer_peft.PeerError:
         return GLOBAL_BATCH  # the runs name the problem
-    return max(GLOBAL_BATCH, rows_a_micro_batch(cfg))
+    return max(GLOBAL_BATCH, cfg.train.micro_batch_size * rows_per_sequence(cfg))
 
 
 def overrides(recipe: str, opts: argparse.Namespace) -> list[str]:
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         what = (
             "assembled from"
             if opts.assemble
-            else f"ours ({opts.steps} steps of {rows_and_length(cfg)[0]} rows), then the peer; logs in"
+            else f"ours ({opts.steps} steps of {rows_per_step(cfg)} rows), then the peer; logs in"
         )
         _log(f"{recipe}: {what} {work}")
         ours_out, peer_out = work / f"{recipe}.yaml", work / f"{peer_of[recipe]}_peer.json"
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peer = run_peer(recipe, opts, peer_out, share)
         peers[peer_of[recipe]] = peer
-        lines.append(entry(recipe, opts, ours, peer, plan, rows_and_length(cfg)))
+        lines.append(entry(recipe, opts, ours, peer, plan, (rows_per_step(cfg), row_tokens(cfg))))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")

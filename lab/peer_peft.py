@@ -63,7 +63,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.bench.result import rows_and_length
+from bridge_recipes.datasets import row_tokens as tokens_a_row
+from bridge_recipes.datasets import rows_per_step
 from bridge_recipes.logs.stats import BYTES_PER_GB, DEFAULT_WINDOW, StepRecord, summarize
 from bridge_recipes.outputs import write_text_atomic
 
@@ -155,7 +156,7 @@ def workload_key(cfg: Any) -> dict[str, Any]:
         "lora": [peft.dim, peft.alpha, peft.dropout, sorted(peft.target_modules)],
         "optimizer": [o.lr, o.adam_beta1, o.adam_beta2, o.adam_eps, o.weight_decay, o.clip_grad],
         # ours may join rows into one sequence; the peer trains the same rows, one a micro batch
-        "rows": [str(cfg.dataset.path), *rows_and_length(cfg)],
+        "rows": [str(cfg.dataset.path), rows_per_step(cfg), tokens_a_row(cfg)],
         "allocator": (cfg.env_vars or {}).get(ALLOCATOR),
     }
 
@@ -559,7 +560,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
     attn = opts.attn or attention_default()
     checkpointing = not opts.no_gradient_checkpointing
     rows = rows_workload(cfg) or {}  # the config reads SFT rows: always there
-    gb, row_tokens = rows_and_length(cfg)
+    gb, row_tokens = rows_per_step(cfg), tokens_a_row(cfg)
     _log(
         f"{opts.recipe}: {spec.name} ({spec.num_layers} layers, {spec.num_experts or 'no'} experts, vocabulary "
         f"{spec.vocab_size}) on {'meta' if opts.dry_run else device}; {gb} rows of {row_tokens} tokens a step "

@@ -16,9 +16,9 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import registry
-from bridge_recipes.bench.result import rows_and_length
 from bridge_recipes.builder import runner_args
 from bridge_recipes.common import is_vlm
+from bridge_recipes.datasets import row_tokens, rows_per_step
 from bridge_recipes.logs.megatron_log import phase_time_means, step_records_from_log
 from bridge_recipes.logs.stats import DEFAULT_WINDOW, summarize
 from bridge_recipes.models.flops import model_flops_per_token, six_n_flops_per_token
@@ -243,7 +243,7 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
     a, b = candidate_cfg, reference_cfg
     experts = (a.model.num_moe_experts, b.model.num_moe_experts)
     # rows joined into longer sequences train as the rows apart do: compare rows, not sequences
-    (rows_a, row_a), (rows_b, row_b) = rows_and_length(a), rows_and_length(b)
+    (rows_a, row_a), (rows_b, row_b) = (rows_per_step(a), row_tokens(a)), (rows_per_step(b), row_tokens(b))
     checks = [  # (what to name, candidate's value, reference's value)
         (
             "model" + (" (routed experts {} vs {})".format(*experts) if experts[0] != experts[1] else ""),

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from bridge_recipes.datasets import row_tokens, rows_per_sequence, rows_per_step
 from bridge_recipes.gpus import GPUS, gpu_type_from_name
 from bridge_recipes.layout import layout_of
 from bridge_recipes.logs.stats import WindowStats
@@ -57,23 +58,6 @@ STACK_PACKAGES = {
 # --- layout and workload from a Megatron-Bridge ConfigContainer -------------------------------
 
 
-def rows_a_sequence(cfg: Any) -> int:
-    """Rows of the data joined into one sequence of ``model.seq_length`` (``dataset.rows_per_sample``;
-    1 for other data): a result counts rows of the data, not sequences."""
-    return getattr(getattr(cfg, "dataset", None), "rows_per_sample", 1) or 1
-
-
-def rows_a_micro_batch(cfg: Any) -> int:
-    """Rows of the data a micro batch, whether or not they are joined into one sequence."""
-    return cfg.train.micro_batch_size * rows_a_sequence(cfg)
-
-
-def rows_and_length(cfg: Any) -> tuple[int, int]:
-    """Rows of the data a step and tokens a row, whether or not rows are joined into one sequence."""
-    k = rows_a_sequence(cfg)
-    return cfg.train.global_batch_size * k, cfg.model.seq_length // k
-
-
 def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     """The ``layout`` block of a ConfigContainer (or any object with its ``model``, ``train``
     and ``optimizer`` attributes) launched on ``world_size`` GPUs."""
@@ -84,7 +68,7 @@ def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     experts = getattr(m, "num_moe_experts", None)
     first = getattr(m, "num_layers_in_first_pipeline_stage", None)
     last = getattr(m, "num_layers_in_last_pipeline_stage", None)
-    rows = rows_a_micro_batch(cfg)
+    rows = cfg.train.micro_batch_size * rows_per_sequence(cfg)
     return {
         "label": lay.label(),
         "tp": lay.tp,
@@ -159,10 +143,9 @@ def dataset_from_config(cfg: Any) -> dict[str, Any]:
 def workload_from_config(cfg: Any, *, dataset: Any = None, precision: str | None = None) -> dict[str, Any]:
     """The ``workload`` block; ``dataset`` (a name or an OpenRecipes-style dict) and ``precision``
     override what the config says."""
-    rows, row_tokens = rows_and_length(cfg)
     return {
-        "row_tokens": row_tokens,
-        "global_batch": rows,
+        "row_tokens": row_tokens(cfg),
+        "global_batch": rows_per_step(cfg),
         "precision": precision or precision_from_config(cfg),
         "dataset": dataset_from_config(cfg) if dataset is None else dataset,
     }

@@ -18,8 +18,11 @@ at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
 ``bridge_recipes.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
 positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
-takes one packed sequence a micro batch (``join_micro_batch_rows`` joins a recipe's k rows a micro
-batch into one sequence) and hands the boundaries to middle pipeline stages too.
+takes one packed sequence a micro batch and hands the boundaries to middle pipeline stages too. A
+recipe that trains k rows a micro batch says so (:data:`RECIPE_ROWS`, set by
+``bridge_recipes.qwen.policy.rows_per_micro_batch``); on these rows the build makes them one packed
+sequence of the k joined (:func:`join_recipe_rows`), and the dry run refuses any other micro batch
+above 1.
 ``eos_joined`` rows (the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
 boundaries; positions run 0..L-1 over the row.
 
@@ -169,8 +172,8 @@ class PackedSFTRowsConfig(DatasetProvider):
     seq_length: int
     vocab_size: int | None = None
     tokenizer_path: str | None = None
-    # k consecutive rows with boundaries joined into one packed sequence a sample (model.seq_length
-    # k x the row): fewer, longer micro batches for the same rows
+    # rows per sequence: k consecutive rows with boundaries joined into one packed sequence a sample
+    # (model.seq_length k x the row): fewer, longer micro batches for the same rows
     rows_per_sample: int = 1
     dataloader_type: str | None = "single"
     skip_getting_attention_mask_from_dataset: bool = True
@@ -224,29 +227,43 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
     )
 
 
-def join_micro_batch_rows(cfg: Any) -> str | None:
-    """A micro batch of k > 1 rows with boundaries becomes one packed sequence of the k rows joined:
-    Megatron-Bridge takes one packed (THD) sequence a micro batch, and one sequence of k rows costs
-    the host a k-th of the launches of k sequences of one row. Sets ``train.micro_batch_size`` 1,
-    multiplies ``dataset.rows_per_sample`` and ``model.seq_length`` by k and divides
-    ``train.global_batch_size`` (sequences) by k: the same rows a step. Returns what changed, or None
-    (other data, one row already, or a config the dry run refuses as it is)."""
+# A recipe's rows a micro batch (``bridge_recipes.qwen.policy.rows_per_micro_batch``): an attribute of
+# the config's ``train`` beside ``micro_batch_size``, outside its fields, so a saved config holds what
+# the build made of it. Unset: one row a micro batch, or rows side by side that boundaries rows refuse.
+RECIPE_ROWS = "recipe_rows_per_micro_batch"
+
+
+def recipe_rows(cfg: Any) -> int:
+    """The rows a micro batch the recipe declares (1 when it declares none)."""
+    return getattr(cfg.train, RECIPE_ROWS, None) or 1
+
+
+def join_recipe_rows(cfg: Any) -> list[str]:
+    """The recipe's k rows a micro batch on rows with conversation boundaries: one packed sequence of
+    the k rows joined, since Megatron-Bridge takes one packed (THD) sequence a micro batch, and one
+    sequence of k rows costs the host a k-th of the launches of k sequences of one row. Sets
+    ``train.micro_batch_size`` 1, ``dataset.rows_per_sample`` k, ``model.seq_length`` k x the row and
+    ``train.global_batch_size`` (the recipe's rows a step) / k sequences. Returns the changes, one a
+    line, or none: other data, no such declaration, or a micro batch, row count or length the
+    overrides changed (the dry run names what does not fit)."""
     d, t, m = cfg.dataset, cfg.train, cfg.model
-    k = t.micro_batch_size
-    if not isinstance(d, PackedSFTRowsConfig) or k <= 1 or _packing_of(d.path) != "boundaries":
-        return None
-    joined = d.rows_per_sample or 1
-    if t.global_batch_size % k or m.seq_length != d.seq_length * joined:
-        return None  # the dry run names what is wrong
-    before = (t.global_batch_size, m.seq_length)
-    t.micro_batch_size, d.rows_per_sample = 1, joined * k
-    t.global_batch_size, m.seq_length = t.global_batch_size // k, m.seq_length * k
-    return (
-        f"packed rows: the {k} rows of a micro batch joined into one packed sequence (train.micro_batch_size "
-        f"{k} -> 1, dataset.rows_per_sample {joined} -> {d.rows_per_sample}, model.seq_length {before[1]} -> "
-        f"{m.seq_length}, train.global_batch_size {before[0]} -> {t.global_batch_size} sequences): the same "
-        f"{before[0] * joined} rows a step"
-    )
+    k = recipe_rows(cfg)
+    if k <= 1 or not isinstance(d, PackedSFTRowsConfig) or _packing_of(d.path) != "boundaries":
+        return []
+    changed = t.micro_batch_size != k or (d.rows_per_sample or 1) != 1 or m.seq_length != d.seq_length
+    if changed or t.global_batch_size % k:
+        return []
+    rows = t.global_batch_size
+    changes = [
+        f"the recipe's {k} rows a micro batch joined into one packed sequence ({rows} rows a step, as before)",
+        f"train.micro_batch_size: {k} -> 1",
+        f"dataset.rows_per_sample: 1 -> {k}",
+        f"model.seq_length: {m.seq_length} -> {m.seq_length * k}",
+        f"train.global_batch_size: {rows} -> {rows // k} sequences",
+    ]
+    t.micro_batch_size, d.rows_per_sample = 1, k
+    t.global_batch_size, m.seq_length = rows // k, m.seq_length * k
+    return changes
 
 
 def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
@@ -292,12 +309,7 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
             f"model.seq_length {m.seq_length} is not dataset.seq_length {d.seq_length} x dataset.rows_per_sample {k}: "
             f"a packed sample of {k} rows holds {d.seq_length * k} tokens; set model.seq_length={d.seq_length * k}"
         )
-    if cfg.train.micro_batch_size != 1:
-        errors.append(
-            f"rows in {d.path} carry conversation boundaries (packed THD), which take one packed sequence a "
-            f"micro batch: set -mb 1 (micro batch {cfg.train.micro_batch_size}; dataset.rows_per_sample=k "
-            "joins k rows into one sequence), or build --packing one_per_row rows"
-        )
+    errors += _micro_batch_problems(cfg)
     if (m.context_parallel_size or 1) > 1:
         errors.append(
             f"rows in {d.path} carry conversation boundaries; their attention runs one conversation at a time, "
@@ -316,6 +328,29 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
             "--packing one_per_row rows"
         )
     return errors, warnings
+
+
+def _micro_batch_problems(cfg: Any) -> list[str]:
+    """A micro batch above one sequence on rows with boundaries: Megatron-Bridge takes one packed
+    sequence a micro batch, so k rows a micro batch are one sequence of the k joined."""
+    d, t = cfg.dataset, cfg.train
+    mb, gb, per_seq = t.micro_batch_size, t.global_batch_size, d.rows_per_sample or 1
+    if mb == 1:
+        return []
+    if mb == recipe_rows(cfg) and per_seq == 1 and gb % mb:
+        return [
+            f"train.global_batch_size {gb}: the recipe joins its {mb} rows a micro batch into one packed "
+            f"sequence on rows with conversation boundaries ({d.path}), and {gb} rows a step do not make whole "
+            f"sequences of {mb}; set -gb to a multiple of {mb}"
+        ]
+    k = mb * per_seq
+    same_rows = f" -gb {gb // mb}" if gb % mb == 0 else ""
+    return [
+        f"train.micro_batch_size {mb}: rows in {d.path} carry conversation boundaries, and Megatron-Bridge takes "
+        f"one packed sequence a micro batch; join the rows into one sequence instead: -mb 1 "
+        f"dataset.rows_per_sample={k} model.seq_length={d.seq_length * k}{same_rows} "
+        f"({gb * per_seq} rows a step, {k} a micro batch), or set -mb 1, or build --packing one_per_row rows"
+    ]
 
 
 def _local_tokenizer(cfg: Any) -> str | None:

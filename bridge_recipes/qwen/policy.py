@@ -82,6 +82,18 @@ def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: in
     cfg.model.recompute_num_layers = num_layers
 
 
+def rows_per_micro_batch(cfg: ConfigContainer, rows: int) -> None:
+    """``rows`` rows of the data a micro batch, so that one host launch carries them all. On mock data
+    and rows without conversation boundaries they run side by side (``train.micro_batch_size``); rows
+    with boundaries run one packed sequence a micro batch, so there the build joins them into one
+    sequence of the ``rows`` rows (``dataset.rows_per_sample``, ``model.seq_length`` x ``rows``, the
+    same rows a step: ``bridge_recipes.data.packed_rows.join_recipe_rows``) and says so."""
+    from bridge_recipes.data.packed_rows import RECIPE_ROWS
+
+    cfg.train.micro_batch_size = rows
+    setattr(cfg.train, RECIPE_ROWS, rows)
+
+
 def te_cross_entropy(cfg: ConfigContainer) -> None:
     """Transformer Engine's fused cross entropy instead of Megatron-Core's native kernel: it keeps a
     BF16 copy of the 248K-vocabulary logits instead of an FP32 one (a smaller loss working set) and

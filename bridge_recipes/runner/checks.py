@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_recipes.common import is_vlm
+from bridge_recipes.datasets import rows_per_sequence
 from bridge_recipes.layout import divides, layout_of, model_shape, rule_problems, stage_layers
 
 
@@ -73,10 +74,19 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     # Batch shape.
     gbs, mbs = cfg.train.global_batch_size, cfg.train.micro_batch_size
     if lay.dp is not None and not divides(gbs, mbs * lay.dp):
-        err(
-            f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
-            f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
-        )
+        from bridge_recipes.data.packed_rows import recipe_rows
+
+        k = rows_per_sequence(cfg)
+        if k > 1 and k == recipe_rows(cfg):  # the build joined the recipe's rows: its -gb counts rows
+            err(
+                f"global batch {gbs} sequences of {k} rows is not divisible by micro batch x DP = {mbs} x "
+                f"{lay.dp}; use -gb (rows per step) as a multiple of {mbs * lay.dp * k}"
+            )
+        else:
+            err(
+                f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
+                f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
+            )
     return problems
 
 
@@ -101,7 +111,7 @@ def _layout_errors(cfg: Any, lay: Any) -> list[str]:
     # The parallel sizes against the world, the stages, the heads, the experts and the sequence.
     out += rule_problems(model_shape(m), lay, stages)
     # a packed sample may join several rows (dataset.rows_per_sample): its length is theirs together
-    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length) * (getattr(cfg.dataset, "rows_per_sample", 1) or 1)
+    data_seq = getattr(cfg.dataset, "seq_length", m.seq_length) * rows_per_sequence(cfg)
     if data_seq != m.seq_length:
         out.append(
             f"model.seq_length={m.seq_length} differs from dataset.seq_length={data_seq}; set both (-sl sets both)"

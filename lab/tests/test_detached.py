@@ -98,18 +98,21 @@ def _queue_steps(queue):
 
 
 def _queued_benchmarks(out: str = "$OUT"):
-    """(queue file name, step, parsed options) of each scripts/benchmark.py line of every queue, with
-    ``$OUT`` replaced by ``out``."""
+    """(queue file name, step, parsed options) of each benchmark line (scripts/benchmark.py, or the lab's
+    python -m lab.benchmark) of every queue, with ``$OUT`` replaced by ``out``."""
     import shlex
 
-    from bridge_recipes.bench.benchmark import build_parser
+    from bridge_recipes.bench.benchmark import build_parser as product_parser
+    from lab.benchmark import build_parser as lab_parser
 
-    parser = build_parser()
+    parsers = {"scripts/benchmark.py": product_parser(), "lab.benchmark": lab_parser()}
     for queue in sorted((ROOT / "lab/gpu/queues").glob("*.txt")):
         for step in _queue_steps(queue):
             words = shlex.split(step.replace("$OUT", out))
-            if "scripts/benchmark.py" in words:
-                yield queue.name, step, parser.parse_intermixed_args(words[words.index("scripts/benchmark.py") + 1 :])
+            for command, parser in parsers.items():
+                if command in words:
+                    args = words[words.index(command) + 1 :]
+                    yield queue.name, step, parser.parse_intermixed_args(args)
 
 
 def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
@@ -131,8 +134,9 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
         for _, name, own in runs_of(opts):  # a candidate runs with its published policy, in one command
             entry = registry.find(name)
             rows = {"dataset": "sft-rows", "overrides": [f"dataset.path={opts.rows}"]} if opts.rows else {}
+            # the command's overrides, then the run's own, in scripts/benchmark.py's order
             cfgs.append(
-                build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *own, *opts.overrides]})
+                build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *opts.overrides, *own]})
             )
             rates.append(published_step_seconds(cfgs[-1], entry.meta, entry.name))
         # an arm with no rate of its own (a variant of the other arm) is sized by the slower known one
@@ -152,13 +156,14 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
     lease spends its device time on a line that stops at once."""
     import shlex
 
-    from bridge_recipes.bench.benchmark import argument_problems, runs_of
+    from bridge_recipes.bench.benchmark import argument_problems
     from bridge_recipes.data.synthetic_chat import build_lognormal_rows
+    from lab.benchmark import runs_of
 
     tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
     checked = 0
     for queue, step, opts in _queued_benchmarks(str(tmp_path)):
-        if opts.predict:
+        if getattr(opts, "predict", None):
             continue
         words = shlex.split(step.replace("$OUT", str(tmp_path)))
         if "lab/gpu/make_lognormal_rows.py" in words:  # the rows the line builds before it runs

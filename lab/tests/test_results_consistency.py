@@ -216,7 +216,7 @@ def _replay(monkeypatch, arms: dict[str, Path]):
         path = arms["_against" if out.name.endswith("_against.yaml") else ""] if "" in arms else arms[name]
         return read_result(path), cfg, log_losses(_log_of(path).read_text())
 
-    monkeypatch.setattr(bench, "one", committed_run)
+    monkeypatch.setattr(bench.product, "one", committed_run)
 
 
 def test_benchmark_script_writes_the_committed_ratio_file(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
+TOKENIZER = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 
 
 def test_text_is_stable_for_a_seed():

@@ -182,7 +182,7 @@ def test_the_listing_shows_each_measured_recipes_figure(monkeypatch, tmp_path):
     alias = next(n for n, e in entries.items() if e.alias_of == measured)
     other = next(n for n, e in entries.items() if e.meta.status != "measured")
     figures = tmp_path / "measured_figures.json"
-    figures.write_text(json.dumps({measured: "1,234.5"}))
+    figures.write_text(json.dumps({measured: {"list": "1,234.5", "tokens_per_s_per_gpu": 1300.0}}))
     monkeypatch.setattr(registry, "MEASURED_FIGURES", figures)
     registry._measured_figures.cache_clear()
     rows = {
@@ -191,6 +191,7 @@ def test_the_listing_shows_each_measured_recipes_figure(monkeypatch, tmp_path):
     }
     assert "1,234.5" in rows[measured] and "1,234.5" in rows[alias]
     assert "1,234.5" not in rows[other]
+    assert registry.measured_rate(measured) == 1300.0 and registry.measured_rate(other) is None
     figures.unlink()
     registry._measured_figures.cache_clear()
     assert "1,234.5" not in registry.table([entries[measured]])

@@ -151,46 +151,68 @@ def test_dry_run_takes_boundaries_rows_with_no_opt_in(built):
     assert dry_run_problems(_Cfg(out)) == ([], [])
 
 
-def test_a_micro_batch_of_rows_becomes_one_sequence_of_them_joined(built):
-    """join_micro_batch_rows: k rows a micro batch -> one packed sequence of the k rows, the same rows a
-    step; the joined config passes the dry run and its samples are the rows end to end."""
+def _declared(path, mbs, gbs=8, k=1, seq=ROW, declare=None):
+    """A config whose recipe declares ``declare`` rows a micro batch (none: no declaration)."""
     from types import SimpleNamespace as NS
 
-    from bridge_recipes.data.packed_rows import join_micro_batch_rows
+    from bridge_recipes.data.packed_rows import RECIPE_ROWS
+
+    cfg = NS(
+        dataset=PackedSFTRowsConfig(path=str(path), seq_length=ROW, rows_per_sample=k),
+        train=NS(micro_batch_size=mbs, global_batch_size=gbs, train_iters=1),
+        model=NS(seq_length=seq),
+    )
+    if declare is not None:
+        setattr(cfg.train, RECIPE_ROWS, declare)
+    return cfg
+
+
+def test_the_rows_a_recipe_declares_become_one_sequence_of_them_joined(built):
+    """A recipe's k rows a micro batch on boundaries rows: one packed sequence of the k rows, the same rows
+    a step, each change named; the joined config passes the dry run."""
+    from bridge_recipes.data.packed_rows import join_recipe_rows
 
     out, _, _ = built
-    cfg = NS(
-        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW),
-        train=NS(micro_batch_size=2, global_batch_size=8, train_iters=1),
-        model=NS(seq_length=ROW),
-    )
-    assert join_micro_batch_rows(cfg)
+    cfg = _declared(out, mbs=2, declare=2)
+    changes = join_recipe_rows(cfg)
     assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.model.seq_length) == (1, 4, 2 * ROW)
     assert cfg.dataset.rows_per_sample == 2
-    assert join_micro_batch_rows(cfg) is None  # once
+    assert "train.micro_batch_size: 2 -> 1" in changes and "dataset.rows_per_sample: 1 -> 2" in changes
+    assert join_recipe_rows(cfg) == []  # once
     assert dry_run_problems(_Cfg(out, k=2))[0] == []
-    # rows already joined two a sequence, two such a micro batch: four rows a sequence
-    twice = NS(
-        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW, rows_per_sample=2),
-        train=NS(micro_batch_size=2, global_batch_size=8),
-        model=NS(seq_length=2 * ROW),
-    )
-    assert join_micro_batch_rows(twice)
-    assert (twice.dataset.rows_per_sample, twice.model.seq_length, twice.train.global_batch_size) == (4, 4 * ROW, 4)
-    # what the dry run refuses is left for it to name: a sequence length that is not the rows'
-    odd = NS(
-        dataset=PackedSFTRowsConfig(path=str(out), seq_length=ROW),
-        train=NS(micro_batch_size=2, global_batch_size=8),
-        model=NS(seq_length=3 * ROW),
-    )
-    assert join_micro_batch_rows(odd) is None and odd.train.micro_batch_size == 2
-    # other rows keep their micro batch
-    one = NS(
-        dataset=PackedSFTRowsConfig(path=str(REPO / "tests/fixtures/eos_joined_rows"), seq_length=8192),
-        train=NS(micro_batch_size=2, global_batch_size=8),
-        model=NS(seq_length=8192),
-    )
-    assert join_micro_batch_rows(one) is None and one.train.micro_batch_size == 2
+    # other rows keep the recipe's micro batch: rows side by side
+    other = _declared(REPO / "tests/fixtures/eos_joined_rows", mbs=2, declare=2, seq=8192)
+    other.dataset.seq_length = 8192
+    assert join_recipe_rows(other) == [] and other.train.micro_batch_size == 2
+
+
+def test_a_micro_batch_the_recipe_does_not_declare_is_left_for_the_dry_run_to_refuse(built):
+    """train.micro_batch_size is the user's: an undeclared micro batch of 2, or one the overrides moved off the
+    recipe's 4, stays as set, and the dry run names the field, its value and the rows-per-sequence fix."""
+    from bridge_recipes.data.packed_rows import join_recipe_rows
+
+    out, _, _ = built
+    for cfg in (_declared(out, mbs=2), _declared(out, mbs=2, declare=4)):
+        assert join_recipe_rows(cfg) == []
+        assert (cfg.train.micro_batch_size, cfg.dataset.rows_per_sample, cfg.model.seq_length) == (2, 1, ROW)
+    (error,) = dry_run_problems(_Cfg(out, mbs=2, gbs=8))[0]
+    assert "train.micro_batch_size 2" in error
+    assert "-mb 1 dataset.rows_per_sample=2" in error and f"model.seq_length={2 * ROW}" in error and "-gb 4" in error
+    # rows already two a sequence, two such a micro batch: four rows a sequence
+    (error,) = dry_run_problems(_Cfg(out, mbs=2, gbs=8, k=2))[0]
+    assert "dataset.rows_per_sample=4" in error and f"model.seq_length={4 * ROW}" in error
+
+
+def test_a_global_batch_that_does_not_split_into_the_recipes_sequences_is_named(built):
+    from bridge_recipes.data.packed_rows import RECIPE_ROWS, join_recipe_rows
+
+    out, _, _ = built
+    cfg = _declared(out, mbs=2, gbs=7, declare=2)
+    assert join_recipe_rows(cfg) == [] and cfg.train.micro_batch_size == 2
+    odd = _Cfg(out, mbs=2, gbs=7)
+    setattr(odd.train, RECIPE_ROWS, 2)
+    (error,) = dry_run_problems(odd)[0]
+    assert "train.global_batch_size 7" in error and "multiple of 2" in error
 
 
 def test_rows_joined_into_one_packed_sequence_on_request(built):

@@ -63,6 +63,33 @@ def test_recipe_dry_runs_on_packed_rows(rows, base_weights, recipe, capsys):
         return
     assert code == 0, captured.err[-2000:]
     assert "checks: ok" in captured.out
-    # a micro batch of k rows runs as one packed sequence of the k rows joined, the same rows a step
+    # the recipe's k rows a micro batch run as one packed sequence of the k rows joined, the same rows a step
     mb = cfg.train.micro_batch_size
-    assert (f"train.micro_batch_size {mb} -> 1, dataset.rows_per_sample 1 -> {mb}" in captured.out) == (mb > 1)
+    joined = [f"packed rows: train.micro_batch_size: {mb} -> 1", f"packed rows: dataset.rows_per_sample: 1 -> {mb}"]
+    assert all(line in captured.out for line in joined) == (mb > 1)
+
+
+@pytest.mark.parametrize("recipe", sorted(n for n, e in registry.discover().items() if "_vl_" not in n))
+def test_a_text_recipe_declares_its_rows_a_micro_batch(recipe):
+    """Boundaries rows take one packed sequence a micro batch, so a text recipe of k > 1 rows a micro batch
+    says so with the policy block that joins them there; a micro batch it does not declare would be refused."""
+    from bridge_recipes.data.packed_rows import recipe_rows
+
+    cfg = registry.load(recipe)()
+    assert recipe_rows(cfg) == cfg.train.micro_batch_size
+
+
+def test_the_global_batch_of_a_recipe_that_joins_its_rows_counts_rows(rows, capsys):
+    """-gb of a recipe joining two rows a sequence counts rows: 24 rows are 12 sequences, which 8 GPUs do not
+    divide, and the fix names rows; 7 rows do not make whole sequences."""
+    from bridge_recipes.runner.cli import main
+
+    recipe = "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config"
+    args = ["--recipe", recipe, "--dry-run", "--world-size", "8", "--dataset", "sft-rows", f"dataset.path={rows}"]
+    assert main([*args, "-gb", "32"]) == 0
+    assert "packed rows: train.global_batch_size: 32 -> 16 sequences" in capsys.readouterr().out
+    assert main([*args, "-gb", "24"]) == 2
+    assert "multiple of 16" in capsys.readouterr().err
+    assert main([*args, "-gb", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "train.global_batch_size 7" in err and "multiple of 2" in err

@@ -26,6 +26,7 @@ from bridge_recipes.qwen.policy import (
     fp8_frozen_base,
     full_recompute,
     openrecipes_execution,
+    rows_per_micro_batch,
     set_layout,
 )
 from bridge_recipes.recipe import recipe
@@ -88,7 +89,7 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     chunked_cross_entropy(cfg)
     # the room the FP8 base and the chunked loss free carries two 8,192-token rows (one packed sequence on
     # boundaries rows)
-    cfg.train.micro_batch_size = 2
+    rows_per_micro_batch(cfg, 2)
     return cfg
 
 
@@ -101,5 +102,5 @@ def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
     # 71 GB of BF16 base leaves the room for one 8,192-token row with every layer recomputed
-    cfg.train.micro_batch_size = 1
+    rows_per_micro_batch(cfg, 1)
     return cfg

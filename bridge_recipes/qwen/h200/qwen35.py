@@ -35,6 +35,7 @@ from bridge_recipes.qwen.policy import (
     fused_router,
     fused_swiglu,
     openrecipes_execution,
+    rows_per_micro_batch,
     set_layout,
     te_cross_entropy,
 )
@@ -160,7 +161,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config() -> ConfigContainer:
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
     _fast_35b_a3b_kernels(cfg)
     # two 8,192-token rows per micro batch: 16 rows per GPU per step in 8 micro batches, every layer recomputed
-    cfg.train.micro_batch_size = 2
+    # (one packed sequence of the two on rows with conversation boundaries)
+    rows_per_micro_batch(cfg, 2)
     return cfg
 
 
@@ -181,7 +183,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt32k_config() -> ConfigContainer:
     expert rank. If a run stops out of memory, the two-rows recipe keeps more of the GPU free."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config()
     # four 8,192-token rows per micro batch: 16 rows per GPU per step in 4 micro batches, every layer recomputed
-    cfg.train.micro_batch_size = 4
+    # (one packed sequence of the four on rows with conversation boundaries)
+    rows_per_micro_batch(cfg, 4)
     return cfg
 
 
@@ -198,7 +201,8 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config() -> ConfigContainer:
     """The EP8 layout at 16,384 tokens per GPU (two rows per micro batch) with the optimizer on
     the CPU, copies overlapped (openrecipes-35b-h200, #2: 3,466.8 published)."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
-    cfg.train.micro_batch_size = 2
+    # two 8,192-token rows a micro batch (one packed sequence of the two on rows with conversation boundaries)
+    rows_per_micro_batch(cfg, 2)
     cpu_optimizer_offload(cfg)
     return cfg
 
@@ -564,8 +568,9 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     fused_router(cfg)
     # one grouped kernel for the 256 experts instead of 256 cuBLAS launches from the host
     cutlass_grouped_gemm(cfg)
-    # four rows per micro batch: the host's work per micro batch is spread over four times the tokens
-    cfg.train.micro_batch_size = 4
+    # four rows per micro batch: the host's work per micro batch is spread over four times the tokens (one
+    # packed sequence of the four on rows with conversation boundaries)
+    rows_per_micro_batch(cfg, 4)
     # fewer launches outweigh the recompute: every layer rebuilds its forward in the backward
     full_recompute(cfg, "block", cfg.model.num_layers)
     return cfg
@@ -581,7 +586,7 @@ LONG_ROW_TOKENS = 32768
 def _long_rows(cfg: ConfigContainer) -> None:
     cfg.model.seq_length = LONG_ROW_TOKENS
     cfg.dataset.seq_length = LONG_ROW_TOKENS
-    cfg.train.micro_batch_size = 1
+    rows_per_micro_batch(cfg, 1)
     chunked_cross_entropy(cfg)
     full_recompute(cfg, "block", cfg.model.num_layers)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.qwen.h100 import qwen35 as h100
 from bridge_recipes.qwen.h200 import qwen35 as h200
-from bridge_recipes.qwen.policy import chunked_cross_entropy, fp8_frozen_base
+from bridge_recipes.qwen.policy import chunked_cross_entropy, fp8_frozen_base, rows_per_micro_batch
 from bridge_recipes.recipe import recipe
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def qwen35_27b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     micro batch."""
     cfg = h100.qwen35_27b_peft_1gpu_h100_fp8base_config()
     # 48 GB holds the 27 GB FP8 base and one row's recomputed layers, not two rows
-    cfg.train.micro_batch_size = 1
+    rows_per_micro_batch(cfg, 1)
     return cfg
 
 
@@ -50,5 +50,5 @@ def qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
     # 48 GB holds the 36 GB FP8 base and one row's recomputed layers
-    cfg.train.micro_batch_size = 1
+    rows_per_micro_batch(cfg, 1)
     return cfg
