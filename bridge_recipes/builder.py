@@ -56,7 +56,7 @@ def build(
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
     - ``report``: called with each change the build makes beyond the recipe: scale-down
       (``scale-down: field: old -> new``), the checkpoint's shape (``hf checkpoint: field: old ->
-      new ...``) and, on rows with conversation boundaries, the rows a micro batch the recipe declares
+      new ...``) and, on rows with conversation boundaries, the rows per micro batch the recipe declares
       joined into one packed sequence (``packed rows: field: old -> new``, after the overrides;
       ``packed_rows.join_recipe_rows``). A micro batch above 1 that the recipe does not declare is
       left as it is, for the dry run to refuse on such rows.

@@ -119,12 +119,12 @@ def rows_per_sequence(cfg: Any) -> int:
 
 
 def rows_per_step(cfg: Any) -> int:
-    """Rows of the data a step: the global batch (sequences) x the rows a sequence."""
+    """Rows of the data per step: the global batch (sequences) x the rows per sequence."""
     return cfg.train.global_batch_size * rows_per_sequence(cfg)
 
 
 def row_tokens(cfg: Any) -> int:
-    """Tokens a row of the data: the sequence length / the rows a sequence."""
+    """Tokens per row of the data: the sequence length / the rows per sequence."""
     return cfg.model.seq_length // rows_per_sequence(cfg)
 
 

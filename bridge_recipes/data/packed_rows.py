@@ -18,8 +18,8 @@ at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
 ``bridge_recipes.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
 positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
-takes one packed sequence a micro batch and hands the boundaries to middle pipeline stages too. A
-recipe that trains k rows a micro batch says so (:data:`RECIPE_ROWS`, set by
+takes one packed sequence per micro batch and hands the boundaries to middle pipeline stages too. A
+recipe that trains k rows per micro batch says so (:data:`RECIPE_ROWS`, set by
 ``bridge_recipes.qwen.policy.rows_per_micro_batch``); on these rows the build makes them one packed
 sequence of the k joined (:func:`join_recipe_rows`), and the dry run refuses any other micro batch
 above 1.
@@ -227,23 +227,23 @@ def epochs_warning(path: str, rows: int, samples: int) -> str:
     )
 
 
-# A recipe's rows a micro batch (``bridge_recipes.qwen.policy.rows_per_micro_batch``): an attribute of
+# A recipe's rows per micro batch (``bridge_recipes.qwen.policy.rows_per_micro_batch``): an attribute of
 # the config's ``train`` beside ``micro_batch_size``, outside its fields, so a saved config holds what
 # the build made of it. Unset: one row a micro batch, or rows side by side that boundaries rows refuse.
 RECIPE_ROWS = "recipe_rows_per_micro_batch"
 
 
 def recipe_rows(cfg: Any) -> int:
-    """The rows a micro batch the recipe declares (1 when it declares none)."""
+    """The rows per micro batch the recipe declares (1 when it declares none)."""
     return getattr(cfg.train, RECIPE_ROWS, None) or 1
 
 
 def join_recipe_rows(cfg: Any) -> list[str]:
-    """The recipe's k rows a micro batch on rows with conversation boundaries: one packed sequence of
-    the k rows joined, since Megatron-Bridge takes one packed (THD) sequence a micro batch, and one
+    """The recipe's k rows per micro batch on rows with conversation boundaries: one packed sequence of
+    the k rows joined, since Megatron-Bridge takes one packed (THD) sequence per micro batch, and one
     sequence of k rows costs the host a k-th of the launches of k sequences of one row. Sets
     ``train.micro_batch_size`` 1, ``dataset.rows_per_sample`` k, ``model.seq_length`` k x the row and
-    ``train.global_batch_size`` (the recipe's rows a step) / k sequences. Returns the changes, one a
+    ``train.global_batch_size`` (the recipe's rows per step) / k sequences. Returns the changes, one per
     line, or none: other data, no such declaration, or a micro batch, row count or length the
     overrides changed (the dry run names what does not fit)."""
     d, t, m = cfg.dataset, cfg.train, cfg.model
@@ -255,7 +255,7 @@ def join_recipe_rows(cfg: Any) -> list[str]:
         return []
     rows = t.global_batch_size
     changes = [
-        f"the recipe's {k} rows a micro batch joined into one packed sequence ({rows} rows a step, as before)",
+        f"the recipe's {k} rows per micro batch joined into one packed sequence ({rows} rows per step, as before)",
         f"train.micro_batch_size: {k} -> 1",
         f"dataset.rows_per_sample: 1 -> {k}",
         f"model.seq_length: {m.seq_length} -> {m.seq_length * k}",
@@ -314,7 +314,7 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         errors.append(
             f"rows in {d.path} carry conversation boundaries; their attention runs one conversation at a time, "
             "which does not split a conversation across context-parallel ranks: set -cp 1, or build "
-            "--packing one_per_row rows (long conversations, one a row)"
+            "--packing one_per_row rows (long conversations, one per row)"
         )
     if getattr(m, "cuda_graph_impl", "none") not in (None, "none"):
         errors.append(
@@ -332,24 +332,24 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
 
 def _micro_batch_problems(cfg: Any) -> list[str]:
     """A micro batch above one sequence on rows with boundaries: Megatron-Bridge takes one packed
-    sequence a micro batch, so k rows a micro batch are one sequence of the k joined."""
+    sequence per micro batch, so k rows per micro batch are one sequence of the k joined."""
     d, t = cfg.dataset, cfg.train
     mb, gb, per_seq = t.micro_batch_size, t.global_batch_size, d.rows_per_sample or 1
     if mb == 1:
         return []
     if mb == recipe_rows(cfg) and per_seq == 1 and gb % mb:
         return [
-            f"train.global_batch_size {gb}: the recipe joins its {mb} rows a micro batch into one packed "
-            f"sequence on rows with conversation boundaries ({d.path}), and {gb} rows a step do not make whole "
+            f"train.global_batch_size {gb}: the recipe joins its {mb} rows per micro batch into one packed "
+            f"sequence on rows with conversation boundaries ({d.path}), and {gb} rows per step do not make whole "
             f"sequences of {mb}; set -gb to a multiple of {mb}"
         ]
     k = mb * per_seq
     same_rows = f" -gb {gb // mb}" if gb % mb == 0 else ""
     return [
         f"train.micro_batch_size {mb}: rows in {d.path} carry conversation boundaries, and Megatron-Bridge takes "
-        f"one packed sequence a micro batch; join the rows into one sequence instead: -mb 1 "
+        f"one packed sequence per micro batch; join the rows into one sequence instead: -mb 1 "
         f"dataset.rows_per_sample={k} model.seq_length={d.seq_length * k}{same_rows} "
-        f"({gb * per_seq} rows a step, {k} a micro batch), or set -mb 1, or build --packing one_per_row rows"
+        f"({gb * per_seq} rows per step, {k} per micro batch), or set -mb 1, or build --packing one_per_row rows"
     ]
 
 

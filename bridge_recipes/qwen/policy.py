@@ -85,9 +85,9 @@ def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: in
 def rows_per_micro_batch(cfg: ConfigContainer, rows: int) -> None:
     """``rows`` rows of the data a micro batch, so that one host launch carries them all. On mock data
     and rows without conversation boundaries they run side by side (``train.micro_batch_size``); rows
-    with boundaries run one packed sequence a micro batch, so there the build joins them into one
+    with boundaries run one packed sequence per micro batch, so there the build joins them into one
     sequence of the ``rows`` rows (``dataset.rows_per_sample``, ``model.seq_length`` x ``rows``, the
-    same rows a step: ``bridge_recipes.data.packed_rows.join_recipe_rows``) and says so."""
+    same rows per step: ``bridge_recipes.data.packed_rows.join_recipe_rows``) and says so."""
     from bridge_recipes.data.packed_rows import RECIPE_ROWS
 
     cfg.train.micro_batch_size = rows

@@ -90,7 +90,7 @@ SHARD_NAME = "{split}-{number:06d}.tar"
 _SHARD = re.compile(r"^(train|val)-\d{6}\.tar(\.idx)?$")
 DEFAULT_SAMPLES_PER_SHARD = 1000
 SHARD_BYTES = 2**30  # a shard is closed once it holds this much
-SAMPLES_PER_BATCH = 65536  # samples.parquet rows a row group
+SAMPLES_PER_BATCH = 65536  # samples.parquet rows per row group
 MAX_REPORTED = 20  # skipped conversations logged one by one (and kept in the manifest)
 # Conversations a worker prepares per task: images travel back to the writer with them, so a task
 # is smaller than the SFT rows' (what is in flight: this x CHUNKS_AHEAD x workers conversations).

@@ -203,7 +203,7 @@ def test_population_cv_and_default_window():
 
 
 def test_openrecipes_35b_figures_reproduce():
-    """openrecipes-35b-h200 #1: 8 GPUs, 128 rows of 8,192 tokens a step, window 5..19 -> window_tokens
+    """openrecipes-35b-h200 #1: 8 GPUs, 128 rows of 8,192 tokens per step, window 5..19 -> window_tokens
     15,728,640; at 4,663.11 tokens/s/GPU, 6N MFU with the H200's 989.4 TFLOP/s is 0.0833."""
     step_tokens = 128 * 8192
     step_time = step_tokens / (8 * 4663.11)
@@ -442,8 +442,8 @@ def test_layout_and_workload_of_the_real_27b_recipe(cfg_27b):
 
 
 def test_a_result_counts_rows_when_rows_are_joined_into_one_sequence(cfg_27b):
-    """Two 8,192-token rows joined into one 16,384-token sequence a micro batch: the layout and the
-    workload speak of rows (two a micro batch, 128 a step), the tokens a micro batch are unchanged."""
+    """Two 8,192-token rows joined into one 16,384-token sequence per micro batch: the layout and the
+    workload speak of rows (two per micro batch, 128 per step), the tokens per micro batch are unchanged."""
     import copy
     from types import SimpleNamespace as NS
 

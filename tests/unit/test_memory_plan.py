@@ -287,7 +287,7 @@ def test_the_fast_27b_lora_recipe_spends_the_room_it_frees_on_recompute():
 
 
 def test_the_fast_35b_a3b_lora_recipe_spends_the_room_it_frees_on_rows():
-    """The fast 35B-A3B recipe spends the room on rows a micro batch instead: every layer recomputed,
+    """The fast 35B-A3B recipe spends the room on rows per micro batch instead: every layer recomputed,
     as many 8,192-token rows as fit by the planner with the framework's overhead; a fifth does not."""
     fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config")
     assert (fast.model.recompute_method, fast.model.recompute_num_layers) == ("block", fast.model.num_layers)

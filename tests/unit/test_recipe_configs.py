@@ -2,7 +2,7 @@
 
 A refactor of the library must leave what each recipe builds unchanged: the config file text
 (:func:`bridge_recipes.config_files.to_text`) of every recipe as the runner builds it, and of each
-text recipe on packed rows with conversation boundaries (where the rows a micro batch a recipe
+text recipe on packed rows with conversation boundaries (where the rows per micro batch a recipe
 declares become one packed sequence), hashed and compared with ``recipe_configs.json``. A change that is meant
 rewrites the file: ``python tests/unit/test_recipe_configs.py --write`` (``--show NAME [rows]``
 prints one config's text).

@@ -152,7 +152,7 @@ def test_dry_run_takes_boundaries_rows_with_no_opt_in(built):
 
 
 def _declared(path, mbs, gbs=8, k=1, seq=ROW, declare=None):
-    """A config whose recipe declares ``declare`` rows a micro batch (none: no declaration)."""
+    """A config whose recipe declares ``declare`` rows per micro batch (none: no declaration)."""
     from types import SimpleNamespace as NS
 
     from bridge_recipes.data.packed_rows import RECIPE_ROWS
@@ -168,7 +168,7 @@ def _declared(path, mbs, gbs=8, k=1, seq=ROW, declare=None):
 
 
 def test_the_rows_a_recipe_declares_become_one_sequence_of_them_joined(built):
-    """A recipe's k rows a micro batch on boundaries rows: one packed sequence of the k rows, the same rows
+    """A recipe's k rows per micro batch on boundaries rows: one packed sequence of the k rows, the same rows
     a step, each change named; the joined config passes the dry run."""
     from bridge_recipes.data.packed_rows import join_recipe_rows
 
@@ -198,7 +198,7 @@ def test_a_micro_batch_the_recipe_does_not_declare_is_left_for_the_dry_run_to_re
     (error,) = dry_run_problems(_Cfg(out, mbs=2, gbs=8))[0]
     assert "train.micro_batch_size 2" in error
     assert "-mb 1 dataset.rows_per_sample=2" in error and f"model.seq_length={2 * ROW}" in error and "-gb 4" in error
-    # rows already two a sequence, two such a micro batch: four rows a sequence
+    # rows already two per sequence, two such per micro batch: four rows per sequence
     (error,) = dry_run_problems(_Cfg(out, mbs=2, gbs=8, k=2))[0]
     assert "dataset.rows_per_sample=4" in error and f"model.seq_length={4 * ROW}" in error
 

@@ -63,7 +63,7 @@ def test_recipe_dry_runs_on_packed_rows(rows, base_weights, recipe, capsys):
         return
     assert code == 0, captured.err[-2000:]
     assert "checks: ok" in captured.out
-    # the recipe's k rows a micro batch run as one packed sequence of the k rows joined, the same rows a step
+    # the recipe's k rows per micro batch run as one packed sequence of the k rows joined, the same rows per step
     mb = cfg.train.micro_batch_size
     joined = [f"packed rows: train.micro_batch_size: {mb} -> 1", f"packed rows: dataset.rows_per_sample: 1 -> {mb}"]
     assert all(line in captured.out for line in joined) == (mb > 1)
@@ -71,7 +71,7 @@ def test_recipe_dry_runs_on_packed_rows(rows, base_weights, recipe, capsys):
 
 @pytest.mark.parametrize("recipe", sorted(n for n, e in registry.discover().items() if "_vl_" not in n))
 def test_a_text_recipe_declares_its_rows_a_micro_batch(recipe):
-    """Boundaries rows take one packed sequence a micro batch, so a text recipe of k > 1 rows a micro batch
+    """Boundaries rows take one packed sequence per micro batch, so a text recipe of k > 1 rows per micro batch
     says so with the policy block that joins them there; a micro batch it does not declare would be refused."""
     from bridge_recipes.data.packed_rows import recipe_rows
 
@@ -80,7 +80,7 @@ def test_a_text_recipe_declares_its_rows_a_micro_batch(recipe):
 
 
 def test_the_global_batch_of_a_recipe_that_joins_its_rows_counts_rows(rows, capsys):
-    """-gb of a recipe joining two rows a sequence counts rows: 24 rows are 12 sequences, which 8 GPUs do not
+    """-gb of a recipe joining two rows per sequence counts rows: 24 rows are 12 sequences, which 8 GPUs do not
     divide, and the fix names rows; 7 rows do not make whole sequences."""
     from bridge_recipes.runner.cli import main
 

@@ -180,7 +180,7 @@ def test_runner_dry_run_passes_megatron_validation_with_boundaries_rows(tmp_path
     rows = ["--dataset", "sft-rows", f"dataset.path={tmp_path / 'rows'}"]
     assert main([*args, *rows]) == 0
     assert "checks: ok" in capsys.readouterr().out
-    # two rows a micro batch the recipe does not declare: refused, with the rows-per-sequence fix
+    # two rows per micro batch the recipe does not declare: refused, with the rows-per-sequence fix
     assert main([*args, *rows, "-mb", "2"]) == 2
     err = capsys.readouterr().err
     assert "train.micro_batch_size 2" in err and "dataset.rows_per_sample=2 model.seq_length=16384" in err

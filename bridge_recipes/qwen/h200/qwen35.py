@@ -201,7 +201,7 @@ def qwen35_35b_a3b_sft_8gpu_h200_bf16_mt16k_config() -> ConfigContainer:
     """The EP8 layout at 16,384 tokens per GPU (two rows per micro batch) with the optimizer on
     the CPU, copies overlapped (openrecipes-35b-h200, #2: 3,466.8 published)."""
     cfg = qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
-    # two 8,192-token rows a micro batch (one packed sequence of the two on rows with conversation boundaries)
+    # two 8,192-token rows per micro batch (one packed sequence of the two on rows with conversation boundaries)
     rows_per_micro_batch(cfg, 2)
     cpu_optimizer_offload(cfg)
     return cfg
@@ -651,7 +651,7 @@ def qwen35_122b_a10b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
 
 def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
     """One node: TP2 with sequence parallelism, PP1, EP8 ETP1, DP4, full uniform recompute of 1
-    layer, alltoall dispatcher. The frozen BF16 experts are 386e9 x 2 / 8 = 97 GB a GPU; TP2
+    layer, alltoall dispatcher. The frozen BF16 experts are 386e9 x 2 / 8 = 97 GB per GPU; TP2
     halves the dense part and the logits. Planner: 133.8 GB of 150.8; TP1 EP8 plans 161.4 GB and
     PP2 EP4 152.5 GB on its last stage (does not fit), so TP2 it is."""
     with openrecipes_execution(cfg):
