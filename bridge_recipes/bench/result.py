@@ -57,20 +57,20 @@ STACK_PACKAGES = {
 # --- layout and workload from a Megatron-Bridge ConfigContainer -------------------------------
 
 
-def rows_a_sequence(cfg: Any) -> int:
+def rows_per_sequence(cfg: Any) -> int:
     """Rows of the data joined into one sequence of ``model.seq_length`` (``dataset.rows_per_sample``;
     1 for other data): a result counts rows of the data, not sequences."""
     return getattr(getattr(cfg, "dataset", None), "rows_per_sample", 1) or 1
 
 
-def rows_a_micro_batch(cfg: Any) -> int:
-    """Rows of the data a micro batch, whether or not they are joined into one sequence."""
-    return cfg.train.micro_batch_size * rows_a_sequence(cfg)
+def rows_per_micro_batch(cfg: Any) -> int:
+    """Rows of the data per micro batch, whether or not they are joined into one sequence."""
+    return cfg.train.micro_batch_size * rows_per_sequence(cfg)
 
 
 def rows_and_length(cfg: Any) -> tuple[int, int]:
-    """Rows of the data a step and tokens a row, whether or not rows are joined into one sequence."""
-    k = rows_a_sequence(cfg)
+    """Rows of the data per step and tokens per row, whether or not rows are joined into one sequence."""
+    k = rows_per_sequence(cfg)
     return cfg.train.global_batch_size * k, cfg.model.seq_length // k
 
 
@@ -84,7 +84,7 @@ def layout_from_config(cfg: Any, world_size: int) -> dict[str, Any]:
     experts = getattr(m, "num_moe_experts", None)
     first = getattr(m, "num_layers_in_first_pipeline_stage", None)
     last = getattr(m, "num_layers_in_last_pipeline_stage", None)
-    rows = rows_a_micro_batch(cfg)
+    rows = rows_per_micro_batch(cfg)
     return {
         "label": lay.label(),
         "tp": lay.tp,
