@@ -4,7 +4,7 @@ A packed (THD) row reaches Transformer Engine's attention with ``cu_seqlens``; T
 variable-length kernel. This module adds a second way for the same call: the row is cut at its
 boundaries and each conversation goes through TE's dense (``sbhd``) attention on its own, the
 kernel a conversation takes when it is the only one in its row. Each conversation's output is the
-one it would have alone, forward and backward, with one small host read of the boundaries a micro
+one it would have alone, forward and backward, with one small host read of the boundaries per micro
 batch. Each conversation is padded at its end to a multiple of ``PAD_TO`` tokens before the call: under
 the causal mask its own tokens never see the padding, and the kernels meet a few dozen sequence
 lengths instead of one per conversation length (each new length costs a kernel plan).
@@ -39,7 +39,7 @@ _BOUNDS = "_per_conversation_bounds"  # the host copy kept on a micro batch's pa
 
 def boundaries(packed_seq_params: Any) -> list[int]:
     """The row's conversation boundaries on the host; refuses padding between conversations. Read
-    once a micro batch: every attention layer, and the recompute and backward, get the same
+    once per micro batch: every attention layer, and the recompute and backward, get the same
     parameters object, which keeps the host copy (one device read, not one per layer call)."""
     kept = getattr(packed_seq_params, _BOUNDS, None)
     if kept is not None and kept[0] is packed_seq_params.cu_seqlens_q:

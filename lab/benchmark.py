@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--proxy-results", nargs=2, metavar=("A.yaml", "B.yaml"), help="with --predict: two depths")
     ep_comm = ap.add_mutually_exclusive_group()
     ep_comm.add_argument(
-        "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds a layer a micro batch (two GPUs)"
+        "--ep-comm-s", type=float, help="with --predict: EP all-to-all seconds per layer per micro batch (two GPUs)"
     )
     ep_comm.add_argument(
         "--ep-comm-trace",
@@ -107,7 +107,8 @@ def predict_main(opts, ap: argparse.ArgumentParser) -> int:
         ep_comm_s = opts.ep_comm_s
         if opts.ep_comm_trace:
             ep_comm_s = pr.two_gpu_ep_comm_s(opts.ep_comm_trace, cfg.model.expert_model_parallel_size)
-            print(f"[predict] EP all-to-all from {opts.ep_comm_trace}: {ep_comm_s * 1e3:.2f} ms a layer a micro batch")
+            ms = ep_comm_s * 1e3
+            print(f"[predict] EP all-to-all from {opts.ep_comm_trace}: {ms:.2f} ms per layer per micro batch")
         prediction = pr.predict(
             cfg,
             entry.meta.gpus,

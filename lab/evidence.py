@@ -293,7 +293,7 @@ def two_gpu_request(family: str, layout: str | None) -> dict[str, Any]:
 
 # The long-context policy (TP2 with sequence parallelism, CP2, 32,768-token rows) needs four GPUs
 # for both splits at once; on two, each half runs: the scale-down's own choice (TP2 SP, which it
-# keeps before CP) and CP2 alone. 4 layers, 32 routed experts (EP2: 16 a GPU), 10 steps.
+# keeps before CP) and CP2 alone. 4 layers, 32 routed experts (EP2: 16 per GPU), 10 steps.
 LONG_CONTEXT_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config"
 LONG_CONTEXT_HALVES: dict[str, dict[str, Any]] = {
     "tp2_sp": {},
@@ -347,7 +347,7 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
     """The runs of a two-GPU layouts log (``lab/tests/gpu/test_h200x2_layouts.py``): per layout the
     steady step time, per-GPU throughput relative to the one-GPU run (same model, same global
     batch: t_1 / (2 x t_2)), measured peak allocation per rank against the planner's per stage,
-    Megatron's phase timers (seconds a step, where the log has them) and the loss-curve check
+    Megatron's phase timers (seconds per step, where the log has them) and the loss-curve check
     against the one-GPU run."""
     from bridge_recipes.logs.megatron_log import (
         parse_megatron_log,
@@ -384,7 +384,7 @@ def two_gpu_results(family: str, log_text: str) -> list[dict[str, Any]]:
         misses = [
             i for i, (p, m) in enumerate(zip(predicted, measured)) if m is not None and abs(p - m) > PLAN_TOLERANCE * m
         ]
-        # Megatron's phase timers (TWO_GPU_TIMERS) over the same steady steps, seconds a step
+        # Megatron's phase timers (TWO_GPU_TIMERS) over the same steady steps, seconds per step
         timers = parse_megatron_timers(runs[name])
         steady_steps = [it.step for it in steady]
         names = sorted({t for s in steady_steps for t in timers.get(s, {})})

@@ -1,5 +1,5 @@
 """Each one-GPU LoRA recipe at its released size and its transformers + PEFT peer, back to back on
-one GPU: the same rows, the same tokens a step, the same steps and window.
+one GPU: the same rows, the same tokens per step, the same steps and window.
 
     python -m lab.lora_vs_peft --rows DIR --out lab/results/single_gpu_lora_vs_peft.json
     python -m lab.lora_vs_peft --rows DIR --dry-run   # on a CPU: checks, trains nothing
@@ -18,9 +18,9 @@ For each recipe (default :data:`RECIPES`), in this order:
   allocated memory (``planner_gb``, the figure a measured peak is compared with) and that plus the
   framework overhead (``planner_total_gb``, the recipes' docstring figure).
 
-Both run ``--global-batch`` rows a step instead of the recipes' 128 (by default one of ours' micro
-batches, at least :data:`GLOBAL_BATCH` rows: :func:`rows_a_step`): the peer trains one row a micro
-batch either way, so a row costs it the same; the optimizer step, over adapters only, is amortized
+Both run ``--global-batch`` rows per step instead of the recipes' 128 (by default one of ours' micro
+batches, at least :data:`GLOBAL_BATCH` rows: :func:`step_rows`): the peer trains one row per micro
+batch either way, so each row costs it the same; the optimizer step, over adapters only, is amortized
 over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
 more per recipe (tokens/s ratio, step-time spread, useful-token share, errors), rewritten after each
 recipe so that a run cut short keeps what finished. A run that fails is recorded with its error and
@@ -46,7 +46,7 @@ from bridge_recipes.outputs import write_text_atomic
 from lab import ROOT
 
 RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
-GLOBAL_BATCH = 2  # the fewest rows a step of both runs (16,384 tokens), in place of the recipes' 128
+GLOBAL_BATCH = 2  # the fewest rows per step of both runs (16,384 tokens), in place of the recipes' 128
 FIELDS = (
     "model",
     "ours_tokens_per_s",
@@ -124,9 +124,9 @@ def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[s
     ]
 
 
-def rows_a_step(recipe: str, opts: argparse.Namespace) -> int:
-    """The rows a step both runs of ``recipe`` train: ``--global-batch``, or else one of ours' micro
-    batches (the recipe's rows a micro batch with the command's overrides), at least
+def step_rows(recipe: str, opts: argparse.Namespace) -> int:
+    """The rows per step both runs of ``recipe`` train: ``--global-batch``, or else one of ours' micro
+    batches (the recipe's rows per micro batch with the command's overrides), at least
     :data:`GLOBAL_BATCH`: a step of ours is then never cut below one micro batch."""
     from lab import peer_peft
 
@@ -140,8 +140,8 @@ def rows_a_step(recipe: str, opts: argparse.Namespace) -> int:
 
 
 def overrides(recipe: str, opts: argparse.Namespace) -> list[str]:
-    """The recipe overrides both runs get: the rows a step, then the command's KEY=VALUE."""
-    return [f"train.global_batch_size={rows_a_step(recipe, opts)}", *opts.overrides]
+    """The recipe overrides both runs get: the rows per step, then the command's KEY=VALUE."""
+    return [f"train.global_batch_size={step_rows(recipe, opts)}", *opts.overrides]
 
 
 def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str], Any, Any]:
@@ -228,8 +228,8 @@ def ours_document(out: Path) -> dict:
 
 def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, step: tuple[int, int]) -> dict:
     """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
-    result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows a
-    step and tokens a row)."""
+    result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows per
+    step and tokens per row)."""
     global_batch, row_tokens = step
     o, p = ours.get("result") or {}, peer.get("result") or {}
     line = {
@@ -345,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--global-batch",
         type=int,
-        help=f"rows a step (default: a micro batch of the recipe's, at least {GLOBAL_BATCH})",
+        help=f"rows per step (default: a micro batch of the recipe's, at least {GLOBAL_BATCH})",
     )
     ap.add_argument(
         "--gpu-memory-gb",

@@ -23,7 +23,7 @@ overrides (the same ones ours gets):
   kernel: on a GPU the peer stops unless transformers picked that kernel. The recipe's allocator
   setting (``PYTORCH_CUDA_ALLOC_CONF`` of its environment) applies to the peer too.
 - rows: the recipe's own data path (:class:`bridge_recipes.data.packed_rows.PackedRowsDataset`),
-  the same rows in the same order, one row a micro batch, the recipe's global batch of rows a
+  the same rows in the same order, one row per micro batch, the recipe's global batch of rows per
   step. A row with conversation boundaries goes in with its position ids (restarting at each
   conversation) and its ``cu_seqlens`` as ``cu_seq_lens_q/k``: transformers turns the position ids
   into a block-diagonal causal mask (varlen with flash-attn) and restarts rotary positions, and
@@ -38,7 +38,7 @@ overrides (the same ones ours gets):
   weight decay and gradient clipping.
 - measured: each step's wall time (data included, the GPU synchronized), tokens/s and the step-time
   spread over the window (:func:`bridge_recipes.logs.stats.summarize`, as for ours), the peak
-  allocated memory (GB = 1e9 bytes) and the loss a step, written as JSON. A run that fails (e.g.
+  allocated memory (GB = 1e9 bytes) and the loss per step, written as JSON. A run that fails (e.g.
   out of memory) writes its error instead of figures and exits 1.
 
 On a CPU (the unit tests' toy, ``--size`` shrinking the catalog model) the same code runs with
@@ -63,7 +63,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.datasets import row_tokens as tokens_a_row
+from bridge_recipes.datasets import row_tokens as tokens_per_row
 from bridge_recipes.datasets import rows_per_step
 from bridge_recipes.logs.stats import BYTES_PER_GB, DEFAULT_WINDOW, StepRecord, summarize
 from bridge_recipes.outputs import write_text_atomic
@@ -155,8 +155,8 @@ def workload_key(cfg: Any) -> dict[str, Any]:
         "model": dataclasses.asdict(model_spec(cfg)),
         "lora": [peft.dim, peft.alpha, peft.dropout, sorted(peft.target_modules)],
         "optimizer": [o.lr, o.adam_beta1, o.adam_beta2, o.adam_eps, o.weight_decay, o.clip_grad],
-        # ours may join rows into one sequence; the peer trains the same rows, one a micro batch
-        "rows": [str(cfg.dataset.path), rows_per_step(cfg), tokens_a_row(cfg)],
+        # ours may join rows into one sequence; the peer trains the same rows, one per micro batch
+        "rows": [str(cfg.dataset.path), rows_per_step(cfg), tokens_per_row(cfg)],
         "allocator": (cfg.env_vars or {}).get(ALLOCATOR),
     }
 
@@ -329,7 +329,7 @@ def train(
     optimizer_cfg: Any,
     device: Any,
 ) -> list[dict]:
-    """``steps`` optimizer steps of ``global_batch`` rows each; a record a step: its 1-based index, wall
+    """``steps`` optimizer steps of ``global_batch`` rows each; one record per step: its 1-based index, wall
     time, tokens, loss and the peak allocated bytes so far (GPU only)."""
     import torch
     import torch.nn.functional as F
@@ -560,7 +560,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
     attn = opts.attn or attention_default()
     checkpointing = not opts.no_gradient_checkpointing
     rows = rows_workload(cfg) or {}  # the config reads SFT rows: always there
-    gb, row_tokens = rows_per_step(cfg), tokens_a_row(cfg)
+    gb, row_tokens = rows_per_step(cfg), tokens_per_row(cfg)
     _log(
         f"{opts.recipe}: {spec.name} ({spec.num_layers} layers, {spec.num_experts or 'no'} experts, vocabulary "
         f"{spec.vocab_size}) on {'meta' if opts.dry_run else device}; {gb} rows of {row_tokens} tokens a step "

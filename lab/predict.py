@@ -7,28 +7,28 @@ The model, per GPU and per micro batch of the recipe's shard (its experts per GP
 fraction; what ``--proxy-layers`` builds):
 
 - two proxy result files of the same recipe at depths d1 < d2 (``benchmark.py --proxy-layers d``)
-  give the time a micro batch takes, t(d) = step time / micro batches a step; the slope
+  give the time per micro batch, t(d) = step time / micro batches per step; the slope
   s = (t(d2) - t(d1)) / (d2 - d1) is one layer's cost and the intercept c = t(d1) - s d1 the fixed
   cost (embedding, output layer and loss, MTP; the optimizer step, amortized over the proxy's
   micro batches, is counted here too);
 - the proxies recompute the recipe's share of their layers; a stage that recomputes another share
   f of its layers (block recompute of a fixed count over stages of different depths) takes
-  s x (1 + rho f) / (1 + rho f_proxy) a layer, rho = 1/3 (a recomputed layer repeats its forward, a
-  third of its training FLOPs; the 35B-A3B's measured recompute pair gives more, 16.9 of 22.6 ms,
-  so for a MoE layer this is a floor);
+  s x (1 + rho f) / (1 + rho f_proxy) per layer, rho = 1/3 (a recomputed layer repeats its forward, a
+  third of its training FLOPs; the 35B-A3B's measured recompute pair gives more, so for a MoE layer
+  this is a floor);
 - a pipeline stage's micro batch takes s x its layers, the last stage adds c, and the step takes
   (m + (PP - 1) / VPP) x the slowest stage (1F1B with its warm-up and cool-down bubble), with m
-  micro batches a step per pipeline (global batch / (micro batch x DP));
-- expert-parallel all-to-all is not in a one-GPU proxy: ``ep_comm_s`` (seconds a layer a micro
-  batch, measured on two GPUs) is added per layer when the recipe's EP is above 1; without it the
+  micro batches per step per pipeline (global batch / (micro batch x DP));
+- expert-parallel all-to-all is not in a one-GPU proxy: ``ep_comm_s`` (seconds per layer per
+  micro batch, measured on two GPUs) is added per layer when the recipe's EP is above 1; without it the
   prediction is a bound (no EP communication) and says so;
 - TP and CP split each layer over GPUs with communication a one-GPU proxy cannot see: refused;
-- a model whose output layer and MTP leave no room for a deeper one-GPU proxy (the 27B: 8 layers
-  plan 154.5 GB) takes its slope from two proxies with a small vocabulary and no MTP
+- a model whose output layer and MTP leave no room for a deeper one-GPU proxy (the 27B: its planner
+  puts 8 layers over the H200's memory) takes its slope from two proxies with a small vocabulary and no MTP
   (``model.vocab_size=32768 tokenizer.vocab_size=32768 model.mtp_num_layers=null``, at 4 and 8
   layers) and its fixed cost from a third, at the real head (``--intercept-result``);
 - ``without_mtp`` (``--without-mtp``) predicts the recipe as run without its MTP layer (the published
-  27B run had none): MTP's cost is taken out of the fixed cost as its share, by training FLOPs a
+  27B run had none): MTP's cost is taken out of the fixed cost as its share, by training FLOPs per
   token, of what the intercept's real output layer and MTP add over the slope proxies' small head.
 
 The error band propagates each proxy's step-time spread (its CV over the measured window, as a
@@ -61,14 +61,14 @@ RECOMPUTE_FORWARD_SHARE = 1 / 3
 @dataclass(frozen=True)
 class ProxyPoint:
     layers: int
-    micro_batch_s: float  # step time / micro batches a step
+    micro_batch_s: float  # step time / micro batches per step
     sem_fraction: float  # standard error of the mean step time, relative
     recipe: str
     source: str
     recompute_fraction: float = 1.0  # share of its layers the proxy recomputed
     mtp_num_layers: int = 0
-    head_flops: float = 0.0  # training FLOPs a token of the output layer
-    mtp_flops: float = 0.0  # training FLOPs a token of the MTP layers, their output layer included
+    head_flops: float = 0.0  # training FLOPs per token of the output layer
+    mtp_flops: float = 0.0  # training FLOPs per token of the MTP layers, their output layer included
 
 
 def recompute_fraction(granularity: str | None, method: str | None, num_layers: int | None, layers: int) -> float:
@@ -159,8 +159,8 @@ def proxy_point(path: str | Path) -> ProxyPoint:
 
 
 def mtp_share_s(slope_point: ProxyPoint, intercept: ProxyPoint, fixed_small_s: float, fixed_real_s: float) -> float:
-    """Seconds a micro batch of the intercept's fixed cost that its MTP takes: what the real output
-    layer and MTP add over the small head, split by their training FLOPs a token."""
+    """Seconds per micro batch of the intercept's fixed cost that its MTP takes: what the real output
+    layer and MTP add over the small head, split by their training FLOPs per token."""
     if intercept.mtp_num_layers == 0 or slope_point.mtp_num_layers != 0:
         raise PredictionError(
             f"--without-mtp needs slope proxies without MTP ({slope_point.source}: {slope_point.mtp_num_layers} "
@@ -224,6 +224,7 @@ def predict(
             raise PredictionError("without_mtp needs intercept_result (a proxy with the real head and MTP)")
         mtp_s = mtp_share_s(p1, intercept, p1.micro_batch_s - slope * p1.layers, fixed)
         fixed -= mtp_s
+        # worded as the committed prediction files record it: a rerun must reproduce them byte for byte
         notes.append(f"without MTP: {mtp_s * 1e3:.1f} ms a micro batch of the fixed cost taken out (its FLOP share)")
     comm = 0.0
     if lay.ep > 1:
@@ -288,12 +289,12 @@ class SideBySide:
 
     @property
     def saved_s(self) -> float:
-        """Seconds a micro batch the candidate saves."""
+        """Seconds per micro batch the candidate saves."""
         return (self.reference_step_s - self.candidate_step_s) / self.micro_batches
 
 
 def split_saving(a: SideBySide, b: SideBySide) -> tuple[float, float]:
-    """(fixed, per layer) seconds a micro batch: a candidate's saving as a fixed part (its output-layer,
+    """(fixed, per layer) seconds per micro batch: a candidate's saving as a fixed part (its output-layer,
     loss and optimizer changes, the same in both) plus a part for each layer no longer recomputed,
     solved from two candidates that share the fixed change and differ in how many layers they recompute."""
     if a.layers_not_recomputed == b.layers_not_recomputed:
@@ -317,7 +318,7 @@ def candidate_estimate(
     policy's calibrated per-layer and fixed costs (``base``, one pipeline stage), less the saving
     split by :func:`split_saving`, taken to the calibration's units by :func:`proxy_day` of the
     candidate's command, with ``layers_not_recomputed`` of the recipe's layers freed of recompute, and
-    less ``calibrated_saved_s`` (seconds a micro batch at full scale, already in the calibration's
+    less ``calibrated_saved_s`` (seconds per micro batch at full scale, already in the calibration's
     units: a change measured by another pair)."""
     if base.bubble_micro_batches:
         raise PredictionError(f"{base.recipe} has a pipeline: one stage's costs do not describe it")
@@ -328,8 +329,8 @@ def candidate_estimate(
 
 
 def scaled_saving(base: Prediction, proxy_layers: int, pair: SideBySide, proxy_count: int, full_count: int) -> float:
-    """Seconds a micro batch at full scale, in the calibration's units, of a saving that goes with a
-    count of things (kernels, weights) rather than with layers: the pair's saving a micro batch over its
+    """Seconds per micro batch at full scale, in the calibration's units, of a saving that goes with a
+    count of things (kernels, weights) rather than with layers: the pair's saving per micro batch over its
     ``proxy_count``, times the recipe's ``full_count``."""
     return pair.saved_s / proxy_day(base, proxy_layers, pair) / proxy_count * full_count
 
@@ -347,7 +348,7 @@ def pipeline_candidate_estimate(
     (``base``, with its stage times and ``fixed_s`` on the last stage): each stage's layer time scaled
     by ``layer_scale`` (a faster kernel in every layer), less ``recompute_s`` for each of the stage's
     layers no longer recomputed, the last stage less ``fixed_saved_s`` (its loss), and each stage less
-    its ``stage_saved_s`` (seconds a micro batch, for a change whose share differs by stage)."""
+    its ``stage_saved_s`` (seconds per micro batch, for a change whose share differs by stage)."""
     stages = base.stage_micro_batch_s
     if len(layers_no_longer_recomputed) != len(stages):
         raise PredictionError(f"{len(stages)} stages, {len(layers_no_longer_recomputed)} recompute changes given")
@@ -365,7 +366,7 @@ def pipeline_candidate_estimate(
 
 def with_exposed_comm(rate: float, comm_s: float, layers: int, row_tokens: int, frame: float = 1.0) -> float:
     """tokens/s/GPU of a full-scale estimate made without the expert-parallel all-to-all (``rate``), with
-    ``comm_s`` seconds of it left exposed a MoE layer a row (one row's tokens through a layer's dispatch and
+    ``comm_s`` seconds of it left exposed per MoE layer per row (one row's tokens through a layer's dispatch and
     combine, forward and backward), its step first scaled by ``frame`` (one calibration's step over
     another's: the estimate moved to the frame ``comm_s`` was found in). A step of R rows grows by
     ``layers`` x R x ``comm_s``, so the row count cancels: a row's time is ``row_tokens`` / ``rate``."""
@@ -378,7 +379,7 @@ def with_exposed_comm(rate: float, comm_s: float, layers: int, row_tokens: int, 
 
 
 def comm_to_reach_s(rate: float, target: float, layers: int, row_tokens: int, frame: float = 1.0) -> float:
-    """Seconds of exposed all-to-all a MoE layer a row at which an estimate made without it (``rate``,
+    """Seconds of exposed all-to-all per MoE layer per row at which an estimate made without it (``rate``,
     its step scaled by ``frame``) falls to ``target`` tokens/s/GPU: the inverse of :func:`with_exposed_comm`.
     Negative when the estimate is already below the target. Given a prediction of the published layout and
     the published figure, it is the all-to-all that would close the calibration's gap."""
@@ -393,7 +394,7 @@ def comm_to_reach_s(rate: float, target: float, layers: int, row_tokens: int, fr
 def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35b_a3b") -> float:
     """``--ep-comm-s`` from the two-GPU suite's result file (``two_gpu_FAMILY.json``): the NCCL
     all-to-all time of the EP2 run's traced step (``bench.trace_summary``) over its layers and the
-    micro batches a GPU runs, scaled from EP2 to ``target_ep`` by the share of a GPU's tokens that
+    micro batches each GPU runs, scaled from EP2 to ``target_ep`` by the share of a GPU's tokens that
     leave it, (ep - 1) / ep. An upper bound on what the full layout pays: NCCL kernels also count
     the time they wait for the other GPU, and part of the all-to-all may hide behind compute."""
     import json
@@ -411,7 +412,7 @@ def two_gpu_ep_comm_s(path: str | Path, target_ep: int, family: str = "qwen35_35
     if "categories_ms" not in breakdown:
         raise PredictionError(f"{path}: the EP2 run has no trace: {breakdown.get('missing', breakdown)}")
     measured_ep = TWO_GPU_LAYOUTS["ep2"]["flags"]["ep"]
-    micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // measured_ep  # EP2 over two GPUs is DP2, one row a micro batch
+    micro_batches = TWO_GPU_TRAIN_FLAGS["gb"] // measured_ep  # EP2 over two GPUs is DP2, one row per micro batch
     all_to_all = breakdown["categories_ms"].get(ALL_TO_ALL, 0.0) / 1e3
     return all_to_all / (TWO_GPU_LAYERS[family] * micro_batches) * ep_comm_scale(measured_ep, target_ep)
 
@@ -426,12 +427,12 @@ def report(p: Prediction) -> str:
     lines = [
         f"[predict] {p.recipe} on {p.gpus} GPUs: {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU "
         f"({p.low:,.1f} - {p.high:,.1f}), step {p.step_s:.2f} s",
-        f"[predict] per micro batch: {p.per_layer_s * 1000:.1f} ms a layer, {p.fixed_s * 1000:.1f} ms fixed; "
+        f"[predict] per micro batch: {p.per_layer_s * 1000:.1f} ms per layer, {p.fixed_s * 1000:.1f} ms fixed; "
         f"{p.micro_batches} micro batches + {p.bubble_micro_batches:g} of pipeline bubble",
     ]
     if len(p.stage_micro_batch_s) > 1:
         stages = " / ".join(f"{t * 1000:.1f}" for t in p.stage_micro_batch_s)
-        lines.append(f"[predict] pipeline stages, ms a micro batch: {stages}")
+        lines.append(f"[predict] pipeline stages, ms per micro batch: {stages}")
     lines += [f"[predict] note: {n}" for n in p.notes]
     if p.calibration:
         c = p.calibration

@@ -190,7 +190,7 @@ def evidence_table() -> str:
 def trace_table() -> str:
     """Traced proxy steps: where the GPU time goes."""
     return _table(
-        "window ms | busy ms | idle ms | kernels a step | host launch ms | host ops by own time (ms)",
+        "window ms | busy ms | idle ms | kernels per step | host launch ms | host ops by own time (ms)",
         "---:|---:|---:|---:|---:|---",
         "h200_trace_*.json",
         lambda _, d: (
@@ -303,7 +303,7 @@ def lora_vs_peft_table() -> str:
     lines = [
         f"`{_rel(path)}` (`python -m lab.lora_vs_peft`), logs in `lab/evidence/lora_vs_peft/`.",
         "",
-        "| recipe | measured | rows a step | ours tokens/s | peer tokens/s | ratio "
+        "| recipe | measured | rows per step | ours tokens/s | peer tokens/s | ratio "
         "| ours peak GB | planner GB | peer GB | peer |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]

@@ -46,7 +46,7 @@ def proxy_experts(cfg: Any, gpus: int = 1) -> int | None:
 
 
 # Micro batches per proxy step. A recipe's own global batch on one GPU would be 128 micro batches
-# a step (minutes per step at 4 layers); both policies of a comparison get this same count, so
+# per step (minutes per step at 4 layers); both policies of a comparison get this same count, so
 # the ratio compares per-token work with the optimizer step amortized alike.
 PROXY_GLOBAL_BATCH = 8
 # Proxy runs log Megatron's forward-backward and optimizer timers each step: a proxy step has 8
@@ -251,7 +251,7 @@ def different_training(candidate_cfg: Any, reference_cfg: Any) -> str | None:
             model_spec(b),
         ),
         (f"row length ({row_a} vs {row_b} tokens)", row_a, row_b),
-        ("rows a step", rows_a, rows_b),
+        ("rows per step", rows_a, rows_b),
         ("dataset", type(a.dataset).__name__, type(b.dataset).__name__),
         ("dataset.path", getattr(a.dataset, "path", None), getattr(b.dataset, "path", None)),
         ("dataset.random_seed", getattr(a.dataset, "random_seed", None), getattr(b.dataset, "random_seed", None)),

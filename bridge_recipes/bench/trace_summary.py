@@ -158,7 +158,7 @@ def summarize(events: list[dict[str, Any]], steps: int = 1) -> dict[str, Any]:
         "communication_exposed_ms": round((_length(comm_u) - hidden) * ms, 3),
         "categories_ms": {k: round(v * ms, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
         "categories_share": {k: round(v / total, 4) for k, v in sorted(per.items(), key=lambda kv: -kv[1])},
-        # GPU activities (kernels, copies, memsets) a step and their mean length: many short ones with idle
+        # GPU activities (kernels, copies, memsets) per step and their mean length: many short ones with idle
         # gaps between them point at the host's launches, few long ones at the kernels
         "kernels_per_step": round(len(gpu) / steps, 1),
         "mean_kernel_us": round(total / len(gpu), 2),

@@ -41,7 +41,7 @@ Hk/Hv DeltaNet key/value heads, dk/dv their head dims, K conv kernel, V vocabula
   term                per token     kernel step
   ==================  ============  ===============================================
   kkt                 2 C dk        A = beta K K^T within the chunk (full C x C block)
-  solve_tril          C^2 / 3       T = (I + A)^-1, unit lower-triangular, C^3/3 a chunk
+  solve_tril          C^2 / 3       T = (I + A)^-1, unit lower-triangular, C^3/3 per chunk
   wy_w                2 C dk        W = T (beta K decay)   (WY / UT transform)
   wy_u                2 C dv        U = T (beta V)
   state_correction    2 dk dv       V' = U - W S           (chunk_gated_delta_rule_fwd_h)

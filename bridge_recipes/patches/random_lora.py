@@ -32,7 +32,7 @@ def log_line(stand_in: str) -> str:
 
 
 def install(cfg: Any) -> str:
-    """Swap setup's PEFT pre-wrap hook and name the stand-in folder in ``cfg`` (one folder a process);
+    """Swap setup's PEFT pre-wrap hook and name the stand-in folder in ``cfg`` (one folder per process);
     returns the log line. Call in the training process, then start ``pretrain()``."""
     check(PATCH)
     import megatron.bridge.training.setup as setup

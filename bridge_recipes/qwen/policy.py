@@ -123,7 +123,7 @@ def fused_router(cfg: ConfigContainer) -> None:
 
 def cutlass_grouped_gemm(cfg: ConfigContainer) -> None:
     """Transformer Engine's CUTLASS grouped GEMM for the routed experts on Hopper
-    (``NVTE_USE_CUTLASS_GROUPED_GEMM``): one kernel a grouped linear instead of one cuBLAS GEMM an
+    (``NVTE_USE_CUTLASS_GROUPED_GEMM``): one kernel per grouped linear instead of one cuBLAS GEMM per
     expert, each launched from the host. With all 256 experts on one GPU those launches, not the
     GPU, set the step time. GEMMs whose inner dimension differs between experts (weight gradients)
     or is not a multiple of 128 stay on cuBLAS; other GPUs ignore the variable."""
@@ -158,7 +158,7 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
     cfg.mixed_precision.fp8_param_gather = False  # also clears fp8_param (the two are kept in step)
-    # Transformer Engine's FP8 weight cache: each weight cast once a step, not in every forward
+    # Transformer Engine's FP8 weight cache: each weight cast once per step, not in every forward
     cfg.model.disable_parameter_transpose_cache = False
 
 

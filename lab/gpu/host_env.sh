@@ -7,7 +7,7 @@
 # - The package is not installed on the host: the checkout (this folder) goes on PYTHONPATH,
 #   for the scripts and every training process they start.
 # - `save_jit` writes the caches to $OUT as xz parts of at most 15 MiB (what comes back from a
-#   command is limited to 16 MiB a file, 8 files).
+#   command is limited to 16 MiB per file, 8 files).
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_CACHE_DIR=/tmp/jit/triton TORCHINDUCTOR_CACHE_DIR=/tmp/jit/inductor TRITON_CACHE_AUTOTUNING=1
 mkdir -p /tmp/jit

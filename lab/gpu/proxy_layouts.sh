@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-GPU proxy comparison of a tuned H200 policy against the reference layout it was tuned
 # from (H200 host; source .gpu-bundle/b/env.sh and lab/gpu/host_env.sh first). Both runs
-# share the proxy shape (4 layers, the per-GPU expert count, 8 micro batches a step, steps
+# share the proxy shape (4 layers, the per-GPU expert count, 8 micro batches per step, steps
 # 5..19 measured) and run back to back; the ratio lands in $OUT/<model>_ratio.json.
 #   bash lab/gpu/proxy_layouts.sh 35b   # EP8 policy vs slime's TP2 PP2 CP2 EP4 layout (slime-35b-h100)
 #   bash lab/gpu/proxy_layouts.sh 27b   # PP4 block-12 policy vs slime's TP4 PP2 layout (openrecipes-27b-h200)

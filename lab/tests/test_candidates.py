@@ -122,7 +122,7 @@ def test_rows_that_are_not_a_rows_folder_exit_2_naming_the_option(tmp_path, caps
 
 def test_against_set_changes_only_the_second_run(tmp_path):
     """--against-set: the second run is its recipe with these overrides after the command's, e.g. the
-    two-rows recipe against itself at four rows a micro batch, in one command."""
+    two-rows recipe against itself at four rows per micro batch, in one command."""
     two = "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_mock_config"
     opts = _opts(
         "--proxy-layers", "16", "--recipe", two, "--against", two, "--against-set", "train.micro_batch_size=4",
@@ -164,7 +164,7 @@ def test_expert_parallel_candidates_run_on_the_two_gpu_proxy(tmp_path):
     problems, plans = bench.product.argument_problems(opts, bench.runs_of(opts))
     assert problems == []
     (cand_request, cand), (_, published) = plans
-    # EP2 kept, 32 experts a GPU as at full scale (256 / EP8), only the candidate's setting differs
+    # EP2 kept, 32 experts per GPU as at full scale (256 / EP8), only the candidate's setting differs
     assert cand_request["gpus"] == 2 and cand.model.expert_model_parallel_size == 2
     assert cand.model.num_moe_experts == published.model.num_moe_experts == 64
     assert cand.model.moe_shared_expert_overlap and not published.model.moe_shared_expert_overlap
@@ -180,7 +180,7 @@ def test_expert_parallel_candidates_run_on_the_two_gpu_proxy(tmp_path):
 
 def test_stage_split_candidate_balances_the_pipeline_and_runs_only_at_full_scale(tmp_path):
     """The 27B's published split puts the output layer and MTP on a stage of 14 layers: its slowest
-    stage does 61.0 GFLOPs a token against 54.0 for the candidate's, 1.13x; the candidate fits by the
+    stage does 61.0 GFLOPs per token against 54.0 for the candidate's, 1.13x; the candidate fits by the
     planner and refuses a proxy."""
     import bridge_recipes
     from bridge_recipes.models.qwen35 import get_spec
@@ -222,10 +222,10 @@ def test_stage_flops_count_recompute_and_the_head():
     assert without[-1] == pytest.approx(3 * (sum(layers[-14:]) + stages.head_forward_flops(spec, cfg)))
 
 
-def test_fused_moe_kernels_are_on_and_two_rows_a_micro_batch_do_not_fit():
+def test_fused_moe_kernels_are_on_and_two_rows_per_micro_batch_do_not_fit():
     """Grouped GEMM and the fused permutation are already on (not
     candidates), the fused router only in the fast recipe (the published keeps its layout's unfused
-    one); two 8,192-token rows a micro batch plan over the H200 in each H200 SFT layout."""
+    one); two 8,192-token rows per micro batch plan over the H200 in each H200 SFT layout."""
     import bridge_recipes
     from bridge_recipes.plan.memory import plan_memory
 
@@ -244,9 +244,9 @@ def test_fused_moe_kernels_are_on_and_two_rows_a_micro_batch_do_not_fit():
     assert list(peaks.values()) == [163.8, 212.1, 205.8]
 
 
-def test_two_rows_a_micro_batch_keep_the_rows_a_step(tmp_path):
-    """The two-rows candidate runs the proxy's 8 rows a step as 4 micro batches of 2, the published policy as 8
-    of 1: the same tokens a step, so the ratio of tokens/s compares the two."""
+def test_two_rows_per_micro_batch_keep_the_rows_per_step(tmp_path):
+    """The two-rows candidate runs the proxy's 8 rows per step as 4 micro batches of 2, the published policy as 8
+    of 1: the same tokens per step, so the ratio of tokens/s compares the two."""
     name = "35b_bf16_moments_te_ce_fused_swiglu_router_fusion_mbs2"
     opts = _opts("--candidate", name, "--proxy-layers", "16", "--out", str(tmp_path / "c.yaml"))
     runs = bench.runs_of(opts)

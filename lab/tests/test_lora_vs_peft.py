@@ -336,7 +336,7 @@ def test_the_one_command_writes_the_comparison_list(short_rows, tmp_path, monkey
     assert [line["recipe"] for line in lines] == list(lora_vs_peft.RECIPES)
     for line, ours_args, peer_args in zip(lines, launched, seen):
         assert tuple(line)[: len(lora_vs_peft.FIELDS)] == lora_vs_peft.FIELDS
-        # the same rows, rows a step and overrides for both; ours on random base weights
+        # the same rows, rows per step and overrides for both; ours on random base weights
         for args in (ours_args, peer_args):
             assert f"dataset.path={short_rows}" in args or str(short_rows) in args
             assert "train.global_batch_size=1" in args and all(o in args for o in SHORT_ROWS)
@@ -479,9 +479,9 @@ def test_a_peer_that_dies_part_way_keeps_the_figures_of_its_logged_steps(short_r
 
 
 def test_a_variant_joining_its_rows_trains_the_peer_on_the_same_rows(short_rows):
-    """The fast 35B-A3B recipe declares four rows a micro batch, which ours runs as one sequence of the
-    four joined: by default both runs train one such micro batch a step (its base, one row a micro
-    batch, two rows); the peer trains the same rows, of the same length, and at the same rows a step
+    """The fast 35B-A3B recipe carries four rows per micro batch, which ours runs as one sequence of the
+    four joined: by default both runs train one such micro batch per step (its base, one row per micro
+    batch, two rows); the peer trains the same rows, of the same length, and at the same rows per step
     shares its base's run."""
     from bridge_recipes.datasets import row_tokens, rows_per_step
 
@@ -490,23 +490,23 @@ def test_a_variant_joining_its_rows_trains_the_peer_on_the_same_rows(short_rows)
 
     fast = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
     opts = lora_vs_peft.build_parser().parse_intermixed_args(["--rows", str(short_rows), *SHORT_ROWS])
-    assert (lora_vs_peft.rows_a_step(MOE, opts), lora_vs_peft.rows_a_step(fast, opts)) == (2, 4)
+    assert (lora_vs_peft.step_rows(MOE, opts), lora_vs_peft.step_rows(fast, opts)) == (2, 4)
     cfg = peer_peft.workload_config(fast, short_rows, lora_vs_peft.overrides(fast, opts))
     assert (cfg.train.global_batch_size, cfg.dataset.rows_per_sample, cfg.model.seq_length) == (1, 4, 4 * ROW_TOKENS)
     assert rows_and_tokens(cfg) == (4, ROW_TOKENS)
     assert lora_vs_peft.shared_peers([MOE, fast], opts) == {MOE: MOE, fast: fast}
-    # at the same rows a step the peer's workload is the same
+    # at the same rows per step the peer's workload is the same
     same = lora_vs_peft.build_parser().parse_intermixed_args(
         ["--rows", str(short_rows), *SHORT_ROWS, "--global-batch", "4"]
     )
-    assert lora_vs_peft.rows_a_step(MOE, same) == 4
+    assert lora_vs_peft.step_rows(MOE, same) == 4
     assert lora_vs_peft.shared_peers([MOE, fast], same) == {MOE: MOE, fast: MOE}
     base = peer_peft.workload_config(MOE, short_rows, lora_vs_peft.overrides(MOE, same))
     assert rows_and_tokens(base) == (4, ROW_TOKENS)
-    # rows a micro batch set on the command line set the default too; eight rows are two sequences of four
+    # rows per micro batch set on the command line set the default too; eight rows are two sequences of four
     two_rows = ["train.micro_batch_size=1", "dataset.rows_per_sample=2", f"model.seq_length={2 * ROW_TOKENS}"]
     two = lora_vs_peft.build_parser().parse_intermixed_args(["--rows", str(short_rows), *SHORT_ROWS, *two_rows])
-    assert lora_vs_peft.rows_a_step(fast, two) == 2
+    assert lora_vs_peft.step_rows(fast, two) == 2
     eight = peer_peft.workload_config(fast, short_rows, [*SHORT_ROWS, "train.global_batch_size=8"])
     assert (eight.train.global_batch_size, rows_and_tokens(eight)) == (2, (8, ROW_TOKENS))
 

@@ -134,7 +134,7 @@ def test_the_measured_runs_are_planned_with_the_fusion_their_logs_show():
 
 
 def test_fusion_placeholders_are_what_fusion_added_to_the_measured_peaks():
-    """Transformer Engine keeps one BF16 placeholder gradient a weight shape under fusion: on the 35B-A3B
+    """Transformer Engine keeps one BF16 placeholder gradient per weight shape under fusion: on the 35B-A3B
     proxy 1.1285 GB (the output layer's 248,320 x 2,048 is 1.017 of it), the same at 4 and 16 layers (no new
     shapes); the published policy's proxies measured 1.129 and 1.128 GB more with fusion than without
     (lab/results/candidates: 35b_router_fusion_against without, 35b_block30_against with, at 4 layers; the fusion

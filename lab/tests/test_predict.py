@@ -42,7 +42,7 @@ def test_slope_and_intercept_extrapolate_to_the_recipe(tmp_path):
     deep = proxy_point(deeper(tmp_path, 8, 4.0, name="b.yaml"))
     cfg = bridge_recipes.build(RECIPE)
     p = predict(cfg, 8, [deep, shallow], recipe=RECIPE, published=4663.1)
-    # 8 micro batches a proxy step: 0.325 and 0.5 s; 43.75 ms a layer, 150 ms fixed
+    # 8 micro batches per proxy step: 0.325 and 0.5 s; 43.75 ms per layer, 150 ms fixed
     assert p.per_layer_s == pytest.approx((0.5 - 0.325) / 4) and p.fixed_s == pytest.approx(0.325 - 4 * 0.04375)
     # 128 rows / DP8 = 16 micro batches of 40 layers, no pipeline: 16 x (40 x 43.75 + 150) ms
     assert p.micro_batches == 16 and p.bubble_micro_batches == 0
@@ -70,7 +70,7 @@ def test_the_band_widens_with_the_extrapolation(tmp_path):
 def test_pipeline_recipes_pay_the_bubble_on_the_slowest_stage(tmp_path):
     import bridge_recipes
 
-    name = "qwen35_27b_sft_8gpu_h200_bf16_config"  # PP4 DP2, 16 layers a stage
+    name = "qwen35_27b_sft_8gpu_h200_bf16_config"  # PP4 DP2, 16 layers per stage
     doc = yaml.safe_load((ROOT / "lab/results/h200_proxy_qwen35_27b_h200_policy.yaml").read_text())
     points = []
     for layers, step in ((4, 3.0), (8, 5.0)):
@@ -128,8 +128,8 @@ def test_benchmark_predict_prints_and_writes_the_prediction(tmp_path, capsys):
 def test_an_intercept_proxy_gives_the_fixed_cost_when_the_slope_proxies_shrank_the_head(tmp_path):
     import bridge_recipes
 
-    slope_a = proxy_point(deeper(tmp_path, 4, 1.6, name="a.yaml"))  # small head: 0.2 s a micro batch
-    slope_b = proxy_point(deeper(tmp_path, 8, 2.4, name="b.yaml"))  # 0.3 s: 25 ms a layer
+    slope_a = proxy_point(deeper(tmp_path, 4, 1.6, name="a.yaml"))  # small head: 0.2 s per micro batch
+    slope_b = proxy_point(deeper(tmp_path, 8, 2.4, name="b.yaml"))  # 0.3 s: 25 ms per layer
     real_head = proxy_point(deeper(tmp_path, 4, 2.6, name="c.yaml"))  # 0.325 s with the real head
     cfg = bridge_recipes.build(RECIPE)
     p = predict(cfg, 8, [slope_a, slope_b], recipe=RECIPE, intercept=real_head)
@@ -184,9 +184,9 @@ def test_exposed_comm_and_the_comm_that_reaches_a_target_are_inverses():
         comm_to_reach_s(8192.0, 0, 10, 8192)
 
 
-def test_the_mtp_layer_and_its_head_pass_are_part_of_the_flops_a_token():
-    """The 35B-A3B's MTP layer and its second output-layer pass are counted in the training FLOPs a token,
-    so a run without MTP (the published workload) does less work a token."""
+def test_the_mtp_layer_and_its_head_pass_are_part_of_the_flops_per_token():
+    """The 35B-A3B's MTP layer and its second output-layer pass are counted in the training FLOPs per token,
+    so a run without MTP (the published workload) does less work per token."""
     from bridge_recipes.models.flops import model_flops_per_token
 
     f = model_flops_per_token("qwen35_35b_a3b", 8192).forward
@@ -195,7 +195,7 @@ def test_the_mtp_layer_and_its_head_pass_are_part_of_the_flops_a_token():
 
 
 def test_ep_comm_from_the_two_gpu_trace(tmp_path, capsys):
-    """--ep-comm-trace: the EP2 run's traced all-to-all over its 8 layers x 4 micro batches a GPU
+    """--ep-comm-trace: the EP2 run's traced all-to-all over its 8 layers x 4 micro batches per GPU
     (global batch 8 over DP2), scaled to EP8 by the share of tokens leaving a GPU (7/8 against 1/2)."""
     from lab.predict import two_gpu_ep_comm_s
 
@@ -208,7 +208,7 @@ def test_ep_comm_from_the_two_gpu_trace(tmp_path, capsys):
     args = ["--predict", RECIPE.replace("_config", "_mock_config"), "--proxy-results", str(PROXY), str(deep)]
     assert bench.main([*args, "--ep-comm-trace", str(trace)]) == 0
     out = capsys.readouterr().out
-    assert "3.50 ms a layer a micro batch" in out and "no expert-parallel all-to-all" not in out
+    assert "3.50 ms per layer per micro batch" in out and "no expert-parallel all-to-all" not in out
     # a run whose trace was not taken is refused, naming why
     trace.write_text(json.dumps({"ep2": {"time_breakdown": {"missing": "the trace has no GPU kernel events"}}}))
     with pytest.raises(SystemExit) as exc:
@@ -245,7 +245,7 @@ def test_committed_27b_predictions_are_what_the_committed_proxies_give(tmp_path,
 
 def test_without_mtp_takes_out_mtps_flop_share_of_the_head_cost():
     """165.4 ms: of the 269.9 ms the real head and MTP add over the small head, MTP's share of their
-    training FLOPs a token (10.48 G of 6.62 G for the larger vocabulary plus 10.48 G)."""
+    training FLOPs per token (10.48 G of 6.62 G for the larger vocabulary plus 10.48 G)."""
     from lab.predict import mtp_share_s
 
     small, big = (proxy_point(p) for p in SMALL_HEAD)
@@ -378,7 +378,7 @@ def test_a_saving_per_kernel_scales_with_the_recipes_count():
     from lab.predict import SideBySide, scaled_saving
 
     base = _base()
-    pair = SideBySide(8 * (0.2 + 4 * 0.04), 8 * (0.2 + 4 * 0.04 - 0.01), 0, 8)  # 10 ms a micro batch, day 1
+    pair = SideBySide(8 * (0.2 + 4 * 0.04), 8 * (0.2 + 4 * 0.04 - 0.01), 0, 8)  # 10 ms per micro batch, day 1
     assert scaled_saving(base, 4, pair, proxy_count=100, full_count=1000) == pytest.approx(0.1)
 
 

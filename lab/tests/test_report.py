@@ -159,7 +159,7 @@ def test_a_comparison_line_names_the_recipes_newer_measurement(tmp_path, monkeyp
     monkeypatch.setattr(report.registry, "find", lambda name: entry)
     (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]
     assert "as it is now" not in row  # the line is the recipe's own measurement
-    assert row.split(" | ")[2] == "-"  # no rows a step recorded
+    assert row.split(" | ")[2] == "-"  # no rows per step recorded
     line["global_batch"] = 4
     (tmp_path / "single_gpu_lora_vs_peft.json").write_text(json.dumps([line]))
     (row,) = [r for r in report.lora_vs_peft_table().splitlines() if recipe in r]

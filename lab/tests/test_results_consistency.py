@@ -245,7 +245,7 @@ def test_against_set_names_the_reference_overrides_in_the_ratio_file(tmp_path, m
 
 def test_which_proxy_pairs_train_the_same_model():
     """The 27B tuned and reference layouts shrink to one model on the same rows; the 35B-A3B EP8
-    policy and slime's EP4 layout keep 32 and 64 experts a GPU and read different row lengths."""
+    policy and slime's EP4 layout keep 32 and 64 experts per GPU and read different row lengths."""
     dense = [
         proxy_config(n)
         for n in ("qwen35_27b_sft_8gpu_h200_bf16_config", "qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
@@ -259,8 +259,8 @@ def test_which_proxy_pairs_train_the_same_model():
 
 
 def test_rows_joined_into_one_sequence_train_as_the_rows_apart():
-    """Two runs on the same rows a step compare their loss curves whether or not the rows are joined
-    into longer sequences; other rows a step or another row length are named."""
+    """Two runs on the same rows per step compare their loss curves whether or not the rows are joined
+    into longer sequences; other rows per step or another row length are named."""
     from types import SimpleNamespace as NS
 
     def run(seq, gb, k=1):
@@ -270,7 +270,7 @@ def test_rows_joined_into_one_sequence_train_as_the_rows_apart():
         return cfg
 
     assert different_training(run(8192, 4), run(16384, 2, k=2)) is None
-    assert different_training(run(8192, 4), run(16384, 4, k=2)) == "the runs differ in rows a step"
+    assert different_training(run(8192, 4), run(16384, 4, k=2)) == "the runs differ in rows per step"
     assert "row length (8192 vs 16384 tokens)" in different_training(run(8192, 4), run(16384, 4))
 
 
@@ -400,7 +400,7 @@ def check_packed_sft_convergence(result: Path) -> None:
     doc = json.loads(result.read_text())
     curves = {}
     arms = {packing: doc[packing] for packing in PACKINGS}
-    if "micro_batch" in doc:  # the packed rows again, several a micro batch
+    if "micro_batch" in doc:  # the packed rows again, several per micro batch
         arms["micro_batch"] = doc["micro_batch"]
     for arm, run in arms.items():
         log = (result.parent / run["log"]).read_text()
@@ -415,7 +415,7 @@ def check_packed_sft_convergence(result: Path) -> None:
     for reference, candidate, committed in pairs:
         recomputed = compare(curves[reference], curves[candidate])
         assert json.loads(json.dumps(recomputed.as_dict())) == committed, candidate
-    # the claim: packed rows train like one conversation a row (a joined micro batch is recorded as it came)
+    # the claim: packed rows train like one conversation per row (a joined micro batch is recorded as it came)
     assert doc["comparison"]["passed"], doc["comparison"]["reasons"]
 
 

@@ -70,7 +70,7 @@ def test_recipe_dry_runs_on_packed_rows(rows, base_weights, recipe, capsys):
 
 
 @pytest.mark.parametrize("recipe", sorted(n for n, e in registry.discover().items() if "_vl_" not in n))
-def test_a_text_recipe_declares_its_rows_a_micro_batch(recipe):
+def test_a_text_recipe_declares_its_rows_per_micro_batch(recipe):
     """Boundaries rows take one packed sequence per micro batch, so a text recipe of k > 1 rows per micro batch
     says so with the policy block that joins them there; a micro batch it does not declare would be refused."""
     from bridge_recipes.data.packed_rows import recipe_rows

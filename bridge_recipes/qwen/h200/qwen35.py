@@ -315,7 +315,7 @@ def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
 def qwen35_27b_sft_8gpu_h200_fp8cs_fast_config() -> ConfigContainer:
     """The fast 27B recipe with its layers' GEMMs in FP8 (per-tensor current scaling; the model's first
     and last layers stay BF16), parameters in BF16 so that a run from Hugging Face weights starts
-    from and exports them unrounded, and Transformer Engine's FP8 weight cache, cast once a step.
+    from and exports them unrounded, and Transformer Engine's FP8 weight cache, cast once per step.
     FP8 makes the layers cheaper but not the last stage's head, so the split moves two more layers
     off it (16/19/19/10), and the cache's memory is paid for by recomputing 14 layers per stage."""
     cfg = qwen35_27b_sft_8gpu_h200_bf16_fast_config()

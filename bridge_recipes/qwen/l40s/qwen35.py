@@ -1,6 +1,6 @@
 """48 GB recipes for Qwen3.5 / Qwen3.6 text models: LoRA on one L40S or RTX 6000 Ada.
 
-Neither model's BF16 base fits 48 GB (54 and 70 GB): the frozen base is stored in FP8 (one byte a
+Neither model's BF16 base fits 48 GB (54 and 70 GB): the frozen base is stored in FP8 (one byte per
 weight; Ada has FP8 tensor cores), the loss is taken a chunk of tokens at a time and every layer is
 recomputed, one 8,192-token row per micro batch, as the memory planner fits them at 48 GB
 (``run_recipe.py --recipe NAME --plan``).
@@ -23,7 +23,7 @@ __all__ = ["qwen35_27b_peft_1gpu_l40s_fp8base_config", "qwen35_35b_a3b_peft_1gpu
 
 @recipe(task="peft", gpus=1, gpu="l40s", precision="fp8base", layout="TP1 PP1 DP1", status="unmeasured")
 def qwen35_27b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
-    """Qwen3.5/3.6-27B LoRA on one 48 GB GPU: the H100 recipe (FP8 base, chunked loss) at one row a
+    """Qwen3.5/3.6-27B LoRA on one 48 GB GPU: the H100 recipe (FP8 base, chunked loss) at one row per
     micro batch."""
     cfg = h100.qwen35_27b_peft_1gpu_h100_fp8base_config()
     # 48 GB holds the 27 GB FP8 base and one row's recomputed layers, not two rows

@@ -6,7 +6,7 @@ every step, the loss curves compared.
 The aligned conversations (``synthetic_chat.build_aligned_rows``: the evidence's real-format kinds,
 each 640 tokens) are built twice by the default builder: as ``boundaries`` rows (the SFT default),
 where every 2,048-token row holds exactly three consecutive conversations, and as ``one_per_row``
-rows. The packed run takes 4 rows a step and the one-per-row run 12, so step k of both trains on
+rows. The packed run takes 4 rows per step and the one-per-row run 12, so step k of both trains on
 conversations 12k .. 12k+11 (checked before training), and one validation batch is the same 12
 conversations too. The 27B and 35B-A3B SFT recipes, scaled to 4 layers, train 10 steps each way
 with a validation pass every 5 steps, under one gentle schedule (``COMPARISON_FLAGS``); the curves
@@ -22,8 +22,8 @@ loss is not: it is computed per micro batch over every token routed, padding inc
 padding tokens beside each conversation alone, 128 beside three packed), so it differs between the
 two data paths; the 35B-A3B runs both turn it off (``FAMILIES``' overrides), leaving one objective.
 
-The same test trains the packed rows once more two a packed sequence (``dataset.rows_per_sample``
-2, a 4,096-token sequence a micro batch, half the micro batches): the same rows every step from
+The same test trains the packed rows once more two per packed sequence (``dataset.rows_per_sample``
+2, one 4,096-token sequence per micro batch, half the micro batches): the same rows every step from
 the same initial weights (the runner keeps the warm-up from moving the random state), compared
 with the packed run by the same rules (``micro_batch`` in the result).
 
@@ -72,15 +72,15 @@ NO_SAVE = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_sav
 # spikes early, and a spike amplifies rounding differences between two data paths into different
 # curves; lr 1e-4 warming up over 2 steps compares the data paths instead.
 COMPARISON_FLAGS = {**EVIDENCE_TRAIN_FLAGS, "lr": 1e-4, "min_lr": 1e-5, "warmup_iters": 2, "max_steps": 10}
-PACKED_ROWS_A_STEP = COMPARISON_FLAGS["gb"]
-# The packed rows two a sequence: half the samples a step, each twice the length
+PACKED_ROWS_PER_STEP = COMPARISON_FLAGS["gb"]
+# The packed rows two per sequence: half the samples per step, each twice the length
 JOINED, JOINED_ROWS = "boundaries_joined", 2
-ROWS_A_STEP = {
-    "boundaries": PACKED_ROWS_A_STEP,
-    "one_per_row": PACKED_ROWS_A_STEP * ALIGNED_PER_ROW,
-    JOINED: PACKED_ROWS_A_STEP,
+ROWS_PER_STEP = {
+    "boundaries": PACKED_ROWS_PER_STEP,
+    "one_per_row": PACKED_ROWS_PER_STEP * ALIGNED_PER_ROW,
+    JOINED: PACKED_ROWS_PER_STEP,
 }
-SAMPLES_A_STEP = {**ROWS_A_STEP, JOINED: PACKED_ROWS_A_STEP // JOINED_ROWS}
+SAMPLES_PER_STEP = {**ROWS_PER_STEP, JOINED: PACKED_ROWS_PER_STEP // JOINED_ROWS}
 JOINED_OVERRIDES = [f"dataset.rows_per_sample={JOINED_ROWS}", f"model.seq_length={EVIDENCE_ROW_TOKENS * JOINED_ROWS}"]
 
 
@@ -95,7 +95,7 @@ def train(family: str, packing: str, folder: Path):
         "scale_down": 4,
         "scale_experts": experts,
         "dataset": "sft-rows",
-        "flags": {**COMPARISON_FLAGS, "gb": SAMPLES_A_STEP[packing], "sl": EVIDENCE_ROW_TOKENS, "mb": 1},
+        "flags": {**COMPARISON_FLAGS, "gb": SAMPLES_PER_STEP[packing], "sl": EVIDENCE_ROW_TOKENS, "mb": 1},
         "overrides": [
             f"dataset.path={folder}",
             "validation.eval_interval=5",
@@ -115,7 +115,7 @@ def train(family: str, packing: str, folder: Path):
 def record(run, family: str, packing: str) -> dict:
     return {
         "log": log_name(family, packing),
-        "rows_a_step": ROWS_A_STEP[packing],
+        "rows_a_step": ROWS_PER_STEP[packing],
         "losses": run.losses,
         "grad_norms": {it.step: it.grad_norm for it in run.iterations},
         "validation_losses": validation_losses(run.log),
@@ -146,7 +146,7 @@ def test_packed_rows_train_like_one_conversation_per_row(family):
         **{packing: record(run, family, packing) for packing, run in runs.items()},
         "training": training.as_dict(),
         "comparison": curves.as_dict(),
-        # the packed rows two a packed sequence against one: the same rows every step
+        # the packed rows two per packed sequence against one: the same rows every step
         "micro_batch": {
             "rows_a_sequence": JOINED_ROWS,
             **record(joined, family, JOINED),
