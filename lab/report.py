@@ -666,4 +666,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from bridge_recipes import quiet
+
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
     raise SystemExit(main())
