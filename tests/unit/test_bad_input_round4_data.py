@@ -336,10 +336,11 @@ def test_every_skip_reason_of_the_text_build_is_documented():
     import ast
 
     doc = (ROOT / "docs/sft_data.md").read_text()
-    modules = ["chat_formats", "chat_render", "chat_template", "conversations", "message_text", "sft_rows"]
+    modules = ["chat/chat_formats", "chat/chat_render", "chat/chat_template", "chat/conversations"]
+    modules += ["chat/message_text", "data/sft_rows", "data/long_conversations"]
     reasons = set()
     for name in modules:
-        tree = ast.parse((ROOT / f"bridge_recipes/data/{name}.py").read_text())
+        tree = ast.parse((ROOT / f"bridge_recipes/{name}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "MalformedConversation":
                 reason = node.args[1] if len(node.args) > 1 else None
