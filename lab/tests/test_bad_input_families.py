@@ -1,21 +1,10 @@
-"""Bad input, family by family: outputs never land on inputs, checks run before the work they
-guard, nothing wrong is accepted silently, messages point at the right thing, and nothing is
-left behind (exit 2 and no traceback for the command lines)."""
+"""The predictor refuses a proxy result with a step time that is not a number."""
 
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
-CHATML = ROOT / "tests/fixtures/chatml_tokenizer.json"
-TEMPLATE = ROOT / "tests/fixtures/qwen35_chat_tokenizer"
-GOOD = {
-    "messages": [
-        {"role": "user", "content": "what is the capital of france, and why is it there?"},
-        {"role": "assistant", "content": "paris; the river seine made it a crossing and a port long ago."},
-    ]
-}
 
 
 def test_a_nan_step_time_gives_no_prediction(tmp_path):

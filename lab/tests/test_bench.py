@@ -1,4 +1,4 @@
-"""Benchmark measuring side: FLOPs per token, window statistics, Megatron log parser, result file."""
+"""The Megatron log parser and the window statistics on the committed one-GPU smoke run's log."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -8,41 +8,9 @@ import pytest
 from bridge_recipes.logs import megatron_log as L
 from bridge_recipes.logs import stats as S
 from bridge_recipes.models import flops as F
-from bridge_recipes.models.qwen35 import Qwen35Spec, get_spec
+from bridge_recipes.models.qwen35 import get_spec
 
 SMOKE_LOG = Path(__file__).resolve().parents[2] / "lab/evidence/smoke_qwen35_35b_a3b_1gpu_h200.log"
-
-# 4 layers: GDN, GDN, GDN, attention (every 4th); small enough to count by hand.
-TINY = Qwen35Spec(
-    name="tiny",
-    num_layers=4,
-    hidden_size=8,
-    num_attention_heads=2,
-    num_query_groups=1,
-    head_dim=4,
-    linear_num_key_heads=2,
-    linear_key_head_dim=3,
-    linear_num_value_heads=4,
-    linear_value_head_dim=5,
-    linear_conv_kernel_dim=4,
-    full_attention_interval=4,
-    ffn_hidden_size=16,
-    vocab_size=32,
-    mtp_num_layers=1,
-    checkpoints={},
-)
-TINY_MOE = replace(
-    TINY,
-    name="tiny_moe",
-    ffn_hidden_size=None,
-    num_experts=4,
-    moe_router_topk=2,
-    moe_ffn_hidden_size=3,
-    moe_shared_expert_ffn_hidden_size=5,
-)
-
-
-# --- FLOPs per token --------------------------------------------------------------------------
 
 
 def test_counter_agrees_with_megatron_logged_throughput_on_the_smoke_run():

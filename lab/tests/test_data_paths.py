@@ -1,10 +1,9 @@
-"""Data side of the recipes: packed SFT rows through Megatron-Bridge, --dataset selection."""
+"""The committed evidence rows are rebuilt byte for byte by lab/gpu/make_synthetic_rows.py."""
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = str(ROOT / "tests/fixtures/eos_joined_rows")
-SFT = "qwen35_27b_sft_8gpu_h200_bf16_config"
 
 
 def test_committed_evidence_rows_are_reproducible(tmp_path):

@@ -1,5 +1,4 @@
-"""The benchmark harness on CPU: proxy arguments, FLOPs of the scaled model, a result file from
-the committed H200 log."""
+"""A result file from the committed H200 log, as the benchmark harness writes it."""
 
 from pathlib import Path
 

@@ -1,8 +1,5 @@
-"""Hugging Face checkpoints on CPU: the config check against the catalog, the converter's command
-line and its errors, the atomic output folder, the import cache, and the runner's flags at
-dry-run. Toy folders are saved by transformers' own classes (random init, tiny sizes that keep
-the family fields of the recipe's model). The conversions themselves need a GPU
-(lab/tests/gpu/test_hf_checkpoint.py); here a stand-in converter exercises the folder handling."""
+"""The Hugging Face evidence run's checks: a changed frozen tensor fails the LoRA report, and a
+saved config relaunches the same run on the evidence rows."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 
 MOE_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
-DENSE_RECIPE = "qwen35_27b_sft_8gpu_h200_bf16_config"
 # CPU-sized toys: the family fields (head dims, GDN dims, interval) stay the catalog's.
 TINY = dict(**CPU_SIZES, max_shard_size="300KB")
 TINY_MOE = CPU_MOE_SIZES

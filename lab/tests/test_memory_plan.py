@@ -1,5 +1,5 @@
-"""Memory planner (bridge_recipes.plan.memory) against the real recipes: the measured H200 peaks
-of docs/memory_plan.md, the published facts about 8 x H200 layouts (docs/sources.md), and its component rules."""
+"""The memory planner against the measured H200 peaks of the committed logs (docs/memory_plan.md)
+and the published 8 x H200 layouts (docs/sources.md)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from bridge_recipes.scaledown import scale_down
 from lab import memory_table as TABLE
 
 REPO = Path(__file__).resolve().parents[2]
-H200_GB = 143_771 * 2**20 / 1e9  # what the test host's H200 reports (lab/evidence/README.md)
 SFT_35B = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 SFT_27B = "qwen35_27b_sft_8gpu_h200_bf16_config"
-LONGCTX = "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config"
 
 
 def build(name: str, **shrink):

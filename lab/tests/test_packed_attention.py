@@ -1,4 +1,4 @@
-"""Attention one conversation at a time over a packed row, and the parity measure of its gradients."""
+"""The parity measure of packed-row gradients (lab.parity) against their FP32 reference."""
 
 from __future__ import annotations
 

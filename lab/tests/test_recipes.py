@@ -1,17 +1,13 @@
 """Every recipe's evidence id names a committed file that backs its status."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from bridge_recipes import registry
 from lab import resolve
 
-ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(registry.discover())
-# Names fixed by the reference page of the GB300 module (bridge-gb300-vl) rather than by our convention.
-PAGE_NAMES = {"qwen35_vl_397b_a17b_pretrain_config"}
 
 
 @pytest.mark.parametrize("name", RECIPES)
