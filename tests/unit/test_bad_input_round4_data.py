@@ -7,6 +7,7 @@ or refused, by the rule docs/sft_data.md states."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -214,7 +215,7 @@ def test_conversations_in_both_splits_are_counted_and_reported(tmp_path):
     assert p.returncode == 0, p.stderr
     m = json.loads((tmp_path / "out/manifest.json").read_text())
     assert m["validation"]["conversations_also_in_training"] == 3
-    assert "3 training conversation(s) are also in the" in p.stdout
+    assert re.search(r"warning: 3 training\b.*validation split", p.stdout), p.stdout
     clean = build(tmp_path, GOOD[3:], name="clean", val_input=jsonl(tmp_path / "v2.jsonl", val[:4]))
     assert clean["validation"]["conversations_also_in_training"] == 0
 
@@ -310,7 +311,7 @@ def test_eos_token_must_be_a_special_token(tmp_path, chat_format):
         cwd=ROOT,
     )
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "--eos-token 'a' is not a special token" in p.stderr and "<|endoftext|>" in p.stderr
+    assert re.search(r"--eos-token 'a' .*special token", p.stderr) and "<|endoftext|>" in p.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -4,6 +4,7 @@ and the fix, instead of a traceback, a failure on the GPU, or a misleading hint.
 import contextlib
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def test_a_save_folder_in_the_rows_folder_is_refused(rows, where):
     save = {"save_inside": rows / "ckpt", "save_is": rows, "save_holds": rows.parent}[where]
     code, text = _rows_dry_run(rows, "--save-dir", save)
     assert code == 2 and "Traceback" not in text
-    assert "checkpoint.save" in text and f"dataset.path {rows}" in text and "mixed with the data" in text
+    assert "checkpoint.save" in text and f"dataset.path {rows}" in text and "mixed" in text
     assert not (rows / "ckpt").exists()
 
 
@@ -269,7 +270,7 @@ def test_a_manifest_field_of_the_wrong_type_is_named_as_such(rows, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     code, text = _rows_dry_run(copy)
     assert code == 2 and "Traceback" not in text
-    assert "manifest field row_tokens is a string ('256')" in text and "not 256" not in text, text[-1500:]
+    assert re.search(r"manifest field row_tokens\b.*string \('256'\)", text) and "not 256" not in text, text[-1500:]
 
 
 @pytest.mark.parametrize(

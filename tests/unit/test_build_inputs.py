@@ -81,7 +81,8 @@ def test_script_exits_2_without_traceback(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert p.returncode == 2 and "seed must be in" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "seed" in p.stderr and "[0, 2**32)" in p.stderr and "got -1" in p.stderr
     assert not (tmp_path / "rows").exists()
 
 

@@ -70,7 +70,8 @@ def test_dataset_sft_rows_through_the_runner(capsys):
 
 def test_dataset_sft_rows_needs_a_path_and_matching_length(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--dataset", "sft-rows"]) == 2
-    assert "needs the rows folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "dataset='sft-rows'" in err and "dataset.path=" in err
     assert (
         main(
             [
@@ -93,13 +94,15 @@ def test_dataset_sft_rows_needs_a_path_and_matching_length(capsys):
 
 def test_dataset_kinds_refuse_the_wrong_model_kind(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--dataset", "energon"]) == 2
-    assert "needs a VL recipe" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--dataset 'energon'" in err and "VL recipe" in err
     assert (
         main(["--recipe", "qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config", "--dry-run", "--dataset", "sft-rows"])
         == 2
     )
     assert main(["--recipe", SFT, "--dry-run", "--dataset", "csv"]) == 2
-    assert "--dataset 'csv' is not known" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--dataset 'csv'" in err and "not known" in err and "sft-rows" in err
 
 
 def test_energon_selection_keeps_the_execution_policy():

@@ -157,7 +157,7 @@ def test_the_compile_gets_the_toolkit_and_wheel_headers_and_a_failure_says_how_t
     assert str(checkout / ".venv/lib/python3.12/site-packages/nvidia/nccl/include") in recorded["CPATH"].split(":")
     # where it stopped, the compiler's own last lines, and how to go on
     assert "step 3/4" in p.stderr and "some_header.h" in p.stderr
-    assert "run the same command" in p.stderr and "rm -rf .venv" in p.stderr
+    assert "same command" in p.stderr and "rm -rf .venv" in p.stderr
     assert "transformer_engine_torch" not in (checkout / STACK_LOCK).read_text()
 
 

@@ -4,6 +4,7 @@ build reports of them."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -201,9 +202,10 @@ def test_the_build_command_reports_the_long_conversations(source, tmp_path):
 
     skipped, split = build("skip"), build("split")
     assert skipped.returncode == split.returncode == 0, skipped.stderr + split.stderr
-    assert "3 of 33 longer than a 512-token row" in skipped.stdout and "--long split keeps them" in skipped.stdout
+    assert re.search(r"\b3 of 33 longer\b.*\b512-token row\b", skipped.stdout), skipped.stdout
+    assert "--long split" in skipped.stdout and "--long truncate" in skipped.stdout  # the two ways to keep them
     keep = json.loads((tmp_path / "skip" / "manifest.json").read_text())["long_conversations"]
     assert f"--row-tokens {keep['row_tokens_keeping_99_percent']} would hold" in skipped.stdout
-    assert "split into" in split.stdout and "--long split keeps them" not in split.stdout
+    assert "split into" in split.stdout and "--long truncate" not in split.stdout
     bad = build("cut")
     assert bad.returncode == 2 and "invalid choice: 'cut'" in bad.stderr

@@ -43,6 +43,5 @@ def test_the_lora_page_runs_as_printed(tmp_path):
     listed = next(out for c, out in outputs.items() if "--list" in c)
     assert "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config" in listed and "_h200_" not in listed
     capped = next(out for c, out in outputs.items() if "--gpu-memory-gb 48" in c)
-    assert (
-        "DOES NOT FIT" in capped and "planned to fit 48.0 GB: qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config" in capped
-    )
+    assert "DOES NOT FIT" in capped
+    assert re.search(r"\bfit 48\.0 GB:.*\bqwen35_35b_a3b_peft_1gpu_l40s_fp8base_config\b", capped), capped

@@ -3,6 +3,7 @@ of docs/memory_plan.md, the published facts about 8 x H200 layouts (docs/sources
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,7 +121,7 @@ def test_no_selective_set_fits_the_35b_ep8_layout():
     layers fits."""
     best = M.plan_memory(_selective(SFT_35B, ["moe", "layernorm", "gdn_norm_out"]), 8, gpu="h200")
     assert not best.fits and 150 < best.peak_gb < 170
-    assert any("selective recompute of gdn_norm_out, layernorm, moe" in n for n in best.notes)
+    assert any(re.match(r"selective recompute\b.*\bgdn_norm_out, layernorm, moe\b", n) for n in best.notes)
 
 
 def test_unmodelled_recompute_modules_are_named_in_the_notes():
@@ -325,7 +326,8 @@ def test_fp8_with_bf16_parameters_counts_transformer_engines_weight_cache():
     assert copies.fits and round(copies.peak_gb, 1) == 143.7 and round(fp8_params.peak_gb, 1) == 150.7
     extra = [round(c.weights_gb - r.weights_gb, 1) for c, r in zip(cached.stages, copies.stages)]
     assert extra == [11.4, 14.5, 14.5, 7.7] and cached.fits and round(cached.peak_gb, 1) == 146.1
-    assert any("cached FP8 weight copies" in n for n in cached.notes) and not any("cached" in n for n in copies.notes)
+    assert any("cached FP8" in n and "disable_parameter_transpose_cache=true" in n for n in cached.notes)
+    assert not any("cached" in n for n in copies.notes)
     cfg = bridge_recipes.build(fast)
     par = parallel_layout(cfg, 8)
     d, first = model_dims(cfg.model), stage_chunks(cfg, par)[0][0]
@@ -407,4 +409,5 @@ def test_no_change_is_named_when_none_fits(monkeypatch):
 
     monkeypatch.setattr(peak, "GPU_MEMORY_GB", {**peak.GPU_MEMORY_GB, "h200": 1.0})
     text, fits = M.plan_report(build(SFT_27B), 8, "h200")
-    assert not fits and "changes that fit" not in text and "no usual change fits" in text
+    assert not fits and "changes that fit" not in text
+    assert re.search(r"no usual change\b.*\bmicro batch 1\b.*\(-pp\)", text), text

@@ -177,7 +177,8 @@ def test_the_rows_a_recipe_declares_become_one_sequence_of_them_joined(built):
     changes = join_recipe_rows(cfg)
     assert (cfg.train.micro_batch_size, cfg.train.global_batch_size, cfg.model.seq_length) == (1, 4, 2 * ROW)
     assert cfg.dataset.rows_per_sample == 2
-    assert "train.micro_batch_size: 2 -> 1" in changes and "dataset.rows_per_sample: 1 -> 2" in changes
+    changed = dict(change.split(": ", 1) for change in changes if ": " in change)  # field: old -> new
+    assert changed["train.micro_batch_size"] == "2 -> 1" and changed["dataset.rows_per_sample"] == "1 -> 2"
     assert join_recipe_rows(cfg) == []  # once
     assert dry_run_problems(_Cfg(out, k=2))[0] == []
     # other rows keep the recipe's micro batch: rows side by side

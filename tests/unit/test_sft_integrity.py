@@ -185,7 +185,7 @@ def test_runner_dry_run_reports_damage_without_a_traceback(rows, capsys):
     args = ["--recipe", "qwen35_27b_sft_8gpu_h200_bf16_config", "--dry-run", "--world-size", "8", "-sl", str(ROW)]
     assert main([*args, "--dataset", "sft-rows", f"dataset.path={rows}"]) == 2
     err = capsys.readouterr().err
-    assert "rows.parquet is 0 bytes" in err and "Traceback" not in err
+    assert "rows.parquet" in err and "0 bytes" in err and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------ atomic writes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,8 @@ def test_the_global_batch_of_a_recipe_that_joins_its_rows_counts_rows(rows, caps
     recipe = "qwen35_35b_a3b_sft_8gpu_h200_bf16_fast_mt16k_config"
     args = ["--recipe", recipe, "--dry-run", "--world-size", "8", "--dataset", "sft-rows", f"dataset.path={rows}"]
     assert main([*args, "-gb", "32"]) == 0
-    assert "packed rows: train.global_batch_size: 32 -> 16 sequences" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"\bpacked rows: train\.global_batch_size: 32 -> 16 sequences$", out, re.M), out
     assert main([*args, "-gb", "24"]) == 2
     assert "multiple of 16" in capsys.readouterr().err
     assert main([*args, "-gb", "7"]) == 2

@@ -7,6 +7,7 @@ BPE with the Qwen3.5 chat special tokens and a Qwen3.5-style chat_template.jinja
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -65,8 +66,8 @@ def test_rows_are_the_template_rendering_tokenized_whole(renderer):
     assert ids.dtype == np.int32 and mask.dtype == np.uint8 and len(ids) == len(mask)
     # the tool list sits in the system prompt, the list content is joined, the tool reply is a user turn
     assert '"name": "get_weather"' in text.split("<|im_end|>")[0]
-    assert "What is the weather in Paris?" in text
-    assert "<|im_start|>user\n<tool_response>\nsunny and 21 degrees\n</tool_response><|im_end|>" in text
+    assert "".join(part["text"] for part in AGENT[1]["content"]) in text
+    assert f"<|im_start|>user\n<tool_response>\n{AGENT[3]['content']}\n</tool_response><|im_end|>" in text
 
 
 def test_mask_is_exactly_what_the_assistant_writes(renderer):
@@ -201,7 +202,7 @@ def test_cli_prints_what_was_used_and_skipped(tmp_path):
     cmd += ["--tokenizer", str(TOKENIZER), "--out", str(out), "--row-tokens", "256"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stderr
-    assert "20 used, 1 skipped, of 21 read" in p.stdout
+    assert re.search(r"\b20 used\b.*\b1 skipped\b.*\b21 read\b", p.stdout), p.stdout
     assert "skipped        1  no_assistant_turn" in p.stdout
     m = json.loads((out / "manifest.json").read_text())
     assert m["packing"] == "boundaries"  # the default
