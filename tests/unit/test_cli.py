@@ -1,5 +1,7 @@
 """The runner's command line: dry-run, errors and exit codes (no GPU needed)."""
 
+import re
+
 import pytest
 
 from bridge_recipes.runner.cli import main
@@ -12,14 +14,14 @@ def test_dry_run_prints_yaml_summary_and_checks(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "--show-yaml", "train.train_iters=500"]) == 0
     out = capsys.readouterr().out
     assert "expert_model_parallel_size: 8" in out and "train_iters: 500" in out  # resolved YAML
-    assert "world size        8  ->  TP1 PP1 EP8 ETP1 DP8" in out  # layout summary
+    assert re.search(r"world size\s+8\s+->\s+TP1 PP1 EP8 ETP1 DP8\b", out)  # layout summary
     assert "checks: ok" in out
 
 
 def test_dry_run_takes_world_size_from_the_environment(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "16")
     assert main(["--recipe", SFT, "--dry-run"]) == 0
-    assert "TP1 PP1 EP8 ETP1 DP16" in capsys.readouterr().out
+    assert re.search(r"\bEP8 ETP1 DP16\b", capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("mode", ["--dry-run", "--plan"])
@@ -42,24 +44,29 @@ def test_a_launch_without_torchrun_is_one_process(monkeypatch):
 def test_layout_error_exits_2_and_says_what_to_change(capsys):
     assert main(["--recipe", SFT, "--dry-run", "--world-size", "8", "-gb", "100"]) == 2
     err = capsys.readouterr().err
-    assert "global batch 100 is not divisible by micro batch x DP = 1 x 8" in err
-    assert "cannot run on 8 GPU(s)" in err
+    assert re.search(r"global batch 100\b.*\b1 x 8\b.*-gb\b.*-mb\b", err)  # value, micro batch x DP, the fix
+    assert SFT in err and "8 GPU(s)" in err
+    assert "Traceback" not in err
 
 
 def test_bad_override_exits_2(capsys):
     assert main(["--recipe", SMOKE, "--dry-run", "train.micro_batch_sise=2"]) == 2
-    assert "Nearest valid keys: train.micro_batch_size" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert re.search(r"'train\.micro_batch_sise'.*Nearest.*\btrain\.micro_batch_size\b", err)
 
 
 def test_megatron_validation_failure_exits_2(capsys):
     # passes our layout checks, but Megatron-Core refuses full recompute without a method
     assert main(["--recipe", SMOKE, "--dry-run", "model.recompute_method=null"]) == 2
-    assert "Megatron-Bridge rejects this config" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err and "Megatron-Bridge" in err and "recompute_method" in err
+    assert "Traceback" not in err
 
 
 def test_recipe_is_required(capsys):
     assert main([]) == 2
-    assert "--recipe NAME is required" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--recipe NAME" in err and "--config-file" in err and "--list" in err
 
 
 def test_unknown_flag_exits_2():
@@ -72,15 +79,15 @@ def test_plan_prints_stages_and_exit_code_says_whether_it_fits(capsys):
     R27 = "qwen35_27b_sft_8gpu_h200_bf16_config"
     assert main(["--recipe", R27, "--plan", "--world-size", "8"]) == 0
     out = capsys.readouterr().out
-    assert "TP1 PP4 DP2 on h200" in out and "(fits)" in out
+    assert re.search(r"\bTP1 PP4 DP2\b.*\bh200\b", out) and "(fits)" in out
     assert main(["--recipe", R27, "--plan", "--world-size", "8", "model.recompute_num_layers=10"]) == 2
-    assert "DOES NOT FIT: stage 0" in capsys.readouterr().out
+    assert re.search(r"DOES NOT FIT\W+stage 0\b", capsys.readouterr().out)
 
 
 def test_plan_of_the_multi_node_and_lora_recipes(capsys):
     R122 = "qwen35_122b_a10b_sft_24gpu_h200_bf16_config"
     assert main(["--recipe", R122, "--plan", "--world-size", "24"]) == 0
-    assert "TP1 PP3 EP8 ETP1 DP8 on h200" in capsys.readouterr().out
+    assert re.search(r"\bTP1 PP3 EP8 ETP1 DP8\b.*\bh200\b", capsys.readouterr().out)
     # two stages on two nodes: the same model does not fit with the optimizer on the GPU
     even_pp2 = [
         "model.pipeline_model_parallel_size=2",
@@ -88,10 +95,10 @@ def test_plan_of_the_multi_node_and_lora_recipes(capsys):
         "model.num_layers_in_last_pipeline_stage=null",
     ]
     assert main(["--recipe", R122, "--plan", "--world-size", "16", *even_pp2]) == 2
-    assert "DOES NOT FIT: stage 0, 1 over" in capsys.readouterr().out
+    assert re.search(r"DOES NOT FIT\W+stage 0, 1\b", capsys.readouterr().out)  # stages 0 and 1 over
     L27 = "qwen35_27b_peft_1gpu_h200_bf16_config"
     assert main(["--recipe", L27, "--plan", "--world-size", "1"]) == 0
-    assert "note: LoRA: base weights frozen" in capsys.readouterr().out
+    assert re.search(r"^note: LoRA\b.*\bfrozen\b", capsys.readouterr().out, re.M)
     assert main(["--recipe", L27, "--plan", "--world-size", "1", "~peft"]) == 2  # every weight trained
 
 

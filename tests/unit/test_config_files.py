@@ -1,6 +1,8 @@
 """Config files: every recipe built, written as YAML and built again from it is the same config;
 the runner's --save-config / --config-file, and the errors for bad files (exit 2, file named)."""
 
+import re
+
 import pytest
 
 import bridge_recipes
@@ -60,7 +62,9 @@ def test_save_config_never_writes_over_a_file_or_its_input(tmp_path, capsys):
     args = ["--config-file", str(saved), "--dry-run", "--save-config", str(saved), "--overwrite-config"]
     before = saved.read_text()
     assert main([*args, "train.train_iters=3"]) == 2
-    assert "is one of the input files" in capsys.readouterr().err and saved.read_text() == before
+    err = capsys.readouterr().err
+    assert re.search(rf"--save-config {re.escape(str(saved))}\b.*\binput files\b", err)
+    assert saved.read_text() == before
     assert main(["--recipe", SFT, "--save-config", str(tmp_path / "c.yaml")]) == 2
     assert "--save-config needs --dry-run" in capsys.readouterr().err
 
@@ -71,32 +75,35 @@ def _saved(tmp_path) -> str:
 
 
 @pytest.mark.parametrize(
-    "edit,message",
+    "edit,pattern",
     [
         (None, "does not exist"),
-        (lambda t: "a: [\n", "is not valid YAML"),
-        (lambda t: "- 1\n", "is not a saved config"),
-        (lambda t: t.replace("\ntrain:\n", "\nbogus: 1\ntrain:\n"), "extra keys not in ConfigContainer: {'bogus'}"),
+        (lambda t: "a: [\n", "not valid YAML"),
+        (lambda t: "- 1\n", r"_target_: [\w.]+\.ConfigContainer\b.*--save-config FILE"),
+        (lambda t: t.replace("\ntrain:\n", "\nbogus: 1\ntrain:\n"), r"ConfigContainer: \{'bogus'\}"),
         (lambda t: t.replace("\ntrain:\n", "\ntrain:\n  bogus_iters: 1\n"), "Unexpected config keys"),
         (
             lambda t: t.replace(
                 "bridge_recipes.data.packed_rows.PackedSFTRowsConfig", "bridge_recipes.outputs.os.system"
             ),
-            "key dataset._target_",
+            r"key dataset\._target_",
         ),
-        (lambda t: t.replace("  train_iters: ", "  train_iters: many", 1), "train.train_iters is 'many"),
-        (lambda t: t.replace("# recipe: ", "# ").replace("_config\n", "\n", 1), "no '# recipe: NAME' line"),
-        (lambda t: t.replace("# recipe: qwen35_35b", "# recipe: qwen35_27b"), "written from"),
+        (lambda t: t.replace("  train_iters: ", "  train_iters: many", 1), r"train\.train_iters\b.*'many"),
+        (lambda t: t.replace("# recipe: ", "# ").replace("_config\n", "\n", 1), r"'# recipe: NAME'.*--recipe NAME"),
+        (
+            lambda t: t.replace("# recipe: qwen35_35b", "# recipe: qwen35_27b"),
+            r"from qwen35_27b\w+.*qwen35_35b\w+.*--recipe",
+        ),
     ],
 )
-def test_bad_config_files_exit_2_naming_the_file(tmp_path, capsys, edit, message):
+def test_bad_config_files_exit_2_naming_the_file(tmp_path, capsys, edit, pattern):
     path = tmp_path / "bad.yaml"
     if edit:
         path.write_text(edit(_saved(tmp_path)))
-    recipe = ["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"] if "written from" in message else []
+    recipe = ["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"] if "qwen35_27b" in pattern else []
     assert main(["--config-file", str(path), *recipe, "--dry-run", "dataset.path=/nonexistent"]) == 2
     err = capsys.readouterr().err
-    assert f"config file {path}" in err and message in err, err
+    assert f"config file {path}" in err and re.search(pattern, err), err
     assert "Traceback" not in err
 
 
@@ -104,7 +111,7 @@ def test_config_file_refuses_reshaping_flags(tmp_path, capsys):
     path = tmp_path / "a.yaml"
     path.write_text(config_files.to_text(bridge_recipes.build(SFT), SFT))
     assert main(["--config-file", str(path), "--dataset", "mock", "--dry-run"]) == 2
-    assert "a config file is already resolved" in capsys.readouterr().err
+    assert re.search(r"--dataset\b.*config file\b.*KEY=VALUE", capsys.readouterr().err)
 
 
 def test_the_container_target_is_megatron_bridges():
@@ -117,4 +124,4 @@ def test_overwrite_config_alone_is_refused(capsys):
     from bridge_recipes.runner.cli import main
 
     assert main(["--recipe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", "--dry-run", "--overwrite-config"]) == 2
-    assert "--overwrite-config applies to --save-config" in capsys.readouterr().err
+    assert re.search(r"--overwrite-config\b.*--save-config FILE", capsys.readouterr().err)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -63,6 +64,11 @@ def edit_config(folder: Path, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
+def mismatch(field: str, checkpoint, recipe) -> re.Pattern:
+    """A config-check line: the field, then the checkpoint's value, then the recipe model's."""
+    return re.compile(rf"\b{field}\b\W.*\b{checkpoint}\b.*\b{recipe}\b")
+
+
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
     rc = convert_main([str(a) for a in argv] + ["--no-progress"])
     cap = capsys.readouterr()
@@ -77,23 +83,23 @@ def test_full_size_config_matches_the_catalog_exactly(full_size):
 
 
 @pytest.mark.parametrize(
-    "field,value,shown",
+    "field,value,expected",
     [
-        ("hidden_size", 4096, "hidden_size: checkpoint has 4096, the recipe's model has 2048"),
-        ("num_hidden_layers", 48, "num_hidden_layers: checkpoint has 48, the recipe's model has 40"),
-        ("num_attention_heads", 32, "num_attention_heads: checkpoint has 32, the recipe's model has 16"),
-        ("num_key_value_heads", 4, "num_key_value_heads: checkpoint has 4, the recipe's model has 2"),
-        ("num_experts", 512, "num_experts: checkpoint has 512, the recipe's model has 256"),
-        ("num_experts_per_tok", 10, "num_experts_per_tok: checkpoint has 10, the recipe's model has 8"),
-        ("vocab_size", 151936, "vocab_size: checkpoint has 151936, the recipe's model has 248320"),
-        ("mtp_num_hidden_layers", 0, "mtp_num_hidden_layers: checkpoint has 0, the recipe's model has 1"),
-        ("head_dim", 128, "head_dim: checkpoint has 128, the recipe's model has 256"),
+        ("hidden_size", 4096, 2048),
+        ("num_hidden_layers", 48, 40),
+        ("num_attention_heads", 32, 16),
+        ("num_key_value_heads", 4, 2),
+        ("num_experts", 512, 256),
+        ("num_experts_per_tok", 10, 8),
+        ("vocab_size", 151936, 248320),
+        ("mtp_num_hidden_layers", 0, 1),
+        ("head_dim", 128, 256),
     ],
 )
-def test_each_mismatch_names_field_and_both_values(full_size, capsys, tmp_path, field, value, shown):
+def test_each_mismatch_names_field_and_both_values(full_size, capsys, tmp_path, field, value, expected):
     edit_config(full_size, **{field: value})
     rc, _, err = run_cli(capsys, "import", "--hf", full_size, "--recipe", MOE_RECIPE, "--out", tmp_path / "o")
-    assert rc == 2 and shown in err and "Traceback" not in err
+    assert rc == 2 and mismatch(field, value, expected).search(err) and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 
@@ -103,31 +109,30 @@ def test_layer_pattern_mismatch_is_reported(full_size):
     types[1] = "full_attention"  # attention at layer 1 as well: not every 4th layer
     edit_config(full_size, layer_types=types)
     problems = ck.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE)
-    assert any(p.startswith("full_attention_interval: checkpoint has None") for p in problems)
-    assert any(p.startswith("layer_types: checkpoint has 40 layers, full attention at [1, 3, 7") for p in problems)
+    assert any(re.match(r"full_attention_interval\b.*\bNone\b.*\b4$", p) for p in problems)
+    assert any(re.match(r"layer_types\b.*\b40 layers\b.*\[1, 3, 7,", p) for p in problems)
 
 
 def test_toy_fails_exact_check_but_passes_scaled(toys):
     folder = ck.inspect_folder(toys / "moe")
     exact = ck.check_folder_for_recipe(folder, MOE_RECIPE)
-    assert "hidden_size: checkpoint has 64, the recipe's model has 2048" in exact
+    assert any(mismatch("hidden_size", 64, 2048).match(p) for p in exact)
     assert ck.check_folder_for_recipe(folder, MOE_RECIPE, scaled=True) == []
 
 
 def test_scaled_still_checks_family_fields(moe, toys):
     edit_config(moe, head_dim=128)
-    assert ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True) == [
-        "head_dim: checkpoint has 128, the recipe's model has 256"
-    ]
+    (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
+    assert mismatch("head_dim", 128, 256).match(problem)
     dense = ck.inspect_folder(toys / "dense")
     (problem,) = ck.check_folder_for_recipe(dense, MOE_RECIPE, scaled=True)
-    assert problem.startswith("architecture: checkpoint has 'dense text (Qwen3_5ForCausalLM)'")
+    assert re.match(r"architecture\b.*'dense text \(Qwen3_5ForCausalLM\)'.*'MoE text", problem)
 
 
 def test_recipe_model_is_found_by_name_prefix():
     assert ck.spec_for_recipe(MOE_RECIPE).name == "qwen35_35b_a3b"
     assert ck.spec_for_recipe("qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config").name == "qwen35_vl_35b_a3b"
-    with pytest.raises(ck.HfCheckpointError, match="starts with no catalog model"):
+    with pytest.raises(ck.HfCheckpointError, match=r"'llama3_8b_sft'.*--list"):
         ck.spec_for_recipe("llama3_8b_sft")
 
 
@@ -143,7 +148,7 @@ def test_missing_config(moe, capsys, tmp_path):
 def test_unknown_model_type(moe, capsys, tmp_path):
     edit_config(moe, model_type="llama")
     rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
-    assert rc == 2 and "model_type 'llama' is not a Qwen3.5/3.6 model" in err
+    assert rc == 2 and re.search(r"model_type 'llama'.*\bqwen3_5_moe\b", err)
 
 
 def test_truncated_shard(moe, capsys, tmp_path):
@@ -151,7 +156,7 @@ def test_truncated_shard(moe, capsys, tmp_path):
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) - 100])
     rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
-    assert rc == 2 and f"shard {shard.name} is truncated or damaged: {len(data) - 100} bytes" in err
+    assert rc == 2 and re.search(rf"shard {re.escape(shard.name)}\b.*\b{len(data) - 100} bytes\b.*\bdownload\b", err)
     assert not (tmp_path / "o").exists()
 
 
@@ -159,20 +164,20 @@ def test_missing_shard(moe, capsys, tmp_path):
     shard = sorted(moe.glob("*.safetensors"))[-1]
     shard.unlink()
     rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
-    assert rc == 2 and f"shard {shard.name} listed in model.safetensors.index.json is missing" in err
+    assert rc == 2 and re.search(rf"shard {re.escape(shard.name)}\b.*\bindex\.json\b.*\bmissing\b", err)
 
 
 def test_missing_tokenizer(moe, capsys, tmp_path):
     (moe / "tokenizer.json").unlink()
     rc, _, err = run_cli(capsys, "import", "--hf", moe, "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled")
-    assert rc == 2 and "lacks tokenizer file(s) tokenizer.json" in err
+    assert rc == 2 and re.search(r"\btokenizer\.json\b.*\bsave_pretrained\b", err)
 
 
 def test_wrong_architecture(toys, capsys, tmp_path):
     rc, _, err = run_cli(
         capsys, "import", "--hf", toys / "dense", "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled"
     )
-    assert rc == 2 and "architecture: checkpoint has 'dense text" in err and "MoE text" in err
+    assert rc == 2 and re.search(r"architecture\b.*'dense text\b.*'MoE text\b", err)
 
 
 def test_hub_id_not_in_local_cache(capsys, tmp_path, monkeypatch):
@@ -180,7 +185,7 @@ def test_hub_id_not_in_local_cache(capsys, tmp_path, monkeypatch):
     rc, _, err = run_cli(
         capsys, "import", "--hf", "Qwen/Qwen3.5-27B", "--recipe", DENSE_RECIPE, "--out", tmp_path / "o"
     )
-    assert rc == 2 and "is not in the local Hugging Face cache" in err
+    assert rc == 2 and "Qwen/Qwen3.5-27B" in err and "huggingface-cli download" in err
 
 
 def test_existing_out_refused_without_overwrite(toys, capsys, tmp_path):
@@ -188,7 +193,7 @@ def test_existing_out_refused_without_overwrite(toys, capsys, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("user data")
     rc, _, err = run_cli(capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", out, "--scaled")
-    assert rc == 2 and "exists and is not empty; pass --overwrite" in err
+    assert rc == 2 and re.search(rf"--out {re.escape(str(out))}\b.*--overwrite\b", err)
     assert (out / "keep.txt").read_text() == "user data"
 
 
@@ -198,14 +203,14 @@ def test_read_only_out_refused(toys, capsys, tmp_path, monkeypatch):
     rc, _, err = run_cli(
         capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled"
     )
-    assert rc == 2 and f"cannot write under {tmp_path} (read-only" in err
+    assert rc == 2 and f"under {tmp_path}" in err and "read-only" in err
 
 
 def test_without_gpu_the_checked_import_stops_cleanly(toys, capsys, tmp_path):
     rc, _, err = run_cli(
         capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", tmp_path / "a" / "o", "--scaled"
     )
-    assert rc == 2 and "needs a CUDA GPU" in err
+    assert rc == 2 and "CUDA GPU" in err and "GPU machine" in err
     assert list(tmp_path.iterdir()) == []  # no partial folder, no parent made for it
 
 
@@ -214,7 +219,9 @@ def test_export_needs_a_megatron_checkpoint(toys, capsys, tmp_path):
         capsys, "export", "--megatron", toys / "moe", "--hf-template", toys / "moe", "--recipe", MOE_RECIPE,
         "--out", tmp_path / "o", "--scaled",
     )  # fmt: skip
-    assert rc == 2 and "is not a Megatron checkpoint folder" in err
+    assert rc == 2 and re.search(
+        rf"--megatron {re.escape(str(toys / 'moe'))}\b.*\blatest_checkpointed_iteration\b", err
+    )
 
 
 # ----------------------------------------------------------------- atomic output
@@ -320,7 +327,7 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
         recipe.model.moe_token_dispatcher_type,
         recipe.model.seq_length,
     )
-    assert "hf checkpoint: model.hidden_size: 2048 -> 64" in capsys.readouterr().out
+    assert re.search(r"hf checkpoint\b.*\bmodel\.hidden_size\b.*\b2048 -> 64\b", capsys.readouterr().out)
     rc = runner(argv)
     cap = capsys.readouterr()
     assert rc == 0, cap.err
@@ -329,7 +336,7 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
     )
     key = ck.cache_key(ck.inspect_folder(toys / "moe"))
     cached = tmp_path / "cache" / "hf_import" / key
-    assert f"weights           {toys / 'moe'} (Hugging Face; converted at launch into {cached}" in cap.out
+    assert re.search(rf"^weights\s+{re.escape(str(toys / 'moe'))}\b.* {re.escape(str(cached))}\b", cap.out, re.M)
     assert "random initialization" not in cap.err
     assert not (tmp_path / "cache").exists()  # dry-run converts nothing
 
@@ -337,7 +344,7 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
 def test_runner_refuses_a_checkpoint_of_another_family_naming_the_field(toys, capsys):
     rc = runner(["--recipe", DENSE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")])
     err = capsys.readouterr().err
-    assert rc == 2 and "architecture: checkpoint has 'MoE text" in err
+    assert rc == 2 and re.search(r"architecture\b.*'MoE text\b.*'dense text\b", err)
 
 
 def test_runner_refuses_a_scale_down_or_override_that_the_weights_do_not_fit(toys, capsys):
@@ -348,7 +355,7 @@ def test_runner_refuses_a_scale_down_or_override_that_the_weights_do_not_fit(toy
     assert "--scale-experts" in capsys.readouterr().err
     assert runner([*base, "--scale-down", "4", "model.hidden_size=128"]) == 2
     err = capsys.readouterr().err
-    assert "hidden_size: checkpoint has 64, the recipe's model has 128" in err and "model.hidden_size" in err
+    assert mismatch("hidden_size", 64, 128).search(err) and "model.hidden_size" in err
 
 
 def test_runner_without_scale_down_says_how_to_fit_a_small_checkpoint(toys, capsys):
@@ -368,16 +375,15 @@ def test_runner_refuses_fp8_parameters_for_a_fine_tune_from_hf_weights(toys, cap
     ]
     assert runner(argv) == 2
     err = capsys.readouterr().err
-    assert (
-        f"fine-tuning from --hf-checkpoint {toys / 'moe'}" in err and "mixed_precision.fp8_param_gather=false" in err
-    )
+    assert f"--hf-checkpoint {toys / 'moe'}" in err and "mixed_precision.fp8_param_gather=false" in err
     assert runner([*argv, "mixed_precision.fp8_param_gather=false"]) == 0
     assert not (tmp_path / "cache").exists()
 
 
 def test_runner_warns_of_random_init_for_sft_without_weights(capsys):
     assert runner(["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4"]) == 0
-    assert "it would train from random initialization" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "random initialization" in err and "--hf-checkpoint DIR" in err
 
 
 def test_runner_export_flag_needs_hf_checkpoint(capsys, tmp_path):

@@ -2,6 +2,7 @@
 
 import contextlib
 import importlib.util
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -82,7 +83,7 @@ def test_grad_fusion_off_when_the_stand_in_fails_its_check(smoke, monkeypatch):
     assert te_wgrad_patch.wanted(smoke)
     out = te_wgrad_patch.install(smoke)
     assert smoke.model.gradient_accumulation_fusion is False
-    assert "gradient_accumulation_fusion: off" in out and "GEMM failed (RuntimeError: x)" in out
+    assert "gradient_accumulation_fusion: off" in out and "(RuntimeError: x)" in out  # the check's reason
 
 
 def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(monkeypatch):
@@ -106,13 +107,15 @@ def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(mo
     monkeypatch.setattr(te_wgrad, "wgrad_gemm_accum_fp32", right)
     assert te_wgrad.self_check() is None
     monkeypatch.setattr(te_wgrad, "wgrad_gemm_accum_fp32", lambda x, dy, g: g.mul_(2))
-    assert "off an FP32 reference" in te_wgrad.self_check()
+    problem = te_wgrad.self_check()
+    assert "FP32 reference" in problem and f"tolerance {te_wgrad.SELF_CHECK_TOLERANCE}" in problem
 
     def broken(*a):
         raise RuntimeError("no cuBLAS")
 
     monkeypatch.setattr(te_wgrad, "wgrad_gemm_accum_fp32", broken)
-    assert te_wgrad.self_check() == "Transformer Engine's GEMM failed (RuntimeError: no cuBLAS)"
+    problem = te_wgrad.self_check()
+    assert "GEMM" in problem and "RuntimeError: no cuBLAS" in problem
 
 
 def test_grad_fusion_left_alone_with_apex_or_when_off(smoke, monkeypatch):
@@ -149,7 +152,8 @@ def test_the_stand_in_makes_transformer_engines_fused_wgrad_call(monkeypatch):
         kwargs["layout"] == "NT" and kwargs["accumulate"] and kwargs["grad"] and kwargs["out_dtype"] == torch.float32
     )
     source = inspect.getsource(linear)
-    assert '"layout": "NT",' in source and '"out": main_grad if bwd_args.fuse_wgrad_accumulation else None,' in source
+    assert re.search(r'"layout":\s*"NT"', source)
+    assert re.search(r'"out":\s*main_grad\s+if\s+bwd_args\.fuse_wgrad_accumulation\s+else\s+None\b', source)
 
 
 def test_flash_attention_falls_back_without_flash_attn(smoke, monkeypatch):
