@@ -307,7 +307,7 @@ def test_small_head_results_count_their_own_head(layers):
 
 
 NO_MTP = ROOT / "lab/results/h200_proxy_qwen35_27b_no_mtp_4_layers.yaml"
-WITH_MTP_SAME_LEASE = ROOT / "lab/results/candidates/27b_fused_swiglu_against.yaml"
+WITH_MTP_SAME_SESSION = ROOT / "lab/results/candidates/27b_fused_swiglu_against.yaml"
 
 
 def test_the_27b_prediction_with_a_measured_intercept_without_mtp(tmp_path):
@@ -315,9 +315,9 @@ def test_the_27b_prediction_with_a_measured_intercept_without_mtp(tmp_path):
     faster; taken as the intercept it gives the committed prediction, with nothing apportioned."""
     from bridge_recipes.bench.result import read_result
 
-    without, with_mtp = (read_result(p) for p in (NO_MTP, WITH_MTP_SAME_LEASE))
+    without, with_mtp = (read_result(p) for p in (NO_MTP, WITH_MTP_SAME_SESSION))
     assert without["command"].split() == [*with_mtp["command"].split(), "model.mtp_num_layers=null"]
-    a, b = proxy_point(NO_MTP), proxy_point(WITH_MTP_SAME_LEASE)
+    a, b = proxy_point(NO_MTP), proxy_point(WITH_MTP_SAME_SESSION)
     assert (a.mtp_num_layers, b.mtp_num_layers) == (0, 1) and a.micro_batch_s < b.micro_batch_s
     out = tmp_path / "p.json"
     argv = ["--predict", R27, "--proxy-results", *map(str, SMALL_HEAD)]
