@@ -444,6 +444,25 @@ def install_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def command_table() -> str:
+    """How long the runner's everyday commands took (lab/results/command_times.json)."""
+    path = RESULTS / "command_times.json"
+    if not path.is_file():
+        return ""
+    doc = json.loads(path.read_text())
+    lines = [
+        f"`{doc['command']}` ({doc['date']}, {doc['hardware']}; recipe `{doc['recipe']}`; log `{doc['log']}`):",
+        "",
+        "| command | median | fastest | runs | exit status |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for label, c in doc["commands"].items():
+        status = ", ".join(map(str, c["exit_status"]))
+        lines.append(_row([label, f"{c['median_s']:.2f} s", f"{c['min_s']:.2f} s", str(c["runs"]), status]))
+    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in doc["plain_over_deferred"].items())
+    return "\n".join([*lines, "", f"Plain imports over deferred package bodies: {ratios}."]) + "\n"
+
+
 def convergence_table() -> str:
     """SFT through packed rows against one conversation per row, the same conversations every step
     (lab/evidence/packing/packed_sft_convergence_*.json): the loss curves compared and the
@@ -541,6 +560,9 @@ def render() -> str:
             "## Installing",
             "",
             install_table() or "No measurement committed yet.\n",
+            "## Everyday commands",
+            "",
+            command_table() or "No measurement committed yet.\n",
             "## Building SFT rows",
             "",
             data_build_table() or "No measurement committed yet.\n",

@@ -552,3 +552,11 @@ def test_install_times_are_their_logs(entry):
     assert entry["compiles"] is compiled and ("--light" in entry["command"]) is ("step 1/3" in log)
     if said := re.search(r"the compile took (\d+ min \d+ s)", entry["conditions"]):
         assert re.search(rf"^\[install\] compiled \S+ in {said.group(1)}$", log, re.M)
+
+
+def test_command_times_are_their_log():
+    from lab import command_times
+
+    doc = json.loads((RESULTS / "command_times.json").read_text())
+    runs = command_times.runs_in_log((ROOT / doc["log"]).read_text())
+    assert {k: v for k, v in doc.items() if k in ("commands", "plain_over_deferred")} == command_times.summary(runs)
