@@ -361,7 +361,7 @@ def checkpoint_model_keys(iter_dir: Path) -> list[str]:
     return sorted(k for k in keys if not k.startswith("optimizer") and k.endswith((".weight", ".bias")))
 
 
-LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
+LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config"
 
 
 def toy_run_args(toy: Path, spec: Any) -> list[str]:

@@ -45,7 +45,7 @@ from bridge_recipes.datasets import row_tokens, rows_per_sequence, rows_per_step
 from bridge_recipes.outputs import write_text_atomic
 from lab import ROOT
 
-RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
+RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config")
 GLOBAL_BATCH = 2  # the fewest rows per step of both runs (16,384 tokens), in place of the recipes' 128
 FIELDS = (
     "model",

@@ -1,7 +1,7 @@
 """The transformers + PEFT peer of a one-GPU LoRA recipe: the same workload on the road most
 Qwen3.5 fine-tuning guides take, timed over the same window of steps as ``scripts/benchmark.py``.
 
-    python -m lab.peer_peft --recipe qwen35_27b_peft_1gpu_h200_bf16_config \\
+    python -m lab.peer_peft --recipe qwen35_27b_peft_1gpu_h200_bf16_lowmem_config \\
         --rows DIR --steps 20 --window 5 19 --out peer.json [KEY=VALUE ...]
 
 What it runs, read from the recipe's config as built for ``--dataset sft-rows`` with the KEY=VALUE

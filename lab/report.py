@@ -18,7 +18,7 @@ from typing import Any
 
 from bridge_recipes import registry
 from bridge_recipes.bench.result import read_result
-from lab import EVIDENCE, LAB, RESULTS, ROOT, resolve
+from lab import EVIDENCE, LAB, RESULTS, ROOT, names, resolve
 
 PAGE = ROOT / "docs" / "performance.md"
 MANIFEST = EVIDENCE / "MANIFEST.json"
@@ -149,11 +149,18 @@ def proxy_table() -> str:
         "---|---|---:|---|---",
         "*_ratio.json",
         lambda path, d: (
-            f"`{d['candidate']}` | `{d['reference']}`{_reference_changes(d)} | {d['tokens_per_s_ratio']:.3f} "
+            f"{_named(d['candidate'], _measured_on(path))} | {_named(d['reference'], _measured_on(path))}"
+            f"{_reference_changes(d)} | {d['tokens_per_s_ratio']:.3f} "
             f"| {_loss_check(d['loss_curves'])} | {_measured_on(path)}"
         ),
         {"candidate", "reference", "tokens_per_s_ratio", "loss_curves"},
     )
+
+
+def _named(recipe: str, measured_on: str) -> str:
+    """A recipe named in a result, by its name today (and the name it was measured under, if another)."""
+    name = names.current(recipe, measured_on)
+    return f"`{name}`" + (f" (measured as `{recipe}`)" if name != recipe else "")
 
 
 def _reference_changes(ratio: dict) -> str:
@@ -317,16 +324,17 @@ def lora_vs_peft_table() -> str:
             line.get("peer_cut_short") or line.get("peer_error") or f"window {line['window'][0]}-{line['window'][1]}"
         )
         if line.get("peer_recipe"):  # a variant's peer workload is its base's: one run for both
-            peer = f"the run of `{line['peer_recipe']}`; {peer}"
+            peer = f"the run of `{names.current(line['peer_recipe'], day)}`; {peer}"
         rates = (num(line.get(k), ",.1f") for k in ("ours_tokens_per_s", "peer_tokens_per_s"))
         peaks = (num(line.get(k), ".1f") for k in ("ours_peak_gb", "planner_gb", "peer_peak_gb"))
         ratio = num(line.get("tokens_per_s_ratio"), ".3f")
         when = f"{day}, {gpu}"
-        current = (registry.find(line["recipe"]).meta.measured or {}).get("result")
+        name = names.current(line["recipe"], day)
+        current = (registry.find(name).meta.measured or {}).get("result")
         if current and _file(current) != ours:  # the recipe changed and was measured again since
             when += f"; the recipe as it is now: `{_rel(_file(current))}`"
         rows = num(line.get("global_batch"), "d")
-        lines.append(_row([f"`{line['recipe']}`", when, rows, *rates, ratio, *peaks, peer]))
+        lines.append(_row([_named(line["recipe"], day), when, rows, *rates, ratio, *peaks, peer]))
     return "\n".join(lines) + "\n"
 
 

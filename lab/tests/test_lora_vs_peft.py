@@ -28,7 +28,7 @@ from lab import lora_vs_peft, peer_peft
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
-MOE, DENSE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config", "qwen35_27b_peft_1gpu_h200_bf16_config"
+MOE, DENSE = "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config", "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
 TOY = {MOE: peer_peft.CPU_TOY_SIZES["moe"], DENSE: peer_peft.CPU_TOY_SIZES["dense"]}
 ROW_TOKENS = 2048
 SHORT_ROWS = [f"model.seq_length={ROW_TOKENS}", f"dataset.seq_length={ROW_TOKENS}"]
@@ -488,7 +488,7 @@ def test_a_variant_joining_its_rows_trains_the_peer_on_the_same_rows(short_rows)
     def rows_and_tokens(cfg):
         return rows_per_step(cfg), row_tokens(cfg)
 
-    fast = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
+    fast = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
     opts = lora_vs_peft.build_parser().parse_intermixed_args(["--rows", str(short_rows), *SHORT_ROWS])
     assert (lora_vs_peft.step_rows(MOE, opts), lora_vs_peft.step_rows(fast, opts)) == (2, 4)
     cfg = peer_peft.workload_config(fast, short_rows, lora_vs_peft.overrides(fast, opts))
@@ -512,7 +512,7 @@ def test_a_variant_joining_its_rows_trains_the_peer_on_the_same_rows(short_rows)
 
 
 def test_a_variant_changing_only_ours_shares_its_bases_peer_run(short_rows, tmp_path, monkeypatch, capsys):
-    fast = "qwen35_27b_peft_1gpu_h200_bf16_fast_config"
+    fast = "qwen35_27b_peft_1gpu_h200_bf16_config"
     opts = lora_vs_peft.build_parser().parse_intermixed_args(["--rows", str(short_rows), *SHORT_ROWS])
     assert lora_vs_peft.shared_peers([DENSE, fast, MOE], opts) == {DENSE: DENSE, fast: DENSE, MOE: MOE}
     # a changed LoRA rank is another peer workload

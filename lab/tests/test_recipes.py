@@ -5,7 +5,7 @@ import json
 import pytest
 
 from bridge_recipes import registry
-from lab import resolve
+from lab import names, resolve
 
 RECIPES = sorted(registry.discover())
 
@@ -23,7 +23,16 @@ def test_evidence_files_exist(name):
         from bridge_recipes.gpus import class_memory_gb
 
         doc = read_result(resolve(meta.measured["result"]))
-        assert doc["recipe"] == name and doc["result"]["tokens_per_s_per_gpu"] > 0
+        assert names.current(doc["recipe"], doc["result"]["measured"]) == name
+        assert doc["result"]["tokens_per_s_per_gpu"] > 0
         assert doc["gpu"]["count"] == meta.gpus
         if doc["gpu"]["type"].lower() != meta.gpu:  # another GPU, its allocator capped at this one's memory
             assert memory_cap_gb(doc) == pytest.approx(class_memory_gb(meta.gpu), abs=0.5)
+
+
+def test_a_name_reads_as_it_was_called_on_the_day_measured():
+    renamed = {old: new for old, new in names.EARLIER_NAMES.items() if old != new}
+    assert renamed and all(new in registry.discover() for new in renamed.values())
+    old, new = next(iter(renamed.items()))
+    assert names.current(old, "2026-12-01") == new
+    assert names.current(old, names.RENAMED_ON) == old  # measured after the rename: its own name

@@ -148,7 +148,7 @@ def test_a_reference_run_with_its_own_overrides_says_so_and_two_policies_are_not
 def test_a_comparison_line_names_the_recipes_newer_measurement(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    recipe = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
+    recipe = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
     line = {"recipe": recipe, "window": [5, 19], "ours_tokens_per_s": 2.0, "peer_tokens_per_s": 1.0}
     (tmp_path / "single_gpu_lora_vs_peft.json").write_text(json.dumps([line]))
     monkeypatch.setattr(report, "RESULTS", tmp_path)

@@ -205,7 +205,7 @@ def test_a_model_it_cannot_serve_is_named():
 
 # --- switched on by a recipe's environment ----------------------------------------------------------
 
-FAST_35B = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
+FAST_35B = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
 ON = f"+env_vars.{C.ENV}=1"
 
 

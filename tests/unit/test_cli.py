@@ -96,7 +96,7 @@ def test_plan_of_the_multi_node_and_lora_recipes(capsys):
     ]
     assert main(["--recipe", R122, "--plan", "--world-size", "16", *even_pp2]) == 2
     assert re.search(r"DOES NOT FIT\W+stage 0, 1\b", capsys.readouterr().out)  # stages 0 and 1 over
-    L27 = "qwen35_27b_peft_1gpu_h200_bf16_config"
+    L27 = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
     assert main(["--recipe", L27, "--plan", "--world-size", "1"]) == 0
     assert re.search(r"^note: LoRA\b.*\bfrozen\b", capsys.readouterr().out, re.M)
     assert main(["--recipe", L27, "--plan", "--world-size", "1", "~peft"]) == 2  # every weight trained
@@ -121,7 +121,7 @@ def test_load_follows_save_unless_given(tmp_path):
 
 
 def test_a_lora_run_without_base_weights_is_refused(capsys):
-    assert main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_config", "--dry-run"]) == 2
+    assert main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "needs base weights" in err and "--hf-checkpoint DIR" in err and "--lora-from-random-init" in err
     assert "Traceback" not in err

@@ -48,7 +48,7 @@ def test_the_answer_needs_no_megatron_import():
     code = (
         "import sys\n"
         "from bridge_recipes.runner.cli import main\n"
-        "rc = main(['--recipe', 'qwen35_27b_peft_1gpu_h200_bf16_config', '--dry-run', 'train.trian_iters=5'])\n"
+        "rc = main(['--recipe', 'qwen35_27b_peft_1gpu_h200_bf16_lowmem_config', '--dry-run', 'train.trian_iters=5'])\n"
         "assert rc == 2, rc\n"
         "assert not any(m.startswith('megatron') for m in sys.modules), 'megatron was imported'\n"
     )
@@ -69,5 +69,5 @@ def test_a_value_out_of_range_is_answered_before_the_build(argv, said, capsys, m
     from bridge_recipes.runner import cli
 
     monkeypatch.setattr(cli, "build", lambda *a, **k: pytest.fail("the config was built"))
-    assert cli.main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_config", "--dry-run", *argv]) == 2
+    assert cli.main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", "--dry-run", *argv]) == 2
     assert said in capsys.readouterr().err

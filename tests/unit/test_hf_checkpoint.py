@@ -535,10 +535,10 @@ def test_lora_settings_read_back_from_a_peft_recipes_saved_config(tmp_path):
     from bridge_recipes.common import LORA_TARGETS
     from bridge_recipes.config_files import to_text
 
-    cfg = bridge_recipes.build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config", scale_down=4, scale_experts=16)
+    cfg = bridge_recipes.build("qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config", scale_down=4, scale_experts=16)
     it = tmp_path / "iter_0000010"
     it.mkdir()
-    (it / "run_config.yaml").write_text(to_text(cfg, "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"))
+    (it / "run_config.yaml").write_text(to_text(cfg, "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config"))
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("10")
     lora = ck.lora_from_settings(ck.lora_settings(tmp_path))
     assert (lora.dim, lora.alpha, list(lora.target_modules)) == (cfg.peft.dim, cfg.peft.alpha, list(LORA_TARGETS))

@@ -198,7 +198,7 @@ def test_commands_that_need_the_training_stack_say_so_in_the_light_install(monke
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name.startswith("megatron") else real(name, *a)
     )
-    assert cli.main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_config", "--dry-run"]) == 2
+    assert cli.main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", "--dry-run"]) == 2
     assert convert.main(["toy", "--out", "/nonexistent/toy"]) == 2
     err = capsys.readouterr().err
     assert err.count("needs the training stack") == 2 and "bash scripts/install.sh" in err

@@ -65,7 +65,7 @@ def test_the_fp8_base_halves_the_linear_weights_in_the_plan():
 
 
 def test_the_h200_recipes_do_not_fit_the_smaller_cards():
-    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config")
+    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
     assert not M.plan_memory(fast, 1, gpu="h100").fits and not M.plan_memory(fast, 1, gpu="l40s").fits
 
 
@@ -141,7 +141,7 @@ def test_fp8_on_an_a100_is_refused_with_the_recipe_that_fits():
 
 
 def test_a_recipe_larger_than_the_gpu_is_refused_with_the_recipes_that_fit():
-    name = "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config"
+    name = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
     (problem,) = gpu_fit.problems(registry.find(name), build(name), H100, None, 1)
     assert "written for h200" in problem and f"{H100.name} ({H100.memory_gb} GB)" in problem
     fitting = problem.split("recipes for it: ")[1].split(", ")
@@ -171,7 +171,7 @@ def test_the_memory_cap_is_checked_against_the_device():
 
 
 def test_plan_at_a_card_memory_names_the_recipes_that_fit(capsys):
-    code = main(["--recipe", "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config", "--plan", "--gpu-memory-gb", "48"])
+    code = main(["--recipe", "qwen35_35b_a3b_peft_1gpu_h200_bf16_config", "--plan", "--gpu-memory-gb", "48"])
     out = capsys.readouterr().out
     assert code == 2 and re.search(r"\bh200\b.*\bcapped\b.*\b48 GB\b", out)
     assert re.search(r"\b48\.0 GB\b.*: qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config$", out, re.M)

@@ -264,7 +264,7 @@ def test_lora_plan_keeps_frozen_weights_without_gradients_or_optimizer_state():
 def test_lora_lets_a_model_fit_one_gpu_where_its_sft_does_not():
     from bridge_recipes.common import use_lora
 
-    cfg = build("qwen35_27b_peft_1gpu_h200_bf16_config")
+    cfg = build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config")
     assert M.plan_memory(cfg, 1).fits
     cfg.peft = None  # the same layout, every weight trained
     assert not M.plan_memory(cfg, 1).fits
@@ -276,8 +276,8 @@ def test_the_fast_27b_lora_recipe_spends_the_room_it_frees_on_recompute():
     """TE's cross entropy and the fused SwiGLU shrink the one-GPU LoRA plan; the fast 27B recipe spends
     that on layers that keep their activations: as many as leave about a tenth of the GPU free by the
     planner (with the framework's overhead, at least 9%); one more would leave less than a tenth."""
-    base = build("qwen35_27b_peft_1gpu_h200_bf16_config")
-    fast = build("qwen35_27b_peft_1gpu_h200_bf16_fast_config")
+    base = build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config")
+    fast = build("qwen35_27b_peft_1gpu_h200_bf16_config")
     assert fast.model.recompute_method == "block" and fast.model.recompute_num_layers < fast.model.num_layers
     assert (fast.model.cross_entropy_fusion_impl, fast.model.bias_activation_fusion) == ("te", True)
     planned = M.plan_memory(fast, 1, gpu="h200")
@@ -290,7 +290,7 @@ def test_the_fast_27b_lora_recipe_spends_the_room_it_frees_on_recompute():
 def test_the_fast_35b_a3b_lora_recipe_spends_the_room_it_frees_on_rows():
     """The fast 35B-A3B recipe spends the room on rows per micro batch instead: every layer recomputed,
     as many 8,192-token rows as fit by the planner with the framework's overhead; a fifth does not."""
-    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config")
+    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config")
     assert (fast.model.recompute_method, fast.model.recompute_num_layers) == ("block", fast.model.num_layers)
     assert (fast.model.cross_entropy_fusion_impl, fast.model.bias_activation_fusion) == ("te", True)
     rows = fast.train.micro_batch_size

@@ -14,7 +14,7 @@ from bridge_recipes import patches
 from bridge_recipes.patches import contract
 
 SMOKE = "qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config"
-LORA = "qwen35_27b_peft_1gpu_h200_bf16_config"
+LORA = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
 FP8_BASE = "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"
 
 

@@ -69,7 +69,13 @@ def test_verbose_keeps_every_notice(clean_filters, monkeypatch):
 
 
 def test_a_dry_run_prints_its_own_lines_first_and_no_known_notice(tmp_path):
-    cmd = [sys.executable, "scripts/run_recipe.py", "--recipe", "qwen35_27b_peft_1gpu_h200_bf16_config", "--dry-run"]
+    cmd = [
+        sys.executable,
+        "scripts/run_recipe.py",
+        "--recipe",
+        "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config",
+        "--dry-run",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.stderr.splitlines()[0].startswith("[run_recipe] loading Megatron-Bridge")
     notices = [m for _, m in quiet.WARNINGS] + ["No CUDA runtime is found", "Gemma2:", "torch_dtype"]

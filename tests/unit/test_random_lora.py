@@ -16,7 +16,7 @@ NO_CHECKPOINTS = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.as
 
 
 def test_the_option_is_refused_where_a_run_keeps_or_loads_anything(tmp_path, capsys):
-    recipe = "qwen35_27b_peft_1gpu_h200_bf16_config"
+    recipe = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
     assert cli.main(["--recipe", recipe, "--dry-run", random_lora.OPTION]) == 2
     err = capsys.readouterr().err
     assert "checkpoint.save=null" in err and "checkpoint.load=null" in err
@@ -47,7 +47,7 @@ def test_in_the_training_process_adapters_go_on_random_weights_and_nothing_loads
         raise AssertionError("a checkpoint was loaded")
 
     monkeypatch.setattr(setup, "_load_checkpoint_from_path", no_loading)
-    cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_config", overrides=NO_CHECKPOINTS)
+    cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", overrides=NO_CHECKPOINTS)
     assert launch.entry_point_name(cfg, "peft") == "finetune"  # a real run needs the weights
     assert launch.entry_point_name(cfg, "peft", lora_from_random_init=True) == "pretrain"
 

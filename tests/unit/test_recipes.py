@@ -521,7 +521,7 @@ def test_the_fast_one_gpu_35b_lora_recipe_runs_its_experts_as_one_cutlass_groupe
     from bridge_recipes.qwen.policy import CUTLASS_GROUPED_GEMM_ENV, OPENRECIPES_ENV
 
     shared = dict(OPENRECIPES_ENV)
-    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config").env_vars
-    base = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config").env_vars
+    fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config").env_vars
+    base = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config").env_vars
     assert fast == {**base, CUTLASS_GROUPED_GEMM_ENV: 1}
     assert CUTLASS_GROUPED_GEMM_ENV not in base and OPENRECIPES_ENV == shared

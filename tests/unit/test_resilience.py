@@ -114,7 +114,7 @@ LORA = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 32}
 
 
 def test_a_lora_run_never_resumes_a_full_fine_tuning_checkpoint(tmp_path):
-    (msg,) = errors(resumed(tmp_path, "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"))
+    (msg,) = errors(resumed(tmp_path, "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config"))
     assert re.search(r"saved by\b.*\bfull fine-tuning\b.*\bthis is\b.*\bLoRA run\b", msg), msg
     assert f"checkpoint.pretrained_checkpoint={tmp_path / 'run'}" in msg
 
@@ -126,7 +126,7 @@ def test_a_full_fine_tuning_run_never_resumes_a_lora_checkpoint(tmp_path):
 
 
 def test_a_lora_run_resumes_its_own_kind(tmp_path):
-    assert errors(resumed(tmp_path, "qwen35_35b_a3b_peft_1gpu_h200_bf16_config", peft=LORA)) == []
+    assert errors(resumed(tmp_path, "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config", peft=LORA)) == []
 
 
 def test_each_recipe_saves_and_resumes_in_its_own_folder(tmp_path, monkeypatch):

@@ -196,9 +196,9 @@ def test_lora_settings_out_of_range_are_refused(override, message):
     import bridge_recipes
     from bridge_recipes.values import value_problems
 
-    cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_config", overrides=[override])
+    cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", overrides=[override])
     assert any(message in p for p in value_problems(cfg, 1)), value_problems(cfg, 1)
     fine = bridge_recipes.build(
-        "qwen35_27b_peft_1gpu_h200_bf16_config", overrides=["peft.target_modules=['*.linear_qkv']"]
+        "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", overrides=["peft.target_modules=['*.linear_qkv']"]
     )
     assert value_problems(fine, 1) == []

@@ -24,7 +24,7 @@ __all__ = ["qwen35_27b_peft_1gpu_a100_bf16_config", "qwen35_35b_a3b_peft_1gpu_a1
 def qwen35_27b_peft_1gpu_a100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on one 80 GB A100: the H200 recipe (BF16 base, every layer recomputed, one
     row per micro batch) with the loss a chunk of tokens at a time."""
-    cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_config()
+    cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_lowmem_config()
     # no 248K-vocabulary logits of the whole row: what takes the H200 recipe under 80 GB
     chunked_cross_entropy(cfg)
     return cfg
@@ -34,7 +34,7 @@ def qwen35_27b_peft_1gpu_a100_bf16_config() -> ConfigContainer:
 def qwen35_35b_a3b_peft_1gpu_a100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB A100: the H200 recipe (70 GB of BF16 base, every layer
     recomputed, one row per micro batch) with the loss a chunk of tokens at a time."""
-    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
+    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config()
     # no 248K-vocabulary logits of the whole row: what takes the H200 recipe under 80 GB
     chunked_cross_entropy(cfg)
     return cfg

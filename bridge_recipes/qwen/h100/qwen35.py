@@ -82,7 +82,7 @@ def qwen35_35b_a3b_sft_8gpu_h100_bf16_config() -> ConfigContainer:
 def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on one 80 GB H100: the H200 recipe with its frozen base in FP8 and the loss a
     chunk of tokens at a time, two rows per micro batch."""
-    cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_config()
+    cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_lowmem_config()
     # the 27B's linear weights at one byte: half the frozen base
     fp8_frozen_base(cfg)
     # no 248K-vocabulary logits of the whole micro batch
@@ -95,10 +95,10 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
 
 @recipe(task="peft", gpus=1, gpu="h100", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
 def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the fast H200 recipe (BF16 base, one CUTLASS grouped
+    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the H200 recipe (BF16 base, one CUTLASS grouped
     GEMM for the 256 experts per layer) at one row per micro batch with the loss a chunk of tokens at a time.
     Its base stays BF16: FP8 experts run one cuBLAS GEMM per expert, several times slower."""
-    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
+    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
     # 71 GB of BF16 base leaves the room for one 8,192-token row with every layer recomputed

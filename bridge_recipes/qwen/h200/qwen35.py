@@ -62,10 +62,10 @@ __all__ = [
     "qwen35_122b_a10b_sft_24gpu_h200_bf16_config",
     "qwen35_397b_a17b_sft_64gpu_h200_bf16_config",
     "qwen35_27b_peft_1gpu_h200_bf16_config",
-    "qwen35_27b_peft_1gpu_h200_bf16_fast_config",
+    "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config",
     "qwen35_27b_peft_8gpu_h200_bf16_config",
     "qwen35_35b_a3b_peft_1gpu_h200_bf16_config",
-    "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config",
+    "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config",
     "qwen35_35b_a3b_peft_1gpu_h200_bf16_32k_config",
     "qwen35_27b_peft_1gpu_h200_bf16_32k_config",
     "qwen35_35b_a3b_peft_8gpu_h200_bf16_config",
@@ -471,12 +471,19 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     precision="bf16",
     layout="TP1 PP1 DP1",
     status="measured",
-    measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_config.yaml"},
+    measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS)."""
-    cfg = peft_config("qwen35_27b")
-    _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg)
+    """Qwen3.5/3.6-27B LoRA on 1 x H200 (adapters on LORA_TARGETS), the memory its frozen base leaves
+    spent on speed. With the base weights frozen, the backward has no weight gradients to compute, so
+    recomputing a layer's forward costs about a third of its step instead of a quarter: Transformer
+    Engine's cross entropy (BF16 logits) and the fused SwiGLU free the room for 24 of the 64 layers to
+    keep their activations: as many as leave a tenth of the GPU free by the planner."""
+    cfg = qwen35_27b_peft_1gpu_h200_bf16_lowmem_config()
+    te_cross_entropy(cfg)
+    fused_swiglu(cfg)
+    # the first 40 layers recompute their forward in the backward; the last 24 keep activations
+    full_recompute(cfg, "block", 40)
     return cfg
 
 
@@ -487,20 +494,13 @@ def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 DP1",
     status="measured",
-    measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_fast_config.yaml"},
+    measured={"result": "evidence/lora_vs_peft/qwen35_27b_peft_1gpu_h200_bf16_config.yaml"},
 )
-def qwen35_27b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
-    """The one-GPU 27B LoRA recipe with the memory its frozen base leaves spent on speed. With the
-    base weights frozen, the backward has no weight gradients to compute, so recomputing a layer's
-    forward costs about a third of its step instead of a quarter: Transformer Engine's cross entropy
-    (BF16 logits) and the fused SwiGLU free the room for 24 of the 64 layers to keep their
-    activations: as many as leave a tenth of the GPU free by
-    the planner."""
-    cfg = qwen35_27b_peft_1gpu_h200_bf16_config()
-    te_cross_entropy(cfg)
-    fused_swiglu(cfg)
-    # the first 40 layers recompute their forward in the backward; the last 24 keep activations
-    full_recompute(cfg, "block", 40)
+def qwen35_27b_peft_1gpu_h200_bf16_lowmem_config() -> ConfigContainer:
+    """Qwen3.5/3.6-27B LoRA on 1 x H200 leaving about 50 GB of it free (a GPU shared with an evaluation
+    or a server): every layer's forward recomputed, no fused kernels; slower than the plain recipe."""
+    cfg = peft_config("qwen35_27b")
+    _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg)
     return cfg
 
 
@@ -536,33 +536,16 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
     status="measured",
-    measured={"result": "evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_config.yaml"},
-    evidence="evidence/hf/hf_lora_summary.json",
-)
-def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS)."""
-    cfg = peft_config("qwen35_35b_a3b")
-    _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg)
-    return cfg
-
-
-@recipe(
-    task="peft",
-    gpus=1,
-    gpu="h200",
-    precision="bf16",
-    layout="TP1 PP1 EP1 DP1",
-    status="measured",
     measured={"result": "evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config.yaml"},
 )
-def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
-    """The one-GPU 35B-A3B LoRA recipe with the memory its frozen base leaves spent on speed. Its
-    step is bound by the host's launches per micro batch, not by the GPU: the 256 experts' GEMMs run
-    as one CUTLASS grouped GEMM per layer, with the fused router, SwiGLU and Transformer Engine's
-    cross entropy, and a micro batch carries four 8,192-token rows (on rows with conversation
-    boundaries, one packed sequence of the four), a quarter of the launches per row. Every layer
-    recomputes its forward to make room for the four rows' logits; the planner fits four, not five."""
-    cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
+def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 (adapters on LORA_TARGETS), the memory its frozen base
+    leaves spent on speed. Its step is bound by the host's launches per micro batch, not by the GPU:
+    the 256 experts' GEMMs run as one CUTLASS grouped GEMM per layer, with the fused router, SwiGLU and
+    Transformer Engine's cross entropy, and a micro batch carries four 8,192-token rows (on rows with
+    conversation boundaries, one packed sequence of the four), a quarter of the launches per row. Every
+    layer recomputes its forward to make room for the four rows' logits; the planner fits four, not five."""
+    cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config()
     te_cross_entropy(cfg)
     fused_swiglu(cfg)
     fused_router(cfg)
@@ -573,6 +556,24 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config() -> ConfigContainer:
     rows_per_micro_batch(cfg, 4)
     # fewer launches outweigh the recompute: every layer rebuilds its forward in the backward
     full_recompute(cfg, "block", cfg.model.num_layers)
+    return cfg
+
+
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h200",
+    precision="bf16",
+    layout="TP1 PP1 EP1 DP1",
+    status="measured",
+    measured={"result": "evidence/lora_vs_peft/qwen35_35b_a3b_peft_1gpu_h200_bf16_config.yaml"},
+    evidence="evidence/hf/hf_lora_summary.json",
+)
+def qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config() -> ConfigContainer:
+    """Qwen3.5/3.6-35B-A3B LoRA on 1 x H200 leaving about 40 GB of it free (a GPU shared with an
+    evaluation or a server): one row per micro batch, no fused kernels; slower than the plain recipe."""
+    cfg = peft_config("qwen35_35b_a3b")
+    _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg)
     return cfg
 
 
@@ -593,18 +594,18 @@ def _long_rows(cfg: ConfigContainer) -> None:
 
 @recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
 def qwen35_35b_a3b_peft_1gpu_h200_bf16_32k_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on one H200 over 32,768-token rows (reasoning data): the fast recipe's
+    """Qwen3.5/3.6-35B-A3B LoRA on one H200 over 32,768-token rows (reasoning data): the plain recipe's
     kernels, one row per micro batch, the loss a chunk of tokens at a time, every layer recomputed."""
-    cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
+    cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
     _long_rows(cfg)
     return cfg
 
 
 @recipe(task="peft", gpus=1, gpu="h200", precision="bf16", layout="TP1 PP1 DP1", status="unmeasured")
 def qwen35_27b_peft_1gpu_h200_bf16_32k_config() -> ConfigContainer:
-    """Qwen3.5/3.6-27B LoRA on one H200 over 32,768-token rows (reasoning data): the fast recipe's
+    """Qwen3.5/3.6-27B LoRA on one H200 over 32,768-token rows (reasoning data): the plain recipe's
     kernels, one row per micro batch, the loss a chunk of tokens at a time, every layer recomputed."""
-    cfg = qwen35_27b_peft_1gpu_h200_bf16_fast_config()
+    cfg = qwen35_27b_peft_1gpu_h200_bf16_config()
     _long_rows(cfg)
     return cfg
 

@@ -41,10 +41,10 @@ def qwen35_27b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     measured={"result": "evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on one 48 GB GPU: the fast H200 recipe with its frozen base in FP8 and the
+    """Qwen3.5/3.6-35B-A3B LoRA on one 48 GB GPU: the H200 recipe with its frozen base in FP8 and the
     loss a chunk of tokens at a time, one row per micro batch. FP8 experts run one cuBLAS GEMM per expert
     (slower than the BF16 grouped GEMM of the 80 GB recipe), the price of a base that fits 48 GB."""
-    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config()
+    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
     # the 256 experts' weights at one byte: 35 of the 70 GB of frozen base
     fp8_frozen_base(cfg)
     # no 248K-vocabulary logits of the whole micro batch
