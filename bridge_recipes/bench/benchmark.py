@@ -91,7 +91,7 @@ def one(
     nproc = gpus_of(name, opts)
     args = launch_args(request, opts)
     log_path = out.with_suffix(".log")
-    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta, entry.name)
+    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
     print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
     run = launch(label or name, name, args, log_path, nproc=nproc)
