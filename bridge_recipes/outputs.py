@@ -7,12 +7,14 @@ renames, so a reader sees the old file or the new one, never a partial one (crea
 mode a plain ``open`` gives, the umask's); ``staged_output``
 does the same for a folder. ``held_signals`` keeps a signal from cutting a few renames in two;
 ``worker_processes`` lets a Ctrl-C stop a command and its forked workers quietly.
-``file_sha256`` is the hash the written files are checked by. Standard
+``file_sha256`` is the hash the written files are checked by. ``add_build_options`` gives the
+dataset builders' command lines their shared --out, --overwrite, --workers and --no-progress. Standard
 library only (the wheelhouse uses it before anything is installed).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import os
@@ -158,6 +160,26 @@ def worker_processes() -> Iterator[None]:
         raise
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def add_build_options(parser: argparse.ArgumentParser, *, work: str, result: str) -> None:
+    """The options of a command that builds a dataset folder with :func:`staged_output` and worker
+    processes: --out, --overwrite, --workers (None when not given: the caller picks the machine's
+    cores) and --no-progress. ``work`` says what the workers do ("rendering conversations"),
+    ``result`` what stays the same whatever their number ("the rows are")."""
+    parser.add_argument("--out", required=True, help="output folder (must be empty or new unless --overwrite)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the dataset in --out once the new one is complete (a folder holding other files is refused)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"processes {work} (default: this machine's cores); {result} the same for any",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
 INTERRUPTED = 130  # a command's exit status after a Ctrl-C, as a shell reports one

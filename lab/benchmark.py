@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = ap.parse_intermixed_args(argv)
     if opts.predict:
         return predict_main(opts, ap)
-    return product.main(argv, parser=ap, runs=runs_of)
+    return product.run_parsed(opts, ap, runs=runs_of)
 
 
 if __name__ == "__main__":

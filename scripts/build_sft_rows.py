@@ -28,7 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bridge_recipes import quiet
 from bridge_recipes.data import sft_rows
-from bridge_recipes.outputs import INTERRUPTED, exit_on_termination, interrupted
+from bridge_recipes.outputs import INTERRUPTED, add_build_options, exit_on_termination, interrupted
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -68,7 +68,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
-    p.add_argument("--out", required=True, help="output folder (must be empty or new unless --overwrite)")
     p.add_argument("--row-tokens", type=int, default=sft_rows.DEFAULT_ROW_TOKENS)
     p.add_argument("--seed", type=int, default=sft_rows.DEFAULT_SEED)
     p.add_argument(
@@ -81,18 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-rows", type=int, default=None)
     p.add_argument("--revision", default=None, help="dataset revision (passed to the Hub; recorded in the manifest)")
     p.add_argument("--split", default="train", help="split of a Hugging Face dataset")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the dataset in --out once the new one is complete (a folder holding other files is refused)",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="processes rendering conversations (default: this machine's cores); the rows are the same for any",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_build_options(p, work="rendering conversations", result="the rows are")
     return p.parse_args(argv)
 
 

@@ -91,7 +91,7 @@ def one(
     nproc = gpus_of(name, opts)
     args = launch_args(request, opts)
     log_path = out.with_suffix(".log")
-    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry.meta, entry.name)
+    step_s = None if opts.proxy_layers else harness.published_step_seconds(cfg, entry)
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
     print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
     run = launch(label or name, name, args, log_path, nproc=nproc)
@@ -238,15 +238,20 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     return out, plans
 
 
-def main(
-    argv: list[str] | None = None,
+def main(argv: list[str] | None = None) -> int:
+    """The command."""
+    ap = build_parser()
+    return run_parsed(ap.parse_intermixed_args(argv), ap)
+
+
+def run_parsed(
+    opts: argparse.Namespace,
+    ap: argparse.ArgumentParser,
     *,
-    parser: argparse.ArgumentParser | None = None,
     runs: Callable[[argparse.Namespace], list[tuple[str, str, list[str]]]] = runs_of,
 ) -> int:
-    """The command; ``parser`` and ``runs`` let a caller add options that name the runs another way."""
-    ap = parser or build_parser()
-    opts = ap.parse_intermixed_args(argv)
+    """The command on options ``ap`` parsed; a caller that extends :func:`build_parser` with options
+    naming the runs another way parses once and passes its own ``runs``."""
     if not opts.out:
         ap.error("--out FILE is required (the result file)")
     try:

@@ -86,17 +86,15 @@ def run_args(cfg: Any, **kwargs: Any) -> list[str]:
     return runner_args(**run_request(cfg, **kwargs))
 
 
-def published_step_seconds(cfg: Any, meta: Any, name: str | None = None) -> float | None:
-    """Seconds one full-scale step takes at the recipe's published tokens/s per GPU (its
-    ``meta.reference``) or, without one, at recipe ``name``'s own measured rate
+def published_step_seconds(cfg: Any, entry: registry.RecipeEntry) -> float | None:
+    """Seconds one full-scale step of ``cfg`` takes at the registry ``entry``'s published tokens/s
+    per GPU (its ``meta.reference``) or, without one, at its own measured rate
     (:func:`bridge_recipes.registry.measured_rate`); None without either: what a step count costs in
     device time before a run starts."""
-    rate = (meta.reference or {}).get("tokens_per_s_per_gpu")
-    if not rate and name is not None:
-        rate = registry.measured_rate(name)
+    rate = (entry.meta.reference or {}).get("tokens_per_s_per_gpu") or registry.measured_rate(entry.name)
     if not rate:
         return None
-    return cfg.train.global_batch_size * cfg.model.seq_length / (rate * meta.gpus)
+    return cfg.train.global_batch_size * cfg.model.seq_length / (rate * entry.meta.gpus)
 
 
 def build_config(name: str, **request: Any) -> Any:

@@ -14,7 +14,7 @@ import logging
 import sys
 
 from bridge_recipes import quiet
-from bridge_recipes.outputs import INTERRUPTED, interrupted
+from bridge_recipes.outputs import INTERRUPTED, add_build_options, interrupted
 from bridge_recipes.vl import vl_dataset
 from bridge_recipes.vl.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 
@@ -36,7 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HF_FOLDER",
         help="the checkpoint's Hugging Face folder: tokenizer, chat template and image processor",
     )
-    p.add_argument("--out", required=True, help="output folder (must be empty or new unless --overwrite)")
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation")
     p.add_argument("--seed", type=int, default=vl_dataset.DEFAULT_SEED, help="seed of the conversation order")
     p.add_argument("--samples-per-shard", type=int, default=vl_dataset.DEFAULT_SAMPLES_PER_SHARD)
@@ -52,19 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_IMAGE_PIXELS,
         help="an image of more pixels skips its conversation (checked before decoding)",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace the dataset in --out once the new one is complete (a folder holding other files is refused)",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="processes reading images and rendering conversations (default: this machine's cores); the "
-        "dataset is the same for any",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_build_options(p, work="reading images and rendering conversations", result="the dataset is")
     return p
 
 

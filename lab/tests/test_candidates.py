@@ -257,3 +257,22 @@ def test_two_rows_per_micro_batch_keep_the_rows_per_step(tmp_path):
     assert cand.train.global_batch_size == published.train.global_batch_size == 8
     assert (cand.model.recompute_method, cand.model.recompute_num_layers) == ("uniform", 1)
     assert cand.model.num_layers == published.model.num_layers == 16
+
+
+def test_the_command_line_is_parsed_once(tmp_path, monkeypatch, capsys):
+    """The lab's options and the product's are one parser's: the arguments are read once, and the
+    product's checks still see the lab's options."""
+    import argparse
+
+    calls = []
+    parse = argparse.ArgumentParser.parse_intermixed_args
+
+    def counted(self, *args, **kwargs):
+        calls.append(args)
+        return parse(self, *args, **kwargs)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_intermixed_args", counted)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--candidate", "35b_block30", "--recipe", "x", "--out", str(tmp_path / "o.yaml")])
+    assert exc.value.code == 2 and "--candidate names both runs" in capsys.readouterr().err
+    assert len(calls) == 1

@@ -138,7 +138,7 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
             cfgs.append(
                 build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *opts.overrides, *own]})
             )
-            rates.append(published_step_seconds(cfgs[-1], entry.meta, entry.name))
+            rates.append(published_step_seconds(cfgs[-1], entry))
         # an arm with no rate of its own (a variant of the other arm) is sized by the slower known one
         known = [s for s in rates if s]
         assert known, f"{queue}: no arm has a published or measured rate to size its steps by: {step}"

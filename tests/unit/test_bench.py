@@ -526,16 +526,18 @@ def test_read_result_rejects_other_files(tmp_path):
 
 
 def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
-    """128 rows of 8,192 tokens on 8 GPUs at the openrecipes-27b-h200 rates: 52.4 s tuned, 138.2 s reference."""
+    """128 rows of 8,192 tokens on 8 GPUs at the openrecipes-27b-h200 rates: 52.4 s tuned, 138.2 s reference;
+    without a published rate, the recipe's measured one; without either, None."""
+    from bridge_recipes import registry
     from bridge_recipes.bench.harness import published_step_seconds
-    from bridge_recipes.qwen.h200.qwen35 import (
-        qwen35_27b_sft_8gpu_h200_bf16_config,
-        qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config,
-    )
 
-    tuned = published_step_seconds(cfg_27b, qwen35_27b_sft_8gpu_h200_bf16_config.recipe_meta)
+    tuned = published_step_seconds(cfg_27b, registry.find("qwen35_27b_sft_8gpu_h200_bf16_config"))
     assert tuned == pytest.approx(128 * 8192 / (2499.5 * 8)) and round(tuned, 1) == 52.4
-    ref_meta = qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config.recipe_meta
-    assert published_step_seconds(cfg_27b, ref_meta) == pytest.approx(138.15, abs=0.01)
-    unpublished = replace(ref_meta, reference=None)
-    assert published_step_seconds(cfg_27b, unpublished) is None
+    ref = registry.find("qwen35_27b_sft_8gpu_h200_bf16_slime_reference_config")
+    assert published_step_seconds(cfg_27b, ref) == pytest.approx(138.15, abs=0.01)
+    assert registry.measured_rate(ref.name) is None
+    assert published_step_seconds(cfg_27b, replace(ref, meta=replace(ref.meta, reference=None))) is None
+    peft = registry.find("qwen35_27b_peft_1gpu_h200_bf16_config")
+    measured = registry.measured_rate(peft.name)
+    assert peft.meta.reference is None and measured and peft.meta.gpus == 1
+    assert published_step_seconds(cfg_27b, peft) == pytest.approx(128 * 8192 / measured)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,8 @@ import pytest
 from bridge_recipes.data import sft_rows
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
 
-TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +128,26 @@ def test_finished_work_stops_no_live_worker_by_signal(monkeypatch):
     assert next(early) == (0, "0")
     early.close()  # a consumer that stops (max_rows): the pool is terminated, and nothing hangs
     assert len(alive_at_terminate) == 2
+
+
+def test_both_builders_take_the_shared_options_and_name_their_own_work():
+    """The row builder and the image dataset builder share --out, --overwrite, --workers and
+    --no-progress; each one's --workers help says what its workers do."""
+    from bridge_recipes.vl import vl_cli
+
+    parser = vl_cli.build_parser()
+    args = parser.parse_args(["--input", "c.jsonl", "--processor", "p", "--out", "o"])
+    assert (args.out, args.overwrite, args.workers, args.no_progress) == ("o", False, None, False)
+    args = parser.parse_args(["--input", "c.jsonl", "--processor", "p", "--out", "o", "--overwrite", "--workers", "3"])
+    assert (args.overwrite, args.workers) == (True, 3)
+    vl_help = " ".join(parser.format_help().split())
+    assert "reading images" in vl_help and "the dataset is the same" in vl_help
+    rows = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/build_sft_rows.py"), "--help"], capture_output=True, text=True
+    )
+    assert rows.returncode == 0, rows.stderr
+    rows_help = " ".join(rows.stdout.split())
+    for option in ("--out OUT", "--overwrite", "--workers WORKERS", "--no-progress"):
+        assert option in rows_help and option in vl_help, option
+    assert "rendering conversations" in rows_help and "the rows are the same" in rows_help
+    assert "reading images" not in rows_help
