@@ -91,7 +91,9 @@ def published_step_seconds(cfg: Any, entry: registry.RecipeEntry) -> float | Non
     per GPU (its ``meta.reference``) or, without one, at its own measured rate
     (:func:`bridge_recipes.registry.measured_rate`); None without either: what a step count costs in
     device time before a run starts."""
-    rate = (entry.meta.reference or {}).get("tokens_per_s_per_gpu") or registry.measured_rate(entry.name)
+    rate = (entry.meta.reference or {}).get("tokens_per_s_per_gpu") or registry.measured_rate(
+        entry.alias_of or entry.name
+    )
     if not rate:
         return None
     return cfg.train.global_batch_size * cfg.model.seq_length / (rate * entry.meta.gpus)

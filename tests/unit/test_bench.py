@@ -541,3 +541,7 @@ def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
     measured = registry.measured_rate(peft.name)
     assert peft.meta.reference is None and measured and peft.meta.gpus == 1
     assert published_step_seconds(cfg_27b, peft) == pytest.approx(128 * 8192 / measured)
+    alias = registry.find("qwen36_27b_peft_1gpu_h200_bf16_config")  # the same config: its recipe's rate
+    assert alias.alias_of == peft.name and published_step_seconds(cfg_27b, alias) == pytest.approx(
+        128 * 8192 / measured
+    )
