@@ -66,8 +66,8 @@ class RecipeEntry:
         return SPECS[model].checkpoints.get(self.family) if model else None
 
 
-def _module_constants(module: ast.Module) -> dict[str, object]:
-    """Module-level ``NAME = <literal>`` assignments, usable inside ``@recipe(...)``."""
+def literal_assignments(module: ast.Module) -> dict[str, object]:
+    """Module-level ``NAME = <literal>`` assignments (usable inside ``@recipe(...)``)."""
     out = {}
     for node in module.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -126,7 +126,7 @@ def _module_name(tree: str, root: Path, path: Path) -> str:
 def scan_file(tree: str, root: Path, path: Path, known: dict[str, RecipeEntry] | None = None) -> list[RecipeEntry]:
     """The recipes defined in ``path``; ``known`` holds the recipes a benchmark twin may name."""
     module = ast.parse(path.read_text(), filename=str(path))
-    constants = _module_constants(module)
+    constants = literal_assignments(module)
     out = []
     for node in module.body:
         if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):

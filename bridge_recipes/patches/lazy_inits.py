@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from bridge_recipes.patches.contract import Patch, version_problems
+from bridge_recipes.registry import literal_assignments
 
 # the packages whose bodies wait, parents after their children when all run
 DEFERRED = (
@@ -50,18 +51,6 @@ def reexports(source: str, package: str) -> dict[str, tuple[str, str]]:
         for alias in node.names:
             if alias.name != "*":
                 out[alias.asname or alias.name] = (module, alias.name)
-    return out
-
-
-def constants(source: str) -> dict[str, Any]:
-    """The names an ``__init__`` source binds to a literal (``__version__ = "0.6.0"``)."""
-    out = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                continue
     return out
 
 
@@ -101,7 +90,11 @@ def _deferred_getattr(module: ModuleType, names: dict[str, tuple[str, str]]) -> 
 
 class _Loader(importlib.abc.Loader):
     def __init__(self, real: importlib.abc.Loader, source: str, name: str):
-        self.real, self.names, self.constants = real, reexports(source, name), constants(source)
+        self.real, self.names, self.constants = (
+            real,
+            reexports(source, name),
+            literal_assignments(ast.parse(source)),
+        )
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None
