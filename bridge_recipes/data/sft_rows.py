@@ -645,9 +645,11 @@ def prepared(
                 pool.close()
                 pool.join()
             finally:
-                # an error or an early stop: terminate (killing a worker instead could leave the queue's lock
-                # held); after close() and join() there is nothing left to stop
-                pool.terminate()
+                # an error, an early stop or a Ctrl-C: no new work, and the chunks in flight (at most
+                # CHUNKS_AHEAD per worker) finish before the workers take their end marker. Terminating would
+                # send SIGTERM, which can end a worker while it holds the result queue's lock and leave the
+                # pool's threads waiting on that lock forever. After a normal end both calls return at once.
+                pool.close()
                 pool.join()
     finally:
         _WORK = None

@@ -105,29 +105,30 @@ def test_a_build_stopped_by_a_worker_names_the_record_and_leaves_nothing(convers
     assert list(tmp_path.iterdir()) == []
 
 
-def test_finished_work_stops_no_live_worker_by_signal(monkeypatch):
-    """When the work is done the workers end by their end marker: no live worker is sent SIGTERM (a
-    worker just forked can miss it, and the pool would then wait on it forever); an early stop
-    still terminates them."""
+def test_no_worker_is_stopped_by_signal_at_the_end_or_an_early_stop(monkeypatch):
+    """When the work is done, and when it stops early (a consumer that stops, an error, a Ctrl-C), the
+    workers end by their end marker after the chunks in flight: none is sent SIGTERM, which can miss a
+    worker just forked or end one holding the result queue's lock, and the pool would then wait forever."""
+    import multiprocessing
     import multiprocessing.pool
 
     from bridge_recipes.data.sft_rows import prepared
 
-    alive_at_terminate: list[list[bool]] = []
+    terminated: list[list[bool]] = []
     real = multiprocessing.pool.Pool.terminate
 
     def terminate(self):
-        alive_at_terminate.append([p.exitcode is None for p in self._pool])
+        terminated.append([p.exitcode is None for p in self._pool])
         return real(self)
 
     monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", terminate)
     records = [(i, str(i)) for i in range(300)]
     assert list(prepared(iter(records), lambda i, raw: raw + "!", 2)) == [(i, f"{i}!") for i in range(300)]
-    assert alive_at_terminate and not any(any(alive) for alive in alive_at_terminate)
     early = prepared(iter(records), lambda i, raw: raw, 2)
     assert next(early) == (0, "0")
-    early.close()  # a consumer that stops (max_rows): the pool is terminated, and nothing hangs
-    assert len(alive_at_terminate) == 2
+    early.close()  # a consumer that stops (max_rows)
+    assert not any(any(alive) for alive in terminated)
+    assert multiprocessing.active_children() == []
 
 
 def test_both_builders_take_the_shared_options_and_name_their_own_work():
