@@ -2,10 +2,11 @@
 the dry run and the plan with the package bodies deferred (the runner's default) and with plain
 imports ($BRIDGE_RECIPES_PLAIN_IMPORTS=1), a misspelt key, and the recipe list.
 
-    python -m lab.command_times [--repeats 3]
+    python -m lab.command_times [--repeats 3] [--prediction "dry run: 9-10 s"]
 
 writes lab/results/command_times.json and its log lab/evidence/startup/command_times.log (one line
-per run: label, run number, seconds, exit status).
+per run: label, run number, seconds, exit status); each --prediction, written before the run, goes into
+the result with the time the run started.
 """
 
 from __future__ import annotations
@@ -35,11 +36,6 @@ COMMANDS = (  # (label, runner arguments, extra environment)
     ("misspelt key", ["--recipe", RECIPE, "--dry-run", "train.trian_iters=5"], {}),
     ("list", ["--list"], {}),
 )
-PREDICTION = {
-    "made": "2026-12-05T01:06Z",
-    "dry run": "9-10 s on an idle 2-core machine, against 13-14 s with plain imports (1.3-1.5x)",
-    "misspelt key": "under 1 s (no Megatron import)",
-}
 LINE = re.compile(r"^\[command_times\] (?P<label>.+?): run (?P<run>\d+) (?P<seconds>[\d.]+) s \(rc (?P<rc>-?\d+)\)$")
 
 
@@ -87,7 +83,9 @@ def summary(runs: dict[str, list[tuple[float, int]]]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each command, taken in turn (default 3)")
+    parser.add_argument("--prediction", action="append", default=[], help="what you expect, kept in the result")
     args = parser.parse_args(argv)
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
     LOG.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"[command_times] load average before: {os.getloadavg()[0]:.2f}"]
     for run in range(1, args.repeats + 1):
@@ -103,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
         "recipe": RECIPE,
         "log": str(LOG.relative_to(ROOT)),
-        "prediction": PREDICTION,
+        "prediction": {"made": started, "expected": args.prediction} if args.prediction else None,
         **summary(runs_in_log(LOG.read_text())),
     }
     RESULT.write_text(json.dumps(doc, indent=1) + "\n")

@@ -2,19 +2,18 @@
 
 A result names the recipe it measured as the recipe was then called; when a name moves to another
 config (the plainly named one-GPU LoRA recipes became the fastest, the leaner ones took ``_lowmem``),
-results measured before the move keep their words and are read through :func:`current`.
+results measured before the move keep their words and are read through :func:`current`. The renames
+and the day they took effect are data: ``lab/renamed_recipes.json``.
 """
 
 from __future__ import annotations
 
-# results measured before this date name the recipes by their earlier names
-RENAMED_ON = "2026-12-05"
-EARLIER_NAMES = {
-    "qwen35_27b_peft_1gpu_h200_bf16_config": "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config",
-    "qwen35_27b_peft_1gpu_h200_bf16_fast_config": "qwen35_27b_peft_1gpu_h200_bf16_config",
-    "qwen35_35b_a3b_peft_1gpu_h200_bf16_config": "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config",
-    "qwen35_35b_a3b_peft_1gpu_h200_bf16_fast_config": "qwen35_35b_a3b_peft_1gpu_h200_bf16_config",
-}
+import json
+from pathlib import Path
+
+_RENAMES = json.loads(Path(__file__).with_name("renamed_recipes.json").read_text())
+RENAMED_ON: str = _RENAMES["renamed_on"]  # results measured before it name the recipes by their earlier names
+EARLIER_NAMES: dict[str, str] = _RENAMES["earlier_names"]
 
 
 def current(name: str, measured_on: str) -> str:

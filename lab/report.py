@@ -148,12 +148,16 @@ def proxy_table() -> str:
         "candidate | reference | tokens/s ratio | loss curves | measured",
         "---|---|---:|---|---",
         "*_ratio.json",
-        lambda path, d: (
-            f"{_named(d['candidate'], _measured_on(path))} | {_named(d['reference'], _measured_on(path))}"
-            f"{_reference_changes(d)} | {d['tokens_per_s_ratio']:.3f} "
-            f"| {_loss_check(d['loss_curves'])} | {_measured_on(path)}"
-        ),
+        _proxy_row,
         {"candidate", "reference", "tokens_per_s_ratio", "loss_curves"},
+    )
+
+
+def _proxy_row(path: Path, d: dict) -> str:
+    day = _measured_on(path)
+    return (
+        f"{_named(d['candidate'], day)} | {_named(d['reference'], day)}{_reference_changes(d)} "
+        f"| {d['tokens_per_s_ratio']:.3f} | {_loss_check(d['loss_curves'])} | {day}"
     )
 
 

@@ -41,10 +41,10 @@ NEEDS_ALL = frozenset({"AutoBridge"})
 _pending: dict[str, tuple[ModuleType, importlib.abc.Loader]] = {}
 
 
-def reexports(source: str, package: str) -> dict[str, tuple[str, str]]:
-    """The names an ``__init__`` source re-exports with ``from X import name``: name -> (module, attribute)."""
+def reexports(tree: ast.Module, package: str) -> dict[str, tuple[str, str]]:
+    """The names a parsed ``__init__`` re-exports with ``from X import name``: name -> (module, attribute)."""
     out = {}
-    for node in ast.parse(source).body:
+    for node in tree.body:
         if not isinstance(node, ast.ImportFrom):
             continue
         module = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
@@ -90,11 +90,10 @@ def _deferred_getattr(module: ModuleType, names: dict[str, tuple[str, str]]) -> 
 
 class _Loader(importlib.abc.Loader):
     def __init__(self, real: importlib.abc.Loader, source: str, name: str):
-        self.real, self.names, self.constants = (
-            real,
-            reexports(source, name),
-            literal_assignments(ast.parse(source)),
-        )
+        tree = ast.parse(source)
+        self.real = real
+        self.names = reexports(tree, name)
+        self.constants = literal_assignments(tree)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
         return None

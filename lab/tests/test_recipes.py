@@ -34,5 +34,8 @@ def test_a_name_reads_as_it_was_called_on_the_day_measured():
     renamed = {old: new for old, new in names.EARLIER_NAMES.items() if old != new}
     assert renamed and all(new in registry.discover() for new in renamed.values())
     old, new = next(iter(renamed.items()))
-    assert names.current(old, "2026-12-01") == new
+    import datetime
+
+    before = (datetime.date.fromisoformat(names.RENAMED_ON) - datetime.timedelta(days=1)).isoformat()
+    assert names.current(old, before) == new
     assert names.current(old, names.RENAMED_ON) == old  # measured after the rename: its own name
