@@ -2,16 +2,25 @@
 
 A LoRA recipe whose mixed precision keeps the parameters in FP8 (``fp8_param``) and trains adapters
 (``cfg.peft``) has Transformer Engine build every TE linear's weight as an FP8 tensor of row-wise
-data and one scale (per-tensor current scaling). The forward multiplies in FP8; the backward, which
-needs no weight gradient of a frozen base, computes the input gradient in BF16 from the weight
-dequantized for that GEMM alone (the recipe's ``backward_override="dequantized"``). The adapters,
-their gradients and their optimizer state stay BF16/FP32, outside FP8 (Megatron-Bridge runs them
-with FP8 off). A checkpoint holds the adapters only, and ``--export-hf`` merges them into the Hugging
-Face checkpoint's own BF16 weights: the base is never exported from its FP8 copy (QLoRA's adapters
-are merged the same way).
+data and one scale (per-tensor current scaling). How the base multiplies is the environment's
+``BRIDGE_RECIPES_FP8_BASE_COMPUTE`` (:func:`compute`, the planner's):
 
-Two things of the upstream stack would undo the saving; ``bridge_recipes.patches.fp8_base`` (the
-runner, in the training process) deals with both:
+- ``bf16`` (the default): every GEMM runs in BF16 on the weight dequantized for it, forward and
+  backward; the activations are never rounded to FP8, so the adapters' gradients are those of a BF16
+  base holding the same (FP8-rounded) weights. Transformer Engine keeps a recomputed layer's
+  dequantized weights for that layer's backward only.
+- ``fp8``: the forward multiplies in FP8 (activations rounded to E4M3 per tensor); the backward, which
+  needs no weight gradient of a frozen base, computes the input gradient in BF16 from the weight
+  dequantized for that GEMM alone (the recipe's ``backward_override="dequantized"``). Faster GEMMs,
+  but the adapters' gradients drift further from FP32 than a BF16 base's.
+
+The adapters, their gradients and their optimizer state stay BF16/FP32, outside FP8 (Megatron-Bridge
+runs them with FP8 off). A checkpoint holds the adapters only, and ``--export-hf`` merges them into the
+Hugging Face checkpoint's own BF16 weights: the base is never exported from its FP8 copy (QLoRA's
+adapters are merged the same way).
+
+Three things of the upstream stack would undo the saving or the choice; ``bridge_recipes.patches.fp8_base``
+(the runner, in the training process) deals with them:
 
 - Transformer Engine builds an FP8 weight with its column-wise (transposed) copy as well, and keeps
   a CPU copy of the BF16 values (``preserve_high_precision_init_val``), whenever gradients are
@@ -24,6 +33,9 @@ runner, in the training process) deals with both:
   delayed-scaling recipe it makes for code run with FP8 off, which refuses it: the recipe
   Megatron-Core makes is given the override instead (:func:`with_dequantized_backward`). A
   pre-wrap hook checks the built model: every FP8 weight row-wise only.
+- Megatron-Core runs each layer in FP8 autocast whenever its configuration says FP8, which
+  ``fp8_param`` requires; for BF16 compute its context factory gives FP8 weight creation at build time
+  and no autocast at run time (:func:`without_fp8_autocast`).
 
 The upstream versions those patches were written for, and the check of what moved, are the patch's
 (docs/patches.md).
@@ -31,11 +43,18 @@ The upstream versions those patches were written for, and the check of what move
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
+from bridge_recipes.plan.precision import FP8_BASE_COMPUTE_ENV as COMPUTE_ENV
+from bridge_recipes.plan.precision import FP8_BASE_COMPUTES as COMPUTES
+from bridge_recipes.plan.precision import fp8_base_compute as compute
+
 BACKWARD = "dequantized"
 LOG = "[run_recipe]"
+# Transformer Engine's notice for every module that dequantizes FP8 weights outside FP8 autocast
+TE_NOTICE = "You are using quantized weights without quantized compute"
 
 
 def applies(cfg: Any) -> bool:
@@ -53,6 +72,12 @@ def problems(cfg: Any) -> list[str]:
     from bridge_recipes.plan.memory import mixed_precision_config
 
     out = []
+    how = compute(getattr(cfg, "env_vars", None))
+    if how not in COMPUTES:
+        out.append(
+            f"env_vars.{COMPUTE_ENV}={how!r}: an FP8 base multiplies in one of {', '.join(COMPUTES)}; "
+            f"set +env_vars.{COMPUTE_ENV}=bf16 (the default) or fp8"
+        )
     recipe = getattr(mixed_precision_config(cfg), "fp8_recipe", None)
     if recipe != "tensorwise":
         out.append(
@@ -97,6 +122,23 @@ def with_dequantized_backward(get_recipe: Any) -> Any:
 
     dequantizing.dequantizes_backward = True  # type: ignore[attr-defined]
     return dequantizing
+
+
+def without_fp8_autocast(get_context: Any) -> Any:
+    """``get_context`` (Megatron-Core's ``get_fp8_context(config, layer_no, is_init)``) that still gives
+    FP8 weight creation (``is_init``) but no FP8 autocast: the layers run their GEMMs in BF16 on the
+    dequantized FP8 weights (idempotent)."""
+    if getattr(get_context, "without_autocast", False):
+        return get_context
+
+    @functools.wraps(get_context)
+    def context(config: Any, layer_no: int = -1, is_init: bool = False) -> Any:
+        if not is_init:
+            return contextlib.nullcontext()
+        return get_context(config, layer_no, is_init)
+
+    context.without_autocast = True  # type: ignore[attr-defined]
+    return context
 
 
 def fp8_weights(model: Any) -> tuple[int, int, list[str]]:

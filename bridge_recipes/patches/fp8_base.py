@@ -1,7 +1,9 @@
 """LoRA on a frozen base stored in FP8 (``bridge_recipes.fp8_base`` holds the logic): Megatron-Bridge's
 model factory (``model_provider._create_model``) runs with gradients off, so Transformer Engine builds
-row-wise FP8 weights only, and Megatron-Core's FP8 recipe factory (``fp8_utils.get_fp8_recipe``) gives
-per-tensor current scaling the dequantized backward; a pre-wrap hook checks the built model."""
+row-wise FP8 weights only; Megatron-Core's FP8 recipe factory (``fp8_utils.get_fp8_recipe``) gives
+per-tensor current scaling the dequantized backward; for BF16 compute (the default) its FP8 context
+factory (``get_fp8_context``, also bound in ``transformer_block``) gives no autocast at run time; a
+pre-wrap hook checks the built model."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import Any
 
 from bridge_recipes import fp8_base
 from bridge_recipes.patches.contract import Patch, check
+
+BUILT = "FP8 base: the model is built with gradients off (row-wise FP8 weights)"
 
 
 def wanted(cfg: Any, **run: Any) -> bool:
@@ -18,14 +22,23 @@ def wanted(cfg: Any, **run: Any) -> bool:
 def install(cfg: Any) -> str:
     """In the training process, before setup builds the model (idempotent)."""
     check(PATCH)
+    import warnings
+
     from megatron.bridge.models import model_provider
     from megatron.core import fp8_utils
+    from megatron.core.transformer import transformer_block
 
     model_provider._create_model = fp8_base.build_without_grad(model_provider._create_model)
     fp8_utils.get_fp8_recipe = fp8_base.with_dequantized_backward(fp8_utils.get_fp8_recipe)
     if fp8_base.check_hook not in (getattr(cfg.model, "_pre_wrap_hooks", None) or []):
         cfg.model.register_pre_wrap_hook(fp8_base.check_hook)
-    return f"FP8 base: the model is built with gradients off (row-wise FP8 weights), the backward {fp8_base.BACKWARD}"
+    how = fp8_base.compute(getattr(cfg, "env_vars", None))
+    if how == "bf16":
+        for module in (fp8_utils, transformer_block):
+            module.get_fp8_context = fp8_base.without_fp8_autocast(module.get_fp8_context)
+        warnings.filterwarnings("ignore", message=fp8_base.TE_NOTICE)
+        return f"{BUILT}, GEMMs in BF16 on the dequantized weights"
+    return f"{BUILT}, FP8 forward GEMMs, the backward {fp8_base.BACKWARD}"
 
 
 PATCH = Patch(
@@ -39,6 +52,10 @@ PATCH = Patch(
     targets={
         "megatron.bridge.models.model_provider._create_model": ("model_provider", "model_type", "pg_collection"),
         "megatron.core.fp8_utils.get_fp8_recipe": ("config",),
+        "megatron.core.fp8_utils.get_fp8_context": ("config", "layer_no", "is_init"),
+        "megatron.core.transformer.transformer_block.get_fp8_context": ("config", "layer_no", "is_init"),
+        "transformer_engine.pytorch.module.linear.Linear._get_weight_tensors": ("self",),
+        "transformer_engine.pytorch.module.grouped_linear.GroupedLinear._get_weight_tensors": ("self",),
         "transformer_engine.common.recipe.Float8CurrentScaling.backward_override": None,
         "transformer_engine.pytorch.tensor.float8_tensor.Float8Tensor.__new__": (
             "cls",

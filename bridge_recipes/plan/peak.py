@@ -27,6 +27,7 @@ from bridge_recipes.plan.precision import (
     caches_fp8_weights,
     casts_fp8_weights_per_use,
     effective_precision,
+    fp8_base_compute,
     fp8_frozen_base,
 )
 from bridge_recipes.plan.schedule import micro_batches_in_flight, num_microbatches, stage_chunks
@@ -198,9 +199,14 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
             + (f"; {', '.join(unknown)} not modelled (counted as kept)" if unknown else "")
         )
     if fp8_frozen_base(cfg):
+        copies = (
+            "a recomputed layer's dequantized weights"
+            if fp8_base_compute(getattr(cfg, "env_vars", None)) == "bf16"
+            else "the backward's dequantized copy of the largest one"
+        )
         notes.append(
-            "FP8 base: the frozen linear weights counted at one byte (row-wise FP8), the backward's dequantized copy "
-            "of the largest one in bwd; activations counted in BF16 (an upper bound)"
+            f"FP8 base: the frozen linear weights counted at one byte (row-wise FP8), {copies} in bwd; "
+            "activations counted in BF16 (an upper bound)"
         )
     elif effective_precision(cfg)["fp8"]:
         notes.append("FP8: activations and weights counted in BF16 (an upper bound)")

@@ -23,6 +23,7 @@ from bridge_recipes.plan.params import (
 from bridge_recipes.plan.precision import (
     caches_fp8_weights,
     casts_fp8_weights_per_use,
+    fp8_base_compute,
     fp8_frozen_base,
     mixed_precision_config,
 )
@@ -38,13 +39,15 @@ def fp8_base_saving_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]
 
 
 def fp8_base_dequantized_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]) -> float:
-    """The backward's BF16 copy of one GEMM's FP8 weight (all of a grouped linear's experts at once):
-    the largest linear of the stage."""
+    """The backward's BF16 copies of FP8 weights: with BF16 compute, every linear of the recomputed layer
+    being differentiated keeps its dequantized weight for that layer's backward (the stage's largest
+    layer); with FP8 compute, one GEMM's weight at a time (all of a grouped linear's experts at once)."""
     if not fp8_frozen_base(cfg):
         return 0.0
-    return BF16 * max(
-        (n * m * count for i in layers for _, n, m, count in layer_linears(d, par, *d.layer_kinds(i))), default=0
-    )
+    per_layer = [[n * m * count for _, n, m, count in layer_linears(d, par, *d.layer_kinds(i))] for i in layers]
+    if fp8_base_compute(getattr(cfg, "env_vars", None)) == "bf16":
+        return BF16 * max((sum(sizes) for sizes in per_layer), default=0)
+    return BF16 * max((size for sizes in per_layer for size in sizes), default=0)
 
 
 def _fp8_weight_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list[int]) -> dict[int, float]:

@@ -165,9 +165,10 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
 def fp8_frozen_base(cfg: ConfigContainer) -> None:
     """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.fp8_base``): every
     layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor scale
-    and multiply in FP8 in the forward; the backward takes the input gradient in BF16 from the weight
-    dequantized for that GEMM. Embedding, output layer, norms and router stay BF16; the adapters and
-    their optimizer state are not touched. Needs FP8 tensor cores (Ada, Hopper and later)."""
+    and multiply in BF16 on the weight dequantized for each GEMM, so the adapters learn what they would
+    on a BF16 base (``+env_vars.BRIDGE_RECIPES_FP8_BASE_COMPUTE=fp8`` multiplies in FP8 in the forward).
+    Embedding, output layer, norms and router stay BF16; the adapters and their optimizer state are not
+    touched. Refused where the GPU has no FP8 (Ampere)."""
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()

@@ -64,8 +64,9 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
     out = []
     if uses_fp8(cfg) and not device.fp8:
         out.append(
-            f"{entry.name} multiplies in FP8, which {device.name} (compute capability "
-            f"{device.capability[0]}.{device.capability[1]}) has no tensor cores for: FP8 needs Ada, Hopper or later"
+            f"{entry.name} uses FP8 (weights stored or multiplied in FP8), which {device.name} (compute capability "
+            f"{device.capability[0]}.{device.capability[1]}) has no support for: Transformer Engine's FP8 needs Ada, "
+            "Hopper or later"
         )
     size = class_memory_gb(entry.meta.gpu)
     if size is not None and memory < size * (1 - SAME_MEMORY):
