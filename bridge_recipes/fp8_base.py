@@ -141,6 +141,27 @@ def without_fp8_autocast(get_context: Any) -> Any:
     return context
 
 
+def drop_fp8_autocast() -> list[tuple[Any, Any]]:
+    """Megatron-Core's ``get_fp8_context`` replaced by :func:`without_fp8_autocast` in ``fp8_utils`` and in
+    every loaded Megatron module that imported it by name (the transformer block, full recompute, the MTP
+    block); the (module, original) pairs replaced, for an undo. Idempotent: a second call replaces none."""
+    import sys
+
+    from megatron.core import fp8_utils, recompute  # noqa: F401  (loaded before the sweep)
+    from megatron.core.transformer import multi_token_prediction, transformer_block  # noqa: F401
+
+    original = fp8_utils.get_fp8_context
+    if getattr(original, "without_autocast", False):
+        return []
+    wrapped = without_fp8_autocast(original)
+    replaced = []
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "megatron" and getattr(module, "get_fp8_context", None) is original:
+            module.get_fp8_context = wrapped
+            replaced.append((module, original))
+    return replaced
+
+
 def fp8_weights(model: Any) -> tuple[int, int, list[str]]:
     """(FP8 weights, their bytes, names of those holding column-wise data as well) over the model
     chunks ``model``."""

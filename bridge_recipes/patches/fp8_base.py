@@ -2,7 +2,7 @@
 model factory (``model_provider._create_model``) runs with gradients off, so Transformer Engine builds
 row-wise FP8 weights only; Megatron-Core's FP8 recipe factory (``fp8_utils.get_fp8_recipe``) gives
 per-tensor current scaling the dequantized backward; for BF16 compute (the default) its FP8 context
-factory (``get_fp8_context``, also bound in ``transformer_block``) gives no autocast at run time; a
+factory (``get_fp8_context``, and each Megatron module's binding of it) gives no autocast at run time; a
 pre-wrap hook checks the built model."""
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ def install(cfg: Any) -> str:
 
     from megatron.bridge.models import model_provider
     from megatron.core import fp8_utils
-    from megatron.core.transformer import transformer_block
 
     model_provider._create_model = fp8_base.build_without_grad(model_provider._create_model)
     fp8_utils.get_fp8_recipe = fp8_base.with_dequantized_backward(fp8_utils.get_fp8_recipe)
@@ -34,8 +33,7 @@ def install(cfg: Any) -> str:
         cfg.model.register_pre_wrap_hook(fp8_base.check_hook)
     how = fp8_base.compute(getattr(cfg, "env_vars", None))
     if how == "bf16":
-        for module in (fp8_utils, transformer_block):
-            module.get_fp8_context = fp8_base.without_fp8_autocast(module.get_fp8_context)
+        fp8_base.drop_fp8_autocast()
         warnings.filterwarnings("ignore", message=fp8_base.TE_NOTICE)
         return f"{BUILT}, GEMMs in BF16 on the dequantized weights"
     return f"{BUILT}, FP8 forward GEMMs, the backward {fp8_base.BACKWARD}"
@@ -54,6 +52,8 @@ PATCH = Patch(
         "megatron.core.fp8_utils.get_fp8_recipe": ("config",),
         "megatron.core.fp8_utils.get_fp8_context": ("config", "layer_no", "is_init"),
         "megatron.core.transformer.transformer_block.get_fp8_context": ("config", "layer_no", "is_init"),
+        "megatron.core.recompute.get_fp8_context": ("config", "layer_no", "is_init"),
+        "megatron.core.transformer.multi_token_prediction.get_fp8_context": ("config", "layer_no", "is_init"),
         "transformer_engine.pytorch.module.linear.Linear._get_weight_tensors": ("self",),
         "transformer_engine.pytorch.module.grouped_linear.GroupedLinear._get_weight_tensors": ("self",),
         "transformer_engine.common.recipe.Float8CurrentScaling.backward_override": None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
@@ -122,24 +123,24 @@ def test_bf16_compute_keeps_fp8_weight_creation_and_drops_the_autocast():
 @pytest.mark.parametrize("how", ["bf16", "fp8"])
 def test_the_patch_drops_megatron_fp8_autocast_for_bf16_compute_only(monkeypatch, how):
     from megatron.bridge.models import model_provider
-    from megatron.core import fp8_utils
-    from megatron.core.transformer import transformer_block
+    from megatron.core import fp8_utils, recompute
+    from megatron.core.transformer import multi_token_prediction, transformer_block
 
     from bridge_recipes.patches import fp8_base as patch
 
-    for module, name in (
-        (model_provider, "_create_model"),
-        (fp8_utils, "get_fp8_recipe"),
-        (fp8_utils, "get_fp8_context"),
-        (transformer_block, "get_fp8_context"),
-    ):
+    binders = (fp8_utils, transformer_block, recompute, multi_token_prediction)
+    for module, name in ((model_provider, "_create_model"), (fp8_utils, "get_fp8_recipe")):
         monkeypatch.setattr(module, name, getattr(module, name))
+    for module in list(sys.modules.values()):  # every binding put back after the test
+        if getattr(module, "get_fp8_context", None) is fp8_utils.get_fp8_context:
+            monkeypatch.setattr(module, "get_fp8_context", module.get_fp8_context)
     monkeypatch.delenv(fp8_base.COMPUTE_ENV, raising=False)
     cfg = build("qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config")
     cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: how}
     line = patch.install(cfg)
-    wrapped = [getattr(m.get_fp8_context, "without_autocast", False) for m in (fp8_utils, transformer_block)]
-    assert wrapped == [how == "bf16"] * 2
+    wrapped = [getattr(m.get_fp8_context, "without_autocast", False) for m in binders]
+    assert wrapped == [how == "bf16"] * len(binders)
+    assert len({id(m.get_fp8_context) for m in binders}) == 1  # one wrapper, every binding
     assert ("GEMMs in BF16" in line) == (how == "bf16")
     assert getattr(fp8_utils.get_fp8_recipe, "dequantizes_backward", False)
 

@@ -84,18 +84,15 @@ def dequantized_backward():
 def bf16_compute():
     """Megatron-Core's FP8 context factory without run-time autocast, as the runner installs it for BF16
     compute."""
-    from megatron.core import fp8_utils
-    from megatron.core.transformer import transformer_block
-
     from bridge_recipes import fp8_base
 
-    saved = fp8_utils.get_fp8_context, transformer_block.get_fp8_context
-    for module in (fp8_utils, transformer_block):
-        module.get_fp8_context = fp8_base.without_fp8_autocast(module.get_fp8_context)
+    replaced = fp8_base.drop_fp8_autocast()
+    assert replaced, "no Megatron module binds get_fp8_context"
     try:
         yield
     finally:
-        fp8_utils.get_fp8_context, transformer_block.get_fp8_context = saved
+        for module, original in replaced:
+            module.get_fp8_context = original
 
 
 @pytest.mark.parametrize("family", FAMILIES)
