@@ -267,6 +267,19 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
     return line
 
 
+def base_compute(recipe: str, opts: argparse.Namespace) -> str:
+    """How the recipe's FP8 base multiplies in this comparison: the environment, then a command-line
+    override of the recipe's ``env_vars``, then the recipe's own."""
+    from bridge_recipes import fp8_base, registry
+
+    env = dict(registry.load(recipe)().env_vars or {})
+    for item in getattr(opts, "overrides", None) or []:
+        key, _, value = str(item).lstrip("+").partition("=")
+        if key == f"env_vars.{fp8_base.COMPUTE_ENV}":
+            env[fp8_base.COMPUTE_ENV] = value
+    return fp8_base.compute(env)
+
+
 def memory_class_fields(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict) -> dict:
     """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision,
     ours' useful tokens/s and whether the peer fit at all (False: it ran out of memory)."""
@@ -277,12 +290,15 @@ def memory_class_fields(recipe: str, opts: argparse.Namespace, ours: dict, peer:
     ran_out = "out of memory" in str(peer.get("error") or "")
     measured_on = ((ours.get("gpu") or {}).get("type") or "").lower()
     cap = memory_cap(recipe, opts)
+    fp8 = meta.precision == "fp8base"
     return {
         "gpu": meta.gpu,
         "memory_cap_gb": cap,
         # a card emulated by a cap has its memory, not its speed (an A100 or L40S computes slower than an H200)
         "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
-        "base_precision": "fp8" if meta.precision == "fp8base" else "bf16",
+        "base_precision": "fp8" if fp8 else "bf16",
+        # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.fp8_base)
+        "base_compute": base_compute(recipe, opts) if fp8 else "bf16",
         "ours_useful_tokens_per_s": useful,
         # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)
         "peer_fits": True if line["peer_tokens_per_s"] else False if ran_out else None,

@@ -342,6 +342,14 @@ def lora_vs_peft_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def base_label(line: dict) -> str:
+    """The base's precision and, for an FP8 base, how it multiplied; an entry without ``base_compute``
+    comes from before the BF16-compute path existed and multiplied in FP8."""
+    if line["base_precision"] != "fp8":
+        return line["base_precision"]
+    return f"fp8, {line.get('base_compute', 'fp8')} GEMMs"
+
+
 def memory_classes_table() -> str:
     """The LoRA recipes of the 80 and 48 GB cards at full size, each capped at its card's memory on the
     GPU at hand, against transformers + PEFT under the same cap (lab/results/lora_memory_classes.json), and the
@@ -366,7 +374,7 @@ def memory_classes_table() -> str:
                     f"`{line['recipe']}`",
                     line["gpu"],
                     num(line["memory_cap_gb"], ".1f"),
-                    line["base_precision"],
+                    base_label(line),
                     line["speed_of"],
                     num(line.get("global_batch"), "d"),
                     num(line.get("ours_tokens_per_s"), ",.1f"),

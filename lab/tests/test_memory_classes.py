@@ -27,12 +27,16 @@ def test_both_runs_of_a_comparison_take_the_cap_of_the_recipes_card(tmp_path):
         "memory_cap_gb": 48.0,
         "speed_of": "l40s",
         "base_precision": "fp8",
+        "base_compute": "bf16",
         "ours_useful_tokens_per_s": 1000.0,
         "peer_fits": False,
     }
     assert (
         lora_vs_peft.memory_class_fields(name, opts, ours, {"error": "peer_peft exited 2"}, line)["peer_fits"] is None
     )
+    opts.overrides = ["+env_vars.BRIDGE_RECIPES_FP8_BASE_COMPUTE=fp8"]
+    assert lora_vs_peft.memory_class_fields(name, opts, ours, oom, line)["base_compute"] == "fp8"
+    opts.overrides = []
     on_h200 = lora_vs_peft.memory_class_fields(name, opts, {**ours, "gpu": {"type": "H200"}}, oom, line)
     assert on_h200["speed_of"] == "h200, not l40s"
     opts.gpu_memory_gb = None
