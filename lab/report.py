@@ -342,6 +342,47 @@ def lora_vs_peft_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def host_plan_table() -> str:
+    """The one-GPU LoRA host-time plan (lab/results/lora_host_plan.json) against its traced step."""
+    path = RESULTS / "lora_host_plan.json"
+    if not path.is_file():
+        return ""
+    plan = json.loads(path.read_text())
+    trace = json.loads((ROOT / plan["trace"]).read_text())
+    top = trace["host"]["work"]["cpu_op"]["top"]
+    base = read_result(ROOT / plan["baseline"])["result"]["useful_tokens_per_s_per_gpu"]
+    busy = trace["busy_ms"] / trace["window_ms"]
+    lines = [
+        f"`{plan['recipe']}` at {plan['trace_rows_per_micro_batch']} rows per micro batch (the recipe runs "
+        f"{plan['recipe_rows_per_micro_batch']}): in the traced step (`{plan['trace']}`) the GPU is busy "
+        f"{trace['busy_ms']:,.0f} of {trace['window_ms']:,.0f} ms ({busy:.0%}); the host's operators take "
+        f"{trace['host']['work']['cpu_op']['self_ms']:,.0f} ms of their own. The plan (`{_rel(path)}`, made "
+        f"{plan['made']}): each change, the own time of the operators it addresses in that step, its predicted "
+        "gain, and where it stands.",
+        "",
+        "| change | operators (own ms in the traced step) | predicted | status | next |",
+        "|---|---|---:|---|---|",
+    ]
+    together = 1.0
+    for change in plan["changes"]:
+        ops = ", ".join(f"{op} {top[op]['self_ms']:,.0f}" for op in change["host_ops"])
+        ratio = change.get("predicted_ratio")
+        together *= ratio or 1.0
+        bound = f"at most {trace['window_ms'] / trace['busy_ms']:.1f}x" if ratio is None else f"{ratio:.2f}x"
+        nxt = f"queued: `{change['queue']}`" if change["status"] == "queued" else change.get("blocker", "-")
+        lines.append(_row([change["change"], ops, bound, change["status"], nxt]))
+    goal = plan["goal_useful_tokens_per_s"]
+    lines += [
+        "",
+        f"The predicted gains together: {together:.2f}x, about {base * together:,.0f} useful tokens/s per GPU from "
+        f"{base:,.1f} (`{plan['baseline']}`), against a goal of {goal:,}; the rest needs the step captured in CUDA "
+        "graphs or its host work otherwise gone. Traces still to take: "
+        + ", ".join(f"`{t['recipe']}` (queued: `{t['queue']}`)" for t in plan["traces_to_take"])
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def base_label(line: dict) -> str:
     """The base's precision and, for an FP8 base, how it multiplied; an entry without ``base_compute``
     comes from before the BF16-compute path existed and multiplied in FP8."""
@@ -574,6 +615,9 @@ def render() -> str:
             "through transformers + PEFT, back to back on one GPU: tokens/s over the same window of steps.",
             "",
             lora_vs_peft_table(),
+            "## One GPU LoRA: the host's share of a step, and the plan",
+            "",
+            host_plan_table() or "No plan committed yet.\n",
             "## One GPU of 80 or 48 GB: LoRA at the card's memory",
             "",
             memory_classes_table() or "No measurement committed yet.\n",

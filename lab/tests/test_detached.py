@@ -97,6 +97,9 @@ def _queue_steps(queue):
     return [s for s in queue.read_text().splitlines() if s.strip() and not s.lstrip().startswith("#")]
 
 
+SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "2>", "&"}
+
+
 def _queued_benchmarks(out: str = "$OUT"):
     """(queue file name, step, parsed options) of each benchmark line (scripts/benchmark.py, or the lab's
     python -m lab.benchmark) of every queue, with ``$OUT`` replaced by ``out``."""
@@ -112,7 +115,9 @@ def _queued_benchmarks(out: str = "$OUT"):
             for command, parser in parsers.items():
                 if command in words:
                     args = words[words.index(command) + 1 :]
-                    yield queue.name, step, parser.parse_intermixed_args(args)
+                    # the command's own words: up to the next shell operator of the line
+                    ends = [i for i, w in enumerate(args) if w in SHELL_OPERATORS]
+                    yield queue.name, step, parser.parse_intermixed_args(args[: ends[0]] if ends else args)
 
 
 def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
