@@ -1,7 +1,7 @@
 """Whether a recipe can run on the GPU at hand, checked before launch, and the recipe that can.
 
 Two things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
-FP8 GEMMs (an FP8 base, FP8 training) on a GPU without FP8 tensor cores (Ampere and older), and a
+FP8 (a base stored in FP8, FP8 training) on a GPU without FP8 support (Ampere and older), and a
 plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that is less than the memory of
 the recipe's GPU. Each is refused with the reason and the recipes of the same model and task that
 the GPU can run, the largest GPU class first (the one that uses most of the memory).
