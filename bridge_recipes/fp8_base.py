@@ -157,7 +157,7 @@ def drop_fp8_autocast() -> list[tuple[Any, Any]]:
     replaced = []
     for name, module in list(sys.modules.items()):
         if name.split(".")[0] == "megatron" and getattr(module, "get_fp8_context", None) is original:
-            module.get_fp8_context = wrapped
+            module.get_fp8_context = wrapped  # type: ignore[attr-defined]
             replaced.append((module, original))
     return replaced
 

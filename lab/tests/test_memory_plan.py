@@ -59,7 +59,7 @@ def test_local_parameters_equal_megatrons_count(index, logged):
 
 def test_committed_table_is_regenerated(rows, facts):
     assert (REPO / "docs" / "memory_plan.md").read_text() == TABLE.render(rows, facts), (
-        "docs/memory_plan.md is stale: run scripts/memory_table.py"
+        "docs/memory_plan.md is stale: run python -m lab.memory_page"
     )
 
 
