@@ -228,8 +228,17 @@ def test_out_that_would_replace_the_current_or_input_folder_is_refused(builder, 
 def _interrupt(cmd: list[str], out: Path, started: str) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a process group of its own, wait for ``started`` (a glob under its staging folder), press
     Ctrl-C (SIGINT to the whole group, as a terminal does); the build must stop within a timeout."""
+    # Ctrl-C as in a terminal: a test run started in the background of a shell without job control
+    # would hand the build an ignored SIGINT (and Python then installs no KeyboardInterrupt)
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT, start_new_session=True
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 300
