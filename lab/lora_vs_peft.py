@@ -226,10 +226,18 @@ def ours_document(out: Path) -> dict:
     return read_result(out) if out.is_file() else {"error": f"no result file {out}"}
 
 
-def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: Any, step: tuple[int, int]) -> dict:
+def entry(
+    recipe: str,
+    opts: argparse.Namespace,
+    ours: dict,
+    peer: dict,
+    plan: Any,
+    step: tuple[int, int],
+    env_vars: dict | None = None,
+) -> dict:
     """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
     result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows per
-    step and tokens per row)."""
+    step and tokens per row; ``env_vars``: that config's, overrides applied)."""
     global_batch, row_tokens = step
     o, p = ours.get("result") or {}, peer.get("result") or {}
     line = {
@@ -251,7 +259,7 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
         line["peer_window"] = list(p["window"])
     if peer.get("cut_short"):
         line["peer_cut_short"] = peer["cut_short"]
-    line.update(memory_class_fields(recipe, opts, ours, peer, line))
+    line.update(memory_class_fields(recipe, opts, ours, peer, line, env_vars))
     if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
         line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     if line["ours_peak_gb"]:
@@ -267,23 +275,13 @@ def entry(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, plan: A
     return line
 
 
-def base_compute(recipe: str, opts: argparse.Namespace) -> str:
-    """How the recipe's FP8 base multiplies in this comparison: the environment, then a command-line
-    override of the recipe's ``env_vars``, then the recipe's own."""
+def memory_class_fields(
+    recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict, env_vars: dict | None = None
+) -> dict:
+    """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision
+    and how an FP8 base multiplied (from ``env_vars``, ours' config's), ours' useful tokens/s and whether
+    the peer fit at all (False: it ran out of memory)."""
     from bridge_recipes import fp8_base, registry
-
-    env = dict(registry.load(recipe)().env_vars or {})
-    for item in getattr(opts, "overrides", None) or []:
-        key, _, value = str(item).lstrip("+").partition("=")
-        if key == f"env_vars.{fp8_base.COMPUTE_ENV}":
-            env[fp8_base.COMPUTE_ENV] = value
-    return fp8_base.compute(env)
-
-
-def memory_class_fields(recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict) -> dict:
-    """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision,
-    ours' useful tokens/s and whether the peer fit at all (False: it ran out of memory)."""
-    from bridge_recipes import registry
 
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
@@ -298,7 +296,7 @@ def memory_class_fields(recipe: str, opts: argparse.Namespace, ours: dict, peer:
         "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
         "base_precision": "fp8" if fp8 else "bf16",
         # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.fp8_base)
-        "base_compute": base_compute(recipe, opts) if fp8 else "bf16",
+        "base_compute": fp8_base.compute(env_vars) if fp8 else "bf16",
         "ours_useful_tokens_per_s": useful,
         # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)
         "peer_fits": True if line["peer_tokens_per_s"] else False if ran_out else None,
@@ -473,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             peer = run_peer(recipe, opts, peer_out, share)
         peers[peer_of[recipe]] = peer
-        lines.append(entry(recipe, opts, ours, peer, plan, (rows_per_step(cfg), row_tokens(cfg))))
+        step = (rows_per_step(cfg), row_tokens(cfg))
+        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.env_vars))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
