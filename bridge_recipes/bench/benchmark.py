@@ -73,6 +73,21 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
     return runs
 
 
+def running_gpu() -> str:
+    """The table type of the GPU this process sees (``"H100"`` for ``NVIDIA H100 80GB HBM3``), the one a
+    result's runs ran on; RuntimeError naming ``--gpu`` when there is none or it is not in the table."""
+    from bridge_recipes.bench.result import stack_versions
+    from bridge_recipes.gpus import gpu_type_from_name
+
+    name = stack_versions().get("gpu_name")
+    if not name:
+        raise RuntimeError("no CUDA GPU to name the result by; pass --gpu TYPE")
+    try:
+        return gpu_type_from_name(name)
+    except KeyError as exc:
+        raise RuntimeError(f"{exc.args[0]}; pass --gpu TYPE") from None
+
+
 def launch_args(request: dict, opts) -> list[str]:
     """``run_recipe.py`` arguments after ``--recipe NAME`` of a run's :func:`planned_run` request."""
     cap = ["--gpu-memory-gb", f"{opts.gpu_memory_gb:g}"] if opts.gpu_memory_gb is not None else []
@@ -88,6 +103,8 @@ def one(
     from bridge_recipes.bench.runs import launch
 
     entry = registry.find(name)
+    # the result names the GPU it ran on unless --gpu names one
+    gpu = opts.gpu or running_gpu()
     nproc = gpus_of(name, opts)
     args = launch_args(request, opts)
     log_path = out.with_suffix(".log")
@@ -110,7 +127,7 @@ def one(
         cfg=cfg,
         log_text=run.log,
         world_size=nproc,
-        gpu=opts.gpu,
+        gpu=gpu,
         window=tuple(opts.window),
         command=command,
         proxy=bool(opts.proxy_layers),
@@ -172,7 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GB",
         help="each run within GB of the GPU's memory (the runner's --gpu-memory-gb: a smaller card's memory)",
     )
-    ap.add_argument("--gpu", default="h200", help="GPU type for the peak FLOP/s (h100, h200, b200, gb200, gb300)")
+    ap.add_argument(
+        "--gpu",
+        default=None,
+        help="GPU type of the result and its peak FLOP/s (h100, h200, b200, gb200, gb300); default: the running one",
+    )
     ap.add_argument("--out", help="result file (.yaml); logs are written beside it")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
@@ -205,7 +226,7 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     out = steps_problems(opts.steps, opts.window)
     if opts.gpu_memory_gb is not None and (problem := cap_value_problem(opts.gpu_memory_gb)):
         out.append(problem)
-    if opts.gpu.upper() not in GPUS:
+    if opts.gpu is not None and opts.gpu.upper() not in GPUS:
         out.append(f"--gpu {opts.gpu}: unknown; choose one of {', '.join(g.lower() for g in GPUS)}")
     if opts.proxy_layers is not None and (opts.proxy_layers < 4 or opts.proxy_layers % 4):
         out.append(f"--proxy-layers {opts.proxy_layers}: a positive multiple of 4 (the GDN/attention period)")

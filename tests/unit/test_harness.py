@@ -189,3 +189,21 @@ def test_runs_on_rows_report_useful_tokens_and_their_ratio(tmp_path):
     share = work["boundaries"]["useful_token_share"] / work["one_per_row"]["useful_token_share"]
     assert c["useful_tokens_per_s_ratio"] == round(share, 4) > 2
     assert (c["packing"], c["baseline_packing"], c["conversations"]) == ("boundaries", "one_per_row", 40)
+
+
+def test_a_result_names_the_gpu_it_ran_on(monkeypatch):
+    """Without --gpu the result's GPU is the one the process sees (an H100 is no H200), and a process
+    without a known GPU is stopped before it launches, naming --gpu."""
+    import pytest
+
+    from bridge_recipes.bench import benchmark as bench
+    from bridge_recipes.bench import result
+
+    monkeypatch.setattr(result, "stack_versions", lambda: {"gpu_name": "NVIDIA H100 80GB HBM3"})
+    assert bench.running_gpu() == "H100"
+    monkeypatch.setattr(result, "stack_versions", lambda: {"gpu_name": None})
+    with pytest.raises(RuntimeError, match="pass --gpu"):
+        bench.running_gpu()
+    monkeypatch.setattr(result, "stack_versions", lambda: {"gpu_name": "NVIDIA GeForce RTX 4090"})
+    with pytest.raises(RuntimeError, match="pass --gpu"):
+        bench.running_gpu()
