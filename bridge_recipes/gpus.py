@@ -40,23 +40,30 @@ class Gpu:
         return self.memory_bytes / GB
 
 
+def reported(gib: float) -> float:
+    """Bytes of a device whose total torch prints as ``gib`` GiB (``total capacity of 79.18 GiB``, rounded
+    to 0.01): one step below the printed figure, so that a plan or cap of this size is within the card."""
+    return (gib - 0.01) * GIB
+
+
 # Peak FLOP/s: NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 "with
 # sparsity", twice these numbers.
-# Memory: the H200's is what the test host's device reports, 143,771 MiB
-# = 150.76 GB = 140.4 GiB: NVIDIA's "141 GB" is a GiB-like figure, so for the GPUs not measured
-# here the datasheet figure is read as GiB too (nominal, not measured), except the 48 GB cards,
-# whose GDDR6 loses part of it to ECC: their datasheet figure is read as 1e9 bytes (48.0 GB), below
-# what the class reports.
+# Memory: what a plan must fit is the device's total as the CUDA runtime reports it
+# (torch.cuda.get_device_properties().total_memory, the figure torch's out-of-memory message prints),
+# below both the datasheet and nvidia-smi (the driver keeps part of it: the H200 here lists 143,771 MiB
+# in nvidia-smi and reports 139.80 GiB to torch). The H200 and H100 figures were read on the test
+# hosts; the A100 and L40S figures are what their owners' out-of-memory reports print (the L40S
+# with ECC on, the smaller of the figures seen). Cards not seen yet: the datasheet figure read as GiB.
 GPUS: dict[str, Gpu] = {
     # A100 SXM 80GB datasheet: BF16 624 TFLOPS with sparsity; 80 GB; no FP8 tensor cores (Ampere).
-    "A100": Gpu("A100", 312e12, 80, 80 * GIB, (8, 0)),
+    "A100": Gpu("A100", 312e12, 80, reported(79.15), (8, 0)),
     # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
-    "H100": Gpu("H100", 989.4e12, 80, 80 * GIB, (9, 0)),
-    # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity); 48 GB GDDR6 with ECC; FP8 (Ada). The
-    # RTX 6000 Ada (the same AD102 chip and 48 GB) is of its class.
-    "L40S": Gpu("L40S", 362.05e12, 48, 48 * GB, (8, 9), same_class=("RTX6000ADA",)),
+    "H100": Gpu("H100", 989.4e12, 80, reported(79.18), (9, 0)),
+    # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity); 48 GB GDDR6, part of it taken by ECC;
+    # FP8 (Ada). The RTX 6000 Ada (the same AD102 chip and 48 GB) is of its class.
+    "L40S": Gpu("L40S", 362.05e12, 48, reported(44.42), (8, 9), same_class=("RTX6000ADA",)),
     # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
-    "H200": Gpu("H200", 989.4e12, 141, 143_771 * MIB, (9, 0)),
+    "H200": Gpu("H200", 989.4e12, 141, reported(139.80), (9, 0)),
     # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
     "B200": Gpu("B200", 2250e12, 180, 180 * GIB, (10, 0)),
     # GB200 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs; 13.4 TB over 72 GPUs.

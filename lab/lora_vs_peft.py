@@ -286,8 +286,12 @@ def memory_class_fields(
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
     ran_out = "out of memory" in str(peer.get("error") or "")
+    from bridge_recipes.bench.result import memory_cap_gb
+
     measured_on = ((ours.get("gpu") or {}).get("type") or "").lower()
-    cap = memory_cap(recipe, opts)
+    # the cap the run had (its result's note; a run that gave no result: the one asked for)
+    cap = memory_cap_gb(ours)
+    cap = memory_cap(recipe, opts) if cap is None else cap
     fp8 = meta.precision == "fp8base"
     return {
         "gpu": meta.gpu,

@@ -309,9 +309,11 @@ runner's `--plan` text and whether every stage fits. This page is written by
 `scripts/memory_table.py` (do not edit by hand; rerun it).
 
 Units: **GB = 1e9 bytes**, as Megatron-Bridge logs memory (`mem-max-allocated-gigabytes` is
-torch's byte count / 1.0e9). GPU memory in the same unit: {capacities}. The H200 figure is what
-the test host's device reports, 143,771 MiB = 150.76 GB = 140.4 GiB (NVIDIA's "141 GB" is a
-GiB-like figure); the others are their nominal figures read the same way, not measured here.
+torch's byte count / 1.0e9). GPU memory in the same unit: {capacities}: what each device reports
+to CUDA, less than the card's name and than nvidia-smi's total (the test host's H200 lists 143,771 MiB
+and reports 139.80 GiB = 150.1 GB; its H100 80GB HBM3 reports 79.18 GiB = 85.0 GB); the A100's and
+L40S's are the figures their owners' out-of-memory messages print (79.15 and 44.42 GiB), the others
+nominal, read as GiB.
 The choice matters at the margin: read as 141e9 bytes, the H200 would not hold the shipped 27B
 PP4 layout (fact 2, {fact_plan(fps, "as built: PP4 16/17/17/14, block 12").peak_gb:.1f} GB with overhead), which ran on it.
 

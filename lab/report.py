@@ -434,16 +434,20 @@ def memory_classes_table() -> str:
         lines += [
             "",
             f"The FP8 base against FP32 at 4 layers, and against the BF16 base over {conv['steps']} steps "
-            f"(`{_rel(parity)}`; {doc['date']}, {doc['hardware']}):",
+            f"(`{_rel(parity)}`; {doc['date']}, {doc['hardware']}). The base multiplies in BF16 on its "
+            "dequantized weights; the last two columns are the same model with FP8 GEMMs (the 35B-A3B's 48 GB "
+            "recipe):",
             "",
-            "| model | loss rel. err. | BF16 base | adapter grad err. | noise floor | x floor | cosine | holds |",
-            "|---|---:|---:|---:|---:|---:|---:|---|",
+            "| model | loss rel. err. | BF16 base | adapter grad err. | noise floor | x floor | cosine | holds "
+            "| FP8 GEMMs: loss rel. err. | FP8 GEMMs: adapter grad err. |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
         ]
         for c in doc["cases"]:
             cells = [c["model"], *(num(c[k], ".2e") for k in ("loss_rel_err", "loss_rel_err_bf16_base"))]
             cells += [num(c[k], ".3f") for k in ("adapter_grad_err", "noise_floor")]
             cells += [num(c["grad_err_over_noise_floor"], ".1f"), num(c["adapter_grad_cosine"], ".3f")]
             cells.append(f"{'yes' if c['holds'] else 'no'} ({c['criterion']})")
+            cells += [num(c.get("loss_rel_err_fp8_compute"), ".2e"), num(c.get("adapter_grad_err_fp8_compute"), ".3f")]
             lines.append(_row(cells))
         lines += [
             "",
@@ -451,6 +455,12 @@ def memory_classes_table() -> str:
             f"correlation {conv['correlation']:.6f}, final loss difference {conv['final_loss_diff']:.4f}, "
             f"{'passed' if conv['passed'] else 'failed'} ({conv['criterion']}).",
         ]
+        if fp8 := doc.get("convergence_fp8_gemms"):
+            lines += [
+                "",
+                f"With FP8 GEMMs ({fp8['date']}, {fp8['hardware']}): correlation {fp8['correlation']:.6f}, final loss "
+                f"difference {fp8['final_loss_diff']:.4f}, {'passed' if fp8['passed'] else 'failed'}.",
+            ]
     return "\n".join(lines) + "\n"
 
 

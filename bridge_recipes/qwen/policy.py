@@ -162,14 +162,22 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     cfg.model.disable_parameter_transpose_cache = False
 
 
-def fp8_frozen_base(cfg: ConfigContainer) -> None:
+def fp8_frozen_base(cfg: ConfigContainer, compute: str = "bf16") -> None:
     """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.fp8_base``): every
     layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor scale
-    and multiply in BF16 on the weight dequantized for each GEMM, so the adapters learn what they would
-    on a BF16 base (``+env_vars.BRIDGE_RECIPES_FP8_BASE_COMPUTE=fp8`` multiplies in FP8 in the forward).
-    Embedding, output layer, norms and router stay BF16; the adapters and their optimizer state are not
-    touched. Refused where the GPU has no FP8 (Ampere)."""
+    and, with ``compute="bf16"``, multiply in BF16 on the weight dequantized for each GEMM, so the adapters
+    learn what they would on a BF16 base; ``compute="fp8"`` multiplies in FP8 in the forward (no
+    dequantized copies, the adapters' gradients further from FP32). Embedding, output layer, norms and
+    router stay BF16; the adapters and their optimizer state are not touched. Refused where the GPU has
+    no FP8 (Ampere)."""
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
+
+    from bridge_recipes.plan.precision import FP8_BASE_COMPUTE_ENV, FP8_BASE_COMPUTES
+
+    if compute not in FP8_BASE_COMPUTES:
+        raise ValueError(f"compute={compute!r}: an FP8 base multiplies in one of {', '.join(FP8_BASE_COMPUTES)}")
+    if compute != "bf16":
+        cfg.env_vars = {**(cfg.env_vars or {}), FP8_BASE_COMPUTE_ENV: compute}
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
     # every layer in FP8: the preset's BF16 first and last layers would keep two bytes per weight

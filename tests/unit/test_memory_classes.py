@@ -22,10 +22,10 @@ CLASSES = {
     "qwen35_27b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
     "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config": ("l40s", True),
 }
-A100 = Device("NVIDIA A100-SXM4-80GB", 85.1, (8, 0))
-H100 = Device("NVIDIA H100 80GB HBM3", 85.5, (9, 0))
-L40S = Device("NVIDIA L40S", 48.3, (8, 9))
-H200 = Device("NVIDIA H200", 150.1, (9, 0))
+A100 = Device("NVIDIA A100-SXM4-80GB", 79.15 * 2**30 / 1e9, (8, 0))  # what each reports to torch
+H100 = Device("NVIDIA H100 80GB HBM3", 79.18 * 2**30 / 1e9, (9, 0))
+L40S = Device("NVIDIA L40S", 44.42 * 2**30 / 1e9, (8, 9))
+H200 = Device("NVIDIA H200", 139.80 * 2**30 / 1e9, (9, 0))
 
 
 def build(name):
@@ -36,8 +36,14 @@ def test_the_gpu_table_knows_the_cards_and_their_classes():
     assert not GPUS["A100"].fp8 and GPUS["H100"].fp8 and GPUS["L40S"].fp8
     assert class_names("l40s") == ("l40s", "rtx6000ada", "48gb")
     assert class_names("NVIDIA-H100") == ("h100", "80gb")
-    assert class_memory_gb("l40s") == 48.0 and class_memory_gb("v100") is None
-    assert {k: M.gpu_memory(k) for k in ("a100", "l40s")} == {"a100": GPUS["A100"].usable_memory_gb, "l40s": 48.0}
+    # what the cards report to torch (79.18, 79.15 and 44.42 GiB), a printed step below: within each card
+    assert [round(class_memory_gb(g), 2) for g in ("h100", "a100", "l40s")] == [85.01, 84.98, 47.68]
+    assert class_memory_gb("v100") is None
+    assert class_memory_gb("l40s") < 44.42 * 2**30 / 1e9 < 48.0
+    assert {k: M.gpu_memory(k) for k in ("a100", "l40s")} == {
+        "a100": GPUS["A100"].usable_memory_gb,
+        "l40s": GPUS["L40S"].usable_memory_gb,
+    }
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
@@ -148,6 +154,7 @@ def test_the_patch_drops_megatron_fp8_autocast_for_bf16_compute_only(monkeypatch
 def test_bf16_compute_plans_a_recomputed_layer_of_dequantized_weights(monkeypatch):
     monkeypatch.delenv(fp8_base.COMPUTE_ENV, raising=False)
     cfg = build("qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config")
+    cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: "bf16"}
     bf16 = M.plan_memory(cfg, 1)
     cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: "fp8"}
     fp8 = M.plan_memory(cfg, 1)
@@ -204,7 +211,7 @@ def test_fp8_on_an_a100_is_refused_with_the_recipe_that_fits():
 def test_a_recipe_larger_than_the_gpu_is_refused_with_the_recipes_that_fit():
     name = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
     (problem,) = gpu_fit.problems(registry.find(name), build(name), H100, None, 1)
-    assert "written for h200" in problem and f"{H100.name} ({H100.memory_gb} GB)" in problem
+    assert "written for h200" in problem and f"{H100.name} ({H100.memory_gb:.1f} GB)" in problem
     fitting = problem.split("recipes for it: ")[1].split(", ")
     assert fitting[0] == "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
     assert "qwen35_35b_a3b_peft_1gpu_a100_bf16_config" in fitting
@@ -227,8 +234,9 @@ def test_the_memory_cap_is_checked_against_the_device():
     assert "positive" in gpu_memory.cap_problem(0, H200)
     assert "no CUDA GPU" in gpu_memory.cap_problem(48, None)
     too_much = gpu_memory.cap_problem(80, L40S)
-    assert re.search(rf"^--gpu-memory-gb 80\b.*\b{L40S.memory_gb} GB\b.*{L40S.name}\b.*\bat most\b", too_much)
-    assert gpu_memory.cap_problem(48, L40S) is None
+    assert re.search(rf"^--gpu-memory-gb 80\b.*\b{L40S.memory_gb:.1f} GB\b.*{L40S.name}\b.*\bat most\b", too_much)
+    # an L40S reports 47.7 GB: the card's name is more than it has
+    assert gpu_memory.cap_problem(47.5, L40S) is None and "47.7 GB" in gpu_memory.cap_problem(48, L40S)
 
 
 def test_plan_at_a_card_memory_names_the_recipes_that_fit(capsys):
@@ -239,3 +247,19 @@ def test_plan_at_a_card_memory_names_the_recipes_that_fit(capsys):
 
 
 # --- the comparison at a card's memory --------------------------------------------------------------
+
+
+def test_a_recipe_chooses_how_its_fp8_base_multiplies():
+    """``fp8_frozen_base(cfg, compute=...)``: BF16 GEMMs unless a recipe asks for FP8 (the 35B-A3B's 48 GB
+    recipe, whose BF16 GEMMs do not fit the card); a value that is neither is refused, naming it."""
+    from bridge_recipes.qwen.policy import fp8_frozen_base
+
+    cfg = build("qwen35_27b_peft_1gpu_a100_bf16_config")
+    fp8_frozen_base(cfg)
+    assert fp8_base.compute(cfg.env_vars) == "bf16" and fp8_base.COMPUTE_ENV not in (cfg.env_vars or {})
+    fp8_frozen_base(cfg, compute="fp8")
+    assert fp8_base.compute(cfg.env_vars) == "fp8"
+    with pytest.raises(ValueError, match="compute='fp16'"):
+        fp8_frozen_base(cfg, compute="fp16")
+    computes = {n: fp8_base.compute(build(n).env_vars) for n in sorted(CLASSES) if CLASSES[n][1]}
+    assert {n for n, c in computes.items() if c == "fp8"} == {"qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"}

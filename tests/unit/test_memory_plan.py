@@ -16,7 +16,7 @@ from bridge_recipes.plan import memory as M
 from bridge_recipes.scaledown import scale_down
 
 REPO = Path(__file__).resolve().parents[2]
-H200_GB = 143_771 * 2**20 / 1e9  # what the test host's H200 reports
+H200_GB = 139.79 * 2**30 / 1e9  # what the test host's H200 reports to torch (139.80 GiB), a printed step below
 SFT_35B = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 SFT_27B = "qwen35_27b_sft_8gpu_h200_bf16_config"
 LONGCTX = "qwen35_35b_a3b_sft_8gpu_h200_bf16_longctx_config"
@@ -33,7 +33,7 @@ def build(name: str, **shrink):
 
 
 def test_gpu_memory_is_the_device_reported_bytes_in_1e9_units():
-    assert M.gpu_memory("h200") == pytest.approx(H200_GB) == pytest.approx(150.755, abs=1e-3)
+    assert M.gpu_memory("h200") == pytest.approx(H200_GB) == pytest.approx(150.098, abs=1e-3)
     assert M.gpu_memory("NVIDIA-H200") == M.gpu_memory(None) == M.gpu_memory("h200")
     with pytest.raises(KeyError, match="unknown GPU"):
         M.gpu_memory("v100")
@@ -321,7 +321,8 @@ def test_fp8_with_bf16_parameters_counts_transformer_engines_weight_cache():
     cached = plan(fast)
     copies = plan(fast, ["model.disable_parameter_transpose_cache=true"])
     fp8_params = plan(
-        "qwen35_27b_sft_8gpu_h200_bf16_fast_config", ["mixed_precision=bf16_with_fp8_current_scaling_mixed"]
+        "qwen35_27b_sft_8gpu_h200_bf16_fast_config",
+        ["mixed_precision=bf16_with_fp8_current_scaling_mixed", "model.recompute_num_layers=10"],
     )
     assert copies.fits and round(copies.peak_gb, 1) == 143.7 and round(fp8_params.peak_gb, 1) == 150.7
     extra = [round(c.weights_gb - r.weights_gb, 1) for c, r in zip(cached.stages, copies.stages)]

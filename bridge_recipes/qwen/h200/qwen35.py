@@ -287,18 +287,20 @@ def qwen35_27b_sft_8gpu_h200_bf16_config() -> ConfigContainer:
 )
 def qwen35_27b_sft_8gpu_h200_bf16_fast_config() -> ConfigContainer:
     """The published PP4 layout made faster for a run that trains Qwen3.5's MTP layer: the fused
-    SwiGLU frees the memory for block recompute of 10 instead of 12 layers per stage, Transformer
+    SwiGLU frees the memory for block recompute of 11 instead of 12 layers per stage, Transformer
     Engine's cross entropy shrinks the last stage's loss working set, and a 16/18/18/12 split moves
     two layers off the last stage, which also runs the output layer and the MTP layer. It is the
-    published recipe with candidate ``27b_te_ce_fused_swiglu_block10``'s overrides and that split."""
+    published recipe with candidate ``27b_te_ce_fused_swiglu_block10``'s overrides and that split,
+    one more layer recomputed per stage than the candidate (whose first stage plans over an H200)."""
     cfg = qwen35_27b_sft_8gpu_h200_bf16_config()
     te_cross_entropy(cfg)
     fused_swiglu(cfg)
     # 64 layers as 16/18/18/12: the last stage also runs the output layer, the MTP layer and its
     # second pass through the output layer (together about 6 layers' time)
     set_layout(cfg, pp=4, first=16, last=12)
-    # the first 10 layers of each stage recompute their activations in the backward pass
-    full_recompute(cfg, "block", 10)
+    # the first 11 layers of each stage recompute their activations in the backward pass: with 10, the
+    # first stage (four micro batches in flight) plans 150.7 GB, more than an H200's 150.1
+    full_recompute(cfg, "block", 11)
     return cfg
 
 
@@ -363,12 +365,12 @@ def _apply_qwen35_122b_a10b_24gpu_h200_execution_config(cfg: ConfigContainer) ->
     batch, full uniform recompute of 1 layer, alltoall dispatcher, precision-aware distributed
     Adam on the GPU (no offload).
 
-    What each choice buys (planner peaks per stage, GB of 150.8: 124.9 / 124.6 / 137.4):
+    What each choice buys (planner peaks per stage, GB of 150.1: 124.9 / 124.6 / 137.4):
     - EP8 inside a node: the 256 experts of a layer (256 x 3 x 3,072 x 1,024 = 2.42e9 parameters)
       split 32 per GPU over NVLink; the expert-data-parallel group is 24 / (PP3 x EP8) = 1, so each
       rank keeps all 18 bytes per expert parameter it holds (2 weight + 4 FP32 grad + 12 Adam):
       17 layers x 2.42e9 / 8 x 18 = 92 GB on the first stage.
-    - PP3: the 116e9 expert parameters need at least 116e9 x 18 / 150.8 GB = 14 GPUs' worth of
+    - PP3: the 116e9 expert parameters need at least 116e9 x 18 / 150.1 GB = 14 GPUs' worth of
       memory before activations; PP2 x EP8 on 2 nodes plans 170.0 / 209.1 GB (does not fit).
       The last stage carries the 248K-vocabulary output layer, its FP32 logits (native fused
       cross entropy: 10 bytes x 8,192 x 248,320 = 20 GB at its peak), the MTP layer and the
@@ -408,7 +410,7 @@ def _apply_qwen35_397b_a17b_64gpu_h200_execution_config(cfg: ConfigContainer) ->
     DP8, one 8,192-token row per micro batch, full uniform recompute of 1 layer, alltoall
     dispatcher, precision-aware distributed Adam on the GPU (no offload).
 
-    What each choice buys (planner peaks per stage, GB of 150.8: 132.9 / 136.6 / 136.0 / 140.8):
+    What each choice buys (planner peaks per stage, GB of 150.1: 132.9 / 136.6 / 136.0 / 140.8):
     - EP16 (two nodes per expert group): the 512 experts of a layer (512 x 3 x 4,096 x 1,024 =
       6.44e9 parameters) split 32 per GPU; with PP4 the expert-data-parallel group is
       64 / (PP4 x EP16) = 1, so a 16-layer stage holds 16 x 6.44e9 / 16 = 6.44e9 expert parameters
@@ -457,7 +459,7 @@ def qwen35_397b_a17b_sft_64gpu_h200_bf16_config() -> ConfigContainer:
 
 def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
     """One H200 per model replica: TP1 PP1 (the 27B's 54 GB of BF16 weights fit one GPU), full
-    uniform recompute of 1 layer, one 8,192-token row per micro batch. Planner: 99.0 GB of 150.8
+    uniform recompute of 1 layer, one 8,192-token row per micro batch. Planner: 99.0 GB of 150.1
     (recomputing only the first 32 layers plans 187.9 GB). On N GPUs it is DP N."""
     with openrecipes_execution(cfg):
         set_layout(cfg)
@@ -522,7 +524,7 @@ def qwen35_27b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
 def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
     """All 256 experts on one H200 (EP1: 35e9 x 2 bytes = 70 GB of frozen BF16 weights), full
     uniform recompute of 1 layer, alltoall dispatcher, one 8,192-token row per micro batch.
-    Planner: 108.8 GB of 150.8."""
+    Planner: 108.8 GB of 150.1."""
     with openrecipes_execution(cfg):
         set_layout(cfg)
         full_recompute(cfg)
@@ -627,7 +629,7 @@ def qwen35_35b_a3b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
 
 def _apply_qwen35_122b_a10b_8gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
     """One node: TP1 PP1 EP8 DP8 (32 experts per GPU; frozen BF16 experts 116e9 x 2 / 8 = 29 GB
-    a GPU), full uniform recompute of 1 layer, alltoall dispatcher. Planner: 79.6 GB of 150.8;
+    a GPU), full uniform recompute of 1 layer, alltoall dispatcher. Planner: 79.6 GB of 150.1;
     4 GPUs (EP4) would also fit (110.8 GB) but a node is the unit these recipes are written for."""
     with openrecipes_execution(cfg):
         set_layout(cfg, ep=8)
@@ -653,7 +655,7 @@ def qwen35_122b_a10b_peft_8gpu_h200_bf16_config() -> ConfigContainer:
 def _apply_qwen35_397b_a17b_8gpu_h200_lora_execution_config(cfg: ConfigContainer) -> None:
     """One node: TP2 with sequence parallelism, PP1, EP8 ETP1, DP4, full uniform recompute of 1
     layer, alltoall dispatcher. The frozen BF16 experts are 386e9 x 2 / 8 = 97 GB per GPU; TP2
-    halves the dense part and the logits. Planner: 133.8 GB of 150.8; TP1 EP8 plans 161.4 GB and
+    halves the dense part and the logits. Planner: 133.8 GB of 150.1; TP1 EP8 plans 161.4 GB and
     PP2 EP4 152.5 GB on its last stage (does not fit), so TP2 it is."""
     with openrecipes_execution(cfg):
         set_layout(cfg, tp=2, sp=True, ep=8)
