@@ -241,7 +241,7 @@ def test_fused_moe_kernels_are_on_and_two_rows_per_micro_batch_do_not_fit():
             "qwen35_27b_sft_8gpu_h200_bf16_fast_config",
         )
     }
-    assert list(peaks.values()) == [163.8, 212.1, 205.8]
+    assert list(peaks.values()) == [163.8, 212.1, 188.1]
 
 
 def test_two_rows_per_micro_batch_keep_the_rows_per_step(tmp_path):
