@@ -76,14 +76,14 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
 def running_gpu() -> str:
     """The table type of the GPU this process sees (``"H100"`` for ``NVIDIA H100 80GB HBM3``), the one a
     result's runs ran on; RuntimeError naming ``--gpu`` when there is none or it is not in the table."""
-    from bridge_recipes.bench.result import stack_versions
+    from bridge_recipes.gpu_memory import current_device
     from bridge_recipes.gpus import gpu_type_from_name
 
-    name = stack_versions().get("gpu_name")
-    if not name:
+    device = current_device()
+    if device is None:
         raise RuntimeError("no CUDA GPU to name the result by; pass --gpu TYPE")
     try:
-        return gpu_type_from_name(name)
+        return gpu_type_from_name(device.name)
     except KeyError as exc:
         raise RuntimeError(f"{exc.args[0]}; pass --gpu TYPE") from None
 

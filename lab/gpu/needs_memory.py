@@ -19,15 +19,14 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"needs_memory.py: GB {argv[0]!r}: a number of GB (1e9 bytes)", file=sys.stderr)
         return 2
-    import torch
+    from bridge_recipes.gpu_memory import current_device
 
-    if not torch.cuda.is_available():
+    device = current_device()
+    if device is None:
         print(f"skipped: the step needs a GPU of {need:g} GB and torch sees no CUDA GPU")
         return 1
-    props = torch.cuda.get_device_properties(0)
-    have = props.total_memory / 1e9
-    if have < need:
-        print(f"skipped: the step needs a GPU of {need:g} GB; this {props.name} has {have:.1f} GB")
+    if device.memory_gb < need:
+        print(f"skipped: the step needs a GPU of {need:g} GB; this {device.name} has {device.memory_gb:.1f} GB")
         return 1
     return 0
 

@@ -23,9 +23,10 @@ def test_a_host_without_the_memory_skips_the_step(monkeypatch):
     spec.loader.exec_module(mod)
 
     class Props:
-        name, total_memory = "NVIDIA H100 80GB HBM3", int(79.18 * 2**30)
+        name, total_memory, major, minor = "NVIDIA H100 80GB HBM3", int(79.18 * 2**30), 9, 0
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
     assert mod.main(["140"]) == 1 and mod.main(["80"]) == 0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

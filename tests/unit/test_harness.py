@@ -196,14 +196,17 @@ def test_a_result_names_the_gpu_it_ran_on(monkeypatch):
     without a known GPU is stopped before it launches, naming --gpu."""
     import pytest
 
+    from bridge_recipes import gpu_memory
     from bridge_recipes.bench import benchmark as bench
-    from bridge_recipes.bench import result
 
-    monkeypatch.setattr(result, "stack_versions", lambda: {"gpu_name": "NVIDIA H100 80GB HBM3"})
+    def seen(name):
+        return lambda: gpu_memory.Device(name, 85.0, (9, 0))
+
+    monkeypatch.setattr(gpu_memory, "current_device", seen("NVIDIA H100 80GB HBM3"))
     assert bench.running_gpu() == "H100"
-    monkeypatch.setattr(result, "stack_versions", lambda: {"gpu_name": None})
+    monkeypatch.setattr(gpu_memory, "current_device", lambda: None)
     with pytest.raises(RuntimeError, match="pass --gpu"):
         bench.running_gpu()
-    monkeypatch.setattr(result, "stack_versions", lambda: {"gpu_name": "NVIDIA GeForce RTX 4090"})
+    monkeypatch.setattr(gpu_memory, "current_device", seen("NVIDIA GeForce RTX 4090"))
     with pytest.raises(RuntimeError, match="pass --gpu"):
         bench.running_gpu()
