@@ -78,7 +78,7 @@ def measured_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     doc = read_result(_file(entry.meta.measured["result"]))
     r = doc["result"]
     if doc["gpu"]["type"].lower() != entry.meta.gpu:  # its memory measured under a cap, not its speed
-        return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):g} GB", f"({doc['gpu']['type']}, capped)"
+        return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):.1f} GB", f"({doc['gpu']['type']}, capped)"
     useful = r.get("useful_tokens_per_s_per_gpu")
     return f"{useful or r['tokens_per_s_per_gpu']:,.1f}", "useful tokens/s/GPU" if useful else "tokens/s/GPU"
 

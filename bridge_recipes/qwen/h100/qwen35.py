@@ -78,7 +78,15 @@ def qwen35_35b_a3b_sft_8gpu_h100_bf16_config() -> ConfigContainer:
 # --- LoRA on one 80 GB H100 ----------------------------------------------------------------
 
 
-@recipe(task="peft", gpus=1, gpu="h100", precision="fp8base", layout="TP1 PP1 DP1", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h100",
+    precision="fp8base",
+    layout="TP1 PP1 DP1",
+    status="measured",
+    measured={"result": "evidence/lora_memory_classes/qwen35_27b_peft_1gpu_h100_fp8base_config.yaml"},
+)
 def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on one 80 GB H100: the H200 recipe with its frozen base in FP8 and the loss a
     chunk of tokens at a time, two rows per micro batch."""
@@ -93,7 +101,15 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=1, gpu="h100", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="h100",
+    precision="bf16",
+    layout="TP1 PP1 EP1 DP1",
+    status="measured",
+    measured={"result": "evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_h100_bf16_config.yaml"},
+)
 def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the H200 recipe (BF16 base, one CUTLASS grouped
     GEMM for the 256 experts per layer) at one row per micro batch with the loss a chunk of tokens at a time.
