@@ -61,3 +61,54 @@ def test_command_line_reads_a_pickle_and_refuses_other_files(tmp_path, capsys):
     assert memory_snapshot.main([str(other)]) == 2
     assert "not a CUDA allocator snapshot" in capsys.readouterr().err
     assert memory_snapshot.main([str(tmp_path / "missing.pickle")]) == 2
+
+
+def _frames(name):
+    return [{"filename": f"/x/site-packages/megatron/core/{name}.py", "line": 1, "name": name}]
+
+
+def _with_history(events):
+    return {
+        "segments": [
+            {
+                "address": 0,
+                "total_size": 8_000_000_000,
+                "blocks": [{"address": 0, "size": 1_000_000_000, "state": "active_allocated", "frames": _frames("a")}],
+            }
+        ],
+        "device_traces": [events],
+    }
+
+
+def test_peak_is_found_by_undoing_the_history_from_the_snapshot():
+    gb = 1_000_000_000
+    events = [
+        {"action": "alloc", "addr": 0, "size": gb, "frames": _frames("a")},
+        {"action": "alloc", "addr": gb, "size": 2 * gb, "frames": _frames("b")},
+        {"action": "alloc", "addr": 3 * gb, "size": 3 * gb, "frames": _frames("c")},
+        {"action": "free_requested", "addr": 3 * gb, "size": 3 * gb, "frames": _frames("free_c")},
+        {"action": "free_completed", "addr": 3 * gb, "size": 3 * gb, "frames": []},
+        {"action": "free_requested", "addr": gb, "size": 2 * gb, "frames": _frames("free_b")},
+    ]
+    summary = memory_snapshot.summarize(_with_history(events))
+    assert summary["allocated_gb"] == 1.0
+    peak = summary["peak"]
+    assert peak["allocated_gb"] == 6.0 and peak["actions_before_snapshot"] == 3
+    # blocks freed after the peak are named where they were allocated, not where they were freed
+    assert [(s["gb"], s["site"].split(":")[0]) for s in peak["sites"]] == [
+        (3.0, "megatron/core/c.py"),
+        (2.0, "megatron/core/b.py"),
+        (1.0, "megatron/core/a.py"),
+    ]
+
+
+def test_a_block_allocated_before_the_history_is_named_where_it_was_freed():
+    gb = 1_000_000_000
+    events = [{"action": "free_requested", "addr": 5 * gb, "size": 4 * gb, "frames": _frames("free_d")}]
+    peak = memory_snapshot.summarize(_with_history(events))["peak"]
+    assert peak["allocated_gb"] == 5.0
+    assert peak["sites"][0]["site"].startswith("megatron/core/free_d.py")
+
+
+def test_no_history_no_peak():
+    assert "peak" not in memory_snapshot.summarize(_snapshot())
