@@ -161,8 +161,9 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
     lease spends its device time on a line that stops at once."""
     import shlex
 
-    from bridge_recipes.bench.benchmark import argument_problems
+    from bridge_recipes.bench.benchmark import argument_problems, gpus_of
     from bridge_recipes.data.synthetic_chat import build_lognormal_rows
+    from bridge_recipes.runner.cli import megatron_validation
     from lab.benchmark import runs_of
 
     tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
@@ -176,7 +177,11 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
             out, row = Path(words[at + 1]), words[at + 2] if words[at + 2].isdigit() else None
             for packing in ("boundaries", "one_per_row") if row is None else ("boundaries",):
                 build_lognormal_rows(out / packing, tokenizer, packing, row_tokens=int(row or 8192))
-        problems, _ = argument_problems(opts, runs_of(opts))
+        runs = runs_of(opts)
+        problems, plans = argument_problems(opts, runs)
         assert problems == [], f"{queue}: {step}"
+        # Megatron-Bridge's own validation, which each run meets at launch
+        for (_, name, _), (_, cfg) in zip(runs, plans, strict=True):
+            assert megatron_validation(cfg, gpus_of(name, opts)) is None, f"{queue}: {step}"
         checked += 1
     assert checked >= 20
