@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.lora_parity import adapter_vector, against_fp32, rel, with_lora
+
 pytestmark = pytest.mark.gpu
 
 FAMILIES = ("qwen35_35b_a3b", "qwen35_27b")
@@ -35,33 +37,6 @@ LOSS_REL_ERR_MAX = 0.01
 ADAPTER_GRAD_ERR_MAX = 0.10
 FP8_TOKENS = 16
 RESULTS: dict[str, dict] = {}
-
-
-def rel(a, b) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
-def with_lora(model):
-    """The recipes' LoRA (rank 32, alpha 32 on common.LORA_TARGETS) on ``model``, both adapter matrices
-    random (B is zero at init, which would leave A without a gradient)."""
-    import torch
-    from megatron.bridge.peft.lora import LoRA
-
-    from bridge_recipes.common import LORA_TARGETS
-
-    model = LoRA(target_modules=list(LORA_TARGETS), dim=32, alpha=32)(model, training=True)
-    with torch.no_grad():
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        for p in model.parameters():
-            if p.requires_grad:
-                p.copy_(torch.randn(p.shape, generator=gen, device="cuda", dtype=torch.float32).to(p.dtype) * 0.02)
-    return model
-
-
-def adapter_vector(grads: dict):
-    import torch
-
-    return torch.cat([grads[n].flatten() for n in sorted(grads)])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -137,11 +112,7 @@ def test_fp8_base_gradients_are_close_to_fp32(family, row, bare_model, gradients
         "loss_bf16_base": bf16_loss,
         "compute": "bf16",
         "loss_fp8_base": bf16c_loss,
-        "loss_rel_err": abs(bf16c_loss - ref_loss) / abs(ref_loss),
-        "loss_rel_err_bf16_base": abs(bf16_loss - ref_loss) / abs(ref_loss),
-        "adapter_grad_err": rel(adapter_vector(bf16c_grads), r),
-        "noise_floor": rel(adapter_vector(bf16_grads), r),
-        "adapter_grad_cosine": float(torch.nn.functional.cosine_similarity(adapter_vector(bf16c_grads), r, dim=0)),
+        **against_fp32((ref_loss, ref), (bf16c_loss, bf16c_grads), (bf16_loss, bf16_grads), "bf16_base"),
         "loss_rel_err_fp8_compute": abs(fp8_loss - ref_loss) / abs(ref_loss),
         "adapter_grad_err_fp8_compute": rel(adapter_vector(fp8_grads), r),
         "weights_with_transpose_after_backward": len(transposed),

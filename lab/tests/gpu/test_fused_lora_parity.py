@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.tests.gpu.test_fp8_base_parity import adapter_vector, rel, with_lora
+from lab.lora_parity import against_fp32, with_lora
 
 pytestmark = pytest.mark.gpu
 
@@ -51,24 +51,20 @@ def test_fused_adapters_match_the_unfused_ones_against_fp32(row, bare_model, gra
     gradients.copy_weights(unfused, fused)
     gradients.copy_weights(unfused, reference)
 
-    ref_loss, ref = gradients.gradient(reference, batch, meta, segments)
-    unfused_loss, unfused_grads = gradients.gradient(unfused, batch, meta, segments)
-    fused_loss, fused_grads = gradients.gradient(fused, batch, meta, segments)
-    assert set(fused_grads) == set(unfused_grads) == set(ref) and all("adapter" in n for n in ref), sorted(ref)[:4]
+    ref = gradients.gradient(reference, batch, meta, segments)
+    unfused_run = gradients.gradient(unfused, batch, meta, segments)
+    fused_run = gradients.gradient(fused, batch, meta, segments)
+    names = (set(fused_run[1]), set(unfused_run[1]), set(ref[1]))
+    assert names[0] == names[1] == names[2] and all("adapter" in n for n in ref[1]), sorted(ref[1])[:4]
 
-    r = adapter_vector(ref)
     case = {
         "model": FAMILY,
         "layers": 4,
         "fused_linears": wrapped,
-        "loss_fp32": ref_loss,
-        "loss_unfused": unfused_loss,
-        "loss_fused": fused_loss,
-        "loss_rel_err": abs(fused_loss - ref_loss) / abs(ref_loss),
-        "loss_rel_err_unfused": abs(unfused_loss - ref_loss) / abs(ref_loss),
-        "adapter_grad_err": rel(adapter_vector(fused_grads), r),
-        "noise_floor": rel(adapter_vector(unfused_grads), r),
-        "adapter_grad_cosine": float(torch.nn.functional.cosine_similarity(adapter_vector(fused_grads), r, dim=0)),
+        "loss_fp32": ref[0],
+        "loss_unfused": unfused_run[0],
+        "loss_fused": fused_run[0],
+        **against_fp32(ref, fused_run, unfused_run, "unfused"),
         "criterion": f"loss_rel_err <= {LOSS_REL_ERR_MAX} and adapter_grad_err <= {NOISE_FLOOR_FACTOR} x noise_floor",
     }
     floor = case["noise_floor"]
