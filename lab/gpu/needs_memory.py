@@ -23,10 +23,10 @@ def main(argv: list[str]) -> int:
 
     device = current_device()
     if device is None:
-        print(f"skipped: the step needs a GPU of {need:g} GB and torch sees no CUDA GPU")
+        print(f"skipped: the queue line needs a GPU of {need:g} GB and torch sees no CUDA GPU")
         return 1
     if device.memory_gb < need:
-        print(f"skipped: the step needs a GPU of {need:g} GB; this {device.name} has {device.memory_gb:.1f} GB")
+        print(f"skipped: the queue line needs a GPU of {need:g} GB; this {device.name} has {device.memory_gb:.1f} GB")
         return 1
     return 0
 

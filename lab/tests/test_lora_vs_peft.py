@@ -408,7 +408,7 @@ def test_the_queued_commands_pass_their_checks(rows, tmp_path):
     assert steps
     for step in steps:
         *build, run = (shlex.split(part) for part in step.replace("$OUT", str(tmp_path)).split("&&"))
-        build = [b for b in build if b[1] != "lab/gpu/needs_memory.py"]  # a step for an H200's memory only
+        build = [b for b in build if b[1] != "lab/gpu/needs_memory.py"]  # a guard: the line needs an H200's memory
         words = run[run.index("lab.lora_vs_peft") + 1 :]
         if build:
             assert build[0][1] == "lab/gpu/make_lognormal_rows.py"

@@ -1,4 +1,4 @@
-"""lab/gpu/needs_memory.py: a queue step that needs more GPU memory than the host has is skipped, saying so."""
+"""lab/gpu/needs_memory.py: a queue line that needs more GPU memory than the host has is skipped, saying so."""
 
 import subprocess
 import sys
@@ -13,7 +13,7 @@ def _run(*args):
     )
 
 
-def test_a_host_without_the_memory_skips_the_step(monkeypatch):
+def test_a_host_without_the_memory_skips_the_line(monkeypatch):
     import importlib.util
 
     import torch

@@ -265,7 +265,7 @@ def test_gpu_peak_table():
 
 def test_one_gpu_table_for_statistics_result_files_and_the_planner():
     """The datasheet memory goes into result files; the planner fits plans in the device's own
-    figure (the test host's H200 reports 139.80 GiB to torch; a step of the print below), from the same row."""
+    figure (the test host's H200 reports 139.80 GiB to torch; 0.01 GiB below the printed figure), from the same row."""
     from bridge_recipes.plan import memory as M
 
     h200 = GPUS["H200"]
