@@ -282,12 +282,11 @@ def memory_class_fields(
     and how an FP8 base multiplied (from ``env_vars``, ours' config's), ours' useful tokens/s and whether
     the peer fit at all (False: it ran out of memory)."""
     from bridge_recipes import fp8_base, registry
+    from bridge_recipes.bench.result import memory_cap_gb
 
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
     ran_out = "out of memory" in str(peer.get("error") or "")
-    from bridge_recipes.bench.result import memory_cap_gb
-
     measured_on = ((ours.get("gpu") or {}).get("type") or "").lower()
     # the cap the run had (its result's note; a run that gave no result: the one asked for)
     cap = memory_cap_gb(ours)

@@ -19,10 +19,11 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from bridge_recipes.gpus import GB
+
 # frames from these packages name a site; torch's own and Python's plumbing above them do not
 SITE_PACKAGES = ("megatron/", "transformer_engine/", "fla/", "bridge_recipes/", "torch/utils/checkpoint.py")
 FRAMES_PER_SITE = 3
-GB = 1e9
 
 
 def _site(frames: list[dict[str, Any]]) -> str:
