@@ -408,7 +408,7 @@ def measured(records: list[dict], window: tuple[int, int], useful_share: float |
 
 
 _HEADER = re.compile(
-    r"^\[peer\] \S+: (?P<model>\S+) .* on \S+; (?P<gb>\d+) rows of (?P<row>\d+) tokens a step"
+    r"^\[peer\] \S+: (?P<model>\S+) .* on \S+; (?P<gb>\d+) rows of (?P<row>\d+) tokens (?:per|a) step"
     r" .*, (?P<steps>\d+) steps$"
 )
 _STEP = re.compile(
@@ -420,11 +420,12 @@ _STEP = re.compile(
 def result_from_log(text: str, window: tuple[int, int], useful_share: float | None) -> dict:
     """The peer's figures from its log alone (the ``[peer]`` lines), for a run whose JSON was never
     written, such as one stopped before its last step: the window ends at the last step logged,
-    and ``cut_short`` says so. The peak is the log's (0.1 GB), the step times its (10 ms)."""
+    and ``cut_short`` says so. The peak is the log's (0.1 GB), the step times its (10 ms). Logs
+    written before the header said "per step" read "a step" there; both parse."""
     lines = text.splitlines()
     header = next((m for m in map(_HEADER.match, lines) if m), None)
     if header is None:
-        raise ValueError("no '[peer] RECIPE: MODEL ... N rows of T tokens a step ..., S steps' line in the log")
+        raise ValueError("no '[peer] RECIPE: MODEL ... N rows of T tokens per step ..., S steps' line in the log")
     tokens = int(header["gb"]) * int(header["row"])
     records: list[dict[str, Any]] = [
         {
@@ -563,7 +564,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
     gb, row_tokens = rows_per_step(cfg), tokens_per_row(cfg)
     _log(
         f"{opts.recipe}: {spec.name} ({spec.num_layers} layers, {spec.num_experts or 'no'} experts, vocabulary "
-        f"{spec.vocab_size}) on {'meta' if opts.dry_run else device}; {gb} rows of {row_tokens} tokens a step "
+        f"{spec.vocab_size}) on {'meta' if opts.dry_run else device}; {gb} rows of {row_tokens} tokens per step "
         f"({rows['packing']} rows), {opts.steps} steps"
     )
     doc: dict[str, Any] = {

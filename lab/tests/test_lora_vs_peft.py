@@ -424,11 +424,12 @@ def test_the_queued_commands_pass_their_checks(rows, tmp_path):
 # --- a run cut short, and the comparison assembled from a work folder -----------------------------
 
 
-def peer_log(steps_logged: int, steps: int = 10, gb: int = 2, row: int = 2048) -> str:
-    """The ``[peer]`` lines of a peer run that logged ``steps_logged`` of its ``steps`` steps."""
+def peer_log(steps_logged: int, steps: int = 10, gb: int = 2, row: int = 2048, per: str = "per") -> str:
+    """The ``[peer]`` lines of a peer run that logged ``steps_logged`` of its ``steps`` steps (``per``: the
+    header's word before "step")."""
     lines = [
         f"[peer] {DENSE}: qwen35_27b (64 layers, no experts, vocabulary 248320) on cuda; {gb} rows of {row} "
-        f"tokens a step (boundaries rows), {steps} steps",
+        f"tokens {per} step (boundaries rows), {steps} steps",
         "[peer] Gated DeltaNet chunk kernel here: fla.ops.gated_delta_rule.chunk; attention sdpa",
         "[peer] stack: transformers + PEFT (as logged)",
     ]
@@ -449,6 +450,8 @@ def test_the_peers_figures_come_from_its_log_when_it_stopped_part_way():
     assert r["useful_tokens_per_s"] == pytest.approx(r["tokens_per_s"] / 2, abs=0.1)
     assert r["peak_allocated_gb"] == pytest.approx(91.8) and doc["peer_stack"] == "transformers + PEFT (as logged)"
     assert "cut_short" not in peer_peft.result_from_log(peer_log(10), (3, 9), None)
+    # the committed logs of earlier runs carry the header's older wording
+    assert peer_peft.result_from_log(peer_log(8, per="a"), (3, 9), 0.5)["result"] == r
     with pytest.raises(ValueError, match="after step 4"):
         peer_peft.result_from_log(peer_log(4), (3, 9), None)
     with pytest.raises(ValueError, match="rows of"):
