@@ -31,6 +31,20 @@ def gdn_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return d.hidden * tok.resid + sum(terms) * local  # + norm output saved by the fused norm+in_proj
 
 
+def gdn_backward_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
+    """What one Gated DeltaNet layer's backward allocates (FLA's ``chunk_gated_delta_rule_bwd`` and the
+    layer around it): the chunk states recomputed and their gradient (h, dh: per chunk, value heads x
+    key dim x value dim), seven tensors of the key width (q, k as the kernel takes them, w recomputed,
+    dq, dk twice, dw) and seven of the value width (v, u recomputed, the new values, dv three times, the
+    gated norm's gradient), the chunk-local WY matrix, and six hidden-state tensors (the layer's input,
+    its two residual outputs and three input gradients)."""
+    local = tok.seq / par.tp
+    qk_heads = max(d.gdn_value_heads, d.gdn_key_heads)
+    states = 2 * d.gdn_v * d.gdn_key_dim / FLA_CHUNK_SIZE
+    widths = 7 * qk_heads * d.gdn_key_dim + 7 * d.gdn_v
+    return (states + widths + FLA_CHUNK_SIZE * d.gdn_value_heads) * local + 6 * d.hidden * tok.resid
+
+
 def attention_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     """Gated attention with flash / cuDNN fused attention: no s x s matrix is saved."""
     local = tok.seq / par.tp

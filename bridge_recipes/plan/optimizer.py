@@ -34,6 +34,15 @@ def optimizer_bytes_per_param(cfg: Any) -> float:
     return main + moments
 
 
+def moment_bytes_per_param(cfg: Any) -> float:
+    """exp_avg + exp_avg_sq of :func:`optimizer_bytes_per_param`: the part the first optimizer step
+    allocates (the master copy exists from the start)."""
+    opt = cfg.optimizer
+    if getattr(opt, "optimizer_cpu_offload", False) or not opt.use_precision_aware_optimizer:
+        return 2 * FP32
+    return _dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype)
+
+
 def optimizer_shard_params(p: Params, par: Layout, distributed: bool) -> float:
     if not distributed:
         return p.total

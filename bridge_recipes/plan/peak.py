@@ -14,15 +14,22 @@ from bridge_recipes.plan.activations import (
     SELECTIVE_MODULES,
     chunk_activations,
     dispatch_buffer_bytes,
+    gdn_backward_elems,
     head_activation_bytes,
     mtp_activation_bytes,
     mtp_recomputed,
+    recompute_groups,
     selective_modules,
 )
 from bridge_recipes.plan.dims import BF16, FP32, Tokens, micro_batch_tokens, model_dims, parallel_layout
 from bridge_recipes.plan.logits import cross_entropy_kind, logits_peak_bytes
-from bridge_recipes.plan.optimizer import offload_fraction, optimizer_bytes_per_param, optimizer_shard_params
-from bridge_recipes.plan.params import Params, lora_params, lora_targets, stage_params
+from bridge_recipes.plan.optimizer import (
+    moment_bytes_per_param,
+    offload_fraction,
+    optimizer_bytes_per_param,
+    optimizer_shard_params,
+)
+from bridge_recipes.plan.params import Params, layer_linears, lora_params, lora_targets, stage_params
 from bridge_recipes.plan.precision import (
     caches_fp8_weights,
     casts_fp8_weights_per_use,
@@ -53,6 +60,12 @@ GPU_MEMORY_GB = {
 # the comparison with the measured peaks). The measured reserves: docs/memory_plan.md.
 FRAMEWORK_CONSTANT_GB = 2.0
 FRAMEWORK_FRACTION = 0.05
+# One GPU: no NCCL communicator buffers. The project's one-GPU runs measured 1.0-1.5 GB
+# outside the allocator and a reserve 0.2-3.6% (at most 2.9 GB) above the allocated peak: the largest
+# of each, with the slack at least the 1.1 GB the small runs reserved.
+ONE_GPU_CONSTANT_GB = 1.5
+ONE_GPU_FRACTION = 0.04
+ONE_GPU_MIN_SLACK_GB = 1.1
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,9 @@ class StageMemory:
     activations_gb: float  # saved activations of the in-flight micro batches
     logits_gb: float  # loss working set (last stage), on top of the saved activations
     backward_gb: float  # layers rebuilt at once and MoE dispatch buffers during the backward
+    first_step_retained_gb: float = 0.0  # a layer's backward working set the first step keeps beside it
+    moments_gb: float = 0.0  # the optimizer's moments, allocated by the first optimizer step
+    one_gpu: bool = False  # a one-GPU run: its own framework overhead (framework_overhead_gb)
 
     @property
     def peak_extra_gb(self) -> float:
@@ -77,13 +93,22 @@ class StageMemory:
         return max(self.logits_gb, self.backward_gb)
 
     @property
+    def first_step_gb(self) -> float:
+        """The first step's peak: no optimizer moments yet, and the backward working set of the layer
+        :func:`first_step_retained_bytes` names beside the one being differentiated."""
+        state = self.weights_gb + self.grads_gb + self.optimizer_gb - self.moments_gb + self.activations_gb
+        return state + max(self.logits_gb, self.backward_gb + self.first_step_retained_gb)
+
+    @property
     def allocated_gb(self) -> float:
-        """Comparable with Megatron's ``mem-max-allocated-gigabytes``."""
-        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.peak_extra_gb
+        """Comparable with Megatron's ``mem-max-allocated-gigabytes``: the larger of a later step's peak
+        and the first step's."""
+        later = self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.peak_extra_gb
+        return max(later, self.first_step_gb)
 
     @property
     def overhead_gb(self) -> float:
-        return framework_overhead_gb(self.allocated_gb)
+        return framework_overhead_gb(self.allocated_gb, self.one_gpu)
 
     @property
     def total_gb(self) -> float:
@@ -126,8 +151,27 @@ def gpu_memory(gpu: str | None) -> float:
         raise KeyError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_MEMORY_GB)} (or pass gpu_memory_gb)") from None
 
 
-def framework_overhead_gb(allocated_gb: float) -> float:
+def framework_overhead_gb(allocated_gb: float, one_gpu: bool = False) -> float:
+    if one_gpu:
+        return ONE_GPU_CONSTANT_GB + max(ONE_GPU_FRACTION * allocated_gb, ONE_GPU_MIN_SLACK_GB)
     return FRAMEWORK_CONSTANT_GB + FRAMEWORK_FRACTION * allocated_gb
+
+
+def first_step_retained_bytes(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, chunks: list[list[int]]) -> float:
+    """With the loss a chunk at a time and recomputed Gated DeltaNet layers, the first step keeps one such
+    layer's backward working set (:func:`gdn_backward_elems`, and its MLP's dequantized weights when an
+    FP8 base multiplies in BF16) allocated through the next layer's backward and past the step's end; a
+    later step does not. Measured, not derived from the code that holds it (docs/memory_plan.md)."""
+    if cross_entropy_kind(cfg.model, getattr(cfg, "env_vars", None)) != "chunked":
+        return 0.0
+    rebuilt = [i for c in chunks for g in recompute_groups(cfg.model, c) for i in g if d.layer_kinds(i)[0]]
+    if not rebuilt:
+        return 0.0
+    mlp = 0.0
+    if fp8_frozen_base(cfg) and fp8_base_compute(getattr(cfg, "env_vars", None)) == "bf16":
+        linears = [layer_linears(d, par, *d.layer_kinds(i)) for i in rebuilt]
+        mlp = max(sum(n * m * c for name, n, m, c in ls if name.startswith("linear_fc")) for ls in linears)
+    return BF16 * (gdn_backward_elems(d, par, tok) + mlp)
 
 
 def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chunks: list[list[int]]) -> StageMemory:
@@ -168,6 +212,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
         + fused_wgrad_placeholder_bytes(cfg, d, par, layers, stage)
     )
     grads = (FP32 if prec["grad_reduce_in_fp32"] else BF16) * trained.total
+    moments = opt_params * moment_bytes_per_param(cfg) * (1 - host)
     return StageMemory(
         stage=stage,
         layers=len(layers),
@@ -185,6 +230,9 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
             + fp8_base_dequantized_bytes(cfg, d, par, layers)
         )
         / GB,
+        first_step_retained_gb=first_step_retained_bytes(cfg, d, par, tok, chunks) / GB,
+        moments_gb=moments / GB,
+        one_gpu=par.world == 1,
     )
 
 

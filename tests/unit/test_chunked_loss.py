@@ -220,9 +220,11 @@ def test_the_planner_counts_one_chunk_of_logits_instead_of_the_whole(monkeypatch
     vocab = 248_320
     assert w.logits_gb > 40  # 32,768 tokens: the MTP loss's kept copy, the main loss's logits and copy
     assert c.logits_gb == pytest.approx(C.chunk_tokens(vocab) * vocab * 8 / 1e9, rel=0.01)
-    # the backward's working set is then the larger; nothing else changes
+    # the backward's working set is then the larger, with the first step's retained layer before the
+    # optimizer's moments exist; nothing else changes
+    assert w.first_step_retained_gb == 0 < c.first_step_retained_gb
     assert c.backward_gb > c.logits_gb and c.allocated_gb == pytest.approx(
-        w.allocated_gb - w.logits_gb + c.backward_gb
+        w.allocated_gb - w.logits_gb + c.backward_gb + max(0.0, c.first_step_retained_gb - c.moments_gb)
     )
 
 
