@@ -23,9 +23,9 @@ def te_owns_master(opt: Any, fp8_recipe: str | None) -> bool:
 def optimizer_bytes_per_param(cfg: Any) -> float:
     """Master copy + exp_avg + exp_avg_sq, before sharding (``bridge_recipes.plan.memory``'s docstring)."""
     opt = cfg.optimizer
+    moments = moment_bytes_per_param(cfg)
     if getattr(opt, "optimizer_cpu_offload", False) or not opt.use_precision_aware_optimizer:
-        return 3 * FP32  # FP32 master + moments (HybridDeviceOptimizer keeps FP32 copies on both sides)
-    moments = _dtype_bytes(opt.exp_avg_dtype) + _dtype_bytes(opt.exp_avg_sq_dtype)
+        return FP32 + moments  # FP32 master + moments (HybridDeviceOptimizer keeps FP32 copies on both sides)
     main = _dtype_bytes(getattr(opt, "main_params_dtype", None))
     if not te_owns_master(opt, effective_precision(cfg)["fp8_recipe"]):
         return FP32 + moments

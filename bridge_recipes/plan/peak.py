@@ -93,18 +93,21 @@ class StageMemory:
         return max(self.logits_gb, self.backward_gb)
 
     @property
+    def kept_gb(self) -> float:
+        """What a later step holds throughout: weights, gradients, optimizer state, saved activations."""
+        return self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb
+
+    @property
     def first_step_gb(self) -> float:
         """The first step's peak: no optimizer moments yet, and the backward working set of the layer
         :func:`first_step_retained_bytes` names beside the one being differentiated."""
-        state = self.weights_gb + self.grads_gb + self.optimizer_gb - self.moments_gb + self.activations_gb
-        return state + max(self.logits_gb, self.backward_gb + self.first_step_retained_gb)
+        return self.kept_gb - self.moments_gb + max(self.logits_gb, self.backward_gb + self.first_step_retained_gb)
 
     @property
     def allocated_gb(self) -> float:
         """Comparable with Megatron's ``mem-max-allocated-gigabytes``: the larger of a later step's peak
         and the first step's."""
-        later = self.weights_gb + self.grads_gb + self.optimizer_gb + self.activations_gb + self.peak_extra_gb
-        return max(later, self.first_step_gb)
+        return max(self.kept_gb + self.peak_extra_gb, self.first_step_gb)
 
     @property
     def overhead_gb(self) -> float:

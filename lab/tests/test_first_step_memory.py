@@ -9,12 +9,12 @@ import re
 import pytest
 
 from bridge_recipes.bench.harness import build_config
+from bridge_recipes.logs.megatron_log import parse_megatron_memory
 from bridge_recipes.plan.peak import framework_overhead_gb, plan_memory
 from lab import ROOT
 
 EVIDENCE = ROOT / "lab" / "evidence"
 CLASSES = json.loads((ROOT / "lab" / "results" / "lora_memory_classes.json").read_text())
-AFTER = re.compile(r"\(after (\d+) iterations\) memory \(GB\) \| mem-allocated-gigabytes: ([\d.]+)")
 PEAK = re.compile(r"GPU memory peak: ([\d.]+) GB allocated, ([\d.]+) GB reserved \+ ([\d.]+) GB outside")
 
 
@@ -24,7 +24,8 @@ def plan(recipe: str, cap: float | None = None):
 
 
 def allocated_after(log: str) -> dict[int, float]:
-    return {int(m[1]): float(m[2]) for m in AFTER.finditer(log)}
+    """Rank 0's allocated memory after each step, from Megatron's memory lines."""
+    return {step: ranks[0]["mem-allocated-gigabytes"] for step, ranks in parse_megatron_memory(log).items()}
 
 
 @pytest.mark.parametrize("line", CLASSES, ids=lambda line: line["recipe"])
