@@ -3,7 +3,8 @@
 The A100 has no FP8 tensor cores, so its frozen base stays BF16; what makes the H200 recipes fit 80 GB
 is the loss a chunk of tokens at a time (no 248K-vocabulary logits of the whole row) and every layer
 recomputed. These recipes are sized by the memory planner at the A100's memory
-(``run_recipe.py --recipe NAME --plan``); an A100's speed is not measured here.
+(``run_recipe.py --recipe NAME --plan``) and measured at the A100's memory on an H100 (its peak, not an
+A100's speed).
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ if TYPE_CHECKING:
 __all__ = ["qwen35_27b_peft_1gpu_a100_bf16_config", "qwen35_35b_a3b_peft_1gpu_a100_bf16_config"]
 
 
-@recipe(task="peft", gpus=1, gpu="a100", precision="bf16", layout="TP1 PP1 DP1", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="a100",
+    precision="bf16",
+    layout="TP1 PP1 DP1",
+    status="measured",
+    measured={"result": "evidence/lora_memory_classes/qwen35_27b_peft_1gpu_a100_bf16_config.yaml"},
+)
 def qwen35_27b_peft_1gpu_a100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-27B LoRA on one 80 GB A100: the H200 recipe (BF16 base, every layer recomputed, one
     row per micro batch) with the loss a chunk of tokens at a time."""
@@ -30,7 +39,15 @@ def qwen35_27b_peft_1gpu_a100_bf16_config() -> ConfigContainer:
     return cfg
 
 
-@recipe(task="peft", gpus=1, gpu="a100", precision="bf16", layout="TP1 PP1 EP1 DP1", status="unmeasured")
+@recipe(
+    task="peft",
+    gpus=1,
+    gpu="a100",
+    precision="bf16",
+    layout="TP1 PP1 EP1 DP1",
+    status="measured",
+    measured={"result": "evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_a100_bf16_config.yaml"},
+)
 def qwen35_35b_a3b_peft_1gpu_a100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB A100: the H200 recipe (70 GB of BF16 base, every layer
     recomputed, one row per micro batch) with the loss a chunk of tokens at a time."""
