@@ -1,27 +1,35 @@
-"""Attention over packed rows, one conversation at a time.
+"""Attention over packed rows: one conversation at a time, or one variable-length call.
 
 A packed (THD) row reaches Transformer Engine's attention with ``cu_seqlens``; TE then runs its
-variable-length kernel. This module adds a second way for the same call: the row is cut at its
-boundaries and each conversation goes through TE's dense (``sbhd``) attention on its own, the
-kernel a conversation takes when it is the only one in its row. Each conversation's output is the
-one it would have alone, forward and backward, with one small host read of the boundaries per micro
-batch. Each conversation is padded at its end to a multiple of ``PAD_TO`` tokens before the call: under
-the causal mask its own tokens never see the padding, and the kernels meet a few dozen sequence
-lengths instead of one per conversation length (each new length costs a kernel plan).
+variable-length kernel, whose cuDNN backward is wrong at the family's head dim of 256. This module
+adds two ways for the same call:
 
-``bridge_recipes.patches.packed_attention`` patches Megatron-Core's ``TEDotProductAttention.forward``
-once per process; calls without packed-sequence parameters, and every other format, go through the
-original forward. ``set_mode`` picks between ``per_conversation`` (the default once installed) and ``varlen`` (TE's
-own THD kernel), so the two can be compared in one process.
+- ``per_conversation`` (the default once installed): the row is cut at its boundaries and each
+  conversation goes through TE's dense (``sbhd``) attention on its own, the kernel a conversation
+  takes when it is the only one in its row. Each conversation is padded at its end to a multiple of
+  ``PAD_TO`` tokens before the call: under the causal mask its own tokens never see the padding, and
+  the kernels meet a few dozen sequence lengths instead of one per conversation length.
+- ``flash_varlen``: the whole row in one call of PyTorch's bundled flash-attention variable-length
+  kernel (``torch.nn.attention.varlen``), causal within each conversation: one launch per layer pass
+  instead of one per conversation, the host loop gone.
+
+``varlen`` leaves the call to TE's own THD kernel, so the three can be compared in one process. Each
+conversation's output is the one it would have alone, forward and backward, with one small host read
+of the boundaries per micro batch. ``ENV`` in the environment (a recipe's ``env_vars`` or the
+process's) picks the mode at launch; ``bridge_recipes.patches.packed_attention`` patches
+Megatron-Core's ``TEDotProductAttention.forward`` once per process, and calls without packed-sequence
+parameters go through the original forward.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-MODES = ("per_conversation", "varlen")
+MODES = ("per_conversation", "flash_varlen", "varlen")
+DEFAULT_MODE = "per_conversation"
+ENV = "BRIDGE_RECIPES_PACKED_ATTENTION"
 PAD_TO = 128
-_state: dict[str, Any] = {"mode": "per_conversation"}
+_state: dict[str, Any] = {"mode": DEFAULT_MODE}
 
 
 def set_mode(mode: str) -> None:
@@ -32,6 +40,27 @@ def set_mode(mode: str) -> None:
 
 def mode() -> str:
     return _state["mode"]
+
+
+def mode_from(env_vars: dict | None, environ: dict | None = None) -> str:
+    """The mode the environment asks for: the process's ``ENV`` over the recipe's ``env_vars``,
+    ``DEFAULT_MODE`` when neither sets it (not checked: see :func:`problems`)."""
+    import os
+
+    process = os.environ if environ is None else environ
+    value = process.get(ENV, (env_vars or {}).get(ENV, "")) or DEFAULT_MODE
+    return str(value).strip().lower()
+
+
+def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:
+    """Why the environment's packed-attention mode cannot run, with the fix."""
+    value = mode_from(env_vars, environ)
+    if value in MODES:
+        return []
+    return [
+        f"env_vars.{ENV}={value!r} is not a packed-attention mode; set +env_vars.{ENV}= one of "
+        f"{', '.join(MODES)} ({DEFAULT_MODE} is the default)"
+    ]
 
 
 _BOUNDS = "_per_conversation_bounds"  # the host copy kept on a micro batch's packed-sequence parameters
@@ -79,3 +108,26 @@ def per_conversation(call, query, key, value, bounds: list[int]):
         out = call(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1))
         outs.append(out.reshape(n + pad, -1)[:n])
     return torch.cat(outs, dim=0)
+
+
+def flash_varlen(query, key, value, bounds: list[int], cu_seqlens, scale: float | None):
+    """The packed ``[t, heads, dim]`` tensors (keys and values may have fewer heads) through one
+    causal variable-length flash-attention call over the conversations ``cu_seqlens`` delimits
+    (int32 on the GPU; ``bounds`` is its host copy); the output as ``[t, heads * dim]``."""
+    import torch
+    from torch.nn.attention.varlen import varlen_attn
+
+    longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
+    out = varlen_attn(
+        query.contiguous(),
+        key.contiguous(),
+        value.contiguous(),
+        cu,
+        cu,
+        longest,
+        longest,
+        scale=scale,
+        window_size=(-1, 0),  # causal: each token sees its own conversation's earlier tokens
+    )
+    return out.reshape(out.shape[0], -1)

@@ -1,6 +1,7 @@
 """Megatron-Core's ``TEDotProductAttention.forward`` routes packed (THD) calls one conversation at a
-time through Transformer Engine's dense attention (``bridge_recipes.packed_attention`` holds the
-logic and the mode); every other call goes through the original forward."""
+time through Transformer Engine's dense attention, or through one call of PyTorch's variable-length
+flash attention (``bridge_recipes.packed_attention`` holds the logic and the modes; the environment
+picks one at install); every other call goes through the original forward."""
 
 from __future__ import annotations
 
@@ -25,10 +26,21 @@ def wanted(cfg: Any, **run: Any) -> bool:
     return bool(getattr(cfg.dataset, "enable_offline_packing", False)) and not is_vlm(cfg)
 
 
+HOW = {
+    "per_conversation": "one conversation at a time",
+    "flash_varlen": "one variable-length flash-attention call",
+    "varlen": "Transformer Engine's THD kernel",
+}
+
+
 def install(cfg: Any = None) -> str:
-    """Route THD calls of Megatron-Core's TE attention through ``packed_attention.per_conversation``
-    (idempotent)."""
-    line = "packed rows: attention runs one conversation at a time (bridge_recipes.packed_attention)"
+    """Route THD calls of Megatron-Core's TE attention through the mode the environment picks
+    (``packed_attention.ENV``, per conversation by default); idempotent, the mode set each call."""
+    env_vars = getattr(cfg, "env_vars", None) if cfg is not None else None
+    if found := packed_attention.problems(env_vars):
+        raise ValueError("; ".join(found))
+    packed_attention.set_mode(packed_attention.mode_from(env_vars))
+    line = f"packed rows: attention runs {HOW[packed_attention.mode()]} (bridge_recipes.packed_attention)"
     if installed():
         return line
     check(PATCH)
@@ -41,14 +53,24 @@ def install(cfg: Any = None) -> str:
     def forward(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
                 packed_seq_params=None, num_splits=None):  # fmt: skip
         thd = packed_seq_params is not None and getattr(packed_seq_params, "qkv_format", None) == "thd"
-        if not thd or packed_attention.mode() != "per_conversation":
+        mode = packed_attention.mode()
+        if not thd or mode == "varlen":
             return original(
                 self, query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params, num_splits
             )
         if attention_bias is not None or attn_mask_type not in (AttnMaskType.causal, AttnMaskType.padding_causal):
-            raise ValueError(f"per-conversation attention supports causal self-attention only, got {attn_mask_type}")
+            raise ValueError(f"{mode} attention supports causal self-attention only, got {attn_mask_type}")
         if getattr(packed_seq_params, "cp_group", None) is not None or self.config.context_parallel_size > 1:
-            raise ValueError("per-conversation attention does not support context parallelism")
+            raise ValueError(f"{mode} attention does not support context parallelism")
+        if mode == "flash_varlen":
+            return packed_attention.flash_varlen(
+                query,
+                key,
+                value,
+                packed_attention.boundaries(packed_seq_params),
+                packed_seq_params.cu_seqlens_q,
+                self.softmax_scale,
+            )
         return packed_attention.per_conversation(
             lambda q, k, v: original(self, q, k, v, None, AttnMaskType.causal, None, None, num_splits),
             query,
@@ -64,8 +86,9 @@ def install(cfg: Any = None) -> str:
 
 PATCH = Patch(
     name="packed_attention",
-    what="packed rows' attention one conversation at a time through TE's dense kernel",
-    written_for={"megatron-core": ">=0.19,<0.20", "transformer-engine": ">=2.20,<2.21"},
+    what="packed rows' attention one conversation at a time through TE's dense kernel, or one variable-length "
+    "flash-attention call",
+    written_for={"megatron-core": ">=0.19,<0.20", "transformer-engine": ">=2.20,<2.21", "torch": ">=2.11,<2.12"},
     targets={
         TARGET: (
             "self",
@@ -77,6 +100,18 @@ PATCH = Patch(
             "attention_bias",
             "packed_seq_params",
             "num_splits",
+        ),
+        "torch.nn.attention.varlen.varlen_attn": (
+            "query",
+            "key",
+            "value",
+            "cu_seq_q",
+            "cu_seq_k",
+            "max_q",
+            "max_k",
+            "return_aux",
+            "scale",
+            "window_size",
         ),
         "megatron.core.transformer.enums.AttnMaskType.causal": None,
         "megatron.core.transformer.enums.AttnMaskType.padding_causal": None,

@@ -66,7 +66,10 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
         err(msg)
     for msg in chunked_loss_problems(cfg):
         err(msg)
-    from bridge_recipes import fp8_base
+    from bridge_recipes import fp8_base, packed_attention
+
+    for msg in packed_attention.problems(getattr(cfg, "env_vars", None)):
+        err(msg)
 
     for msg in fp8_base.problems(cfg):
         err(msg)

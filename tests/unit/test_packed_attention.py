@@ -63,3 +63,112 @@ def test_boundaries_refuse_padding_between_conversations():
     pa.set_mode("varlen")
     assert pa.mode() == "varlen"
     pa.set_mode("per_conversation")
+
+
+def fake_varlen_attn(calls):
+    """A CPU stand-in for ``torch.nn.attention.varlen.varlen_attn`` that honours what it is given:
+    the boundaries, the longest conversation, the window (causal or not), the scale and fewer key heads."""
+
+    def varlen_attn(
+        query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)
+    ):
+        calls.append({"dtype": cu_seq_q.dtype, "max": (max_q, max_k), "window": window_size, "scale": scale})
+        assert torch.equal(cu_seq_q, cu_seq_k) and query.is_contiguous() and key.is_contiguous()
+        cu = cu_seq_q.tolist()
+        assert max_q == max(b - a for a, b in zip(cu[:-1], cu[1:]))
+        groups = query.shape[1] // key.shape[1]
+        outs = []
+        for a, b in zip(cu[:-1], cu[1:]):
+            q, k, v = (x[a:b].permute(1, 0, 2) for x in (query, key, value))
+            k, v = (x.repeat_interleave(groups, dim=0) for x in (k, v))
+            outs.append(
+                F.scaled_dot_product_attention(q, k, v, is_causal=tuple(window_size) == (-1, 0), scale=scale).permute(
+                    1, 0, 2
+                )
+            )
+        return torch.cat(outs)
+
+    return varlen_attn
+
+
+def test_one_varlen_call_gives_each_conversation_its_own_causal_attention(monkeypatch):
+    import torch.nn.attention.varlen as varlen
+
+    calls = []
+    monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn(calls))
+    torch.manual_seed(0)
+    q = torch.randn(300, 4, 8, requires_grad=True)
+    k, v = (torch.randn(300, 2, 8, requires_grad=True) for _ in range(2))  # grouped-query: 2 key heads
+    bounds = [0, 100, 256, 300]
+    cu = torch.tensor(bounds, dtype=torch.int64)
+    out = pa.flash_varlen(q, k[:, :, :], v, bounds, cu, scale=0.125)
+    assert calls == [{"dtype": torch.int32, "max": (156, 156), "window": (-1, 0), "scale": 0.125}]
+
+    def dense(q_, k_, v_):  # each conversation alone, key heads repeated to the query heads
+        k_, v_ = (x.repeat_interleave(2, dim=2) for x in (k_, v_))
+        o = F.scaled_dot_product_attention(*(x.permute(1, 2, 0, 3) for x in (q_, k_, v_)), is_causal=True, scale=0.125)
+        return o.permute(2, 0, 1, 3).reshape(q_.shape[0], 1, -1)
+
+    alone = pa.per_conversation(dense, q, k, v, bounds)
+    assert out.shape == (300, 32) and torch.allclose(out, alone, atol=1e-6)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(alone, (q, k, v), g)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_the_environment_picks_the_mode_and_a_wrong_one_names_the_fix():
+    assert pa.mode_from(None, {}) == "per_conversation"
+    assert pa.mode_from({pa.ENV: "flash_varlen"}, {}) == "flash_varlen"
+    assert pa.mode_from({pa.ENV: "flash_varlen"}, {pa.ENV: "Varlen"}) == "varlen"  # the process's wins
+    assert pa.problems({pa.ENV: "flash_varlen"}, {}) == []
+    (msg,) = pa.problems({pa.ENV: "flash"}, {})
+    assert f"env_vars.{pa.ENV}='flash'" in msg and "flash_varlen" in msg and "per_conversation" in msg
+
+
+def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
+    import torch.nn.attention.varlen as varlen
+    from megatron.core.extensions.transformer_engine import TEDotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from bridge_recipes.patches import packed_attention as patch
+
+    original_calls = []
+
+    def original(self, query, key, value, attention_mask, attn_mask_type, attention_bias=None,
+                 packed_seq_params=None, num_splits=None):  # fmt: skip
+        original_calls.append(query.shape)
+        return query.reshape(query.shape[0], *query.shape[1:-2], -1)
+
+    monkeypatch.setattr(TEDotProductAttention, "forward", original)
+    monkeypatch.setitem(patch._state, "original", None)
+    monkeypatch.delenv(pa.ENV, raising=False)
+    calls = []
+    monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn(calls))
+    cfg = NS(env_vars={pa.ENV: "flash_varlen"})
+    assert "flash-attention" in patch.install(cfg) and pa.mode() == "flash_varlen"
+    try:
+        me = NS(softmax_scale=0.5, config=NS(context_parallel_size=1))
+        cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+        params = NS(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_q_padded=None)
+        q, k, v = (torch.randn(8, 2, 4) for _ in range(3))
+        out = TEDotProductAttention.forward(me, q, k, v, None, AttnMaskType.causal, None, params)
+        assert out.shape == (8, 8) and calls[-1]["scale"] == 0.5 and not original_calls
+        TEDotProductAttention.forward(me, q[:, None], k[:, None], v[:, None], None, AttnMaskType.causal)
+        assert len(original_calls) == 1 and len(calls) == 1  # not packed: the original forward
+        with pytest.raises(ValueError, match="causal self-attention only"):
+            TEDotProductAttention.forward(me, q, k, v, None, AttnMaskType.no_mask, None, params)
+        patch.install(NS(env_vars={}))  # installed once; the mode follows the environment
+        assert pa.mode() == "per_conversation"
+        with pytest.raises(ValueError, match="not a packed-attention mode"):
+            patch.install(NS(env_vars={pa.ENV: "thd"}))
+    finally:
+        pa.set_mode("per_conversation")
+
+
+def test_the_dry_run_refuses_an_unknown_mode_by_name(capsys):
+    from bridge_recipes.runner import cli
+
+    recipe = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
+    assert cli.main(["--recipe", recipe, "--dry-run", f"+env_vars.{pa.ENV}=cudnn"]) == 2
+    err = capsys.readouterr().err
+    assert f"env_vars.{pa.ENV}='cudnn'" in err and "flash_varlen" in err and "Traceback" not in err

@@ -11,7 +11,8 @@ DeltaNet, MTP, experts, the rest), the BF16 paths:
 - ``varlen``: the packed row through Transformer Engine's THD attention kernel;
 - ``per_conversation``: the packed row with attention run one conversation at a time
   (``bridge_recipes.packed_attention``), the SFT default;
-- ``per_conversation_no_pad``: the same with the row's padding segment cut off.
+- ``per_conversation_no_pad``: the same with the row's padding segment cut off;
+- ``flash_varlen``: the packed row through one call of PyTorch's variable-length flash attention.
 
     OUT=/path python3 -m pytest -q -m gpu lab/tests/gpu/test_packed_gradient_parity.py
 
@@ -94,6 +95,7 @@ def test_packed_row_gradient_against_fp32_reference(row, case, bare_model, gradi
         "varlen": ("varlen", batch, meta, None),
         "per_conversation": ("per_conversation", batch, meta, None),
         "per_conversation_no_pad": ("per_conversation", *trimmed, None),
+        "flash_varlen": ("flash_varlen", batch, meta, None),
     }
     m = bare_model.model_config(family, changes)
     facts = {
