@@ -32,11 +32,9 @@ _ACTIVE = "_chunked_loss_active"  # set on the model while a call with labels ru
 
 def enabled(env_vars: dict | None, environ: dict | None = None) -> bool:
     """The environment (the process's, over the recipe's ``env_vars``) switches the chunked loss on."""
-    import os
+    from bridge_recipes.env_settings import switched_on
 
-    process = os.environ if environ is None else environ
-    value = process.get(ENV, (env_vars or {}).get(ENV, "0"))
-    return str(value).strip().lower() not in ("", "0", "false", "no", "off")
+    return switched_on(ENV, env_vars, environ)
 
 
 def chunk_tokens(vocab: int) -> int:

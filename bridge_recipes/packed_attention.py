@@ -45,11 +45,9 @@ def mode() -> str:
 def mode_from(env_vars: dict | None, environ: dict | None = None) -> str:
     """The mode the environment asks for: the process's ``ENV`` over the recipe's ``env_vars``,
     ``DEFAULT_MODE`` when neither sets it (not checked: see :func:`problems`)."""
-    import os
+    from bridge_recipes.env_settings import setting
 
-    process = os.environ if environ is None else environ
-    value = process.get(ENV, (env_vars or {}).get(ENV, "")) or DEFAULT_MODE
-    return str(value).strip().lower()
+    return setting(ENV, env_vars, environ) or DEFAULT_MODE
 
 
 def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:

@@ -57,11 +57,9 @@ FP8_BASE_COMPUTES = ("bf16", "fp8")
 def fp8_base_compute(env_vars: dict | None = None, environ: Any = None) -> str:
     """How an FP8 base multiplies, ``bf16`` (on the dequantized weights) or ``fp8``: the process's
     environment over the recipe's ``env_vars``, ``bf16`` when neither sets it."""
-    import os
+    from bridge_recipes.env_settings import setting
 
-    process = os.environ if environ is None else environ
-    value = process.get(FP8_BASE_COMPUTE_ENV, (env_vars or {}).get(FP8_BASE_COMPUTE_ENV, "bf16"))
-    return str(value).strip().lower()
+    return setting(FP8_BASE_COMPUTE_ENV, env_vars, environ, default="bf16")
 
 
 def fp8_frozen_base(cfg: Any) -> bool:

@@ -10,7 +10,6 @@ cannot split, and a global batch that micro batches and data parallelism do not 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,11 +222,10 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
             f"chain scales by the routing probabilities after the activation; set model.moe_apply_probs_on_input="
             f"false {fix}"
         )
-    # the process's value wins over the recipe's, as when the runner applies env_vars
-    process = os.environ if environ is None else environ
-    env = {**{k: str(v) for k, v in (getattr(cfg, "env_vars", None) or {}).items()}, **process}
+    from bridge_recipes.env_settings import setting
+
     try:
-        opted_in = int(env.get(OP_FUSER_ENV, "0")) > 0
+        opted_in = int(setting(OP_FUSER_ENV, getattr(cfg, "env_vars", None), environ, default="0")) > 0
     except ValueError:
         opted_in = False
     if m.gated_linear_unit and not opted_in:
