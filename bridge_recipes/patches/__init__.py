@@ -18,6 +18,7 @@ from bridge_recipes.patches import (
     dataset_helpers,
     flex_check,
     fp8_base,
+    gdn_warmup,
     jinja_sandbox,
     lazy_inits,
     packed_attention,
@@ -34,6 +35,7 @@ AT_LAUNCH: tuple[Patch, ...] = (
     warmup_rng.PATCH,
     packed_attention.PATCH,
     chunked_loss.PATCH,
+    gdn_warmup.PATCH,
     fp8_base.PATCH,
     random_lora.PATCH,
 )
