@@ -9,7 +9,7 @@ import types
 from typing import Any
 
 from bridge_recipes import chunked_loss
-from bridge_recipes.patches.contract import Patch, check
+from bridge_recipes.patches.contract import Patch, check, register_pre_wrap_hook_once
 
 
 def wanted(cfg: Any, **run: Any) -> bool:
@@ -72,8 +72,7 @@ def pre_wrap_hook(chunks: list) -> list:
 def install(cfg: Any) -> str:
     """Register :func:`pre_wrap_hook` on ``cfg.model`` (once)."""
     check(PATCH)
-    if pre_wrap_hook not in (getattr(cfg.model, "_pre_wrap_hooks", None) or []):
-        cfg.model.register_pre_wrap_hook(pre_wrap_hook)
+    register_pre_wrap_hook_once(cfg, pre_wrap_hook)
     vocab = cfg.model.vocab_size or 0
     return (
         f"loss: the output layer and cross entropy {chunked_loss.chunk_tokens(vocab) if vocab else 'a chunk'} "

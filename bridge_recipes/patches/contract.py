@@ -125,6 +125,12 @@ def problems(patch: Patch) -> list[str]:
     return version_problems(patch) + target_problems(patch)
 
 
+def register_pre_wrap_hook_once(cfg: Any, hook: Callable) -> None:
+    """Add ``hook`` to the pre-wrap hooks of ``cfg.model`` (Megatron-Bridge's provider) unless it is there."""
+    if hook not in (getattr(cfg.model, "_pre_wrap_hooks", None) or []):
+        cfg.model.register_pre_wrap_hook(hook)
+
+
 def check(patch: Patch) -> None:
     """Raise :class:`PatchError` naming every problem of ``patch`` (called before installing it)."""
     if found := problems(patch):

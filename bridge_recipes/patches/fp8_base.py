@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge_recipes import fp8_base
-from bridge_recipes.patches.contract import Patch, check
+from bridge_recipes.patches.contract import Patch, check, register_pre_wrap_hook_once
 
 BUILT = "FP8 base: the model is built with gradients off (row-wise FP8 weights)"
 
@@ -29,8 +29,7 @@ def install(cfg: Any) -> str:
 
     model_provider._create_model = fp8_base.build_without_grad(model_provider._create_model)
     fp8_utils.get_fp8_recipe = fp8_base.with_dequantized_backward(fp8_utils.get_fp8_recipe)
-    if fp8_base.check_hook not in (getattr(cfg.model, "_pre_wrap_hooks", None) or []):
-        cfg.model.register_pre_wrap_hook(fp8_base.check_hook)
+    register_pre_wrap_hook_once(cfg, fp8_base.check_hook)
     how = fp8_base.compute(getattr(cfg, "env_vars", None))
     if how == "bf16":
         fp8_base.drop_fp8_autocast()

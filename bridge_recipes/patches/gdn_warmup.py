@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge_recipes import gdn_warmup
-from bridge_recipes.patches.contract import Patch, check
+from bridge_recipes.patches.contract import Patch, check, register_pre_wrap_hook_once
 
 RULE = "megatron.core.ssm.gated_delta_net.gdn.chunk_gated_delta_rule"
 
@@ -32,8 +32,7 @@ def pre_wrap_hook(chunks: list) -> list:
 def install(cfg: Any) -> str:
     """Register :func:`pre_wrap_hook` on ``cfg.model`` (once)."""
     check(PATCH)
-    if pre_wrap_hook not in (getattr(cfg.model, "_pre_wrap_hooks", None) or []):
-        cfg.model.register_pre_wrap_hook(pre_wrap_hook)
+    register_pre_wrap_hook_once(cfg, pre_wrap_hook)
     s = gdn_warmup.shape(cfg.model)
     return (
         f"Gated DeltaNet: kernels compiled and tuned at model build ({s.heads} heads of {s.key_dim} x "
