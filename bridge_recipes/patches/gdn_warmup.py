@@ -34,6 +34,8 @@ def install(cfg: Any) -> str:
     check(PATCH)
     register_pre_wrap_hook_once(cfg, pre_wrap_hook)
     s = gdn_warmup.shape(cfg.model)
+    if s is None:  # not wanted: a model without Gated DeltaNet layers
+        return "Gated DeltaNet: no layers to warm"
     return (
         f"Gated DeltaNet: kernels compiled and tuned at model build ({s.heads} heads of {s.key_dim} x "
         f"{s.value_dim}; {gdn_warmup.ENV}=1; bridge_recipes.gdn_warmup)"

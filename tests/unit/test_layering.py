@@ -135,7 +135,7 @@ LOWER = {  # what a low package may import from the library
     "logs": {"logs", "models", "gpus"},
     "models": {"models"},
     "plan": {"plan", "models", "logs", "gpus", "layout", "common", "values", "recipe", "registry", "builder"}
-    | {"chunked_loss"},  # the loss's chunk size, a leaf module
+    | {"chunked_loss", "env_settings"},  # the loss's chunk size, the run's settings: leaf modules
     # conversations and their rendering below the rows built from them, both below image datasets
     "chat": {"chat", "outputs", "patches"},
     "data": {"data", "chat", "models", "outputs"},
