@@ -116,7 +116,7 @@ def flash_varlen(query, key, value, bounds: list[int], cu_seqlens, scale: float 
     from torch.nn.attention.varlen import varlen_attn
 
     longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
-    cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)
+    cu = cu_seqlens.to(torch.int32)  # the tensor itself when it is int32 already
     out = varlen_attn(
         query.contiguous(),
         key.contiguous(),
