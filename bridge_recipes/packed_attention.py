@@ -1,24 +1,25 @@
-"""Attention over packed rows: one conversation at a time, or one variable-length call.
+"""Attention over packed rows: one variable-length call, or one conversation at a time.
 
 A packed (THD) row reaches Transformer Engine's attention with ``cu_seqlens``; TE then runs its
 variable-length kernel, whose cuDNN backward is wrong at the family's head dim of 256. This module
 adds two ways for the same call:
 
-- ``per_conversation`` (the default once installed): the row is cut at its boundaries and each
-  conversation goes through TE's dense (``sbhd``) attention on its own, the kernel a conversation
-  takes when it is the only one in its row. Each conversation is padded at its end to a multiple of
-  ``PAD_TO`` tokens before the call: under the causal mask its own tokens never see the padding, and
-  the kernels meet a few dozen sequence lengths instead of one per conversation length.
-- ``flash_varlen``: the whole row in one call of PyTorch's bundled flash-attention variable-length
-  kernel (``torch.nn.attention.varlen``), causal within each conversation: one launch per layer pass
-  instead of one per conversation, the host loop gone.
+- ``flash_varlen`` (the default on the GPUs of ``FLASH_VARLEN_GPUS``): the whole row in one call of
+  PyTorch's bundled flash-attention variable-length kernel (``torch.nn.attention.varlen``), causal
+  within each conversation: one launch per layer pass and no host loop, which is what a host-bound
+  LoRA step needs.
+- ``per_conversation`` (the default on other GPUs, and the fallback): the row is cut at its
+  boundaries and each conversation goes through TE's dense (``sbhd``) attention on its own, the kernel
+  a conversation takes when it is the only one in its row. Each conversation is padded at its end to a
+  multiple of ``PAD_TO`` tokens before the call: under the causal mask its own tokens never see the
+  padding, and the kernels meet a few dozen sequence lengths instead of one per conversation length.
 
 ``varlen`` leaves the call to TE's own THD kernel, so the three can be compared in one process. Each
 conversation's output is the one it would have alone, forward and backward, with one small host read
 of the boundaries per micro batch. ``ENV`` in the environment (a recipe's ``env_vars`` or the
-process's) picks the mode at launch; ``bridge_recipes.patches.packed_attention`` patches
-Megatron-Core's ``TEDotProductAttention.forward`` once per process, and calls without packed-sequence
-parameters go through the original forward.
+process's) picks the mode at launch, else :func:`default_for` the GPU;
+``bridge_recipes.patches.packed_attention`` patches Megatron-Core's ``TEDotProductAttention.forward``
+once per process, and calls without packed-sequence parameters go through the original forward.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from __future__ import annotations
 from typing import Any
 
 MODES = ("per_conversation", "flash_varlen", "varlen")
-DEFAULT_MODE = "per_conversation"
+DEFAULT_MODE = "flash_varlen"
+FALLBACK_MODE = "per_conversation"
+# The compute capabilities whose flash-attention kernels the FP32 gradient-parity test has passed:
+# FA2's head-dim-256 backward is built for sm80 (A100), and Hopper (sm90: H100, H200) runs the same
+# kernels. Other GPUs keep the per-conversation loop until the test has run on them.
+FLASH_VARLEN_GPUS = ((8, 0), (9, 0))
 ENV = "BRIDGE_RECIPES_PACKED_ATTENTION"
 PAD_TO = 128
 _state: dict[str, Any] = {"mode": DEFAULT_MODE}
@@ -42,12 +48,21 @@ def mode() -> str:
     return _state["mode"]
 
 
-def mode_from(env_vars: dict | None, environ: dict | None = None) -> str:
+def default_for(capability: tuple[int, int] | None) -> str:
+    """The mode of a run whose environment names none: ``DEFAULT_MODE`` on a GPU of
+    ``FLASH_VARLEN_GPUS`` (or where no GPU is known, as in a dry run), ``FALLBACK_MODE`` on another."""
+    if capability is None or tuple(capability) in FLASH_VARLEN_GPUS:
+        return DEFAULT_MODE
+    return FALLBACK_MODE
+
+
+def mode_from(env_vars: dict | None, environ: dict | None = None, capability: tuple[int, int] | None = None) -> str:
     """The mode the environment asks for: the process's ``ENV`` over the recipe's ``env_vars``,
-    ``DEFAULT_MODE`` when neither sets it (not checked: see :func:`problems`)."""
+    :func:`default_for` the GPU's compute capability when neither sets it (not checked: see
+    :func:`problems`)."""
     from bridge_recipes.env_settings import setting
 
-    return setting(ENV, env_vars, environ) or DEFAULT_MODE
+    return setting(ENV, env_vars, environ) or default_for(capability)
 
 
 def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:
@@ -57,7 +72,8 @@ def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:
         return []
     return [
         f"env_vars.{ENV}={value!r} is not a packed-attention mode; set +env_vars.{ENV}= one of "
-        f"{', '.join(MODES)} ({DEFAULT_MODE} is the default)"
+        f"{', '.join(MODES)} ({DEFAULT_MODE} is the default on compute capabilities "
+        f"{', '.join(f'{a}.{b}' for a, b in FLASH_VARLEN_GPUS)}, {FALLBACK_MODE} on others)"
     ]
 
 
@@ -76,12 +92,12 @@ def boundaries(packed_seq_params: Any) -> list[int]:
     bounds = [int(x) for x in cu.tolist()]
     if padded is not None and padded is not cu and [int(x) for x in padded.tolist()] != bounds:
         raise ValueError(
-            "per-conversation attention needs rows without padding between conversations "
+            "packed-row attention needs rows without padding between conversations "
             "(cu_seqlens_q_padded differs from cu_seqlens_q)"
         )
     kv = getattr(packed_seq_params, "cu_seqlens_kv", None)
     if kv is not None and kv is not cu and [int(x) for x in kv.tolist()] != bounds:
-        raise ValueError("per-conversation attention needs the same boundaries for queries and keys")
+        raise ValueError("packed-row attention needs the same boundaries for queries and keys")
     setattr(packed_seq_params, _BOUNDS, (cu, bounds))
     return bounds
 

@@ -14,12 +14,13 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from bridge_recipes.packed_attention import DEFAULT_MODE
 from lab.evidence import mixer_of
 
 PARTS = ("attention", "gdn", "mtp", "experts", "rest")
 NORM_RATIO = (0.98, 1.02)
 FLOOR_FACTOR = 3.0
-DEFAULT_PATH = "per_conversation"
+DEFAULT_PATH = DEFAULT_MODE  # the path a run takes on the GPUs the parity test runs on
 NOISE_PATH = "alone"
 WORST = 12  # the parameters a record lists, largest relative error first
 

@@ -342,6 +342,15 @@ def lora_vs_peft_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _proxy_cell(proxy: dict | None) -> str:
+    """A change's side-by-side pair at fewer layers: its speed-up (the reference arm carries the change),
+    where it ran and the ratio file."""
+    if not proxy:
+        return "-"
+    ratio = json.loads((ROOT / proxy["ratio"]).read_text())
+    return f"{1 / ratio['tokens_per_s_ratio']:.2f}x ({proxy['layers']} layers, {proxy['gpu']}: `{proxy['ratio']}`)"
+
+
 def host_plan_table() -> str:
     """The one-GPU LoRA host-time plan (lab/results/lora_host_plan.json) against its traced step."""
     path = RESULTS / "lora_host_plan.json"
@@ -360,8 +369,8 @@ def host_plan_table() -> str:
         f"{plan['made']}): each change, the own time of the operators it addresses in that step, its predicted "
         "gain, and where it stands.",
         "",
-        "| change | operators (own ms in the traced step) | predicted | status | next |",
-        "|---|---|---:|---|---|",
+        "| change | operators (own ms in the traced step) | predicted | measured at fewer layers | status | next |",
+        "|---|---|---:|---|---|---|",
     ]
     together = 1.0
     for change in plan["changes"]:
@@ -370,7 +379,7 @@ def host_plan_table() -> str:
         together *= ratio or 1.0
         bound = f"at most {trace['window_ms'] / trace['busy_ms']:.1f}x" if ratio is None else f"{ratio:.2f}x"
         nxt = f"queued: `{change['queue']}`" if change["status"] == "queued" else change.get("blocker", "-")
-        lines.append(_row([change["change"], ops, bound, change["status"], nxt]))
+        lines.append(_row([change["change"], ops, bound, _proxy_cell(change.get("proxy")), change["status"], nxt]))
     goal = plan["goal_useful_tokens_per_s"]
     lines += [
         "",

@@ -4,7 +4,7 @@
 ``OPEN_ROWS`` open rows, in the permuted order), the rest of a row is padding with mask 0, and
 each row records its conversation boundaries as ``cu_seqlens`` (0, end of conversation 1, ...,
 row_tokens; the padding is a last segment of its own). Training passes them to Megatron as
-packed-sequence (THD) parameters, so attention (one conversation at a time,
+packed-sequence (THD) parameters, so attention (causal within each conversation,
 ``bridge_recipes.packed_attention``), the Gated DeltaNet recurrence, the MTP shift and the
 positions restart at each conversation, and a row is mostly conversation tokens. A conversation
 longer than a row is skipped and counted (``longer_than_row``), never cut.

@@ -1,7 +1,7 @@
-"""Megatron-Core's ``TEDotProductAttention.forward`` routes packed (THD) calls one conversation at a
-time through Transformer Engine's dense attention, or through one call of PyTorch's variable-length
-flash attention (``bridge_recipes.packed_attention`` holds the logic and the modes; the environment
-picks one at install); every other call goes through the original forward."""
+"""Megatron-Core's ``TEDotProductAttention.forward`` routes packed (THD) calls through one call of
+PyTorch's variable-length flash attention, or one conversation at a time through Transformer Engine's
+dense attention (``bridge_recipes.packed_attention`` holds the logic and the modes; the environment,
+else the GPU, picks one at install); every other call goes through the original forward."""
 
 from __future__ import annotations
 
@@ -33,14 +33,35 @@ HOW = {
 }
 
 
+def _capability() -> tuple[int, int] | None:
+    """The compute capability of this rank's GPU (``LOCAL_RANK``, read before Megatron sets the device);
+    None without one."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", "0")))
+    return major, minor
+
+
 def install(cfg: Any = None) -> str:
     """Route THD calls of Megatron-Core's TE attention through the mode the environment picks
-    (``packed_attention.ENV``, per conversation by default); idempotent, the mode set each call."""
+    (``packed_attention.ENV``), else the GPU's default (``packed_attention.default_for``); idempotent,
+    the mode set each call."""
     env_vars = getattr(cfg, "env_vars", None) if cfg is not None else None
     if found := packed_attention.problems(env_vars):
         raise ValueError("; ".join(found))
-    packed_attention.set_mode(packed_attention.mode_from(env_vars))
-    line = f"packed rows: attention runs {HOW[packed_attention.mode()]} (bridge_recipes.packed_attention)"
+    capability = _capability()
+    mode = packed_attention.mode_from(env_vars, capability=capability)
+    packed_attention.set_mode(mode)
+    line = f"packed rows: attention runs {HOW[mode]} (bridge_recipes.packed_attention"
+    if mode == packed_attention.FALLBACK_MODE and packed_attention.default_for(capability) == mode:
+        line += f"; {packed_attention.DEFAULT_MODE} is the default on compute capabilities " + ", ".join(
+            f"{a}.{b}" for a, b in packed_attention.FLASH_VARLEN_GPUS
+        )
+    line += ")"
     if installed():
         return line
     check(PATCH)
@@ -86,8 +107,8 @@ def install(cfg: Any = None) -> str:
 
 PATCH = Patch(
     name="packed_attention",
-    what="packed rows' attention one conversation at a time through TE's dense kernel, or one variable-length "
-    "flash-attention call",
+    what="packed rows' attention in one variable-length flash-attention call, or one conversation at a time "
+    "through TE's dense kernel",
     written_for={"megatron-core": ">=0.19,<0.20", "transformer-engine": ">=2.20,<2.21", "torch": ">=2.11,<2.12"},
     targets={
         TARGET: (

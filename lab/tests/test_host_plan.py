@@ -47,3 +47,20 @@ def test_what_is_queued_is_in_the_queue_and_the_rest_says_what_stops_it():
             assert change.get("blocker"), change["change"]
     for trace in plan["traces_to_take"]:
         assert f"$OUT/{trace['queue']}" in queued and trace["recipe"] in queued, trace
+
+
+def test_a_pair_at_fewer_layers_is_a_ratio_file_of_the_change():
+    """A change measured at fewer layers names a benchmark ratio whose reference arm carries the change
+    and whose loss curves agree, at the layer count and GPU the plan says."""
+    from bridge_recipes.bench.result import read_result
+
+    proxied = [c for c in _plan()["changes"] if c.get("proxy")]
+    assert proxied
+    for change in proxied:
+        path = ROOT / change["proxy"]["ratio"]
+        ratio = json.loads(path.read_text())
+        assert ratio["proxy"] and ratio["loss_curves"]["passed"], path
+        assert ratio["reference_overrides"], path  # the reference is the recipe with the change
+        arm = read_result(path.with_name(path.name.replace("_ratio.json", "_against.yaml")))
+        assert arm["gpu"]["type"] == change["proxy"]["gpu"], path
+        assert f"--scale-down {change['proxy']['layers']} " in arm["command"], path

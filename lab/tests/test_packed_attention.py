@@ -50,15 +50,15 @@ def test_summary_holds_a_path_to_the_noise_floor_of_the_conversations_alone():
     nan = {n: t * float("nan") for n, t in ref.items()}
     records = [
         _record("c", "alone", noise, ref),
-        _record("c", "per_conversation", good, ref),
+        _record("c", parity.DEFAULT_PATH, good, ref),
         _record("c", "varlen", bad, ref),
         _record("c", "broken", nan, ref),
     ]
     cases = {c["path"]: c for c in parity.summarize(records)}
-    assert set(cases) == {"per_conversation", "varlen", "broken"}  # the noise path is the floor, not a case
-    assert cases["per_conversation"]["default_path"] and not cases["varlen"]["default_path"]
-    assert cases["per_conversation"]["noise_floor"] == pytest.approx(0.01, rel=1e-4)
-    assert cases["per_conversation"]["holds"] and not cases["varlen"]["holds"]
+    assert set(cases) == {parity.DEFAULT_PATH, "varlen", "broken"}  # the noise path is the floor, not a case
+    assert cases[parity.DEFAULT_PATH]["default_path"] and not cases["varlen"]["default_path"]
+    assert cases[parity.DEFAULT_PATH]["noise_floor"] == pytest.approx(0.01, rel=1e-4)
+    assert cases[parity.DEFAULT_PATH]["holds"] and not cases["varlen"]["holds"]
     assert cases["broken"]["grad_norm_ratio"] is None and not cases["broken"]["holds"]
     assert cases["broken"]["max_rel_err_attention"] is None and cases["broken"]["max_rel_err_gdn"] is None
     assert parity.summarize(records[1:]) == []  # no floor, no verdict

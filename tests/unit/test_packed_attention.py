@@ -1,4 +1,4 @@
-"""Attention one conversation at a time over a packed row, and the parity measure of its gradients."""
+"""Attention over a packed row (one variable-length call, or one conversation at a time) and the mode a run takes."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_boundaries_refuse_padding_between_conversations():
         pa.set_mode("thd")
     pa.set_mode("varlen")
     assert pa.mode() == "varlen"
-    pa.set_mode("per_conversation")
+    pa.set_mode(pa.DEFAULT_MODE)
 
 
 def fake_varlen_attn(calls):
@@ -116,8 +116,12 @@ def test_one_varlen_call_gives_each_conversation_its_own_causal_attention(monkey
         assert torch.allclose(a, b, atol=1e-5)
 
 
-def test_the_environment_picks_the_mode_and_a_wrong_one_names_the_fix():
-    assert pa.mode_from(None, {}) == "per_conversation"
+def test_the_environment_picks_the_mode_else_the_gpu_and_a_wrong_one_names_the_fix():
+    assert pa.mode_from(None, {}) == "flash_varlen"  # no GPU known (a dry run)
+    assert pa.mode_from(None, {}, capability=(9, 0)) == pa.mode_from(None, {}, capability=(8, 0)) == "flash_varlen"
+    for other in ((8, 9), (10, 0)):  # an L40S, a B200: the loop until the parity test has run there
+        assert pa.mode_from(None, {}, capability=other) == "per_conversation"
+    assert pa.mode_from({pa.ENV: "flash_varlen"}, {}, capability=(8, 9)) == "flash_varlen"  # asked for by name
     assert pa.mode_from({pa.ENV: "flash_varlen"}, {}) == "flash_varlen"
     assert pa.mode_from({pa.ENV: "flash_varlen"}, {pa.ENV: "Varlen"}) == "varlen"  # the process's wins
     assert pa.problems({pa.ENV: "flash_varlen"}, {}) == []
@@ -157,12 +161,18 @@ def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
         assert len(original_calls) == 1 and len(calls) == 1  # not packed: the original forward
         with pytest.raises(ValueError, match="causal self-attention only"):
             TEDotProductAttention.forward(me, q, k, v, None, AttnMaskType.no_mask, None, params)
-        patch.install(NS(env_vars={}))  # installed once; the mode follows the environment
+        patch.install(NS(env_vars={pa.ENV: "per_conversation"}))  # installed once; the mode follows the environment
         assert pa.mode() == "per_conversation"
+        monkeypatch.setattr(patch, "_capability", lambda: (8, 9))  # a GPU the default has not been measured on
+        line = patch.install(NS(env_vars={}))
+        assert pa.mode() == "per_conversation"
+        assert "flash_varlen is the default on compute capabilities 8.0, 9.0" in line
+        monkeypatch.setattr(patch, "_capability", lambda: (9, 0))
+        assert "flash-attention" in patch.install(NS(env_vars={})) and pa.mode() == "flash_varlen"
         with pytest.raises(ValueError, match="not a packed-attention mode"):
             patch.install(NS(env_vars={pa.ENV: "thd"}))
     finally:
-        pa.set_mode("per_conversation")
+        pa.set_mode(pa.DEFAULT_MODE)
 
 
 def test_the_dry_run_refuses_an_unknown_mode_by_name(capsys):

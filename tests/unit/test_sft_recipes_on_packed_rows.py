@@ -59,7 +59,7 @@ def test_recipe_dry_runs_on_packed_rows(rows, base_weights, recipe, capsys):
     code = main(args)
     captured = capsys.readouterr()
     if cfg.model.context_parallel_size > 1:
-        # attention one conversation at a time does not split a conversation over ranks: refused, with the fix
+        # packed-row attention does not split a conversation over ranks: refused, with the fix
         assert code == 2 and "set -cp 1" in captured.err and "--packing one_per_row" in captured.err
         return
     assert code == 0, captured.err[-2000:]

@@ -1,4 +1,4 @@
-"""The gradient of a packed row against an FP32 reference of its conversations run alone, on one H200.
+"""The gradient of a packed row against an FP32 reference of its conversations run alone, on one Hopper GPU.
 
 A row with boundaries is its conversations side by side, so the gradient of its masked loss must be
 the sum of their gradients. The reference computes that sum in FP32 from the same weights: the
@@ -10,9 +10,10 @@ DeltaNet, MTP, experts, the rest), the BF16 paths:
 - ``alone``: each conversation alone through the recipe's BF16 kernels (the noise floor);
 - ``varlen``: the packed row through Transformer Engine's THD attention kernel;
 - ``per_conversation``: the packed row with attention run one conversation at a time
-  (``bridge_recipes.packed_attention``), the SFT default;
+  (``bridge_recipes.packed_attention``), the default on GPUs other than A100, H100 and H200;
 - ``per_conversation_no_pad``: the same with the row's padding segment cut off;
-- ``flash_varlen``: the packed row through one call of PyTorch's variable-length flash attention.
+- ``flash_varlen``: the packed row through one call of PyTorch's variable-length flash attention,
+  the default on A100, H100 and H200.
 
     OUT=/path python3 -m pytest -q -m gpu lab/tests/gpu/test_packed_gradient_parity.py
 
