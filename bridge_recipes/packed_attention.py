@@ -124,6 +124,14 @@ def per_conversation(call, query, key, value, bounds: list[int]):
     return torch.cat(outs, dim=0)
 
 
+def flash_varlen_takes(dtype) -> bool:
+    """Whether the flash-attention kernel takes tensors of ``dtype`` (16-bit only); a packed call in
+    another precision (an FP32 reference model) runs one conversation at a time instead."""
+    import torch
+
+    return dtype in (torch.bfloat16, torch.float16)
+
+
 def flash_varlen(query, key, value, bounds: list[int], cu_seqlens, scale: float | None):
     """The packed ``[t, heads, dim]`` tensors (keys and values may have fewer heads) through one
     causal variable-length flash-attention call over the conversations ``cu_seqlens`` delimits

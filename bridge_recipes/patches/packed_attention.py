@@ -83,7 +83,7 @@ def install(cfg: Any = None) -> str:
             raise ValueError(f"{mode} attention supports causal self-attention only, got {attn_mask_type}")
         if getattr(packed_seq_params, "cp_group", None) is not None or self.config.context_parallel_size > 1:
             raise ValueError(f"{mode} attention does not support context parallelism")
-        if mode == "flash_varlen":
+        if mode == "flash_varlen" and packed_attention.flash_varlen_takes(query.dtype):
             return packed_attention.flash_varlen(
                 query,
                 key,

@@ -154,11 +154,14 @@ def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
         me = NS(softmax_scale=0.5, config=NS(context_parallel_size=1))
         cu = torch.tensor([0, 3, 8], dtype=torch.int32)
         params = NS(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_q_padded=None)
-        q, k, v = (torch.randn(8, 2, 4) for _ in range(3))
+        q, k, v = (torch.randn(8, 2, 4, dtype=torch.bfloat16) for _ in range(3))
         out = TEDotProductAttention.forward(me, q, k, v, None, AttnMaskType.causal, None, params)
         assert out.shape == (8, 8) and calls[-1]["scale"] == 0.5 and not original_calls
         TEDotProductAttention.forward(me, q[:, None], k[:, None], v[:, None], None, AttnMaskType.causal)
         assert len(original_calls) == 1 and len(calls) == 1  # not packed: the original forward
+        fp32 = [x.float() for x in (q, k, v)]  # a precision the kernel does not take: one conversation at a time
+        assert TEDotProductAttention.forward(me, *fp32, None, AttnMaskType.causal, None, params).shape == (8, 8)
+        assert len(original_calls) == 3 and len(calls) == 1
         with pytest.raises(ValueError, match="causal self-attention only"):
             TEDotProductAttention.forward(me, q, k, v, None, AttnMaskType.no_mask, None, params)
         patch.install(NS(env_vars={pa.ENV: "per_conversation"}))  # installed once; the mode follows the environment
