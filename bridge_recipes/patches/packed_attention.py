@@ -34,15 +34,16 @@ HOW = {
 
 
 def _capability() -> tuple[int, int] | None:
-    """The compute capability of this rank's GPU (``LOCAL_RANK``, read before Megatron sets the device);
-    None without one."""
+    """The compute capability of this rank's GPU (``LOCAL_RANK``, read before Megatron sets the device;
+    the first visible GPU where a launcher shows each rank only its own); None without one."""
     import os
 
     import torch
 
     if not torch.cuda.is_available():
         return None
-    major, minor = torch.cuda.get_device_capability(int(os.environ.get("LOCAL_RANK", "0")))
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    major, minor = torch.cuda.get_device_capability(index if index < torch.cuda.device_count() else 0)
     return major, minor
 
 

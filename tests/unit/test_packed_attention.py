@@ -185,3 +185,17 @@ def test_the_dry_run_refuses_an_unknown_mode_by_name(capsys):
     assert cli.main(["--recipe", recipe, "--dry-run", f"+env_vars.{pa.ENV}=cudnn"]) == 2
     err = capsys.readouterr().err
     assert f"env_vars.{pa.ENV}='cudnn'" in err and "flash_varlen" in err and "Traceback" not in err
+
+
+def test_the_gpu_read_is_this_ranks_or_the_first_visible(monkeypatch):
+    from bridge_recipes.patches import packed_attention as patch
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: asked.append(i) or (9, 0))
+    for rank, index in (("1", 1), ("5", 0)):  # one GPU per rank shown: the first visible is its own
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        assert patch._capability() == (9, 0) and asked[-1] == index
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert patch._capability() is None
