@@ -56,6 +56,12 @@ def default_for(capability: tuple[int, int] | None) -> str:
     return FALLBACK_MODE
 
 
+def default_rule() -> str:
+    """:func:`default_for` in words, for the messages that name it."""
+    gpus = ", ".join(f"{major}.{minor}" for major, minor in FLASH_VARLEN_GPUS)
+    return f"{DEFAULT_MODE} is the default on compute capabilities {gpus}, {FALLBACK_MODE} on others"
+
+
 def mode_from(env_vars: dict | None, environ: dict | None = None, capability: tuple[int, int] | None = None) -> str:
     """The mode the environment asks for: the process's ``ENV`` over the recipe's ``env_vars``,
     :func:`default_for` the GPU's compute capability when neither sets it (not checked: see
@@ -72,8 +78,7 @@ def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:
         return []
     return [
         f"env_vars.{ENV}={value!r} is not a packed-attention mode; set +env_vars.{ENV}= one of "
-        f"{', '.join(MODES)} ({DEFAULT_MODE} is the default on compute capabilities "
-        f"{', '.join(f'{a}.{b}' for a, b in FLASH_VARLEN_GPUS)}, {FALLBACK_MODE} on others)"
+        f"{', '.join(MODES)} ({default_rule()})"
     ]
 
 

@@ -59,9 +59,7 @@ def install(cfg: Any = None) -> str:
     packed_attention.set_mode(mode)
     line = f"packed rows: attention runs {HOW[mode]} (bridge_recipes.packed_attention"
     if mode == packed_attention.FALLBACK_MODE and packed_attention.default_for(capability) == mode:
-        line += f"; {packed_attention.DEFAULT_MODE} is the default on compute capabilities " + ", ".join(
-            f"{a}.{b}" for a, b in packed_attention.FLASH_VARLEN_GPUS
-        )
+        line += f"; {packed_attention.default_rule()}"
     line += ")"
     if installed():
         return line
