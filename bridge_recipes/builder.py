@@ -186,11 +186,31 @@ def _apply_flags_and_overrides(cfg: Any, values: dict[str, Any], overrides: Sequ
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     before = tracking.snapshot(cfg)
     applied = apply_all(cfg, values, list(overrides))
+    _agree_ddp_and_optimizer(cfg, {o.key for o in applied})
     if resumes_from_save and ckpt.load == recipe_load:
         ckpt.load = ckpt.save  # a recipe that resumes from its save folder keeps doing so when only save moves
     tracking.follow_save(cfg, before, [o.key for o in applied], name)  # TensorBoard and W&B folders
     if problem := tracking.problem(cfg):
         raise ValueError(problem)
+
+
+# Settings that Megatron-Bridge's validation turns on in both the DDP and the optimizer config when
+# either has it on, with a warning.
+DDP_AND_OPTIMIZER = ("use_distributed_optimizer", "overlap_param_gather")
+
+
+def _agree_ddp_and_optimizer(cfg: Any, overridden: set[str]) -> None:
+    """Make ``ddp.X`` and ``optimizer.X`` agree for each of :data:`DDP_AND_OPTIMIZER` before the
+    config is validated or saved: an override of one of the two sets both, otherwise either being on
+    turns both on, as Megatron-Bridge would at validation, so that the config says what runs."""
+    ddp, optimizer = cfg.ddp, cfg.optimizer
+    for field in DDP_AND_OPTIMIZER:
+        if not (hasattr(ddp, field) and hasattr(optimizer, field)):
+            continue
+        named = [s for key, s in ((f"ddp.{field}", ddp), (f"optimizer.{field}", optimizer)) if key in overridden]
+        on = getattr(named[0], field) if len(named) == 1 else getattr(ddp, field) or getattr(optimizer, field)
+        setattr(ddp, field, bool(on))
+        setattr(optimizer, field, bool(on))
 
 
 def _checkpoint_scale(cfg: Any, folder: Any, layers: int, experts: int | None) -> int | None:

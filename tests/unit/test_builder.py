@@ -108,3 +108,29 @@ def test_peft_flag_round_trips_through_the_runner_arguments_and_dry_runs(capsys)
     assert re.search(r"^peft\s+LoRA rank 32\b", out.out, re.M) and "no pretrained weights" in out.err
     assert main(["--recipe", SFT_35B, "--peft", "qlora", "--dry-run"]) == 2
     assert re.search(r"--peft 'qlora'.*\blora$", capsys.readouterr().err, re.M)  # the value, then the choices
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ((), True),  # the recipe turns it on in the DDP config only
+        (("ddp.overlap_param_gather=false",), False),  # the one named sets both
+        (("optimizer.overlap_param_gather=true", "ddp.overlap_param_gather=false"), True),  # both named: either on
+    ],
+)
+def test_the_ddp_and_optimizer_settings_agree_after_the_overrides(overrides, expected):
+    import warnings
+
+    from bridge_recipes.runner.cli import megatron_validation
+
+    cfg = bridge_recipes.build(SFT_35B, scale_down=4, overrides=list(overrides))
+    assert (cfg.ddp.overlap_param_gather, cfg.optimizer.overlap_param_gather) == (expected, expected)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert megatron_validation(cfg, 1) is None
+    assert not [w for w in caught if "not in sync" in str(w.message)]
+
+
+def test_an_override_of_the_distributed_optimizer_in_one_section_holds_in_both():
+    cfg = bridge_recipes.build(SFT_35B, scale_down=4, overrides=["optimizer.use_distributed_optimizer=false"])
+    assert (cfg.ddp.use_distributed_optimizer, cfg.optimizer.use_distributed_optimizer) == (False, False)
