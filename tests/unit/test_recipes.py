@@ -525,3 +525,15 @@ def test_the_fast_one_gpu_35b_lora_recipe_runs_its_experts_as_one_cutlass_groupe
     base = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config").env_vars
     assert fast == {**base, CUTLASS_GROUPED_GEMM_ENV: 1}
     assert CUTLASS_GROUPED_GEMM_ENV not in base and OPENRECIPES_ENV == shared
+
+
+def test_te_cross_entropy_rebuilds_its_gradient_in_fp32():
+    """The premise of ``policy.te_cross_entropy``, which the fast recipes use in spite of Megatron-Core's
+    stability warning: the installed Transformer Engine keeps FP32 softmax statistics from the forward
+    and rebuilds the derivative from them in FP32, not a BF16 gradient made in the forward."""
+    import torch  # noqa: F401  (loads the libraries Transformer Engine links against)
+    from transformer_engine.pytorch.triton import cross_entropy as te_ce
+
+    assert "stats" in inspect.signature(te_ce.cross_entropy_backward).parameters
+    assert "FP32" in inspect.getdoc(te_ce.cross_entropy_backward)
+    assert "stats = torch.empty((n_rows, 2), dtype=torch.float32" in inspect.getsource(te_ce.cross_entropy_forward)
