@@ -205,8 +205,6 @@ def _agree_ddp_and_optimizer(cfg: Any, overridden: set[str]) -> None:
     turns both on, as Megatron-Bridge would at validation, so that the config says what runs."""
     ddp, optimizer = cfg.ddp, cfg.optimizer
     for field in DDP_AND_OPTIMIZER:
-        if not (hasattr(ddp, field) and hasattr(optimizer, field)):
-            continue
         named = [s for key, s in ((f"ddp.{field}", ddp), (f"optimizer.{field}", optimizer)) if key in overridden]
         on = getattr(named[0], field) if len(named) == 1 else getattr(ddp, field) or getattr(optimizer, field)
         setattr(ddp, field, bool(on))

@@ -1,6 +1,7 @@
 """bridge_recipes.build: the library's entry point, and the run_recipe.py arguments of a request."""
 
 import re
+import warnings
 
 import pytest
 
@@ -119,8 +120,6 @@ def test_peft_flag_round_trips_through_the_runner_arguments_and_dry_runs(capsys)
     ],
 )
 def test_the_ddp_and_optimizer_settings_agree_after_the_overrides(overrides, expected):
-    import warnings
-
     from bridge_recipes.runner.cli import megatron_validation
 
     cfg = bridge_recipes.build(SFT_35B, scale_down=4, overrides=list(overrides))
