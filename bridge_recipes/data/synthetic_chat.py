@@ -243,3 +243,49 @@ def build_lognormal_rows(out: str | Path, tokenizer: str | Path, packing: str, r
     src = out.parent / "chat.jsonl"
     src.write_text(lognormal_conversations_jsonl(LOGNORMAL_CONVERSATIONS, seed=0))
     return build_sft_rows(src, tokenizer, out, row_tokens=row_tokens, packing=packing, overwrite=True, progress=False)
+
+
+# Long multi-turn chats: lognormal total lengths with a mean of about 4,300 tokens and no upper
+# bound, so about one in ten is longer than an 8,192-token row; each is a system prompt and
+# exchanges of about LONG_TURN_WORDS words.
+LONG_MEAN_WORDS = 1075
+LONG_TURN_WORDS = 300
+
+
+def long_conversation(rng: random.Random, words: int) -> dict[str, Any]:
+    """A multi-turn chat of about ``words`` words in exchanges of about ``LONG_TURN_WORDS``, a fifth
+    of each exchange the user's."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant."}]
+    left = words
+    while left > 0:
+        turn = min(left, max(8, round(rng.uniform(0.5, 1.5) * LONG_TURN_WORDS)))
+        user = max(1, turn // 5)
+        messages.append({"role": "user", "content": _text(rng, user)})
+        messages.append({"role": "assistant", "content": _text(rng, max(1, turn - user))})
+        left -= turn
+    return {"messages": messages}
+
+
+def long_conversations_jsonl(n: int, seed: int = 0) -> str:
+    """``n`` long multi-turn chats (``LONG_*``), the same text for the same ``n`` and ``seed``."""
+    rng = random.Random(seed)
+    mu = math.log(LONG_MEAN_WORDS) - LOGNORMAL_SIGMA**2 / 2
+    return "".join(
+        json.dumps(long_conversation(rng, max(8, round(rng.lognormvariate(mu, LOGNORMAL_SIGMA))))) + "\n"
+        for _ in range(n)
+    )
+
+
+def build_long_split_rows(out: str | Path, tokenizer: str | Path, row_tokens: int = 8192) -> dict:
+    """``LOGNORMAL_CONVERSATIONS`` long multi-turn chats (``long_chat.jsonl`` in ``out``'s parent) built
+    into boundaries rows in ``out``, the chats longer than a row kept as pieces (``--long split``);
+    returns the manifest."""
+    from bridge_recipes.data.sft_rows import build_sft_rows
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.parent / "long_chat.jsonl"
+    src.write_text(long_conversations_jsonl(LOGNORMAL_CONVERSATIONS, seed=0))
+    return build_sft_rows(
+        src, tokenizer, out, row_tokens=row_tokens, packing="boundaries", long="split", overwrite=True, progress=False
+    )
