@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         "row count and the rows a step reads (whole steps, rounded down); instead of --max-steps",
     )
     p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start a new run instead of resuming the save folder's checkpoint: when that folder holds one, the run "
+        "saves to a new subfolder fresh_N of it (nothing is moved or deleted); resume it later with --save-dir",
+    )
+    p.add_argument(
         "--peft",
         metavar="SCHEME",
         help=f"fine-tune with adapters instead of all weights ({' | '.join(PEFT_SCHEMES)}): lora puts LoRA "
@@ -276,6 +282,11 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     cfg = bridge_recipes.build(
         args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] {change}")
     )
+    args.fresh_note = None
+    if args.fresh:
+        from bridge_recipes.runner.checkpoints import start_fresh
+
+        args.fresh_note = start_fresh(cfg, entry.name)
     if args.hf_checkpoint:
         from bridge_recipes.hf import training as hf_training
         from bridge_recipes.runner.checks import fp8_parameter_problems
@@ -318,7 +329,7 @@ def mock_data_warning(cfg: Any, task: str) -> str | None:
 
 def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace, world: int) -> str:
     """What the run reads and writes and how long it is: data, steps, epochs and tokens, validation, the
-    expected time, PEFT, the starting weights, the save and export folders."""
+    expected time, PEFT, the starting weights, whether it resumes, the save and export folders."""
     from bridge_recipes.datasets import describe
 
     peft = cfg.peft
@@ -342,11 +353,10 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
         weights = "random initialization"
         if entry.checkpoint is not None:
             weights += f" (--hf-checkpoint DIR starts from {entry.checkpoint.hf_id}'s weights)"
-    if ckpt.load and ckpt.load != ckpt.pretrained_checkpoint:
-        weights += f"; resumes from {ckpt.load} when it holds a checkpoint"
     save = f"{ckpt.save} (every {ckpt.save_interval} steps)" if ckpt.save else "none (nothing is saved)"
     export = f"{args.export_hf} (a Hugging Face folder, after training)" if args.export_hf else "none"
     from bridge_recipes import run_length
+    from bridge_recipes.runner.checkpoints import resume_line
 
     return "\n".join(
         [
@@ -356,6 +366,7 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
             f"time              {time_line(cfg, entry, world, args)}",
             f"peft              {adapters}",
             f"weights           {weights}",
+            f"resume            {getattr(args, 'fresh_note', None) or resume_line(cfg)}",
             f"save              {save}",
             f"export            {export}",
         ]
@@ -518,7 +529,7 @@ def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: A
     """The layout checks (each printed) and the patches' refusals for ``world`` GPUs: why the run cannot go on."""
     from bridge_recipes.runner import checks
 
-    problems = checks.check(cfg, world)
+    problems = checks.check(cfg, world, entry.name)
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
@@ -615,6 +626,10 @@ def launch_run(
 
     print(checks.summary(cfg, world))
     print(run_summary(cfg, entry, args, world), flush=True)
+    if cfg.checkpoint.save and os.environ.get("RANK", "0") == "0":
+        from bridge_recipes.saved_runs import run_identity, write_identity
+
+        write_identity(cfg.checkpoint.save, run_identity(cfg, entry.name))  # what a later run is checked against
     if args.hf_checkpoint:
         from bridge_recipes.hf.training import attach
 
