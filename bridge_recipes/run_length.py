@@ -72,6 +72,11 @@ def too_small(cfg: Any, rows: int) -> str:
 def steps_for_epochs(cfg: Any, epochs: float) -> int:
     """The whole steps ``epochs`` passes over ``cfg``'s rows fill; ValueError naming the fix for data
     that is not SFT rows and for rows that cannot fill one step."""
+    return _rows_and_steps(cfg, epochs)[1]
+
+
+def _rows_and_steps(cfg: Any, epochs: float) -> tuple[int, int]:
+    """(rows, steps) of :func:`steps_for_epochs`."""
     if problem := epochs_value_problem(epochs):
         raise ValueError(problem)
     rows = training_rows(cfg)
@@ -85,14 +90,14 @@ def steps_for_epochs(cfg: Any, epochs: float) -> int:
     per_step = rows_per_step(cfg)
     if rows < per_step:
         raise ValueError(too_small(cfg, rows))
-    return max(1, math.floor(epochs * rows / per_step + 1e-9))
+    return rows, max(1, math.floor(epochs * rows / per_step + 1e-9))
 
 
 def use_epochs(cfg: Any, epochs: float) -> list[str]:
     """Set ``train.train_iters`` for ``epochs`` passes over the rows (:func:`steps_for_epochs`); returns
     the change, one line."""
-    steps = steps_for_epochs(cfg, epochs)
-    rows, per_step, old = training_rows(cfg), rows_per_step(cfg), cfg.train.train_iters
+    rows, steps = _rows_and_steps(cfg, epochs)
+    per_step, old = rows_per_step(cfg), cfg.train.train_iters
     cfg.train.train_iters = steps
     return [
         f"train.train_iters: {old} -> {steps} ({epochs:g} epochs of {rows} rows at {per_step} rows per step: "
