@@ -42,6 +42,7 @@ def build(
     hf_checkpoint: str | None = None,
     peft: str | None = None,
     config_file: str | None = None,
+    epochs: float | None = None,
 ) -> Any:
     """The ConfigContainer of recipe ``name``.
 
@@ -68,6 +69,10 @@ def build(
     - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
       of calling the recipe; ``name`` is then the recipe it was written from. The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
+    - ``epochs``: the run's length in passes over its SFT rows: ``train.train_iters`` from the rows
+      folder's row count and the rows a step reads, set last (``epochs: ...`` reported;
+      :mod:`bridge_recipes.run_length`). Refused with a step count (``max_steps``, ``train.train_iters=``),
+      with data other than SFT rows and with rows that cannot fill one step.
 
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
     save folder moves; its TensorBoard folder and the W&B defaults follow the save folder
@@ -78,6 +83,8 @@ def build(
     """
     values = flag_values(dict(flags or {}))
     _check_request(scale_down, scale_experts, gpus, peft, config_file, dataset)
+    if epochs is not None and (problem := epochs_conflict(epochs, values, overrides)):
+        raise ValueError(problem)
     cfg = _base_config(name, config_file)
     folder = None
     if hf_checkpoint is not None:
@@ -95,7 +102,35 @@ def build(
     for change in join_recipe_rows(cfg):  # rows with boundaries: the recipe's rows per micro batch as one sequence
         if report:
             report(f"packed rows: {change}")
+    if epochs is not None:  # last: the rows a step reads are settled
+        from bridge_recipes.run_length import use_epochs
+
+        for change in use_epochs(cfg, epochs):
+            if report:
+                report(f"epochs: {change}")
     return cfg
+
+
+# What sets the run's length in steps, which ``epochs`` sets from the rows instead.
+STEP_KEYS = ("train.train_iters", "train.train_samples")
+
+
+def epochs_conflict(epochs: float, flags: Mapping[str, Any], overrides: Sequence[str]) -> str | None:
+    """Why ``epochs`` cannot be used with the rest of a request (a bad value, or a step count also given),
+    or None; answered before anything is built."""
+    from bridge_recipes.overrides import parse
+    from bridge_recipes.run_length import epochs_value_problem
+
+    if problem := epochs_value_problem(epochs):
+        return problem
+    if flags.get("max_steps") is not None:
+        steps = flags["max_steps"]
+        return f"epochs={epochs:g} sets the steps from the rows, and --max-steps {steps} sets them too; pass one"
+    for token in overrides:
+        key = parse(token).key
+        if key in STEP_KEYS:
+            return f"epochs={epochs:g} sets the steps from the rows, and {token} sets the run's length too; pass one"
+    return None
 
 
 def _check_request(
@@ -241,6 +276,7 @@ def runner_args(
     hf_checkpoint: str | None = None,
     peft: str | None = None,
     config_file: str | None = None,
+    epochs: float | None = None,
 ) -> list[str]:
     """``scripts/run_recipe.py`` arguments (after ``--recipe NAME``) that build what
     :func:`build` builds with the same keywords: scale-down, dataset, flags in their table's
@@ -258,6 +294,8 @@ def runner_args(
         args += ["--hf-checkpoint", hf_checkpoint]
     if peft is not None:
         args += ["--peft", peft]
+    if epochs is not None:
+        args += ["--epochs", str(epochs)]
     values = flag_values(dict(flags or {}))
     for dest in FLAG_KEYS:
         if dest in values:

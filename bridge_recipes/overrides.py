@@ -73,6 +73,7 @@ CLI_OPTIONS = {
     "hf_checkpoint": "--hf-checkpoint",
     "export_hf": "--export-hf",
     "config_file": "--config-file",
+    "epochs": "--epochs",
     "candidate": "--candidate",
     "without_mtp": "--without-mtp",
     "intercept_result": "--intercept-result",
@@ -187,6 +188,8 @@ def precheck(tokens: list[str]) -> list[Override]:
     parsed = [parse(t) for t in tokens]
     sections = container_fields() or ()
     for o in parsed:
+        if problem := instead_problem(o):
+            raise OverrideError(problem)
         top = o.key.split(".", 1)[0]
         # a key without its section (``lr``) is left to the full check, which names the section it is in
         if sections and top not in sections and "." in o.key:
@@ -364,8 +367,25 @@ def _names(kinds: tuple[type, ...]) -> str:
     return " or ".join(sorted({"null" if t is type(None) else t.__name__ for t in kinds}))
 
 
+# Fields an override may not set, each with what to use instead.
+INSTEAD = {
+    "train.num_epochs": "Megatron-Bridge counts epochs only for its own SFT dataset, not for these recipes' rows; "
+    "set the run's length in passes over the rows with epochs=N, which sets train.train_iters from the rows "
+    "folder's row count and the rows a step reads",
+}
+
+
+def instead_problem(o: Override) -> str | None:
+    """Why override ``o`` sets a field of :data:`INSTEAD` (to a value), naming what to use instead; or None."""
+    if o.key in INSTEAD and o.kind != "delete" and o.value is not None:
+        return f"{o.token!r}: {INSTEAD[o.key]}"
+    return None
+
+
 def apply(cfg: Any, override: Override) -> None:
     """Apply one override to ``cfg`` in place."""
+    if problem := instead_problem(override):
+        raise OverrideError(problem)
     parts = override.key.split(".")
     if not all(parts):
         raise OverrideError(f"malformed key in {override.token!r}")

@@ -9,7 +9,8 @@ does at run time. Only :func:`load` imports the one module a recipe lives in.
 Qwen3.6 names: Qwen3.6 checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
 recipe whose size has a Qwen3.6 checkpoint in the catalog (``bridge_recipes.models.qwen35``) is
 also listed as ``qwen36_...``: an alias of the one definition, whose config records the Qwen3.6
-checkpoint (:func:`bridge_recipes.common.use_checkpoint_family`).
+checkpoint (:func:`bridge_recipes.common.use_checkpoint_family`) and saves to its own
+``experiments/qwen36_...`` folder.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from functools import lru_cache, wraps
 from pathlib import Path
 
 from bridge_recipes.models.qwen35 import SPECS, Checkpoint
-from bridge_recipes.recipe import STATUSES, RecipeMeta, twin_meta
+from bridge_recipes.recipe import STATUSES, RecipeMeta, own_run_folder, twin_meta
 
 PACKAGE_ROOT = Path(__file__).resolve().parent  # bridge_recipes/
 TREES = {"bridge_recipes": PACKAGE_ROOT, "perf_recipes": PACKAGE_ROOT.parent / "perf_recipes"}
@@ -192,7 +193,7 @@ def find(name: str) -> RecipeEntry:
 
 def load(name: str) -> Callable:
     """Import the recipe's module and return the function (for an alias: one that builds the
-    recipe and records the alias's checkpoint family)."""
+    recipe, records the alias's checkpoint family and gives it its own run folder)."""
     entry = find(name)
     fn = getattr(importlib.import_module(entry.module), entry.alias_of or entry.name)
     if entry.alias_of is None:
@@ -204,6 +205,7 @@ def load(name: str) -> Callable:
 
         cfg = fn()
         use_checkpoint_family(cfg, entry.model, entry.family)
+        own_run_folder(cfg, entry.name.removesuffix("_config"))  # not its twin's: a run of one never resumes the other
         return cfg
 
     return build_for_family

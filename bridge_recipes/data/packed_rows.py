@@ -203,8 +203,8 @@ class PackedSFTRowsConfig(DatasetProvider):
             self.tokenizer_path,
             self.rows_per_sample,
         )
-        if train.epochs > 1:
-            log.warning(epochs_warning(self.path, len(train.ids), context.train_samples * self.rows_per_sample))
+        if warning := epochs_warning(self.path, len(train.ids), context.train_samples * self.rows_per_sample):
+            log.warning(warning)
         valid = None
         val_dir = Path(self.path) / VAL_DIR
         if context.valid_samples and train.manifest.get("validation"):
@@ -219,11 +219,24 @@ class PackedSFTRowsConfig(DatasetProvider):
         return train, valid, None
 
 
-def epochs_warning(path: str, rows: int, samples: int) -> str:
+# More passes over the rows than this, or rows that do not fill one step, is warned of before launch:
+# a tiny dataset read many times is learnt by heart.
+MANY_EPOCHS = 10
+
+
+def epochs_warning(path: str, rows: int, samples: int, rows_per_step: int | None = None) -> str | None:
+    """The warning for a run that reads its ``rows`` more than :data:`MANY_EPOCHS` times (``samples`` rows
+    read in all) or whose rows do not fill one step of ``rows_per_step``; None for other runs."""
+    epochs = samples / rows
+    small = rows_per_step is not None and rows < rows_per_step
+    if epochs <= MANY_EPOCHS and not small:
+        return None
+    step = f"; one step takes {rows_per_step} rows, more than the folder holds" if small else ""
     return (
         f"the run reads {samples} training samples from {rows} rows in {path}: "
-        f"{samples / rows:.2f} epochs ({math.ceil(samples / rows)} passes, each row seen up to that many times); "
-        "build more rows or lower train.train_iters x train.global_batch_size"
+        f"{epochs:.2f} epochs ({math.ceil(epochs)} passes, each row seen up to that many times){step}; add data "
+        "(scripts/build_sft_rows.py), or set the run's length in passes over the rows with --epochs N instead of "
+        "train.train_iters x train.global_batch_size"
     )
 
 
@@ -287,9 +300,9 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
     errors, warnings = [], []
     n_rows = len(rows.ids)
     k = getattr(d, "rows_per_sample", 1)
-    samples = cfg.train.train_iters * cfg.train.global_batch_size * k
-    if samples > n_rows:
-        warnings.append(epochs_warning(d.path, n_rows, samples))
+    per_step = cfg.train.global_batch_size * k
+    if warning := epochs_warning(d.path, n_rows, cfg.train.train_iters * per_step, per_step):
+        warnings.append(warning)
     packing = rows.manifest.get("packing")
     if packing == "eos_joined":
         warnings.append(

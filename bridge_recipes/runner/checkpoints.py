@@ -3,6 +3,10 @@
 - asynchronous saving with no save folder;
 - a pretrained checkpoint or an explicit resume folder that does not exist (an automatic
   resume from the save folder may find nothing: that is a fresh start, not an error);
+- resuming a checkpoint of another run, or saving beside one: another recipe, model, data (a rows
+  folder by its content hash), sequence length or LoRA setting (``bridge_recipes.saved_runs``:
+  the launch records what identifies its run in its save folder); the error names each difference
+  and ``--fresh`` starts a new run in a new subfolder instead;
 - resuming a checkpoint of another kind of run (LoRA against full fine-tuning);
 - resuming from a checkpoint whose saved run differs in a way the format cannot reshard:
   the architecture (layers, hidden size, heads, experts, vocabulary) never; with the legacy
@@ -21,19 +25,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.saved_runs import CheckpointMetadataError, latest_run_config
-
-ARCHITECTURE_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "ffn_hidden_size",
-    "num_attention_heads",
-    "num_query_groups",
-    "num_moe_experts",
-    "moe_ffn_hidden_size",
-    "vocab_size",
-    "linear_num_value_heads",
+from bridge_recipes.saved_runs import (
+    ARCHITECTURE_FIELDS,
+    CheckpointMetadataError,
+    fresh_folder,
+    identity_differences,
+    latest_iteration,
+    latest_run_config,
+    run_identity,
+    saved_identity,
 )
+
 LAYOUT_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
 # Model-parallel sizes a dp_reshardable optimizer state must be loaded with (see the docstring).
 DP_RESHARDABLE_FIXED = (
@@ -79,7 +81,9 @@ def is_megatron_checkpoint(folder: str) -> bool:
     return checkpoint_exists(folder)
 
 
-def problems(cfg: Any, world_size: int) -> list[str]:
+def problems(cfg: Any, world_size: int, recipe: str | None = None) -> list[str]:
+    """Why the checkpoint settings cannot work; ``recipe``, when given, is compared with the recipe
+    of a checkpoint the run would resume or save beside."""
     c, out = cfg.checkpoint, []  # a save interval below 1 is refused earlier, by bridge_recipes.values
     if getattr(c, "async_save", False) and not c.save:
         out.append(
@@ -102,10 +106,49 @@ def problems(cfg: Any, world_size: int) -> list[str]:
         out.append(f"checkpoint.load={c.load} does not exist (to resume automatically, leave load equal to save)")
     try:
         saved = latest_run_config(c.load) if c.load and os.path.isdir(c.load) else None
+        where = f"checkpoint iteration {saved[0]} in {c.load}" if saved else ""
+        if saved and (other_kind := task_problem(cfg, where, saved[1])):
+            return [*out, other_kind]
+        if other_run := identity_problems(cfg, recipe):
+            return [*out, *other_run]  # not this run's checkpoint: how it would reshard does not matter
     except CheckpointMetadataError as exc:
-        return [*out, f"checkpoint.load={c.load}: {exc}; repair or remove that checkpoint, or load from another"]
+        return [*out, f"{exc}; repair or remove that checkpoint, or give this run another folder (--save-dir DIR)"]
     if saved:
         out += reshard_problems(cfg, world_size, *saved)
+    return out
+
+
+def identity_problems(cfg: Any, recipe: str | None = None) -> list[str]:
+    """The load folder (what the run resumes) or the save folder (what it saves beside) holding a
+    checkpoint of another run: each difference named, and the ways on. CheckpointMetadataError for a
+    folder whose records cannot be read."""
+    c = cfg.checkpoint
+    this = run_identity(cfg, recipe or "")
+    if recipe is None:
+        this.pop("recipe")
+    out = []
+    folders = [("checkpoint.load", c.load)] + ([("checkpoint.save", c.save)] if c.save != c.load else [])
+    for key, folder in folders:
+        if not folder or not os.path.isdir(folder) or (saved := saved_identity(folder)) is None:
+            continue
+        iteration, identity, complete = saved
+        if not (differences := identity_differences(identity, this)):
+            continue
+        unchecked = "" if complete else " (a checkpoint saved without run_identity.json: recipe and data not compared)"
+        if key == "checkpoint.load" and c.load == c.save:
+            ways = (
+                f"pass --fresh to start a new run in {fresh_folder(folder)} (the checkpoint stays as it is), "
+                "give this run its own folder (--save-dir DIR), or run it with the saved settings to resume it"
+            )
+        elif key == "checkpoint.load":
+            ways = "load a checkpoint of this run (--load-dir DIR), or run with the saved settings"
+        else:
+            ways = "give this run its own folder (--save-dir DIR): saving there would mix the two runs' checkpoints"
+        verb = "resume" if key == "checkpoint.load" else "save beside"
+        out.append(
+            f"{key}={folder} holds a checkpoint (step {iteration}) of another run, which this run would {verb}: "
+            f"{'; '.join(differences)} (saved -> this run){unchecked}; {ways}"
+        )
     return out
 
 
@@ -169,3 +212,53 @@ def reshard_problems(cfg: Any, world_size: int, iteration: int, run_config: dict
                 "checkpoint.dist_ckpt_optim_fully_reshardable=true"
             )
     return out
+
+
+def resume_line(cfg: Any) -> str:
+    """Whether the run resumes, and from which step of which folder (the dry run's summary)."""
+    c = cfg.checkpoint
+    if not c.load:
+        return "no: checkpoint.load is null, every launch starts at step 0"
+    try:
+        saved = saved_identity(c.load) if os.path.isdir(c.load) else None
+    except CheckpointMetadataError as exc:
+        return f"unknown: {exc}"
+    if saved is None:
+        return f"no: {c.load} holds no checkpoint, the run starts at step 0 (a later launch resumes its own)"
+    iteration, _, complete = saved
+    same = (
+        "the same recipe, model, data, sequence length and LoRA settings"
+        if complete
+        else "saved without run_identity.json: its sequence length and LoRA settings match; recipe and data "
+        "not compared"
+    )
+    return f"yes, from step {iteration} of {c.load} ({same})"
+
+
+def start_fresh(cfg: Any, recipe: str) -> str:
+    """``--fresh``: a new run rather than the save folder's checkpoint. When the save folder holds a
+    checkpoint, the save (and the resume folder that follows it) and the log folders laid out beside it
+    move to ``<save>/fresh_<N>``, the first N not taken; nothing is moved, deleted or written over.
+    Returns the summary's resume line; ValueError when a load folder of its own is named (a resume)."""
+    from bridge_recipes import tracking
+
+    c = cfg.checkpoint
+    if c.load and c.load != c.save:
+        raise ValueError(
+            f"--fresh starts a new run, and checkpoint.load={c.load} names a checkpoint to resume from; "
+            "drop one of them"
+        )
+    if not c.save:
+        return "no (--fresh): nothing is saved and nothing resumed"
+    folder = str(fresh_folder(c.save))
+    if os.path.normpath(folder) == os.path.normpath(c.save):
+        return f"no (--fresh): {c.save} holds no checkpoint, the run starts at step 0 there"
+    old, before = c.save, tracking.snapshot(cfg)
+    c.save = folder
+    if c.load:
+        c.load = folder
+    tracking.follow_save(cfg, before, [], recipe)
+    return (
+        f"no (--fresh): a new run in {folder}; {old} keeps its checkpoint (step {latest_iteration(old)}); "
+        f"to resume this run later: --save-dir {folder}"
+    )

@@ -27,7 +27,9 @@ class Problem:
         return f"{self.severity}: {self.message}"
 
 
-def check(cfg: Any, world_size: int) -> list[Problem]:
+def check(cfg: Any, world_size: int, recipe: str | None = None) -> list[Problem]:
+    """The problems of ``cfg`` on ``world_size`` GPUs; ``recipe`` (its name), when given, is compared
+    with that of a checkpoint the run would resume."""
     from bridge_recipes.values import value_problems
 
     # The layout arithmetic below divides by the parallel sizes: out-of-range values stop here.
@@ -51,7 +53,7 @@ def check(cfg: Any, world_size: int) -> list[Problem]:
     problems += [Problem("error", msg) for msg in data_errors] + [Problem("warning", msg) for msg in data_warnings]
     from bridge_recipes.runner import checkpoints
 
-    problems += [Problem("error", msg) for msg in checkpoints.problems(cfg, world_size)]
+    problems += [Problem("error", msg) for msg in checkpoints.problems(cfg, world_size, recipe)]
 
     if getattr(m, "calculate_per_token_loss", False) and getattr(cfg.ddp, "average_in_collective", False):
         err(

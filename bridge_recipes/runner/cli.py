@@ -88,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 1); also the world size checked when --world-size and $WORLD_SIZE are unset",
     )
     p.add_argument(
+        "--epochs",
+        type=float,
+        metavar="N",
+        help="train N passes over the SFT rows (--dataset sft-rows): sets train.train_iters from the rows folder's "
+        "row count and the rows a step reads (whole steps, rounded down); instead of --max-steps",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start a new run instead of resuming the save folder's checkpoint: when that folder holds one, the run "
+        "saves to a new subfolder fresh_N of it (nothing is moved or deleted); resume it later with --save-dir",
+    )
+    p.add_argument(
         "--peft",
         metavar="SCHEME",
         help=f"fine-tune with adapters instead of all weights ({' | '.join(PEFT_SCHEMES)}): lora puts LoRA "
@@ -235,6 +248,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         **({"peft": args.peft} if args.peft else {}),
         **({"hf_checkpoint": args.hf_checkpoint} if args.hf_checkpoint else {}),
         **({"config_file": args.config_file} if args.config_file else {}),
+        **({"epochs": args.epochs} if args.epochs is not None else {}),
     }
 
 
@@ -268,6 +282,11 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     cfg = bridge_recipes.build(
         args.recipe, **build_request(args), report=lambda change: print(f"[run_recipe] {change}")
     )
+    args.fresh_note = None
+    if args.fresh:
+        from bridge_recipes.runner.checkpoints import start_fresh
+
+        args.fresh_note = start_fresh(cfg, entry.name)
     if args.hf_checkpoint:
         from bridge_recipes.hf import training as hf_training
         from bridge_recipes.runner.checks import fp8_parameter_problems
@@ -308,8 +327,9 @@ def mock_data_warning(cfg: Any, task: str) -> str | None:
     return None
 
 
-def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace) -> str:
-    """What the run reads and writes: data, PEFT, the starting weights, the save and export folders."""
+def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace, world: int) -> str:
+    """What the run reads and writes and how long it is: data, steps, epochs and tokens, validation, the
+    expected time, PEFT, the starting weights, whether it resumes, the save and export folders."""
     from bridge_recipes.datasets import describe
 
     peft = cfg.peft
@@ -333,18 +353,68 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace)
         weights = "random initialization"
         if entry.checkpoint is not None:
             weights += f" (--hf-checkpoint DIR starts from {entry.checkpoint.hf_id}'s weights)"
-    if ckpt.load and ckpt.load != ckpt.pretrained_checkpoint:
-        weights += f"; resumes from {ckpt.load} when it holds a checkpoint"
     save = f"{ckpt.save} (every {ckpt.save_interval} steps)" if ckpt.save else "none (nothing is saved)"
     export = f"{args.export_hf} (a Hugging Face folder, after training)" if args.export_hf else "none"
+    from bridge_recipes import run_length
+    from bridge_recipes.runner.checkpoints import resume_line
+
     return "\n".join(
         [
             f"data              {describe(cfg)}",
+            f"length            {run_length.length_line(cfg)}",
+            f"validation        {run_length.validation_line(cfg)}",
+            f"time              {time_line(cfg, entry, world, args)}",
             f"peft              {adapters}",
             f"weights           {weights}",
+            f"resume            {getattr(args, 'fresh_note', None) or resume_line(cfg)}",
             f"save              {save}",
             f"export            {export}",
         ]
+    )
+
+
+def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> str:
+    """The expected time of the training steps at the recipe's measured rate on this card (the recipe's
+    own GPU where there is none here), or why there is none."""
+    from bridge_recipes.gpu_memory import current_device
+    from bridge_recipes.gpus import gpu_key, gpu_type_from_name
+    from bridge_recipes.run_length import duration, expected_seconds
+
+    name = entry.alias_of or entry.name
+    rate = registry.measured_rate(name)
+    try:
+        recipe_card = gpu_key(entry.meta.gpu)
+    except KeyError:
+        recipe_card = entry.meta.gpu
+    if rate is None:
+        return f"not estimated: {name} has no measured rate (--list shows the measured recipes)"
+    device = current_device()
+    try:
+        card = gpu_type_from_name(device.name) if device else recipe_card
+    except KeyError:
+        card = device.name if device else recipe_card
+    if card != recipe_card:
+        return (
+            f"not estimated: the recipe's measured rate ({rate:,.1f} tokens/s per GPU) is for {recipe_card}, "
+            f"this card is {card}"
+        )
+    if args.scale_down is not None or world != entry.meta.gpus:
+        return (
+            f"not estimated: the recipe's measured rate is for its own model on {entry.meta.gpus} x {recipe_card}, "
+            "and --scale-down or another GPU count changes what a step does"
+        )
+    own = registry.load(entry.name)()  # the shape the rate was measured at: tokens per micro batch
+    measured, this = (c.train.micro_batch_size * c.model.seq_length for c in (own, cfg))
+    if measured != this:
+        return (
+            f"not estimated: the recipe's measured rate is for {measured} tokens per micro batch "
+            f"(micro batch x sequence length), this run has {this}"
+        )
+    where = "this card" if device else "the recipe's GPU; no GPU here"
+    seconds = expected_seconds(cfg, world, rate)
+    return (
+        f"about {duration(seconds)} of training steps at {rate:,.1f} tokens/s per GPU x {world} "
+        f"({name}'s measured rate on {recipe_card}, {where}; start-up and saving not included)"
     )
 
 
@@ -430,6 +500,14 @@ def request_problem(args: argparse.Namespace) -> str | None:
         return problem
     if problem := gpus_conflict(args):
         return problem
+    if args.epochs is not None:
+        from bridge_recipes.builder import epochs_conflict
+
+        try:
+            if problem := epochs_conflict(args.epochs, {"max_steps": args.max_steps}, args.overrides):
+                return problem
+        except OverrideError as exc:
+            return str(exc)
     if args.gpu_memory_gb is not None:
         from bridge_recipes.gpu_memory import cap_value_problem
 
@@ -451,7 +529,7 @@ def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: A
     """The layout checks (each printed) and the patches' refusals for ``world`` GPUs: why the run cannot go on."""
     from bridge_recipes.runner import checks
 
-    problems = checks.check(cfg, world)
+    problems = checks.check(cfg, world, entry.name)
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
@@ -496,7 +574,7 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
         print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
     print(checks.summary(cfg, world))
-    print(run_summary(cfg, entry, args))
+    print(run_summary(cfg, entry, args, world))
     problem = megatron_validation(cfg, world)
     if problem:
         return fail(f"Megatron-Bridge rejects this config: {problem}")
@@ -547,7 +625,11 @@ def launch_run(
     from bridge_recipes.runner import launch
 
     print(checks.summary(cfg, world))
-    print(run_summary(cfg, entry, args), flush=True)
+    print(run_summary(cfg, entry, args, world), flush=True)
+    if cfg.checkpoint.save and os.environ.get("RANK", "0") == "0":
+        from bridge_recipes.saved_runs import run_identity, write_identity
+
+        write_identity(cfg.checkpoint.save, run_identity(cfg, entry.name))  # what a later run is checked against
     if args.hf_checkpoint:
         from bridge_recipes.hf.training import attach
 

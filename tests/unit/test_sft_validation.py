@@ -137,7 +137,7 @@ def test_sft_rows_selection_turns_validation_on():
     assert cfg.validation.eval_iters == 1 and cfg.dataset.vocab_size == cfg.model.vocab_size
 
 
-def test_a_run_reading_rows_more_than_once_is_warned_with_its_epochs(tmp_path, caplog):
+def test_a_run_reading_rows_many_times_is_warned_with_its_epochs(tmp_path, caplog):
     from types import SimpleNamespace as NS
 
     from megatron.bridge.data.base import DatasetBuildContext
@@ -155,11 +155,14 @@ def test_a_run_reading_rows_more_than_once_is_warned_with_its_epochs(tmp_path, c
         )
 
     assert dry_run_problems(cfg(1, rows)) == ([], [])
-    errors, warnings = dry_run_problems(cfg(5, rows))
-    assert errors == [] and len(warnings) == 1 and "5.00 epochs" in warnings[0]
+    assert dry_run_problems(cfg(5, rows)) == ([], [])  # a few epochs are the dry run's summary line, not a warning
+    errors, warnings = dry_run_problems(cfg(11, rows))
+    assert errors == [] and len(warnings) == 1 and "11.00 epochs" in warnings[0]
+    errors, warnings = dry_run_problems(cfg(1, rows + 1))  # fewer rows than one step reads
+    assert errors == [] and len(warnings) == 1 and f"one step takes {rows + 1} rows" in warnings[0]
     with caplog.at_level(logging.WARNING, logger="bridge_recipes.data.packed_rows"):
-        cfg(1, 1).dataset.build_datasets(DatasetBuildContext(train_samples=3 * rows, valid_samples=0, test_samples=0))
-    assert "3.00 epochs" in caplog.text
+        cfg(1, 1).dataset.build_datasets(DatasetBuildContext(train_samples=12 * rows, valid_samples=0, test_samples=0))
+    assert "12.00 epochs" in caplog.text
 
 
 def test_runner_dry_run_prints_the_epochs_warning(capsys):
