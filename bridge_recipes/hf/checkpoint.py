@@ -680,10 +680,12 @@ def convert_lora_to_hf(megatron: Path, template: Path, out: Path, adapter_out: P
         bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
 
 
-def build_lora_model(bridge: Any, megatron: Path, settings: dict[str, Any]) -> tuple[list[Any], Any]:
+def build_lora_model(
+    bridge: Any, megatron: Path, settings: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> tuple[list[Any], Any]:
     """The base model of ``bridge`` (its Hugging Face weights loaded) with the LoRA of ``settings``
     wrapped around it and the adapters of ``megatron``'s newest checkpoint loaded; (model, lora).
-    Runs inside a distributed context."""
+    ``overrides``: model config fields set before it is built. Runs inside a distributed context."""
     from megatron.bridge.training.checkpointing import (
         _generate_model_state_dict,
         apply_peft_adapter_filter_to_state_dict,
@@ -698,6 +700,8 @@ def build_lora_model(bridge: Any, megatron: Path, settings: dict[str, Any]) -> t
     lora = lora_from_settings(settings)
     provider = bridge.to_megatron_provider(load_weights=True)
     _no_apex_fusion(provider)
+    for name, value in (overrides or {}).items():
+        setattr(provider, name, value)
     provider.finalize()
     provider.register_pre_wrap_hook(lambda chunks: lora(chunks, training=False))
     model = provider.provide_distributed_model(
