@@ -242,7 +242,7 @@ def _megatron(ckpt: Path, template: Path, experts: int | None) -> Any:
     overrides: dict[str, Any] = {"gradient_accumulation_fusion": False}
     if experts:
         overrides["moe_router_topk"] = experts
-    bridge = released_text_bridge(template)
+    bridge = released_text_bridge(ck.inspect_folder(template))
     settings = ck.lora_settings(ckpt)
     if settings is None:
         models = bridge.load_megatron_model(str(ckpt), mp_overrides=overrides, wrap_with_ddp=False)

@@ -23,18 +23,22 @@ import functools
 import hashlib
 import json
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridge_recipes import outputs
+from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named here for the callers)
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_HEADER_BYTES,
+    SINGLE_FILE,
+    HfCheckpointError,
+    safetensors_header,
+)
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CACHE_ENV = "QWEN35_RECIPES_CACHE"
 CACHE_KEY_VERSION = "1"  # bump when the import's output changes for the same input
@@ -84,10 +88,6 @@ SIZE_FIELDS = (
 )
 
 
-class HfCheckpointError(Exception):
-    """Bad input to a conversion: the message names the field or file and the fix."""
-
-
 # --------------------------------------------------------------------------- source folder
 
 
@@ -132,49 +132,6 @@ def _read_json(file: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise HfCheckpointError(f"{file} must hold a JSON object")
     return data
-
-
-# The safetensors format caps its JSON header at 100 MB; a larger declared length is damage.
-MAX_HEADER_BYTES = 100 * 2**20
-
-
-def safetensors_header(file: Path) -> tuple[dict, int]:
-    """(header, expected file size in bytes) of a safetensors file; the size from the header's offsets.
-    A header length beyond the file or the format's cap, or a header that is not a mapping of
-    tensors with two integer offsets each, is an HfCheckpointError (never read into memory whole)."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise HfCheckpointError(f"shard {file.name} is truncated ({size} bytes, no header)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > min(MAX_HEADER_BYTES, size - 8):
-            raise HfCheckpointError(
-                f"shard {file.name} is truncated or damaged: its header claims {n:,} bytes of a {size:,}-byte file; "
-                "download it again"
-            )
-        body = f.read(n)
-    try:
-        header = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise HfCheckpointError(f"shard {file.name} has an unreadable header (not a safetensors file?)") from None
-    if not isinstance(header, dict):
-        raise HfCheckpointError(f"shard {file.name} has a damaged header (not a JSON object); download it again")
-    ends = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-        ):
-            raise HfCheckpointError(
-                f"shard {file.name} has a damaged header: tensor {name!r} has no valid data_offsets; download it again"
-            )
-        ends.append(offsets[1])
-    return header, 8 + n + max(ends, default=0)
 
 
 # Types of the config.json fields the checks read (absent or null is allowed for each).
@@ -482,7 +439,7 @@ def provider_of(folder: HfFolder, text_model: bool = False) -> Any:
     if takes_language_model(folder, not text_model):
         from bridge_recipes.hf import released_bridge
 
-        return released_bridge.provider(folder.path)
+        return released_bridge.provider(folder)
     from megatron.bridge import AutoBridge
 
     return AutoBridge.from_hf_pretrained(str(folder.path)).to_megatron_provider(load_weights=False)
@@ -734,9 +691,11 @@ def is_megatron_checkpoint(folder: Path) -> bool:
 
 
 def _convert_released(src: Path, out: Path) -> None:
+    _need_gpu("the import")
+    _quiet_megatron_import()
     from bridge_recipes.hf import released_bridge
 
-    released_bridge.convert_to_megatron(src, out)
+    released_bridge.convert_to_megatron(inspect_folder(src), out, context=_conversion_context, prepare=_no_apex_fusion)
 
 
 def import_checkpoint(
@@ -797,9 +756,20 @@ def saved_model_is_vl(megatron: Path) -> bool | None:
 
 
 def _export_released(megatron: Path, template: Path, out: Path, *, text_only: bool, adapter_out: Path | None) -> None:
+    _need_gpu("the export")
+    _quiet_megatron_import()
     from bridge_recipes.hf import released_bridge
 
-    released_bridge.export(megatron, template, out, text_only=text_only, adapter_out=adapter_out)
+    settings = lora_settings(megatron)
+    released_bridge.export(
+        inspect_folder(template),
+        megatron,
+        out,
+        context=_conversion_context,
+        lora_model=None if settings is None else (lambda bridge: build_lora_model(bridge, megatron, settings)),
+        text_only=text_only,
+        adapter_out=adapter_out,
+    )
 
 
 def export_checkpoint(

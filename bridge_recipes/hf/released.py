@@ -14,7 +14,8 @@ tokenizer, chat template, generation and processor files, so the export is the f
   in the input's shard layout (the VL form) or, on request, as a text-form folder.
 - :func:`write_adapter`: a LoRA run's adapter weights (Hugging Face names) as a PEFT folder.
 
-Standard library at import; torch and safetensors inside the writers.
+Standard library at import; torch and safetensors inside the writers. The folder checks and the
+conversions (:mod:`bridge_recipes.hf.checkpoint`) build on this module.
 """
 
 from __future__ import annotations
@@ -28,14 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.hf.checkpoint import (
-    CONFIG_FILE,
-    INDEX_FILE,
-    SINGLE_FILE,
-    HfCheckpointError,
-    HfFolder,
-    safetensors_header,
-)
+from bridge_recipes.hf.files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, HfCheckpointError, safetensors_header
+
+# A checked folder (:class:`bridge_recipes.hf.checkpoint.HfFolder`: path, config, text_config, index,
+# is_moe, is_vl); that module builds on this one.
+HfFolder = Any
 
 VISION_PREFIX = "model.visual."
 VL_LANGUAGE_PREFIX = "model.language_model."

@@ -8,7 +8,8 @@ with the language model's Hugging Face prefix that of the VL form, as its VL bri
 and the vision mappings left out: the vision tower is never built, read or trained.
 :class:`ReleasedTextBridge` is ``AutoBridge`` over such a folder, its config the folder's
 ``text_config`` (:func:`bridge_recipes.hf.released.text_config`), so import, provider and export
-run through Megatron-Bridge's own code. Not registered with Megatron-Bridge's dispatch: the VL
+run through Megatron-Bridge's own code (the conversions of :mod:`bridge_recipes.hf.checkpoint`
+call these with their distributed context and LoRA loading). Not registered with Megatron-Bridge's dispatch: the VL
 recipes keep its VL bridges for the same architecture.
 
 Importing this module imports Megatron-Bridge; the runner imports it only to convert.
@@ -16,7 +17,7 @@ Importing this module imports Megatron-Bridge; the runner imports it only to con
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,7 @@ from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRe
 from megatron.bridge.models.conversion.utils import moe_experts_stored_packed
 from megatron.bridge.models.qwen.qwen35_bridge import Qwen35Bridge, Qwen35MoEBridge
 
-from bridge_recipes.hf import checkpoint as ck
-from bridge_recipes.hf.released import VL_LANGUAGE_PREFIX, text_config
+from bridge_recipes.hf.released import VL_LANGUAGE_PREFIX, text_config, write_adapter, write_export
 
 # The MTP layer's experts stored stacked (Qwen3.6) rather than one by one (Qwen3.5).
 PACKED_MTP_EXPERTS_KEY = "mtp.layers.0.mlp.experts.gate_up_proj"
@@ -75,11 +75,10 @@ class ReleasedTextBridge(AutoBridge):
         return bridge
 
 
-def released_text_bridge(path: str | os.PathLike) -> ReleasedTextBridge:
-    """The bridge of the released folder ``path`` (weights read lazily, shard by shard)."""
+def released_text_bridge(folder: Any) -> ReleasedTextBridge:
+    """The bridge of the checked released folder ``folder`` (weights read lazily, shard by shard)."""
     from transformers import AutoConfig
 
-    folder = ck.inspect_folder(path)
     text = text_config(folder)
     config = AutoConfig.for_model(text["model_type"], **{k: v for k, v in text.items() if k != "model_type"})
     hf_pretrained = AutoBridge.from_hf_pretrained(str(folder.path)).hf_pretrained
@@ -87,44 +86,47 @@ def released_text_bridge(path: str | os.PathLike) -> ReleasedTextBridge:
     return ReleasedTextBridge(hf_pretrained)
 
 
-def provider(path: str | os.PathLike) -> Any:
-    """Megatron-Bridge's text model provider for the released folder ``path`` (no weights loaded)."""
-    return released_text_bridge(path).to_megatron_provider(load_weights=False)
+def provider(folder: Any) -> Any:
+    """Megatron-Bridge's text model provider for the released folder ``folder`` (no weights loaded)."""
+    return released_text_bridge(folder).to_megatron_provider(load_weights=False)
 
 
-def convert_to_megatron(src: Path, out: Path) -> None:
-    """The language model and MTP layer of the released folder ``src`` into a Megatron checkpoint
-    at ``out`` (``AutoBridge.import_ckpt``'s steps, as :func:`checkpoint.convert_hf_to_megatron`)."""
-    ck._need_gpu("the import")
-    bridge = released_text_bridge(src)
-    with ck._conversion_context():
+def convert_to_megatron(folder: Any, out: Path, *, context: Callable[[], Any], prepare: Callable[[Any], None]) -> None:
+    """The language model and MTP layer of the released folder ``folder`` into a Megatron checkpoint at
+    ``out`` (``AutoBridge.import_ckpt``'s steps; ``context``: the distributed context to build in,
+    ``prepare``: called on the provider before it is finalized)."""
+    bridge = released_text_bridge(folder)
+    with context():
         prov = bridge.to_megatron_provider(load_weights=True)
-        ck._no_apex_fusion(prov)
+        prepare(prov)
         prov.finalize()
         model = prov.provide_distributed_model(wrap_with_ddp=False, use_cpu_initialization=True)
-        bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(src), low_memory_save=True)
+        bridge.save_megatron_model(model, str(out), hf_tokenizer_path=str(folder.path), low_memory_save=True)
 
 
 def export(
-    megatron: Path, template: Path, out: Path, *, text_only: bool = False, adapter_out: Path | None = None
+    folder: Any,
+    megatron: Path,
+    out: Path,
+    *,
+    context: Callable[[], Any],
+    lora_model: Callable[[Any], tuple[list[Any], Any]] | None = None,
+    text_only: bool = False,
+    adapter_out: Path | None = None,
 ) -> None:
     """The newest checkpoint of ``megatron`` (a text model trained from the released folder
-    ``template``) back into the released form at ``out`` (:func:`released.write_export`; the
-    text form for ``text_only``). A LoRA run's adapters are merged into the template's base
-    weights, and written as a PEFT folder to ``adapter_out`` as well."""
-    from bridge_recipes.hf.released import write_adapter, write_export
-
-    ck._need_gpu("the export")
-    folder = ck.inspect_folder(template)
-    bridge = released_text_bridge(template)
-    settings = ck.lora_settings(megatron)
-    with ck._conversion_context():
-        if settings is None:
+    ``folder``) back into the released form at ``out`` (:func:`released.write_export`; the text
+    form for ``text_only``). A LoRA run (``lora_model``: builds the base with its adapters from a
+    bridge) is merged into the folder's base weights, and its adapters written as a PEFT folder to
+    ``adapter_out`` as well."""
+    bridge = released_text_bridge(folder)
+    with context():
+        if lora_model is None:
             model = bridge.load_megatron_model(
                 str(megatron), mp_overrides={"gradient_accumulation_fusion": False}, wrap_with_ddp=False
             )
         else:
-            model, lora = ck.build_lora_model(bridge, megatron, settings)
+            model, lora = lora_model(bridge)
             if adapter_out is not None:
                 write_adapter(
                     bridge.export_adapter_weights(model, cpu=True, show_progress=False),
