@@ -172,7 +172,7 @@ def _open_checkpoint(
     from bridge_recipes.hf import training as hf_training
 
     folder = hf_training.inspect(hf_checkpoint)
-    hf_training.check_family(cfg, folder)
+    hf_training.check_family(cfg, folder, sized=scale_down is None)  # no scale-down: the recipe's size too
     if scale_down is not None:
         scale_experts = _checkpoint_scale(cfg, folder, scale_down, scale_experts)
     return folder, scale_experts

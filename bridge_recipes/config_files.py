@@ -26,7 +26,9 @@ from typing import Any
 RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
 # Runner options a saved run needs that the ConfigContainer does not hold: the starting weights'
 # Hugging Face folder (converted at launch) and the folder the trained model is exported to.
-RUN_OPTIONS = ("hf-checkpoint", "export-hf")
+RUN_OPTIONS = ("hf-checkpoint", "export-hf", "export-text-only")
+# Those of them that are switches (recorded as ``true``), not folders.
+RUN_SWITCHES = ("export-text-only",)
 RUN_LINE = re.compile(r"^# (" + "|".join(RUN_OPTIONS) + r"): (.+?)\s*$", re.MULTILINE)
 HEADER = "# run_recipe.py config file: build it again with --config-file FILE [KEY=VALUE ...]\n# recipe: {name}\n"
 
@@ -60,10 +62,11 @@ def to_text(cfg: Any, recipe: str, run: dict[str, str] | None = None) -> str:
     return HEADER.format(name=recipe) + lines + body
 
 
-def run_options(path: str | os.PathLike) -> dict[str, str]:
+def run_options(path: str | os.PathLike) -> dict[str, str | bool]:
     """The runner options recorded in a config file (:data:`RUN_OPTIONS` names to values)."""
     text, _ = _parse(path)
-    return {m.group(1): m.group(2) for m in RUN_LINE.finditer(text)}
+    found = {m.group(1): m.group(2) for m in RUN_LINE.finditer(text)}
+    return {k: (v == "true") if k in RUN_SWITCHES else v for k, v in found.items()}
 
 
 def _plain(obj: Any) -> Any:

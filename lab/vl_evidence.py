@@ -2,7 +2,7 @@
 
     python -m lab.vl_evidence OUT_DIR [SCRATCH]
 
-1. toy: the VL MoE toy of ``convert_checkpoint.py toy --vl`` (4 layers, 16 experts, a 2-layer vision
+1. toy: the VL MoE toy of ``convert_checkpoint.py toy`` without its MTP layer (4 layers, 16 experts, a 2-layer vision
    tower, the offline Qwen-VL processor), BF16;
 2. data: coloured shapes (:mod:`bridge_recipes.vl.synthetic_images`) in every accepted record
    form, built into an Energon dataset with a validation split by scripts/build_vl_dataset.py's

@@ -23,18 +23,22 @@ import functools
 import hashlib
 import json
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bridge_recipes import outputs
+from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named here for the callers)
+    CONFIG_FILE,
+    INDEX_FILE,
+    MAX_HEADER_BYTES,
+    SINGLE_FILE,
+    HfCheckpointError,
+    safetensors_header,
+)
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
 
-CONFIG_FILE = "config.json"
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CACHE_ENV = "QWEN35_RECIPES_CACHE"
 CACHE_KEY_VERSION = "1"  # bump when the import's output changes for the same input
@@ -84,10 +88,6 @@ SIZE_FIELDS = (
 )
 
 
-class HfCheckpointError(Exception):
-    """Bad input to a conversion: the message names the field or file and the fix."""
-
-
 # --------------------------------------------------------------------------- source folder
 
 
@@ -132,49 +132,6 @@ def _read_json(file: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise HfCheckpointError(f"{file} must hold a JSON object")
     return data
-
-
-# The safetensors format caps its JSON header at 100 MB; a larger declared length is damage.
-MAX_HEADER_BYTES = 100 * 2**20
-
-
-def safetensors_header(file: Path) -> tuple[dict, int]:
-    """(header, expected file size in bytes) of a safetensors file; the size from the header's offsets.
-    A header length beyond the file or the format's cap, or a header that is not a mapping of
-    tensors with two integer offsets each, is an HfCheckpointError (never read into memory whole)."""
-    size = file.stat().st_size
-    with open(file, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise HfCheckpointError(f"shard {file.name} is truncated ({size} bytes, no header)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > min(MAX_HEADER_BYTES, size - 8):
-            raise HfCheckpointError(
-                f"shard {file.name} is truncated or damaged: its header claims {n:,} bytes of a {size:,}-byte file; "
-                "download it again"
-            )
-        body = f.read(n)
-    try:
-        header = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise HfCheckpointError(f"shard {file.name} has an unreadable header (not a safetensors file?)") from None
-    if not isinstance(header, dict):
-        raise HfCheckpointError(f"shard {file.name} has a damaged header (not a JSON object); download it again")
-    ends = []
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (
-            isinstance(offsets, list)
-            and len(offsets) == 2
-            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-        ):
-            raise HfCheckpointError(
-                f"shard {file.name} has a damaged header: tensor {name!r} has no valid data_offsets; download it again"
-            )
-        ends.append(offsets[1])
-    return header, 8 + n + max(ends, default=0)
 
 
 # Types of the config.json fields the checks read (absent or null is allowed for each).
@@ -319,8 +276,10 @@ def _attention_every(layer_types: list[str]) -> int | None:
     )
 
 
-def found_fields(folder: HfFolder) -> dict[str, Any]:
-    """The compared fields as the checkpoint's config gives them (text part for VL configs)."""
+def found_fields(folder: HfFolder, *, as_text: bool = False) -> dict[str, Any]:
+    """The compared fields as the checkpoint's config gives them (text part for VL configs).
+    ``as_text``: a VL folder is read as the text model of its language model (what a text recipe
+    trains from a released folder)."""
     t = folder.text_config
     layer_types = t.get("layer_types")
     if not layer_types and t.get("full_attention_interval") and t.get("num_hidden_layers"):
@@ -330,7 +289,7 @@ def found_fields(folder: HfFolder) -> dict[str, Any]:
         ]
     rope = t.get("rope_parameters") or {}
     out = {
-        "architecture": FAMILY_NAMES[(folder.is_moe, folder.is_vl)],
+        "architecture": FAMILY_NAMES[(folder.is_moe, folder.is_vl and not as_text)],
         "full_attention_interval": _attention_every(layer_types or []),
         "layer_types": list(layer_types or []),
         "partial_rotary_factor": rope.get("partial_rotary_factor", t.get("partial_rotary_factor")),
@@ -473,9 +432,14 @@ def vision_token_ids(folder: HfFolder) -> dict[str, int]:
     return out
 
 
-def provider_of(folder: HfFolder) -> Any:
+def provider_of(folder: HfFolder, text_model: bool = False) -> Any:
     """Megatron-Bridge's model provider for ``folder`` (``AutoBridge`` reads its config.json; no
-    weights are loaded)."""
+    weights are loaded); for a text model of a released VL folder, the text provider of its
+    language model (:mod:`bridge_recipes.hf.released_bridge`)."""
+    if takes_language_model(folder, not text_model):
+        from bridge_recipes.hf import released_bridge
+
+        return released_bridge.provider(folder)
     from megatron.bridge import AutoBridge
 
     return AutoBridge.from_hf_pretrained(str(folder.path)).to_megatron_provider(load_weights=False)
@@ -516,8 +480,24 @@ def spec_for_recipe(recipe: str) -> Qwen35Spec:
 
 
 def check_folder_for_recipe(folder: HfFolder, recipe: str, *, scaled: bool = False) -> list[str]:
-    """Mismatches between ``folder`` and the catalog model of ``recipe`` (empty: it fits)."""
-    return check_against(found_fields(folder), expected_from_spec(spec_for_recipe(recipe)), scaled=scaled)
+    """Mismatches between ``folder`` and the catalog model of ``recipe`` (empty: it fits). A text
+    recipe takes a released VL folder's language model (:func:`takes_language_model`), when the
+    folder holds its vision tower and MTP layer."""
+    spec = spec_for_recipe(recipe)
+    as_text = takes_language_model(folder, spec.is_vl)
+    problems = check_against(found_fields(folder, as_text=as_text), expected_from_spec(spec), scaled=scaled)
+    if as_text and not problems:
+        from bridge_recipes.hf.released import released_problem
+
+        if problem := released_problem(folder):
+            problems.append(problem)
+    return problems
+
+
+def takes_language_model(folder: HfFolder, recipe_is_vl: bool) -> bool:
+    """Whether a recipe (VL or not) takes only the language model (and MTP layer) of ``folder``:
+    a text recipe given a released vision-language folder."""
+    return folder.is_vl and not recipe_is_vl
 
 
 def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointError:
@@ -630,15 +610,39 @@ def lora_from_settings(settings: dict[str, Any]) -> Any:
     return LoRA(**{k: v for k, v in settings.items() if k in names and v is not None})
 
 
-def convert_lora_to_hf(megatron: Path, template: Path, out: Path) -> None:
+def convert_lora_to_hf(megatron: Path, template: Path, out: Path, adapter_out: Path | None = None) -> None:
     """A LoRA run's newest checkpoint (adapter weights only, as Megatron-Bridge saves PEFT runs)
     merged into the base weights of ``template`` (the HF folder the run started from), saved as a
     plain HF folder: the base model built through the registered bridge with the run's LoRA
     wrapped around it, the adapters loaded from the checkpoint, then ``save_hf_pretrained``, which
-    merges each adapter into its base weight."""
+    merges each adapter into its base weight. ``adapter_out``: the adapters alone as a PEFT folder
+    there too (:func:`bridge_recipes.hf.released.write_adapter`)."""
     _need_gpu("the export")
     _quiet_megatron_import()
     from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(str(template))
+    with _conversion_context():
+        model, lora = build_lora_model(bridge, megatron, lora_settings(megatron) or {})
+        if adapter_out is not None:
+            from bridge_recipes.hf.released import write_adapter
+
+            write_adapter(
+                bridge.export_adapter_weights(model, cpu=True, show_progress=False),
+                adapter_out,
+                rank=lora.dim,
+                alpha=lora.alpha,
+                base_model=str(template),
+            )
+        bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
+
+
+def build_lora_model(
+    bridge: Any, megatron: Path, settings: dict[str, Any], overrides: dict[str, Any] | None = None
+) -> tuple[list[Any], Any]:
+    """The base model of ``bridge`` (its Hugging Face weights loaded) with the LoRA of ``settings``
+    wrapped around it and the adapters of ``megatron``'s newest checkpoint loaded; (model, lora).
+    ``overrides``: model config fields set before it is built. Runs inside a distributed context."""
     from megatron.bridge.training.checkpointing import (
         _generate_model_state_dict,
         apply_peft_adapter_filter_to_state_dict,
@@ -650,23 +654,23 @@ def convert_lora_to_hf(megatron: Path, template: Path, out: Path) -> None:
     iteration = latest_iteration(megatron)
     if iteration is None:
         raise HfCheckpointError(f"{megatron} has no latest_checkpointed_iteration.txt naming its newest save")
-    lora = lora_from_settings(lora_settings(megatron) or {})
-    bridge = AutoBridge.from_hf_pretrained(str(template))
+    lora = lora_from_settings(settings)
     provider = bridge.to_megatron_provider(load_weights=True)
     _no_apex_fusion(provider)
+    for name, value in (overrides or {}).items():
+        setattr(provider, name, value)
     provider.finalize()
     provider.register_pre_wrap_hook(lambda chunks: lora(chunks, training=False))
-    with _conversion_context():
-        model = provider.provide_distributed_model(
-            wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=False
-        )
-        wanted = apply_peft_adapter_filter_to_state_dict(_generate_model_state_dict(model, {}), lora)
-        loaded = dist_checkpointing.load(wanted, str(iteration_folder(megatron, iteration)))
-        key = "model" if "model" in loaded else next(k for k in loaded if k.startswith("model"))
-        if not loaded[key]:
-            raise HfCheckpointError(f"{megatron} holds no LoRA adapter weights for this model")
-        load_adapters(model[0], loaded[key])
-        bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
+    model = provider.provide_distributed_model(
+        wrap_with_ddp=False, use_cpu_initialization=True, init_model_with_meta_device=False
+    )
+    wanted = apply_peft_adapter_filter_to_state_dict(_generate_model_state_dict(model, {}), lora)
+    loaded = dist_checkpointing.load(wanted, str(iteration_folder(megatron, iteration)))
+    key = "model" if "model" in loaded else next(k for k in loaded if k.startswith("model"))
+    if not loaded[key]:
+        raise HfCheckpointError(f"{megatron} holds no LoRA adapter weights for this model")
+    load_adapters(model[0], loaded[key])
+    return model, lora
 
 
 def load_adapters(module: Any, adapters: dict[str, Any]) -> None:
@@ -686,6 +690,14 @@ def is_megatron_checkpoint(folder: Path) -> bool:
     return (folder / "latest_checkpointed_iteration.txt").is_file() or any(folder.glob("iter_*"))
 
 
+def _convert_released(src: Path, out: Path) -> None:
+    _need_gpu("the import")
+    _quiet_megatron_import()
+    from bridge_recipes.hf import released_bridge
+
+    released_bridge.convert_to_megatron(inspect_folder(src), out, context=_conversion_context, prepare=_no_apex_fusion)
+
+
 def import_checkpoint(
     source: str | os.PathLike,
     out: str | os.PathLike,
@@ -695,16 +707,25 @@ def import_checkpoint(
     scaled: bool = False,
     overwrite: bool = False,
     progress: bool = True,
-    convert: Callable[[Path, Path], None] = convert_hf_to_megatron,
+    text_model: bool | None = None,
+    convert: Callable[[Path, Path], None] | None = None,
 ) -> Path:
-    """Check ``source`` against ``recipe`` (or ``expected`` fields) and convert it into ``out``."""
+    """Check ``source`` against ``recipe`` (or ``expected`` fields) and convert it into ``out``.
+    ``text_model`` (default: whether ``recipe`` is a text recipe): a released VL folder's
+    language model and MTP layer are imported as the text model, its vision tower left out."""
     refuse_overlap(out, ("--hf", source))
     folder = inspect_folder(source, progress=progress)
-    if recipe is not None or expected is not None:
-        exp = expected if expected is not None else expected_from_spec(spec_for_recipe(recipe))
-        problems = check_against(found_fields(folder), exp, scaled=scaled)
-        if problems:
+    if text_model is None:
+        text_model = recipe is not None and not spec_for_recipe(recipe).is_vl
+    as_text = takes_language_model(folder, not text_model)
+    if recipe is not None:
+        if problems := check_folder_for_recipe(folder, recipe, scaled=scaled):
             raise mismatch_error(folder.path, problems, _fix_hint(scaled))
+    elif expected is not None:
+        if problems := check_against(found_fields(folder, as_text=as_text), expected, scaled=scaled):
+            raise mismatch_error(folder.path, problems, _fix_hint(scaled))
+    if convert is None:
+        convert = _convert_released if as_text else convert_hf_to_megatron
     with staged_output(out, overwrite) as tmp:
         convert(folder.path, tmp)
         if not is_megatron_checkpoint(tmp):
@@ -721,6 +742,36 @@ def _fix_hint(scaled: bool) -> str:
     )
 
 
+def saved_model_is_vl(megatron: Path) -> bool | None:
+    """Whether the newest checkpoint of ``megatron`` holds a VL model (its saved model config has a
+    vision tower), or None when no run config says."""
+    from bridge_recipes.saved_runs import CheckpointMetadataError, latest_run_config
+
+    try:
+        found = latest_run_config(megatron)
+    except CheckpointMetadataError as e:
+        raise HfCheckpointError(str(e)) from None
+    model = (found[1].get("model") if found else None) or {}
+    return ("vision_config" in model) if model else None
+
+
+def _export_released(megatron: Path, template: Path, out: Path, *, text_only: bool, adapter_out: Path | None) -> None:
+    _need_gpu("the export")
+    _quiet_megatron_import()
+    from bridge_recipes.hf import released_bridge
+
+    settings = lora_settings(megatron)
+    released_bridge.export(
+        inspect_folder(template),
+        megatron,
+        out,
+        context=_conversion_context,
+        lora_model=None if settings is None else (lambda bridge: build_lora_model(bridge, megatron, settings)),
+        text_only=text_only,
+        adapter_out=adapter_out,
+    )
+
+
 def export_checkpoint(
     megatron: str | os.PathLike,
     template: str | os.PathLike,
@@ -730,12 +781,26 @@ def export_checkpoint(
     scaled: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    text_model: bool | None = None,
+    text_only: bool = False,
+    adapter: bool = True,
     convert: Callable[[Path, Path, Path], None] = convert_megatron_to_hf,
-    lora_convert: Callable[[Path, Path, Path], None] = convert_lora_to_hf,
+    lora_convert: Callable[..., None] = convert_lora_to_hf,
+    released_convert: Callable[..., None] = _export_released,
 ) -> Path:
     """Export the Megatron checkpoint ``megatron`` to a HF folder shaped like ``template``; a LoRA
-    run's checkpoint (adapters only) is merged into ``template``'s base weights."""
-    refuse_overlap(out, ("--megatron", megatron), ("--hf-template", template))
+    run's checkpoint (adapters only) is merged into ``template``'s base weights and, unless not
+    ``adapter``, also written alone as a PEFT folder beside ``out``
+    (:func:`bridge_recipes.hf.released.adapter_folder`).
+
+    A text model trained from a released VL ``template`` (``text_model``; default: what the
+    checkpoint's saved config says, else whether ``recipe`` is a text recipe) comes back in the
+    released form: the template's vision tower and config unchanged, its MTP layer present
+    (:func:`bridge_recipes.hf.released.write_export`); ``text_only`` asks for the text form."""
+    from bridge_recipes.hf.released import TEXT_ONLY_OPTION, adapter_folder
+
+    inputs = (("--megatron", megatron), ("--hf-template", template))
+    refuse_overlap(out, *inputs)
     megatron = Path(megatron).expanduser()
     if not megatron.is_dir() or not is_megatron_checkpoint(megatron):
         raise HfCheckpointError(
@@ -747,10 +812,30 @@ def export_checkpoint(
         problems = check_folder_for_recipe(folder, recipe, scaled=scaled)
         if problems:
             raise mismatch_error(folder.path, problems, _fix_hint(scaled))
-    if lora_settings(megatron) is not None:  # adapters only: merged into the template's base weights
-        convert = lora_convert
-    with staged_output(out, overwrite) as tmp:
-        convert(megatron, folder.path, tmp)
+    if text_model is None:
+        saved_vl = saved_model_is_vl(megatron)
+        if saved_vl is not None:
+            text_model = not saved_vl
+        else:
+            text_model = recipe is not None and not spec_for_recipe(recipe).is_vl
+    released = takes_language_model(folder, not text_model)
+    if text_only and folder.is_vl and not released:
+        raise HfCheckpointError(
+            f"{TEXT_ONLY_OPTION}: {megatron} holds a VL model (vision tower included); its export is the VL form. "
+            "The text form is for a text recipe trained from a released folder"
+        )
+    lora = lora_settings(megatron) is not None
+    adapter_out = adapter_folder(out) if lora and adapter else None
+    if adapter_out is not None:
+        refuse_overlap(adapter_out, *inputs)
+    staged_adapter = staged_output(adapter_out, overwrite) if adapter_out is not None else contextlib.nullcontext()
+    with staged_output(out, overwrite) as tmp, staged_adapter as tmp_adapter:
+        if released:
+            released_convert(megatron, folder.path, tmp, text_only=text_only, adapter_out=tmp_adapter)
+        elif lora:  # adapters only: merged into the template's base weights
+            lora_convert(megatron, folder.path, tmp, tmp_adapter)
+        else:
+            convert(megatron, folder.path, tmp)
         if not list(tmp.glob("*.safetensors")):
             raise HfCheckpointError(f"the export wrote no safetensors into {tmp}")
     return Path(out)
@@ -765,13 +850,14 @@ def cache_root() -> Path:
     return (Path(base).expanduser() if base else Path.home() / ".cache" / "qwen35_recipes") / "hf_import"
 
 
-def cache_problem(folder: HfFolder | None = None) -> str | None:
+def cache_problem(folder: HfFolder | None = None, text_model: bool = False) -> str | None:
     """Why the conversion cache (:func:`cache_root`) cannot be created or written, or None: ``$QWEN35_RECIPES_CACHE``
     (or a folder on the way to it) naming a file, or a folder without write access (no matter when
     ``folder``'s conversion is there already). Checked at the dry run; otherwise the launch stops at
     the conversion, on the GPU machine."""
     root, given = cache_root(), os.environ.get(CACHE_ENV)
-    if folder is not None and (root / cache_key(folder)).is_dir() and is_megatron_checkpoint(root / cache_key(folder)):
+    key = cache_key(folder, text_model) if folder is not None else None
+    if key is not None and (root / key).is_dir() and is_megatron_checkpoint(root / key):
         return None
     named = f"${CACHE_ENV}={given}" if given else f"the default cache {root.parent} (${CACHE_ENV} unset)"
     fix = f"point ${CACHE_ENV} at a folder the run can write (it creates {root.name}/ inside)"
@@ -786,13 +872,17 @@ def cache_problem(folder: HfFolder | None = None) -> str | None:
     return None
 
 
-def cache_key(folder: HfFolder) -> str:
+def cache_key(folder: HfFolder, text_model: bool = False) -> str:
     """sha256 over config.json, the shard index, each shard's name, size and mtime, and the tokenizer
-    files: a changed or replaced file gives a new key (a conversion is never reused for other weights)."""
+    files: a changed or replaced file gives a new key (a conversion is never reused for other weights).
+    A released VL folder converted for a text recipe (``text_model``: its language model alone) has
+    a key of its own beside its VL conversion."""
     from importlib.metadata import version
 
     h = hashlib.sha256()
     h.update(f"key-v{CACHE_KEY_VERSION} megatron-bridge {version('megatron-bridge')}\n".encode())
+    if takes_language_model(folder, not text_model):
+        h.update(b"form: language model of a released VL folder\n")
     for name in (CONFIG_FILE, INDEX_FILE, *TOKENIZER_FILES):
         file = folder.path / name
         h.update(f"{name}\n".encode())
@@ -804,12 +894,16 @@ def cache_key(folder: HfFolder) -> str:
 
 
 def cached_import(
-    folder: HfFolder, *, progress: bool = True, convert: Callable[[Path, Path], None] = convert_hf_to_megatron
+    folder: HfFolder,
+    *,
+    progress: bool = True,
+    text_model: bool = False,
+    convert: Callable[[Path, Path], None] | None = None,
 ) -> tuple[Path, bool]:
-    """The cache folder holding ``folder``'s Megatron conversion, converting first when absent;
-    (path, True when this call converted)."""
-    target = cache_root() / cache_key(folder)
+    """The cache folder holding ``folder``'s Megatron conversion (for a text model: see
+    :func:`import_checkpoint`), converting first when absent; (path, True when this call converted)."""
+    target = cache_root() / cache_key(folder, text_model)
     if target.is_dir() and is_megatron_checkpoint(target):
         return target, False
-    import_checkpoint(folder.path, target, overwrite=True, progress=progress, convert=convert)
+    import_checkpoint(folder.path, target, overwrite=True, progress=progress, text_model=text_model, convert=convert)
     return target, True

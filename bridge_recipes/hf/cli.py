@@ -2,7 +2,7 @@
 
     convert_checkpoint.py import --hf DIR --recipe NAME --out DIR [--scaled] [--overwrite]
     convert_checkpoint.py export --megatron DIR --hf-template DIR --recipe NAME --out DIR [--scaled] [--overwrite]
-    convert_checkpoint.py toy --family moe|dense [--vl] --out DIR
+    convert_checkpoint.py toy --family moe|dense [--text-only] --out DIR
 
 Runs offline (HF_HUB_OFFLINE=1; a hub id is used only when it is already in the local Hugging
 Face cache). Exit status 0 on success, 2 on bad input (the message names the field or file and
@@ -18,6 +18,7 @@ import sys
 from bridge_recipes import quiet
 
 USAGE_ERROR = 2
+RELEASED_TOY_MTP_LAYERS = 1  # the MTP depth of every released Qwen3.5/3.6 checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,14 +52,25 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--scaled", action="store_true", help=scaled_help)
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")
     exp.add_argument("--no-progress", action="store_true")
-    toy = sub.add_parser("toy", help="save a small random-init HF checkpoint (transformers' classes) for tests")
+    toy = sub.add_parser(
+        "toy",
+        help="save a small random-init HF checkpoint in the released form (VL with MTP; --text-only: the text form)",
+    )
     toy.add_argument(
         "--family",
         choices=("moe", "dense"),
         default="moe",
         help="moe: a tiny 35B-A3B-like model (default); dense: 27B-like",
     )
-    toy.add_argument("--vl", action="store_true", help="the vision-language form")
+    form = toy.add_mutually_exclusive_group()
+    form.add_argument(
+        "--text-only",
+        action="store_true",
+        help="the text form (Qwen3_5(Moe)ForCausalLM, no vision tower, no MTP) instead of the released form",
+    )
+    form.add_argument(
+        "--vl", action="store_true", help="the released vision-language form with its MTP layer (the default)"
+    )
     toy.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     toy.add_argument(
         "--tokenizer-json",
@@ -108,8 +120,17 @@ def main(argv: list[str] | None = None) -> int:
 
             ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json))
             with ck.staged_output(args.out, args.overwrite) as tmp:
-                spec = make_toy(tmp, args.family, vl=args.vl, seed=args.seed, tokenizer_json=args.tokenizer_json)
-            print(f"saved toy {spec.name} -> {args.out}")
+                vl = not args.text_only  # the released form: VL with its MTP layer
+                spec = make_toy(
+                    tmp,
+                    args.family,
+                    vl=vl,
+                    seed=args.seed,
+                    tokenizer_json=args.tokenizer_json,
+                    mtp_num_layers=RELEASED_TOY_MTP_LAYERS if vl else 0,
+                )
+            form = "text form" if args.text_only else f"released form: VL with {RELEASED_TOY_MTP_LAYERS} MTP layer"
+            print(f"saved toy {spec.name} ({form}) -> {args.out}")
     except ck.HfCheckpointError as e:
         print(f"convert_checkpoint.py: error: {e}", file=sys.stderr)
         return USAGE_ERROR

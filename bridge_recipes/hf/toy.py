@@ -9,6 +9,8 @@ with the index) next to a small byte-level BPE tokenizer, so that Megatron-Bridg
 tokenizer ships the offline Qwen-VL processor (:mod:`bridge_recipes.vl.offline_vl_processor`)
 instead, its config's vision token ids pointing at that processor's tokens: the folder is then a
 whole VL checkpoint (weights, tokenizer, chat template, image processor), as a released one is.
+``mtp_num_layers=1`` adds the MTP layer a released folder carries (:func:`add_mtp_weights`):
+``convert_checkpoint.py toy`` makes that released form (VL with MTP) unless ``--text-only``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from bridge_recipes.models.qwen35 import QWEN35_27B, QWEN35_35B_A3B, Qwen35Spec,
 
 # Sizes of the GPU parity toys: 4 layers (3 Gated DeltaNet + 1 gated attention, the real
 # pattern), hidden 512, 16 experts, a vocabulary of 8,192 (above the toy tokenizer's 1,024:
-# Megatron pads nothing and the extra rows are never looked up). No MTP layer: transformers'
-# causal-LM classes neither build nor save one.
+# Megatron pads nothing and the extra rows are never looked up). No MTP layer unless asked
+# (``mtp_num_layers=1``, the released form): transformers' classes neither build nor save one,
+# so :func:`add_mtp_weights` writes it.
 TOY_SIZES: dict[str, Any] = dict(
     num_layers=4,
     hidden_size=512,
@@ -183,13 +186,71 @@ def make_toy(
     torch.manual_seed(seed)
     model = cls(config).to(getattr(torch, dtype))
     model.save_pretrained(str(out), max_shard_size=max_shard_size)
+    if spec.mtp_num_layers:
+        add_mtp_weights(out, spec.mtp_num_layers, seed=seed)
     if not with_processor:
         save_tokenizer(out, tokenizer_json)
-    meta = {"toy_of": recipe_spec_of(spec).name, "family": family, "vl": vl, "seed": seed}
+    meta = {
+        "toy_of": recipe_spec_of(spec).name,
+        "family": family,
+        "vl": vl,
+        "mtp_layers": spec.mtp_num_layers,
+        "seed": seed,
+    }
     if with_processor:
         meta["processor"] = "bridge_recipes.vl.offline_vl_processor"
     (out / "toy.json").write_text(json.dumps(meta, indent=1) + "\n")
     return spec
+
+
+MTP_FILE = "model-mtp.safetensors"
+
+
+def add_mtp_weights(out: str | Path, layers: int, *, seed: int = 0) -> None:
+    """Add random MTP weights (``mtp.*``, named as a released checkpoint names them) to the toy
+    saved in ``out``, whose config already declares ``layers`` MTP layers: transformers' classes
+    neither build nor save the MTP layer, which a released folder carries. Each MTP layer has the
+    tensors of the model's full-attention decoder layer, plus the projection of [embedding;
+    hidden] and three norms; they go into their own shard, listed in the index."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    config = json.loads((out / "config.json").read_text())
+    text = config.get("text_config") or config
+    prefix = "model.language_model.layers." if "text_config" in config else "model.layers."
+    full = text["layer_types"].index("full_attention")
+    index_file = out / "model.safetensors.index.json"
+    if index_file.is_file():
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+    else:
+        with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+            weight_map = {name: "model.safetensors" for name in f.keys()}
+    generator = torch.Generator().manual_seed(seed + 1)
+    hidden = text["hidden_size"]
+    layer = f"{prefix}{full}."
+    tensors: dict[str, torch.Tensor] = {}
+    for name, file in sorted(weight_map.items()):
+        if name.startswith(layer):
+            with safe_open(str(out / file), framework="pt") as f:
+                like = f.get_tensor(name)
+            for i in range(layers):
+                tensors[f"mtp.layers.{i}.{name[len(layer) :]}"] = _random_like(like, generator)
+    like = tensors["mtp.layers.0.input_layernorm.weight"]
+    tensors["mtp.fc.weight"] = _random_like(like.new_empty(hidden, 2 * hidden), generator)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = _random_like(like, generator)
+    save_file(tensors, str(out / MTP_FILE), metadata={"format": "pt"})
+    weight_map.update({name: MTP_FILE for name in tensors})
+    total = sum((out / f).stat().st_size for f in set(weight_map.values()))
+    index_file.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def _random_like(like, generator):
+    import torch
+
+    return (torch.randn(like.shape, generator=generator, dtype=torch.float32) * 0.02).to(like.dtype)
 
 
 def model_overrides(spec: Qwen35Spec) -> list[str]:

@@ -9,6 +9,9 @@
   so vocabulary, EOS and pad come from it), for a VL checkpoint its processor the VL dataset's
   (``hf_processor_path``), and the HF template of Megatron-Bridge's own
   ``also_save_hf_checkpoint`` (``checkpoint.hf_source_path``).
+- A released folder (the VL form people download) given to a text recipe gives its language
+  model and MTP layer (:mod:`bridge_recipes.hf.released`): imported as the text model, the vision
+  tower kept out of training memory and carried into the export unchanged (:func:`released_summary`).
 - :func:`check_model` (after the overrides): the folder's architecture must be the recipe's
   model as configured (``model.*`` overrides included), or its weights cannot load.
 - :func:`attach` (at launch): converts once into the cache (:func:`checkpoint.cached_import`;
@@ -64,16 +67,40 @@ def inspect(hf_dir: str) -> ck.HfFolder:
         raise ValueError(f"hf_checkpoint: {e}") from None
 
 
-def check_family(cfg: Any, folder: ck.HfFolder) -> None:
-    """The folder must hold the recipe's model family (:data:`checkpoint.FAMILY_FIELDS`: model
-    class, attention interval, head dimensions, ...); ValueError naming each differing field."""
+def text_model(cfg: Any) -> bool:
+    """Whether ``cfg`` trains a text model (a released VL folder then gives its language model)."""
     from bridge_recipes.common import is_vlm
 
-    found, expected = ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg))
+    return not is_vlm(cfg)
+
+
+def found_for(cfg: Any, folder: ck.HfFolder) -> dict[str, Any]:
+    """The folder's compared fields as the recipe takes it (a text recipe: a VL folder's language model)."""
+    return ck.found_fields(folder, as_text=ck.takes_language_model(folder, not text_model(cfg)))
+
+
+def check_family(cfg: Any, folder: ck.HfFolder, *, sized: bool = False) -> None:
+    """The folder must hold the recipe's model family (:data:`checkpoint.FAMILY_FIELDS`: model
+    class, attention interval, head dimensions, ...), and with ``sized`` (no scale-down) the size
+    of the recipe's model too; a released VL folder given to a text recipe must hold its vision
+    tower and MTP layer. ValueError naming each differing field and the fix."""
+    found, expected = found_for(cfg, folder), ck.expected_from_model(cfg.model, not text_model(cfg))
     if problems := ck.check_against(found, expected, scaled=True):
         raise ValueError(
             f"hf_checkpoint={folder.path} is not of this recipe's model family: {'; '.join(problems)}. "
             "Choose a recipe of its family (run_recipe.py --list) or a checkpoint of the recipe's"
+        )
+    if ck.takes_language_model(folder, not text_model(cfg)):
+        from bridge_recipes.hf.released import released_problem
+
+        if problem := released_problem(folder):
+            raise ValueError(f"hf_checkpoint: {problem}")
+    if sized and (problems := ck.check_against(found, expected)):
+        layers = found["num_hidden_layers"]
+        raise ValueError(
+            f"hf_checkpoint={folder.path} is not the size of this recipe's model: {'; '.join(problems)}. "
+            f"Choose the recipe of its size (run_recipe.py --list), or for a toy or scaled-down checkpoint add "
+            f"--scale-down {layers} (its layer count)"
         )
 
 
@@ -87,7 +114,7 @@ def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
     """Set ``cfg.model``'s architecture fields (:data:`checkpoint.SHAPE_FIELDS`) to what Megatron-Bridge's
     provider for the folder has, and a VL model's vision token ids to the folder's config.json (top level
     or text_config); returns the changes as ``model.FIELD: old -> new``."""
-    provider = ck.provider_of(folder)
+    provider = ck.provider_of(folder, text_model(cfg))
     changes = []
     for name in ck.SHAPE_FIELDS:
         if not hasattr(cfg.model, name) or not hasattr(provider, name):
@@ -132,9 +159,7 @@ def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
 def check_model(cfg: Any, folder: ck.HfFolder) -> None:
     """The folder's architecture against ``cfg.model`` after the overrides (the shape came from the
     folder, so only a ``model.*`` override can differ); ValueError naming each differing field."""
-    from bridge_recipes.common import is_vlm
-
-    problems = ck.check_against(ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg)))
+    problems = ck.check_against(found_for(cfg, folder), ck.expected_from_model(cfg.model, not text_model(cfg)))
     if problems:
         overridden = [
             f"model.{ck.MODEL_FIELD_OF[p.split(':')[0]]}" for p in problems if p.split(":")[0] in ck.MODEL_FIELD_OF
@@ -147,8 +172,25 @@ def check_model(cfg: Any, folder: ck.HfFolder) -> None:
         )
 
 
-def cache_folder(folder: ck.HfFolder) -> Path:
-    return ck.cache_root() / ck.cache_key(folder)
+def cache_folder(folder: ck.HfFolder, text: bool = False) -> Path:
+    """Where the launch converts ``folder`` to (``text``: for a text recipe)."""
+    return ck.cache_root() / ck.cache_key(folder, text)
+
+
+def released_summary(cfg: Any, folder: ck.HfFolder) -> str | None:
+    """What a text recipe takes from a released VL folder and what its export carries through
+    unchanged, or None when the recipe takes the whole folder."""
+    if not ck.takes_language_model(folder, not text_model(cfg)):
+        return None
+    from bridge_recipes.hf.released import parts
+
+    p = parts(folder)
+    return (
+        f"taken: the language model ({p.language} tensors) and its MTP layer ({p.mtp} tensors) as the text "
+        f"model; carried through unchanged: the vision tower ({p.vision} tensors, {p.vision_bytes / 2**20:,.1f} MiB, "
+        "never in training memory), its vision_config, the config, tokenizer, chat template and processor "
+        "files, into the export (the released form)"
+    )
 
 
 def random_init_warning(cfg: Any, task: str, hf_checkpoint: str | None) -> str | None:
@@ -184,13 +226,15 @@ def _rank() -> int:
 
 def attach(cfg: Any, folder: ck.HfFolder) -> Path:
     """Convert (once) and point ``checkpoint.pretrained_checkpoint`` at the conversion."""
-    target = cache_folder(folder)
+    text = text_model(cfg)
+    target = cache_folder(folder, text)
     failed = target.with_name(target.name + FAILED_SUFFIX)
     if not (target.is_dir() and ck.is_megatron_checkpoint(target)):
         if _rank() == 0:
             failed.unlink(missing_ok=True)
             _log(f"hf checkpoint: converting {folder.path} -> {target} (once; reused while the folder is unchanged)")
             cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "import", str(folder.path), str(target)]
+            cmd += [TEXT_MODEL_FLAG] if text else []
             rc = subprocess.run(cmd, env=child_env()).returncode
             if rc != 0:
                 failed.parent.mkdir(parents=True, exist_ok=True)
@@ -208,57 +252,102 @@ def attach(cfg: Any, folder: ck.HfFolder) -> Path:
     return target
 
 
-def check_export_target(cfg: Any, out: str) -> None:
+def check_export_target(cfg: Any, out: str, folder: ck.HfFolder | None = None, *, text_only: bool = False) -> None:
     """--export-hf needs a save folder (the export reads the final checkpoint) and a free, writable
-    --export-hf apart from every folder the run reads or writes, the data's included (checked at the dry run, not
-    after training)."""
+    --export-hf apart from every folder the run reads or writes, the checkpoints' and the rows'
+    included; a LoRA run's adapter folder beside it likewise; --export-text-only needs a text
+    recipe trained from a released VL ``folder`` (checked at the dry run, not after training)."""
+    from bridge_recipes.hf.released import TEXT_ONLY_OPTION, adapter_folder
     from bridge_recipes.outputs import overlap_problem
 
     ckpt = cfg.checkpoint
     if not ckpt.save:
         raise ValueError("export_hf needs checkpoint.save (the export reads the run's final checkpoint)")
-    path = Path(out).expanduser()
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ValueError(f"export_hf={path} exists and is not empty; choose a new folder")
+    if text_only and not (folder is not None and ck.takes_language_model(folder, not text_model(cfg))):
+        what = (
+            "a VL recipe exports the VL form"
+            if not text_model(cfg)
+            else "the --hf-checkpoint is the text form already"
+        )
+        raise ValueError(
+            f"{TEXT_ONLY_OPTION} is for a text recipe trained from a released (VL) folder; {what}: "
+            f"drop {TEXT_ONLY_OPTION}"
+        )
+    data = getattr(getattr(cfg, "dataset", None), "path", None)
     folders = [
         ("checkpoint.save", ckpt.save),
         ("checkpoint.load", ckpt.load),
         ("checkpoint.pretrained_checkpoint", ckpt.pretrained_checkpoint),
         ("hf_checkpoint", getattr(ckpt, "hf_source_path", None)),
-        (
-            "dataset.path",
-            data if isinstance(data := getattr(getattr(cfg, "dataset", None), "path", None), str) else None,
-        ),
+        ("dataset.path (the rows)", data if isinstance(data, str) else None),
     ]
-    if problem := overlap_problem(path, option="export_hf", inputs=[(n, p) for n, p in folders if p]):
-        raise ValueError(problem)
-    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"export_hf={str(path)!r}: {existing} is not a writable folder; choose a folder you can write"
+    targets = [("export_hf", Path(out).expanduser())]
+    if getattr(cfg, "peft", None) is not None:
+        targets.append(("export_hf's adapter folder", adapter_folder(out)))
+    for option, path in targets:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ValueError(f"{option}={path} exists and is not empty; choose a new folder")
+        if problem := overlap_problem(path, option=option, inputs=[(n, p) for n, p in folders if p]):
+            raise ValueError(problem)
+        existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"{option}={str(path)!r}: {existing} is not a writable folder; choose a folder you can write"
+            )
+
+
+def export_summary(cfg: Any, out: str, folder: ck.HfFolder, text_only: bool = False) -> str:
+    """The summary's export line: the form the export takes, and a LoRA run's adapter folder."""
+    from bridge_recipes.hf.released import adapter_folder
+
+    if ck.takes_language_model(folder, not text_model(cfg)):
+        form = (
+            "the text form (--export-text-only)"
+            if text_only
+            else f"the released form of {folder.config.get('architectures', ['?'])[0]}: the fine-tuned language "
+            "model and MTP layer, the vision tower and config unchanged"
         )
+    else:
+        form = f"the form of {folder.path.name}"
+    line = f"{out} (a Hugging Face folder after training, {form})"
+    if getattr(cfg, "peft", None) is not None:
+        line += f"; adapters alone (PEFT) in {adapter_folder(out)}"
+    return line
 
 
-def export_after_training(cfg: Any, out: str, template: str) -> int:
-    """Rank 0: the final checkpoint of ``checkpoint.save`` to a HF folder at ``out``; exit status."""
+def export_after_training(cfg: Any, out: str, template: str, text_only: bool = False) -> int:
+    """Rank 0: the final checkpoint of ``checkpoint.save`` to a HF folder at ``out`` (a LoRA run's
+    adapters also beside it); exit status."""
     if _rank() != 0:
         return 0
     _log(f"export: {cfg.checkpoint.save} -> {out} (config and tokenizer from {template})")
     cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "export", cfg.checkpoint.save, template, out]
+    cmd += [TEXT_MODEL_FLAG] if text_model(cfg) else []
+    cmd += [TEXT_ONLY_FLAG] if text_only else []
     return subprocess.run(cmd, env=child_env()).returncode
 
 
+TEXT_MODEL_FLAG = "--text-model"  # the child converts for a text recipe
+TEXT_ONLY_FLAG = "--text-only"  # the child exports the text form
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bridge_recipes.hf.training import HF OUT | export MEGATRON TEMPLATE OUT`` (the runner's
-    child processes; the checks ran before)."""
+    """``python -m bridge_recipes.hf.training import HF OUT [--text-model] | export MEGATRON TEMPLATE OUT
+    [--text-model] [--text-only]`` (the runner's child processes; the checks ran before)."""
     argv = sys.argv[1:] if argv is None else argv
+    flags = {a for a in argv if a.startswith("--")}
+    args = [a for a in argv if not a.startswith("--")]
+    text = TEXT_MODEL_FLAG in flags
     try:
-        if argv[:1] == ["import"] and len(argv) == 3:
-            ck.import_checkpoint(argv[1], argv[2], overwrite=True)
-        elif argv[:1] == ["export"] and len(argv) == 4:
-            ck.export_checkpoint(argv[1], argv[2], argv[3])
+        if args[:1] == ["import"] and len(args) == 3 and flags <= {TEXT_MODEL_FLAG}:
+            ck.import_checkpoint(args[1], args[2], overwrite=True, text_model=text)
+        elif args[:1] == ["export"] and len(args) == 4 and flags <= {TEXT_MODEL_FLAG, TEXT_ONLY_FLAG}:
+            ck.export_checkpoint(args[1], args[2], args[3], text_model=text, text_only=TEXT_ONLY_FLAG in flags)
         else:
-            print("usage: python -m bridge_recipes.hf.training import HF OUT | export MEGATRON TEMPLATE OUT")
+            print(
+                "usage: python -m bridge_recipes.hf.training import HF OUT [--text-model] | "
+                "export MEGATRON TEMPLATE OUT [--text-model] [--text-only]"
+            )
             return 2
     except ck.HfCheckpointError as e:
         print(f"{LOG} error: {e}", file=sys.stderr)

@@ -153,7 +153,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-config", metavar="FILE", help="with --dry-run: write the resolved YAML to FILE")
     p.add_argument("--show-yaml", action="store_true", help="with --dry-run: also print the resolved YAML")
     p.add_argument("--overwrite-config", action="store_true", help="let --save-config replace an existing file")
-    p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
+    p.add_argument(
+        "--export-hf",
+        metavar="DIR",
+        help="after training, write the final checkpoint as a HF folder here, in the form --hf-checkpoint has "
+        "(a released VL folder comes back as one); a LoRA run also writes its adapters alone to DIR-adapter",
+    )
+    p.add_argument(
+        "--export-text-only",
+        action="store_true",
+        default=None,
+        help="with --export-hf of a text recipe trained from a released VL folder: the text form "
+        "(Qwen3_5(Moe)ForCausalLM, no vision tower) instead of the released form",
+    )
     p.add_argument(
         random_lora.OPTION,
         action="store_true",
@@ -294,7 +306,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         args.hf_folder = hf_training.inspect(args.hf_checkpoint)
         from bridge_recipes.hf.checkpoint import cache_problem
 
-        if problem := cache_problem(args.hf_folder):  # the launch converts into it
+        if problem := cache_problem(args.hf_folder, hf_training.text_model(cfg)):  # the launch converts into it
             raise ValueError(problem)
         from bridge_recipes.outputs import overlap_problem
 
@@ -311,7 +323,9 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
 
         if not args.hf_checkpoint:
             raise ValueError("--export-hf needs --hf-checkpoint (its config and tokenizer template the export)")
-        hf_training.check_export_target(cfg, args.export_hf)
+        hf_training.check_export_target(cfg, args.export_hf, args.hf_folder, text_only=bool(args.export_text_only))
+    elif args.export_text_only:
+        raise ValueError("--export-text-only applies to --export-hf DIR; add it, or drop --export-text-only")
     return entry, cfg
 
 
@@ -340,21 +354,29 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
         adapters = f"{type(peft).__name__} rank {getattr(peft, 'dim', '?')}, alpha {getattr(peft, 'alpha', '?')}"
         adapters += f" on {targets}" if targets else ""
     ckpt = cfg.checkpoint
+    taken = None
     if args.hf_checkpoint:
-        from bridge_recipes.hf.training import cache_folder
+        from bridge_recipes.hf.training import cache_folder, released_summary, text_model
 
         weights = (
-            f"{args.hf_folder.path} (Hugging Face; converted at launch into {cache_folder(args.hf_folder)}, "
-            "or reused from there)"
+            f"{args.hf_folder.path} (Hugging Face; converted at launch into "
+            f"{cache_folder(args.hf_folder, text_model(cfg))}, or reused from there)"
         )
+        taken = released_summary(cfg, args.hf_folder)
     elif ckpt.pretrained_checkpoint:
         weights = f"{ckpt.pretrained_checkpoint} (Megatron checkpoint)"
     else:
         weights = "random initialization"
         if entry.checkpoint is not None:
             weights += f" (--hf-checkpoint DIR starts from {entry.checkpoint.hf_id}'s weights)"
+    if args.hf_checkpoint and taken:
+        weights += f"\n                  {taken}"
     save = f"{ckpt.save} (every {ckpt.save_interval} steps)" if ckpt.save else "none (nothing is saved)"
-    export = f"{args.export_hf} (a Hugging Face folder, after training)" if args.export_hf else "none"
+    export = "none"
+    if args.export_hf:
+        from bridge_recipes.hf.training import export_summary
+
+        export = export_summary(cfg, args.export_hf, args.hf_folder, bool(args.export_text_only))
     from bridge_recipes import run_length
     from bridge_recipes.runner.checkpoints import resume_line
 
@@ -588,7 +610,11 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         from bridge_recipes import config_files
         from bridge_recipes.outputs import write_text_atomic
 
-        run = {o: os.path.abspath(v) for o in config_files.RUN_OPTIONS if (v := getattr(args, o.replace("-", "_")))}
+        run = {
+            o: "true" if o in config_files.RUN_SWITCHES else os.path.abspath(v)
+            for o in config_files.RUN_OPTIONS
+            if (v := getattr(args, o.replace("-", "_")))
+        }
         write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
         print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
     print("checks: ok (layout checks and Megatron-Bridge validation passed)")
@@ -638,5 +664,5 @@ def launch_run(
     if args.export_hf:
         from bridge_recipes.hf.training import export_after_training
 
-        return export_after_training(cfg, args.export_hf, str(args.hf_folder.path))
+        return export_after_training(cfg, args.export_hf, str(args.hf_folder.path), bool(args.export_text_only))
     return 0

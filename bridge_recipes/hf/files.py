@@ -1,0 +1,62 @@
+"""The files of a Hugging Face checkpoint folder and the error every bad one raises.
+
+:func:`safetensors_header` reads a shard's header (never its tensors) and the byte length the
+file must have. Standard library only: the folder checks and the writers above both use it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+CONFIG_FILE = "config.json"
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class HfCheckpointError(Exception):
+    """Bad input to a conversion: the message names the field or file and the fix."""
+
+
+# The safetensors format caps its JSON header at 100 MB; a larger declared length is damage.
+MAX_HEADER_BYTES = 100 * 2**20
+
+
+def safetensors_header(file: Path) -> tuple[dict, int]:
+    """(header, expected file size in bytes) of a safetensors file; the size from the header's offsets.
+    A header length beyond the file or the format's cap, or a header that is not a mapping of
+    tensors with two integer offsets each, is an HfCheckpointError (never read into memory whole)."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise HfCheckpointError(f"shard {file.name} is truncated ({size} bytes, no header)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise HfCheckpointError(
+                f"shard {file.name} is truncated or damaged: its header claims {n:,} bytes of a {size:,}-byte file; "
+                "download it again"
+            )
+        body = f.read(n)
+    try:
+        header = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise HfCheckpointError(f"shard {file.name} has an unreadable header (not a safetensors file?)") from None
+    if not isinstance(header, dict):
+        raise HfCheckpointError(f"shard {file.name} has a damaged header (not a JSON object); download it again")
+    ends = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        ):
+            raise HfCheckpointError(
+                f"shard {file.name} has a damaged header: tensor {name!r} has no valid data_offsets; download it again"
+            )
+        ends.append(offsets[1])
+    return header, 8 + n + max(ends, default=0)

@@ -1,0 +1,361 @@
+"""GPU proof of the released-checkpoint road (one GPU of 140 GB: the H200 recipe's full SFT).
+
+    python -m lab.released_road [--out lab/results/released_checkpoint_road.json] [--scratch DIR]
+                                [--cases moe_lora,dense_lora,moe_sft,dense_sft] [--steps 40] [--sizes real|toy]
+
+For each case (:data:`CASES`): a toy in the released form (VL, one MTP layer, a small vision tower)
+at 4 layers of its family's shape (the 27B dense, the 35B-A3B MoE; ``--sizes real``: the released
+models' own widths, ``toy``: the small toy widths), conversations of our own built into rows with a
+validation split, then ``run_recipe.py --hf-checkpoint TOY --export-hf EXPORT`` with a text recipe
+(LoRA on an 80 GB recipe, full SFT on an H200 recipe) for ``--steps`` steps. Each export is checked:
+transformers loads it as the toy's class, the vision tower is byte for byte the toy's, the MTP layer
+is there, its text logits (FP32, every expert routed) match the trained Megatron model's, a LoRA
+run's adapter folder on the toy (PEFT) gives the merged export's logits, and the held-out loss (on
+conversations no build has seen, by transformers) falls from the toy's to the export's.
+
+The result file is a list of :func:`record` dicts, one per case and export (``merged``, and
+``adapter`` for LoRA); :func:`failures` are the gates. The parts a CPU can check (arguments,
+records, gates, the byte comparison) are tested in lab/tests/test_released_road.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import struct
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge_recipes.hf.parity import REL_ERR_MAX
+from lab import ROOT
+
+RESULT = ROOT / "lab/results/released_checkpoint_road.json"
+TOKENIZER = ROOT / "tests/fixtures/qwen35_chat_tokenizer/tokenizer.json"
+FIELDS = (
+    "family",
+    "recipe",
+    "peft",
+    "export",
+    "transformers_class",
+    "vision_bytes_equal",
+    "mtp_present",
+    "text_logits_rel_err",
+    "adapter_vs_merged_max_abs_diff",
+    "val_loss_start",
+    "val_loss_end",
+    "date",
+    "hardware",
+)
+# Base + adapter against the merged export, FP32 logits: the same function up to rounding.
+ADAPTER_MAX_ABS_DIFF = 1e-3
+STEPS = 40
+EVAL_INTERVAL = 10
+HELD_OUT_CONVERSATIONS = 32
+HELD_OUT_SEED = 7  # the training conversations use seed 0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    family: str  # "dense" (the 27B shape) or "moe" (the 35B-A3B shape)
+    recipe: str
+    peft: bool
+    lr: float
+
+
+CASES = {
+    c.name: c
+    for c in (
+        Case("moe_lora", "moe", "qwen35_35b_a3b_peft_1gpu_h100_bf16_config", True, 3e-4),
+        Case("dense_lora", "dense", "qwen35_27b_peft_1gpu_h100_fp8base_config", True, 3e-4),
+        Case("moe_sft", "moe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", False, 3e-5),
+        Case("dense_sft", "dense", "qwen35_27b_sft_8gpu_h200_bf16_config", False, 3e-5),
+    )
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m lab.released_road", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=RESULT, help="result file (a JSON list of records)")
+    p.add_argument("--scratch", type=Path, default=Path("/tmp/released_road"), help="toys, rows, runs, exports")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--sizes", choices=("real", "toy"), default="real", help="the released widths or the toy's")
+    args = p.parse_args(argv)
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown or not args.cases:
+        p.error(
+            f"--cases {args.cases}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(CASES)}"
+        )
+    if args.steps < 2 * EVAL_INTERVAL:
+        p.error(f"--steps {args.steps}: at least {2 * EVAL_INTERVAL}, so the run validates twice")
+    if args.out.exists() and args.out.is_dir():
+        p.error(f"--out {args.out} is a folder; give a file path")
+    args.cases = [CASES[c] for c in args.cases.split(",")]
+    return args
+
+
+def record(case: Case, export: str, checks: dict[str, Any], *, date: str, hardware: str) -> dict[str, Any]:
+    """One result: the case, the export (``merged`` / ``adapter``) and its checks, in :data:`FIELDS`."""
+    rec = {
+        "family": case.family,
+        "recipe": case.recipe,
+        "peft": "lora" if case.peft else None,
+        "export": export,
+        "date": date,
+        "hardware": hardware,
+    }
+    for name in FIELDS:
+        rec.setdefault(name, checks.get(name))
+    return {name: rec[name] for name in FIELDS}
+
+
+def failures(records: list[dict[str, Any]]) -> list[str]:
+    """The gates, one line per miss: every case has its merged export (and a LoRA case its adapter
+    export), each of the input's class with the vision tower byte for byte and the MTP layer, text
+    logits within :data:`REL_ERR_MAX` of Megatron's, adapter within :data:`ADAPTER_MAX_ABS_DIFF` of
+    merged, and a held-out loss below the toy's."""
+    out = []
+    for r in records:
+        where = f"{r.get('recipe')} {r.get('export')}"
+        if missing := [f for f in FIELDS if f not in r]:
+            out.append(f"{where}: lacks {', '.join(missing)}")
+            continue
+        if r["export"] == "merged":
+            if not r["transformers_class"] or "ForConditionalGeneration" not in r["transformers_class"]:
+                out.append(f"{where}: transformers loaded it as {r['transformers_class']}, not the released class")
+            if r["vision_bytes_equal"] is not True:
+                out.append(f"{where}: the vision tower is not byte for byte the input's")
+            if r["mtp_present"] is not True:
+                out.append(f"{where}: the MTP layer is missing")
+        rel = r["text_logits_rel_err"]
+        if rel is None or rel > REL_ERR_MAX:
+            out.append(f"{where}: text logits rel err {rel} against Megatron's (gate {REL_ERR_MAX:g})")
+        if r["peft"] and (d := r["adapter_vs_merged_max_abs_diff"]) is not None and d > ADAPTER_MAX_ABS_DIFF:
+            out.append(f"{where}: base + adapter differs from the merged export by {d:.2e}")
+        if r["peft"] and r["adapter_vs_merged_max_abs_diff"] is None:
+            out.append(f"{where}: no adapter-against-merged comparison")
+        start, end = r["val_loss_start"], r["val_loss_end"]
+        if start is None or end is None or not end < start:
+            out.append(f"{where}: held-out loss {start} -> {end} did not fall")
+    for case in {(r.get("recipe"), r.get("peft")) for r in records}:
+        exports = {r.get("export") for r in records if (r.get("recipe"), r.get("peft")) == case}
+        need = {"merged", "adapter"} if case[1] else {"merged"}
+        if need - exports:
+            out.append(f"{case[0]}: no {', '.join(sorted(need - exports))} export")
+    return out
+
+
+# --------------------------------------------------------------------------- checks on folders (CPU)
+
+
+def _index(folder: Path) -> dict[str, str]:
+    from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf.released import weight_layout
+
+    return weight_layout(ck.inspect_folder(folder))
+
+
+def _raw(folder: Path, file: str, names: list[str]) -> dict[str, tuple[str, bytes]]:
+    from bridge_recipes.hf.checkpoint import safetensors_header
+
+    header, _ = safetensors_header(folder / file)
+    out = {}
+    with open(folder / file, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        for name in names:
+            start, end = header[name]["data_offsets"]
+            f.seek(8 + n + start)
+            out[name] = (header[name]["dtype"], f.read(end - start))
+    return out
+
+
+def vision_bytes_equal(original: Path, export: Path) -> bool:
+    """Every vision tensor of ``original`` in ``export`` with the same dtype and bytes, and the
+    same ``vision_config``."""
+    from bridge_recipes.hf.released import kind_of
+
+    a, b = _index(original), _index(export)
+    vision = [n for n in a if kind_of(n) == "vision"]
+    if not vision or any(n not in b for n in vision):
+        return False
+    for file in {a[n] for n in vision}:
+        names = [n for n in vision if a[n] == file]
+        mine = _raw(original, file, names)
+        for other in {b[n] for n in names}:
+            theirs = _raw(export, other, [n for n in names if b[n] == other])
+            if any(mine[n] != theirs[n] for n in theirs):
+                return False
+    configs = [json.loads((f / "config.json").read_text()).get("vision_config") for f in (original, export)]
+    return configs[0] is not None and configs[0] == configs[1]
+
+
+def mtp_present(original: Path, export: Path) -> bool:
+    """Every MTP tensor of ``original`` (there is at least one) is in ``export``."""
+    from bridge_recipes.hf.released import kind_of
+
+    a, b = _index(original), _index(export)
+    mtp = [n for n in a if kind_of(n) == "mtp"]
+    return bool(mtp) and all(n in b for n in mtp)
+
+
+# --------------------------------------------------------------------------- GPU side
+
+
+def held_out_loss(model: Any, tokenizer: Any, conversations: list[dict]) -> float:
+    """Mean next-token loss of ``model`` over ``conversations`` rendered with the chat template."""
+    import torch
+
+    total, count = 0.0, 0
+    for conv in conversations:
+        ids = tokenizer.apply_chat_template(conv["messages"], tokenize=True, return_tensors="pt")
+        ids = (ids["input_ids"] if hasattr(ids, "keys") else ids).cuda()
+        with torch.no_grad():
+            out = model(input_ids=ids, labels=ids)
+        total += float(out.loss) * (ids.shape[1] - 1)
+        count += ids.shape[1] - 1
+    return total / count
+
+
+def _hf(cls: Any, folder: Path, experts: int | None) -> Any:
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    if experts:  # every expert routed: no routing flip between the two sides
+        config.text_config.num_experts_per_tok = experts
+    return cls.from_pretrained(str(folder), config=config, dtype=torch.float32).cuda().eval()
+
+
+def _megatron(ckpt: Path, template: Path, experts: int | None) -> Any:
+    """The trained text model (a LoRA run: the toy's base with its adapters) in FP32 on the GPU."""
+    import torch
+
+    from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf.parity import _unwrap
+    from bridge_recipes.hf.released_bridge import released_text_bridge
+
+    overrides: dict[str, Any] = {"gradient_accumulation_fusion": False}
+    if experts:
+        overrides["moe_router_topk"] = experts
+    bridge = released_text_bridge(ck.inspect_folder(template))
+    settings = ck.lora_settings(ckpt)
+    if settings is None:
+        models = bridge.load_megatron_model(str(ckpt), mp_overrides=overrides, wrap_with_ddp=False)
+    else:
+        models, _ = ck.build_lora_model(bridge, ckpt, settings, overrides=overrides)
+    return _unwrap(models[0]).to(torch.float32).cuda().eval()
+
+
+def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware: str) -> list[dict[str, Any]]:
+    import os
+    import subprocess
+
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    from bridge_recipes.bench.runs import launch
+    from bridge_recipes.data.synthetic_chat import build_evidence_rows, conversations_jsonl
+    from bridge_recipes.hf import parity
+    from bridge_recipes.hf.released import adapter_folder
+    from bridge_recipes.hf.toy import make_toy, real_width_sizes
+    from bridge_recipes.logs.megatron_log import validation_losses
+
+    scratch = args.scratch / args.sizes
+    toy, rows = scratch / f"toy_{case.family}", scratch / f"rows_{case.family}"
+    if not (toy / "config.json").is_file():
+        sizes = real_width_sizes(case.family) if args.sizes == "real" else {}
+        sizes["mtp_num_layers"] = 1
+        make_toy(toy, case.family, vl=True, tokenizer_json=TOKENIZER, **sizes)
+    if not (rows / "manifest.json").is_file():
+        build_evidence_rows(rows, toy)  # our own conversations, 10% of them the validation split
+    ckpt, export = scratch / f"{case.name}_ckpt", scratch / f"{case.name}_export"
+    for p in (ckpt, export, adapter_folder(export)):
+        subprocess.run(["rm", "-rf", str(p)], check=True)
+    os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
+    run_args = [
+        "--scale-down", "4", "-gb", "4", "--max-steps", str(args.steps), "--lr", str(case.lr),
+        "--min-lr", str(case.lr / 10), "--warmup-iters", "2", "--dataset", "sft-rows", f"dataset.path={rows}",
+        "--hf-checkpoint", str(toy), "--save-dir", str(ckpt), "--export-hf", str(export),
+        "checkpoint.load=null", "checkpoint.async_save=false",
+        f"validation.eval_interval={EVAL_INTERVAL}", "validation.eval_iters=2",
+    ]  # fmt: skip
+    r = launch(case.name, case.recipe, run_args, args.out.parent / f"released_road_{case.name}.log", timeout_s=3000)
+    log(f"{case.name}: exit {r.returncode}, {len(r.losses)} steps, validation {validation_losses(r.log)}")
+    if r.returncode != 0:
+        raise RuntimeError(f"{case.name}: the run exited {r.returncode}")
+
+    config = json.loads((toy / "config.json").read_text())
+    cls = getattr(transformers, config["architectures"][0])
+    experts = config["text_config"].get("num_experts")
+    tokens = parity.parity_tokens()[:2, :256]
+    parity.init_single_gpu()
+    megatron_logits = parity.megatron_logits(_megatron(ckpt, toy, experts), tokens)
+    merged = _hf(cls, export, experts)
+    merged_logits = parity.hf_logits(merged, tokens)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(toy))
+    held = [json.loads(line) for line in conversations_jsonl(HELD_OUT_CONVERSATIONS, seed=HELD_OUT_SEED).splitlines()]
+    base = _hf(cls, toy, None)
+    start = held_out_loss(base, tokenizer, held)
+    checks = {
+        "transformers_class": type(merged).__name__,
+        "vision_bytes_equal": vision_bytes_equal(toy, export),
+        "mtp_present": mtp_present(toy, export),
+        "text_logits_rel_err": parity.compare_logits(merged_logits, megatron_logits)["rel_err"],
+        "val_loss_start": round(start, 5),
+        "val_loss_end": round(held_out_loss(_hf(cls, export, None), tokenizer, held), 5),
+    }
+    out = [record(case, "merged", checks, date=date, hardware=hardware)]
+    if case.peft:
+        adapted = PeftModel.from_pretrained(_hf(cls, toy, experts), str(adapter_folder(export))).eval()
+        adapter_logits = parity.hf_logits(adapted, tokens)
+        diff = float((adapter_logits - merged_logits).abs().max())
+        out[0]["adapter_vs_merged_max_abs_diff"] = diff
+        plain = PeftModel.from_pretrained(base, str(adapter_folder(export))).eval()
+        adapter_checks = {
+            "transformers_class": f"PeftModel({type(plain.get_base_model()).__name__})",
+            "text_logits_rel_err": parity.compare_logits(adapter_logits, megatron_logits)["rel_err"],
+            "adapter_vs_merged_max_abs_diff": diff,
+            "val_loss_start": round(start, 5),
+            "val_loss_end": round(held_out_loss(plain, tokenizer, held), 5),
+        }
+        out.append(record(case, "adapter", adapter_checks, date=date, hardware=hardware))
+    del base, merged
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import megatron.bridge  # noqa: F401  (before any cuDNN work)
+    import torch
+
+    from lab.hf_evidence import Log
+
+    args.scratch.mkdir(parents=True, exist_ok=True)
+    log = Log(args.scratch / "released_road.log")
+    hardware = f"1x {torch.cuda.get_device_name(0)}"
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
+    records: list[dict[str, Any]] = []
+    for case in args.cases:
+        try:
+            records += run_case(case, args, log, date, hardware)
+        except Exception:
+            log(f"{case.name} failed:\n{traceback.format_exc()}")
+        args.out.write_text(json.dumps(records, indent=1) + "\n")
+    problems = failures(records) + [
+        f"{c.recipe}: no result" for c in args.cases if not any(r["recipe"] == c.recipe for r in records)
+    ]
+    for line in problems:
+        log(f"gate: {line}")
+    log(f"{len(records)} record(s) in {args.out}; {'passed' if not problems else f'{len(problems)} gate(s) missed'}")
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
