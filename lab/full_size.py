@@ -7,16 +7,18 @@ Each run is ``scripts/benchmark.py`` on the recipe as listed (its layout, rows p
 attention; random base weights), 20 steps, on its card's memory (``--gpu-memory-gb`` of its class
 where the GPU running it has more), once on short conversations (``make_lognormal_rows.py``:
 ``boundaries``) and once on long ones split into pieces (``--long-split``: ``long_split``). Its
-result file is ``RECIPE__SHAPE.yaml`` with its log beside it. ``assemble`` reads those pairs and
-writes one entry per run: what it reached, its peak against the planner's, its first step's time,
-its first and last loss and the packed-attention mode its log names. A run that gave no result
-file (it stopped, or its watch ended it) is an entry with its ``error``.
+result file is ``RECIPE__SHAPE.yaml`` (``RECIPE__SHAPE__LABEL.yaml`` for one of several runs of a
+recipe on a shape, e.g. two packed-attention modes) with its log beside it. ``assemble`` reads those
+pairs and writes one entry per run: what it reached, its peak against the planner's, its first step's
+time, its first and last loss, the packed-attention mode its log names and the result file. A run that
+gave no result file (it stopped, or its watch ended it) is an entry with its ``error``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -29,6 +31,7 @@ QUEUE = ROOT / "lab/gpu/queues/one_gpu_full_size.txt"
 SHAPES = {"short": "boundaries", "long_split": "long_split"}
 ROWS = "/tmp/lora_rows"  # where the queue builds the rows (make_lognormal_rows.py)
 STEPS = 20
+STEP_ROWS = 2  # rows per step at the least, as the committed one-GPU LoRA measurements
 WINDOW = (5, 19)
 LIMIT_S = 900  # a run's watch: cold kernel caches take about 3 minutes, then 20 steps of at most 20 s
 FIELDS = (
@@ -88,6 +91,18 @@ def row_length(recipe: str) -> int:
     return row_tokens(build(recipe, dataset="sft-rows"))
 
 
+def step_sequences(recipe: str) -> int:
+    """The global batch of a run: whole micro batches holding at least :data:`STEP_ROWS` rows, in place
+    of the recipes' 128 rows (about 8 minutes a step on an 80 GB card): 20 steps then fit a queue step,
+    and a step's cost per row is the recipe's (the optimizer updates only adapters)."""
+    from bridge_recipes import build
+    from bridge_recipes.datasets import rows_per_sequence
+
+    cfg = build(recipe, dataset="sft-rows")
+    micro = cfg.train.micro_batch_size
+    return micro * max(1, math.ceil(STEP_ROWS / (micro * rows_per_sequence(cfg))))
+
+
 def rows_folder(shape: str, tokens: int) -> str:
     return f"{ROWS}/{SHAPES[shape]}" if tokens == 8192 else f"{ROWS}_{tokens}/{SHAPES[shape]}"
 
@@ -108,11 +123,11 @@ def run_line(recipe: str, shape: str, tokens: int) -> str:
     cap = cap_gb(recipe)
     return (
         ("python3 lab/gpu/needs_memory.py 140 && " if cap is None else "")
-        + f"NAME={name} LIMIT={LIMIT_S} STACK_EVERY={LIMIT_S} bash lab/gpu/watch.sh python3 scripts/benchmark.py "
+        + f"mkdir -p $OUT/full_size && NAME={name} LIMIT={LIMIT_S} STACK_EVERY={LIMIT_S} bash lab/gpu/watch.sh python3 scripts/benchmark.py "
         f"--recipe {recipe} --rows {rows_folder(shape, tokens)} --lora-from-random-init --steps {STEPS} "
         f"--window {WINDOW[0]} {WINDOW[1]}"
         + ("" if cap is None else f" --gpu-memory-gb {cap:g}")
-        + f" --out $OUT/full_size/{name}.yaml"
+        + f" --out $OUT/full_size/{name}.yaml train.global_batch_size={step_sequences(recipe)}"
     )
 
 
@@ -145,17 +160,22 @@ def planner_gb(recipe: str, cap: float | None) -> float:
     return round(plan_memory(build(recipe, dataset="sft-rows"), 1, gpu_memory_gb=cap).peak_allocated_gb, 1)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is in it."""
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+
+
 def entry(result: Path, plan=planner_gb) -> dict[str, Any]:
     """One run's entry from its result file ``result`` (``RECIPE__SHAPE.yaml``) and the log beside it."""
     from bridge_recipes import registry
     from bridge_recipes.bench.result import memory_cap_gb, read_result
     from bridge_recipes.logs.megatron_log import parse_megatron_log
 
-    recipe, _, shape = result.stem.partition("__")
+    recipe, shape, *_ = result.stem.split("__")
     log_path = result.with_suffix(".log")
     log = log_path.read_text(errors="replace") if log_path.is_file() else ""
     line: dict[str, Any] = dict.fromkeys(FIELDS)
-    line.update(recipe=recipe, rows=shape, gpu=registry.find(recipe).meta.gpu)
+    line.update(recipe=recipe, rows=shape, gpu=registry.find(recipe).meta.gpu, result=_shown(result))
     iterations = parse_megatron_log(log)
     line["packed_attention"] = packed_attention_of(log)
     if iterations:
@@ -189,7 +209,8 @@ def assemble(folders: list[Path], plan=planner_gb) -> list[dict[str, Any]]:
     stems: dict[str, Path] = {}
     for folder in folders:
         for path in sorted(folder.glob("*__*.*")):
-            if path.suffix in (".yaml", ".log") and path.stem.partition("__")[2] in SHAPES:
+            parts = path.stem.split("__")
+            if path.suffix in (".yaml", ".log") and len(parts) > 1 and parts[1] in SHAPES:
                 stems.setdefault(path.stem, path.with_suffix(".yaml"))
     return [entry(path, plan) for _, path in sorted(stems.items())]
 
