@@ -418,9 +418,11 @@ def test_the_queued_commands_pass_their_checks(rows, tmp_path):
         words[words.index("--rows") + 1] = str(rows)
         opts = lora_vs_peft.build_parser().parse_intermixed_args(words)
         opts.recipe = opts.recipe or list(lora_vs_peft.RECIPES)
+        opts.peer_stack = opts.peer_stack or list(peer_peft.BY_EXPECTED_SPEED)
         assert lora_vs_peft.argument_problems(opts) == [] and Path(opts.out).suffix == ".json"
         for recipe in opts.recipe:
             lora_vs_peft.planned(recipe, opts, tmp_path / f"{recipe}.yaml")  # raises on a problem
+            assert lora_vs_peft.cap_problem(recipe, opts) is None  # ours fits the cap it runs under
 
 
 # --- a run cut short, and the comparison assembled from a work folder -----------------------------
