@@ -13,7 +13,13 @@ For each recipe (default :data:`RECIPES`), in this order:
   file and log in ``--work``;
 - the peer: ``python -m lab.peer_peft`` with the same recipe, rows, overrides,
   steps and window, in a process of its own (its JSON and log in ``--work``); once for recipes
-  whose peer workload is the same (a variant that changes only ours' execution shares its base's);
+  whose peer workload is the same (a variant that changes only ours' execution shares its base's).
+  Each peer configuration of ``--peer-stack`` (default :data:`lab.peer_peft.BY_EXPECTED_SPEED`:
+  Unsloth, Liger, plain transformers + PEFT) is tried in that order until one gives figures
+  (``--all-peer-stacks``: every one); each tried is recorded in ``peers`` with what it reached
+  (tokens/s, peak) or why it gave none: ``out of memory``, ``not installed`` (its packages do not
+  import on the host: not a failure of the comparison) or ``failed``. The line's peer figures
+  and ``best_peer`` are those of the fastest that ran; configurations never tried are absent;
 - the planner: :func:`bridge_recipes.plan.memory.plan_memory` of the config ours runs: its peak
   allocated memory (``planner_gb``, the figure a measured peak is compared with) and that plus the
   framework overhead (``planner_total_gb``, the recipes' docstring figure).
@@ -21,7 +27,9 @@ For each recipe (default :data:`RECIPES`), in this order:
 Both run ``--global-batch`` rows per step instead of the recipes' 128 (by default one of ours' micro
 batches, at least :data:`GLOBAL_BATCH` rows: :func:`step_rows`): the peer trains one row per micro
 batch either way, so each row costs it the same; the optimizer step, over adapters only, is amortized
-over fewer rows. ``--out`` is a JSON list of :data:`FIELDS` and a few
+over fewer rows. A ``--gpu-memory-gb`` cap below what a recipe is planned to need is refused
+before anything runs, naming the recipes of the model planned to fit it. ``--out`` is a JSON list
+of :data:`FIELDS` and a few
 more per recipe (tokens/s ratio, step-time spread, useful-token share, errors), rewritten after each
 recipe so that a run cut short keeps what finished. A run that fails is recorded with its error and
 the next one runs; a peer that runs out of memory is recorded as not fitting (``peer_fits`` false),
@@ -44,6 +52,7 @@ from typing import Any
 from bridge_recipes.datasets import row_tokens, rows_per_sequence, rows_per_step
 from bridge_recipes.outputs import write_text_atomic
 from lab import ROOT
+from lab.peer_peft import BY_EXPECTED_SPEED
 
 RECIPES = ("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config")
 GLOBAL_BATCH = 2  # the fewest rows per step of both runs (16,384 tokens), in place of the recipes' 128
@@ -106,12 +115,13 @@ def cap_args(recipe: str, opts: argparse.Namespace) -> list[str]:
     return [] if cap is None else ["--gpu-memory-gb", f"{cap:g}"]
 
 
-def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None) -> list[str]:
+def peer_argv(recipe: str, opts: argparse.Namespace, out: Path | None, stack: str | None = None) -> list[str]:
     """``python -m lab.peer_peft`` arguments of the peer of ``recipe`` (``out``
-    None: its dry run)."""
+    None: its dry run) in configuration ``stack`` (None: the peer's default)."""
     return [
         "--recipe",
         recipe,
+        *(["--peer-stack", stack] if stack else []),
         "--rows",
         str(opts.rows),
         "--steps",
@@ -142,6 +152,83 @@ def step_rows(recipe: str, opts: argparse.Namespace) -> int:
 def overrides(recipe: str, opts: argparse.Namespace) -> list[str]:
     """The recipe overrides both runs get: the rows per step, then the command's KEY=VALUE."""
     return [f"train.global_batch_size={step_rows(recipe, opts)}", *opts.overrides]
+
+
+def peer_out(work: Path, recipe: str, stack: str) -> Path:
+    """The result file of the peer of ``recipe`` in configuration ``stack`` (the plain one keeps
+    the name it always had)."""
+    from lab.peer_peft import DEFAULT_STACK
+
+    return work / (f"{recipe}_peer.json" if stack == DEFAULT_STACK else f"{recipe}_peer_{stack}.json")
+
+
+OUTCOMES = ("ran", "out of memory", "not installed", "failed")
+
+
+def peer_outcome(doc: dict) -> str:
+    """What a peer run came to (:data:`OUTCOMES`): figures, out of memory, its packages not
+    installed on the host, or another failure."""
+    if (doc.get("result") or {}).get("tokens_per_s"):
+        return "ran"
+    if "out of memory" in str(doc.get("error") or ""):
+        return "out of memory"
+    if doc.get("not_installed"):
+        return "not installed"
+    return "failed"
+
+
+def peer_record(stack: str, doc: dict) -> dict:
+    """One configuration tried: its name, outcome, and its figures or why it gave none."""
+    r = doc.get("result") or {}
+    out = {"stack": stack, "outcome": peer_outcome(doc)}
+    if out["outcome"] == "ran":
+        out.update(tokens_per_s=r.get("tokens_per_s"), peak_gb=r.get("peak_allocated_gb"))
+        if doc.get("cut_short"):
+            out["cut_short"] = doc["cut_short"]
+    else:
+        out["why"] = doc.get("not_installed") or doc.get("error")
+    if doc.get("peer_stack"):
+        out["peer_stack"] = doc["peer_stack"]
+    return out
+
+
+def best_peer(tried: list[tuple[str, dict]]) -> tuple[str, dict] | None:
+    """The configuration with the most tokens/s among those that ran, or None."""
+    ran = [(stack, doc) for stack, doc in tried if peer_outcome(doc) == "ran"]
+    return max(ran, key=lambda t: t[1]["result"]["tokens_per_s"], default=None)
+
+
+def cap_problem(recipe: str, opts: argparse.Namespace) -> str | None:
+    """Why ours cannot run ``recipe`` within the command's memory cap (the planner's peak over it),
+    naming the recipes of its model and task planned to fit; None without a cap or when it fits."""
+    from bridge_recipes import registry
+    from bridge_recipes.plan.memory import plan_memory
+    from bridge_recipes.runner.gpu_fit import recipes_that_fit
+    from lab import peer_peft
+
+    cap = memory_cap(recipe, opts)
+    if cap is None:
+        return None
+    import bridge_recipes
+    from bridge_recipes.overrides import OverrideError
+
+    try:
+        cfg = peer_peft.workload_config(recipe, opts.rows, overrides(recipe, opts))
+    except peer_peft.PeerError:
+        try:  # rows the recipe refuses: the config without them, which the memory plan does not read
+            cfg = bridge_recipes.build(recipe, overrides=overrides(recipe, opts))
+        except (OverrideError, ValueError):
+            return None  # the benchmark's own checks name the problem
+    plan = plan_memory(cfg, 1, gpu_memory_gb=cap)
+    if plan.fits:
+        return None
+    entry = registry.find(recipe)
+    fitting = recipes_that_fit(entry, cap, 1)
+    return f"--gpu-memory-gb {cap:g}: {recipe} is planned at {plan.peak_gb:.1f} GB, more than the cap; " + (
+        f"recipes of {entry.model} planned to fit {cap:g} GB: {', '.join(fitting)}"
+        if fitting
+        else f"no one-GPU LoRA recipe of {entry.model} is planned to fit {cap:g} GB; raise the cap"
+    )
 
 
 def planned(recipe: str, opts: argparse.Namespace, out: Path) -> tuple[list[str], Any, Any]:
@@ -185,18 +272,45 @@ def run_ours(recipe: str, opts: argparse.Namespace, out: Path) -> dict:
     return read_result(out)
 
 
-def run_peer(recipe: str, opts: argparse.Namespace, out: Path, useful_share: float | None) -> dict:
-    """The peer's run of ``recipe`` in its own process: its result JSON, or ``{"error": ...}`` (with
-    the figures of the steps its log holds when it stopped part way)."""
-    cmd = [sys.executable, "-m", "lab.peer_peft", *peer_argv(recipe, opts, out)]
+def run_peer(
+    recipe: str, opts: argparse.Namespace, out: Path, useful_share: float | None, stack: str | None = None
+) -> dict:
+    """The peer's run of ``recipe`` (configuration ``stack``) in its own process: its result JSON, or
+    ``{"error": ...}`` (with the figures of the steps its log holds when it stopped part way), or
+    ``{"not_installed": ...}`` when the configuration's packages do not import."""
+    from lab.peer_peft import NOT_INSTALLED
+
+    cmd = [sys.executable, "-m", "lab.peer_peft", *peer_argv(recipe, opts, out, stack)]
     out.unlink(missing_ok=True)
     out.with_suffix(".log").unlink(missing_ok=True)
     code = streamed(cmd, out.with_suffix(".log"))
     doc = peer_document(out, tuple(opts.window), useful_share)
-    if code != 0:
+    if code == NOT_INSTALLED and doc.get("not_installed"):
+        doc.pop("error", None)
+    elif code != 0:
         own = json.loads(out.read_text()).get("error") if out.is_file() else None
         doc["error"] = own or f"peer_peft exited {code}; see {out.with_suffix('.log')}"
     return doc
+
+
+def run_peers(recipe: str, opts: argparse.Namespace, work: Path, useful_share: float | None) -> list[tuple[str, dict]]:
+    """Each configuration of ``opts.peer_stack`` in order, until one gives figures (every one with
+    ``--all-peer-stacks``); with ``--assemble``, the results already in ``work`` (a configuration
+    without a result file was not tried)."""
+    tried = []
+    for stack in opts.peer_stack:
+        out = peer_out(work, recipe, stack)
+        if opts.assemble:
+            if not out.is_file() and not out.with_suffix(".log").is_file():
+                continue
+            doc = peer_document(out, tuple(opts.window), useful_share)
+        else:
+            doc = run_peer(recipe, opts, out, useful_share, stack)
+        tried.append((stack, doc))
+        _log(f"{recipe}: peer {stack}: {peer_outcome(doc)}")
+        if peer_outcome(doc) == "ran" and not opts.all_peer_stacks:
+            break
+    return tried
 
 
 def peer_document(out: Path, window: tuple[int, int], useful_share: float | None) -> dict:
@@ -206,6 +320,8 @@ def peer_document(out: Path, window: tuple[int, int], useful_share: float | None
 
     doc = json.loads(out.read_text()) if out.is_file() else {}
     log = out.with_suffix(".log")
+    if doc.get("not_installed"):
+        return doc
     if not doc.get("result") and log.is_file():
         try:
             doc = {
@@ -234,10 +350,12 @@ def entry(
     plan: Any,
     step: tuple[int, int],
     env_vars: dict | None = None,
+    tried: list[tuple[str, dict]] | None = None,
 ) -> dict:
     """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
     result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows per
-    step and tokens per row; ``env_vars``: that config's, overrides applied)."""
+    step and tokens per row; ``env_vars``: that config's, overrides applied; ``tried``: each peer
+    configuration tried and its result, ``peer`` being the best of them or the last)."""
     global_batch, row_tokens = step
     o, p = ours.get("result") or {}, peer.get("result") or {}
     line = {
@@ -259,7 +377,11 @@ def entry(
         line["peer_window"] = list(p["window"])
     if peer.get("cut_short"):
         line["peer_cut_short"] = peer["cut_short"]
-    line.update(memory_class_fields(recipe, opts, ours, peer, line, env_vars))
+    if tried:
+        best = best_peer(tried)
+        line["best_peer"] = best[0] if best else None
+        line["peers"] = [peer_record(stack, doc) for stack, doc in tried]
+    line.update(memory_class_fields(recipe, opts, ours, peer, line, env_vars, tried))
     if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
         line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     if line["ours_peak_gb"]:
@@ -276,17 +398,24 @@ def entry(
 
 
 def memory_class_fields(
-    recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict, env_vars: dict | None = None
+    recipe: str,
+    opts: argparse.Namespace,
+    ours: dict,
+    peer: dict,
+    line: dict,
+    env_vars: dict | None = None,
+    tried: list[tuple[str, dict]] | None = None,
 ) -> dict:
     """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision
     and how an FP8 base multiplied (from ``env_vars``, ours' config's), ours' useful tokens/s and whether
-    the peer fit at all (False: it ran out of memory)."""
+    a peer fit at all (False: none gave figures and one ran out of memory; ``tried``: every
+    configuration tried, else ``peer`` alone)."""
     from bridge_recipes import fp8_base, registry
     from bridge_recipes.bench.result import memory_cap_gb
 
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
-    ran_out = "out of memory" in str(peer.get("error") or "")
+    ran_out = any(peer_outcome(doc) == "out of memory" for _, doc in tried or [("", peer)])
     measured_on = ((ours.get("gpu") or {}).get("type") or "").lower()
     # the cap the run had (its result's note; a run that gave no result: the one asked for)
     cap = memory_cap_gb(ours)
@@ -309,6 +438,8 @@ def memory_class_fields(
 def dry_run(opts: argparse.Namespace, work: Path) -> int:
     """Everything a CPU can check of the comparison: ours' runner dry run with its launch arguments,
     the planner's figure, the peer's model and adapters at full size on the meta device."""
+    from lab.peer_peft import NOT_INSTALLED
+
     failed = 0
     for recipe in opts.recipe:
         try:
@@ -319,15 +450,21 @@ def dry_run(opts: argparse.Namespace, work: Path) -> int:
             continue
         ours_cmd = [sys.executable, "-m", "bridge_recipes.runner", "--recipe", recipe, "--dry-run", *args]
         ours_rc = streamed(ours_cmd, work / f"{recipe}_dry_run.log")
-        peer_cmd = [sys.executable, "-m", "lab.peer_peft", *peer_argv(recipe, opts, None)]
-        peer_rc = streamed(peer_cmd, work / f"{recipe}_peer_dry_run.log")
+        peers = []
+        for stack in opts.peer_stack:
+            peer_cmd = [sys.executable, "-m", "lab.peer_peft", *peer_argv(recipe, opts, None, stack)]
+            rc = streamed(peer_cmd, work / f"{recipe}_peer_{stack}_dry_run.log")
+            # a configuration whose packages this machine lacks is a fact about the machine
+            said = "passes" if rc == 0 else "not installed here" if rc == NOT_INSTALLED else f"FAILS (exit {rc})"
+            peers.append(f"{stack} {said}")
+            failed += rc not in (0, NOT_INSTALLED)
         _log(
             f"{recipe}: ours' dry run {'passes' if ours_rc == 0 else f'FAILS (exit {ours_rc})'} "
             f"({' '.join(args)}); planner {plan.peak_allocated_gb:.1f} GB allocated, {plan.peak_gb:.1f} GB with "
-            f"the framework's overhead, of {plan.gpu_memory_gb:.1f}; the peer's dry run "
-            f"{'passes' if peer_rc == 0 else f'FAILS (exit {peer_rc})'}; logs in {work}"
+            f"the framework's overhead, of {plan.gpu_memory_gb:.1f}; the peer's dry runs: {', '.join(peers)}; "
+            f"logs in {work}"
         )
-        failed += ours_rc != 0 or peer_rc != 0
+        failed += ours_rc != 0
     return 1 if failed else 0
 
 
@@ -369,6 +506,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GB|auto",
         help="both runs within GB of the GPU's memory; auto: the memory of each recipe's GPU (an 80 or 48 GB card's)",
     )
+    ap.add_argument(
+        "--peer-stack",
+        action="append",
+        metavar="NAME",
+        help="a peer configuration to try (repeatable, tried in the order given; default: "
+        "the order of lab.peer_peft.BY_EXPECTED_SPEED, fastest expected first)",
+    )
+    ap.add_argument(
+        "--all-peer-stacks",
+        action="store_true",
+        help="try every --peer-stack even after one gave figures (default: stop at the first)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="check everything a CPU can; train nothing")
     ap.add_argument(
         "--assemble",
@@ -394,6 +543,14 @@ def argument_problems(opts: argparse.Namespace) -> list[str]:
             out.append(f"--gpu-memory-gb {opts.gpu_memory_gb}: a positive number of GB, or auto")
     if opts.global_batch is not None and opts.global_batch < 1:
         out.append(f"--global-batch {opts.global_batch}: at least 1")
+    from lab.peer_peft import STACKS
+
+    stacks = opts.peer_stack or list(BY_EXPECTED_SPEED)
+    for stack in stacks:
+        if stack not in STACKS:
+            out.append(f"--peer-stack {stack}: unknown; choose from {', '.join(STACKS)}")
+    if len(set(stacks)) != len(stacks):
+        out.append(f"--peer-stack {' '.join(stacks)}: each configuration once")
     if not opts.dry_run:
         if not opts.out:
             out.append("--out FILE is required (the comparison file), or --dry-run")
@@ -436,9 +593,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     opts = ap.parse_intermixed_args(argv)
     opts.recipe = opts.recipe or list(RECIPES)
+    opts.peer_stack = opts.peer_stack or list(BY_EXPECTED_SPEED)
     problems = argument_problems(opts)
     if problems:
         ap.error("; ".join(problems))
+    if not opts.assemble:  # a cap ours cannot run within is refused before anything runs
+        capped = [p for recipe in opts.recipe if (p := cap_problem(recipe, opts))]
+        if capped:
+            ap.error("; ".join(capped))
     work = Path(opts.work)
     work.mkdir(parents=True, exist_ok=True)
     if opts.dry_run:
@@ -452,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             ap.error(str(exc))
     peer_of = shared_peers(opts.recipe, opts)
-    peers: dict[str, dict] = {}
+    peers: dict[str, list[tuple[str, dict]]] = {}
     lines: list[dict] = []
     for recipe in opts.recipe:
         _, cfg, plan = plans[recipe]
@@ -463,19 +625,18 @@ def main(argv: list[str] | None = None) -> int:
             else f"ours ({opts.steps} steps of {rows_per_step(cfg)} rows), then the peer; logs in"
         )
         _log(f"{recipe}: {what} {work}")
-        ours_out, peer_out = work / f"{recipe}.yaml", work / f"{peer_of[recipe]}_peer.json"
+        ours_out = work / f"{recipe}.yaml"
         ours = ours_document(ours_out) if opts.assemble else run_ours(recipe, opts, ours_out)
         share = ((ours.get("workload") or {}).get("rows") or {}).get("useful_token_share")
         if peer_of[recipe] in peers:
             _log(f"{recipe}: the peer's workload is {peer_of[recipe]}'s; its run is shared")
-            peer = peers[peer_of[recipe]]
-        elif opts.assemble:
-            peer = peer_document(peer_out, tuple(opts.window), share)
         else:
-            peer = run_peer(recipe, opts, peer_out, share)
-        peers[peer_of[recipe]] = peer
+            peers[peer_of[recipe]] = run_peers(peer_of[recipe], opts, work, share)
+        tried = peers[peer_of[recipe]]
+        best = best_peer(tried)
+        peer = best[1] if best else tried[-1][1] if tried else {"error": f"no peer result in {work}"}
         step = (rows_per_step(cfg), row_tokens(cfg))
-        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.env_vars))
+        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.env_vars, tried))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
@@ -485,9 +646,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{last['ours_peak_gb']} GB (planner {last['planner_gb']}); peer {last['peer_tokens_per_s']} tokens/s, "
             f"peak {last['peer_peak_gb']} GB; ratio {last.get('tokens_per_s_ratio')}"
         )
-    # a peer that ran out of memory under a card's cap answered the question: it does not fit the card
+    # a peer that ran out of memory under a card's cap, or whose packages the host lacks, answered the
+    # question: the comparison failed only where ours did, or where no peer ran and one failed otherwise
     gave_figures = [
-        not (ln.get("ours_error") or (ln.get("peer_error") and ln.get("peer_fits") is not False)) for ln in lines
+        not (
+            ln.get("ours_error")
+            or (ln.get("peer_error") and ln.get("peer_fits") is not False)  # e.g. the best stopped part way
+            or (not ln.get("best_peer") and any(p["outcome"] == "failed" for p in ln.get("peers", [])))
+        )
+        for ln in lines
     ]
     return 0 if all(gave_figures) else 1
 

@@ -28,23 +28,40 @@ overrides (the same ones ours gets):
   conversation) and its ``cu_seqlens`` as ``cu_seq_lens_q/k``: transformers turns the position ids
   into a block-diagonal causal mask (varlen with flash-attn) and restarts rotary positions, and
   flash-linear-attention restarts the recurrent state at each boundary. The Gated DeltaNet's
-  4-tap convolution is transformers' PyTorch one (without the causal-conv1d package, which the
-  stack does not install), which takes no boundaries: the first 3 tokens of a conversation see the
-  end of the one before.
+  4-tap convolution is transformers' PyTorch one unless the causal-conv1d package is installed
+  (PyPI has its source only: it does not install offline); the PyTorch one takes no boundaries,
+  so the first 3 tokens of a conversation see the end of the one before.
 - loss and step: cross entropy summed over the step's supervised tokens (the rows' loss mask) and
-  divided by their count, as the recipes' per-token loss; gradient checkpointing of every decoder
-  layer (non-reentrant), as the recipes recompute every layer; fused AdamW on the adapters with the
-  recipe's learning rate (constant: the schedule does not change a step's cost), betas, epsilon,
+  divided by their count, as the recipes' per-token loss (the logits of the last hidden states
+  through the output layer: in FP32 over the whole vocabulary with ``--peer-stack plain``, a chunk
+  at a time with the fused linear cross entropy of the other stacks); gradient checkpointing of
+  every decoder layer (non-reentrant), as the recipes recompute every layer; fused AdamW on the
+  adapters with the recipe's learning rate (constant: the schedule does not change a step's cost), betas, epsilon,
   weight decay and gradient clipping.
 - measured: each step's wall time (data included, the GPU synchronized), tokens/s and the step-time
   spread over the window (:func:`bridge_recipes.logs.stats.summarize`, as for ours), the peak
   allocated memory (GB = 1e9 bytes) and the loss per step, written as JSON. A run that fails (e.g.
   out of memory) writes its error instead of figures and exits 1.
 
+The peer stack (``--peer-stack``, :data:`STACKS`), what a user on one card would run:
+
+- ``plain``: transformers' and PEFT's defaults as above;
+- ``liger``: liger-kernel's fused linear cross entropy (the logits never materialized), its RMSNorm
+  and, on the dense model, its SwiGLU MLP (the MoE's experts keep transformers' grouped GEMM, on
+  which PEFT's expert adapters sit);
+- ``unsloth``: Unsloth's LoRA (``FastModel.get_peft_model``, its offloaded gradient checkpointing)
+  and its fused cross entropy.
+
+Every stack uses the causal-conv1d package's convolution where it is installed (then with the
+rows' conversation boundaries as its ``seq_idx``) and flash-linear-attention's chunk kernel. A stack
+whose packages do not import writes ``not_installed`` instead of figures and exits 3: a fact about
+the host, not a failure of the run.
+
 On a CPU (the unit tests' toy, ``--size`` shrinking the catalog model) the same code runs with
 transformers' PyTorch Gated DeltaNet, which takes no boundaries. ``--dry-run`` builds the full
 model and its adapters on the meta device, checks the rows, and trains nothing.
-Exit status 0 on success, 2 on bad input or a missing kernel, 1 when the run fails.
+Exit status 0 on success, 2 on bad input or a missing kernel, 1 when the run fails, 3 when the
+stack's packages are not installed.
 """
 
 from __future__ import annotations
@@ -113,8 +130,15 @@ MODULE_KERNEL = "torch_chunk_gated_delta_rule"
 LOG = "[peer]"
 
 
+NOT_INSTALLED = 3  # the exit status of a stack whose packages do not import
+
+
 class PeerError(Exception):
     """Bad input or a missing package or kernel (exit 2)."""
+
+
+class NotInstalled(Exception):
+    """The chosen stack's packages do not import here (exit :data:`NOT_INSTALLED`)."""
 
 
 def _log(msg: str) -> None:
@@ -194,6 +218,143 @@ def lora_config(peft: Any, moe: bool) -> Any:
     )
 
 
+# --- the peer stacks -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Stack:
+    """A peer configuration: the packages it imports (each must import, else it is not installed)
+    and what it changes of the plain transformers + PEFT run."""
+
+    name: str
+    modules: tuple[str, ...]
+    summary: str
+
+
+STACKS: dict[str, Stack] = {
+    s.name: s
+    for s in (
+        Stack("plain", (), "transformers + PEFT defaults, the loss on FP32 logits"),
+        Stack(
+            "liger",
+            ("liger_kernel",),
+            "Liger's fused linear cross entropy, RMSNorm and (dense model) SwiGLU MLP",
+        ),
+        Stack("unsloth", ("unsloth", "unsloth_zoo"), "Unsloth's LoRA, offloaded checkpointing, fused cross entropy"),
+    )
+}
+# the order lab.lora_vs_peft tries them in: the fastest expected under a memory cap first
+BY_EXPECTED_SPEED = ("unsloth", "liger", "plain")
+DEFAULT_STACK = "plain"
+CONV_KERNEL = "causal_conv1d"  # the causal-conv1d package's modules
+
+
+def stack_import_problem(stack: str) -> str | None:
+    """Why ``stack``'s packages do not import here (any error importing them: absent, built for
+    another torch, no GPU for a package that needs one), or None."""
+    import importlib
+
+    for module in STACKS[stack].modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # an import that fails for any reason leaves the stack unusable here
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return f"{module} does not import: {type(exc).__name__}: {first}".rstrip(": ")
+    return None
+
+
+def plain_loss(hidden: Any, weight: Any, labels: Any) -> Any:
+    """Cross entropy summed over the supervised tokens (labels not -100), on the FP32 logits of
+    ``hidden`` through the output layer ``weight``: transformers' default road."""
+    import torch.nn.functional as F
+
+    logits = F.linear(hidden, weight).float()
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum")
+
+
+def liger_functions() -> tuple[dict[str, Any], Any]:
+    """Liger's model patches by model kind (``dense``, ``moe``) and its fused linear cross entropy."""
+    from liger_kernel.transformers import apply_liger_kernel_to_qwen3_5, apply_liger_kernel_to_qwen3_5_moe
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return {"dense": apply_liger_kernel_to_qwen3_5, "moe": apply_liger_kernel_to_qwen3_5_moe}, (
+        liger_fused_linear_cross_entropy
+    )
+
+
+def liger_prepare(model: Any, moe: bool) -> Any:
+    """The model with Liger's RMSNorm and, on the dense model, its SwiGLU MLP (which calls the
+    gate, up and down projections as modules, so PEFT's adapters on them still apply); the MoE's
+    experts keep transformers' grouped GEMM, which PEFT's expert adapters wrap. The loss is not
+    patched: :func:`liger_loss` computes it with the rows' mask."""
+    patches, _ = liger_functions()
+    patches["moe" if moe else "dense"](
+        model=model, rope=False, cross_entropy=False, fused_linear_cross_entropy=False, rms_norm=True, swiglu=not moe
+    )
+    return model
+
+
+def liger_loss(hidden: Any, weight: Any, labels: Any) -> Any:
+    """Liger's fused linear cross entropy, summed over the supervised tokens: the logits a chunk of
+    tokens at a time, never the whole ``tokens x vocabulary`` matrix."""
+    _, fused = liger_functions()
+    return fused(hidden.view(-1, hidden.shape[-1]), weight, labels.view(-1), ignore_index=-100, reduction="sum")
+
+
+def unsloth_adapters(model: Any, peft_cfg: Any, moe: bool, checkpointing: bool, seed: int) -> Any:
+    """The model with Unsloth's LoRA of the recipe's ``peft_cfg`` (the modules and expert parameters
+    of :func:`lora_config`) and its gradient checkpointing, which offloads the kept activations to
+    the host."""
+    from unsloth import FastModel
+
+    lora = lora_config(peft_cfg, moe)
+    return FastModel.get_peft_model(
+        model,
+        r=lora.r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=sorted(lora.target_modules),
+        target_parameters=lora.target_parameters,
+        bias="none",
+        use_gradient_checkpointing="unsloth" if checkpointing else False,
+        random_state=seed,
+    )
+
+
+def unsloth_loss(hidden: Any, weight: Any, labels: Any) -> Any:
+    """Unsloth's chunked fused cross entropy, summed over the supervised tokens (the labels are
+    already the next tokens: no shift)."""
+    import torch
+    from unsloth_zoo.fused_losses.cross_entropy_loss import unsloth_fused_ce_loss
+
+    one = torch.ones((), device=hidden.device)  # divides the sum by one: the step divides it
+    return unsloth_fused_ce_loss(None, hidden, weight, None, labels, n_items=one, shift_labels=False)
+
+
+LOSSES = {"plain": plain_loss, "liger": liger_loss, "unsloth": unsloth_loss}
+
+
+def causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside a PEFT model (or the model itself)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if get is not None else model
+
+
+def conv_kernel(model: Any) -> str | None:
+    """The module of the Gated DeltaNet's short convolution (``causal_conv1d...`` for the
+    causal-conv1d package, transformers' own otherwise), None for a model without such layers.
+    transformers 5.12 binds it to each layer (None: its PyTorch convolution); later releases
+    call a module-level wrapper, followed through its closure."""
+    for module in model.modules():
+        if type(module).__name__.endswith("GatedDeltaNet"):
+            if hasattr(module, "causal_conv1d_fn"):
+                fn = module.causal_conv1d_fn
+                return "torch" if fn is None else _called_module(fn, CONV_KERNEL)
+            fn = getattr(sys.modules[type(module).__module__], "causal_conv1d_fn", None)
+            return "torch" if fn is None else _called_module(fn, CONV_KERNEL)
+    return None
+
+
 # --- the model -------------------------------------------------------------------------------
 
 
@@ -259,16 +420,17 @@ def gdn_kernel(model: Any) -> str | None:
     return None
 
 
-def _called_module(fn: Any, depth: int = 4) -> str:
-    """The module of ``fn``, or of a flash-linear-attention function among the functions its
-    closure holds (wrappers that choose an implementation), searched ``depth`` levels deep."""
+def _called_module(fn: Any, prefix: str = FLA, depth: int = 4) -> str:
+    """The module of ``fn``, or of a function of a module starting with ``prefix`` (default
+    flash-linear-attention's) among the functions its closure holds (wrappers that choose an
+    implementation), searched ``depth`` levels deep."""
     todo, seen = [(fn, 0)], set()
     while todo:
         f, d = todo.pop(0)
         if id(f) in seen:
             continue
         seen.add(id(f))
-        if str(getattr(f, "__module__", "")).startswith(FLA):
+        if str(getattr(f, "__module__", "")).startswith(prefix):
             return f.__module__
         if d < depth:
             for cell in getattr(f, "__closure__", None) or ():
@@ -283,7 +445,16 @@ def _called_module(fn: Any, depth: int = 4) -> str:
 
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for dist in ("torch", "transformers", "peft", "flash-linear-attention", "flash-attn"):
+    for dist in (
+        "torch",
+        "transformers",
+        "peft",
+        "flash-linear-attention",
+        "flash-attn",
+        "causal-conv1d",
+        "liger-kernel",
+        "unsloth",
+    ):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -295,9 +466,15 @@ def stack_summary(stack: dict[str, Any]) -> str:
     """One line naming what the peer ran (the comparison file's ``peer_stack``)."""
     v = stack["versions"]
     gdn = "flash-linear-attention" if stack["gdn_kernel"].startswith(FLA) else "PyTorch reference"
+    conv = stack.get("conv_kernel") or "torch"
+    conv_text = "" if conv == "torch" else f", convolution causal-conv1d {v.get('causal-conv1d')}"
+    name = stack.get("stack", DEFAULT_STACK)
+    extra = {"liger": f" with Liger {v.get('liger-kernel')}", "unsloth": f" with Unsloth {v.get('unsloth')}"}
+    loss = "" if name == DEFAULT_STACK else f"; {STACKS[name].summary}"
     return (
-        f"transformers {v['transformers']} + PEFT {v['peft']} LoRA, torch {v['torch']}; attention "
-        f"{stack['attention']}, experts {stack['experts']}, Gated DeltaNet {gdn} ({stack['gdn_kernel']}); "
+        f"transformers {v['transformers']} + PEFT {v['peft']} LoRA{extra.get(name, '')}, torch {v['torch']}; "
+        f"attention {stack['attention']}, experts {stack['experts']}, Gated DeltaNet {gdn} ({stack['gdn_kernel']})"
+        f"{conv_text}{loss}; "
         f"gradient checkpointing {'on' if stack['gradient_checkpointing'] else 'off'}; "
         f"adapters {stack['adapter_dtype']}, fused AdamW"
     )
@@ -306,8 +483,9 @@ def stack_summary(stack: dict[str, Any]) -> str:
 # --- training --------------------------------------------------------------------------------
 
 
-def micro_batch(sample: dict, device: Any) -> tuple[dict, Any, Any]:
-    """Model keywords, labels (-100 where nothing is supervised) and loss mask of one row."""
+def micro_batch(sample: dict, device: Any, seq_idx: bool = False) -> tuple[dict, Any, Any]:
+    """Model keywords, labels (-100 where nothing is supervised) and loss mask of one row; with
+    ``seq_idx``, each token's conversation index for the causal-conv1d package's convolution."""
     import torch
 
     tokens = sample["tokens"][None].to(device, non_blocking=True)
@@ -317,6 +495,10 @@ def micro_batch(sample: dict, device: Any) -> tuple[dict, Any, Any]:
         cu = sample["cu_seqlens_q"].to(device=device, dtype=torch.int32, non_blocking=True)
         longest = int(sample["max_seqlen_q"])
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+        if seq_idx:
+            lengths = (cu[1:] - cu[:-1]).long()
+            index = torch.repeat_interleave(torch.arange(len(lengths), device=device, dtype=torch.int32), lengths)
+            kwargs["seq_idx"] = index[None].contiguous()
     return kwargs, labels, sample["loss_mask"]
 
 
@@ -328,11 +510,14 @@ def train(
     global_batch: int,
     optimizer_cfg: Any,
     device: Any,
+    loss_fn: Any = plain_loss,
+    seq_idx: bool = False,
 ) -> list[dict]:
     """``steps`` optimizer steps of ``global_batch`` rows each; one record per step: its 1-based index, wall
-    time, tokens, loss and the peak allocated bytes so far (GPU only)."""
+    time, tokens, loss and the peak allocated bytes so far (GPU only). ``loss_fn(hidden, weight, labels)``
+    sums the cross entropy of a row's last hidden states through the output layer's weight;
+    ``seq_idx``: pass each token's conversation index (:func:`micro_batch`)."""
     import torch
-    import torch.nn.functional as F
 
     cuda = torch.device(device).type == "cuda"
     params = [p for p in model.parameters() if p.requires_grad]
@@ -346,6 +531,7 @@ def train(
         fused=cuda,
     )
     model.train()
+    lm = causal_lm(model)
     records = []
     for step in range(1, steps + 1):
         if cuda:
@@ -355,14 +541,12 @@ def train(
         supervised = max(1.0, float(sum(s["loss_mask"].sum() for s in samples)))
         total = torch.zeros((), device=device)
         for sample in samples:
-            kwargs, labels, _ = micro_batch(sample, device)
-            logits = model(**kwargs).logits
-            loss = F.cross_entropy(
-                logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100, reduction="sum"
-            )
+            kwargs, labels, _ = micro_batch(sample, device, seq_idx)
+            hidden = lm.model(**kwargs).last_hidden_state
+            loss = loss_fn(hidden, lm.lm_head.weight, labels)
             (loss / supervised).backward()
             total += loss.detach()
-            del logits, loss
+            del hidden, loss
         if o.clip_grad:
             torch.nn.utils.clip_grad_norm_(params, o.clip_grad)
         opt.step()
@@ -480,6 +664,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--attn", help="transformers attention implementation (default: flash_attention_2 if installed, else sdpa)"
     )
+    ap.add_argument(
+        "--peer-stack",
+        default=DEFAULT_STACK,
+        metavar="NAME",
+        help=f"the peer configuration: {', '.join(STACKS)} (default {DEFAULT_STACK}; see above)",
+    )
     ap.add_argument("--no-gradient-checkpointing", action="store_true", help="keep every layer's activations")
     ap.add_argument("--device", help="cuda (default when there is one) or cpu")
     ap.add_argument(
@@ -523,6 +713,8 @@ def argument_problems(opts: argparse.Namespace) -> list[str]:
         out.append(problem)
     if opts.device not in (None, "cuda", "cpu"):
         out.append(f"--device {opts.device}: cuda or cpu")
+    if opts.peer_stack not in STACKS:
+        out.append(f"--peer-stack {opts.peer_stack}: unknown; choose one of {', '.join(STACKS)}")
     return out
 
 
@@ -579,17 +771,31 @@ def run(opts: argparse.Namespace, command: str) -> int:
         },
         "command": command,
     }
+    name = opts.peer_stack
+    doc["peer_stack_name"] = name
+    if problem := stack_import_problem(name):
+        raise NotInstalled(f"--peer-stack {name}: {problem}")
     try:
-        model = build_model(spec, "meta" if opts.dry_run else device, attn, checkpointing, opts.seed)
-        model = add_adapters(model, cfg.peft, spec.is_moe)
+        where = "meta" if opts.dry_run else device
+        model = prepared_model(name, spec, cfg.peft, where, attn, checkpointing, opts.seed)
+    except torch.OutOfMemoryError as exc:
+        doc["gpu_memory_gb"] = cap_gb
+        return failed(doc, opts.out, f"out of memory: {str(exc).splitlines()[0]}")
+    except Exception as exc:  # a stack that cannot take this model: recorded as its failure, not a traceback
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return failed(doc, opts.out, f"the {name} stack could not prepare the model: {type(exc).__name__}: {first}")
+    try:
         kernel = str(gdn_kernel(model))
+        conv = str(conv_kernel(model))
         adapter = next(p for p in model.parameters() if p.requires_grad)
         stack = {
+            "stack": name,
             "versions": versions(),
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "attention": model.config._attn_implementation,
             "experts": getattr(model.config, "_experts_implementation", None) if spec.is_moe else None,
             "gdn_kernel": kernel,
+            "conv_kernel": conv,
             "gradient_checkpointing": checkpointing,
             "adapter_dtype": str(adapter.dtype).removeprefix("torch."),
             "allocator": os.environ.get(ALLOCATOR),
@@ -606,7 +812,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
             f"LoRA r{lora['rank']} alpha {lora['alpha']}: {lora['trainable_parameters']:,} trainable parameters "
             f"on {', '.join(lora['modules'])}"
         )
-        _log(f"Gated DeltaNet chunk kernel here: {kernel}; attention {stack['attention']}")
+        _log(f"Gated DeltaNet chunk kernel here: {kernel}; attention {stack['attention']}; convolution {conv}")
         _log(f"stack: {doc['peer_stack']}")
         if device == "cuda" and not opts.dry_run and not kernel.startswith(FLA):
             raise PeerError(
@@ -619,7 +825,16 @@ def run(opts: argparse.Namespace, command: str) -> int:
         from bridge_recipes.data.packed_rows import PackedRowsDataset
 
         dataset = PackedRowsDataset(cfg.dataset.path, row_tokens, opts.steps * gb, vocab_size=spec.vocab_size)
-        records = train(model, dataset, steps=opts.steps, global_batch=gb, optimizer_cfg=cfg.optimizer, device=device)
+        records = train(
+            model,
+            dataset,
+            steps=opts.steps,
+            global_batch=gb,
+            optimizer_cfg=cfg.optimizer,
+            device=device,
+            loss_fn=LOSSES[name],
+            seq_idx=conv.startswith(CONV_KERNEL),
+        )
     except torch.OutOfMemoryError as exc:
         doc["gpu_memory_gb"] = cap_gb
         return failed(doc, opts.out, f"out of memory: {str(exc).splitlines()[0]}")
@@ -641,12 +856,41 @@ def run(opts: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def failed(doc: dict, out: str, error: str) -> int:
-    """Write the result of a run that gave no figures (``error`` says why); exit status 1."""
+def failed(doc: dict, out: str | None, error: str) -> int:
+    """Write the result of a run that gave no figures (``error`` says why; nothing written without
+    ``out``, as in a dry run); exit status 1."""
     doc.update(result=None, error=error)
-    write_text_atomic(Path(out), json.dumps(doc, indent=1) + "\n")
+    if out:
+        write_text_atomic(Path(out), json.dumps(doc, indent=1) + "\n")
     print(f"peer_peft: {error}", file=sys.stderr)
     return 1
+
+
+def prepared_model(name: str, spec: Any, peft_cfg: Any, device: str, attn: str, checkpointing: bool, seed: int) -> Any:
+    """The model of ``spec`` with the recipe's adapters as stack ``name`` sets them up (Unsloth
+    checkpoints the layers its own way)."""
+    model = build_model(spec, device, attn, checkpointing and name != "unsloth", seed)
+    if name == "liger":
+        model = liger_prepare(model, spec.is_moe)
+    if name == "unsloth":
+        return unsloth_adapters(model, peft_cfg, spec.is_moe, checkpointing, seed)
+    return add_adapters(model, peft_cfg, spec.is_moe)
+
+
+def not_installed(opts: argparse.Namespace, command: str, reason: str) -> int:
+    """Record that the chosen stack's packages do not import here (its result file, when asked
+    for); exit status :data:`NOT_INSTALLED`."""
+    doc = {
+        "recipe": opts.recipe,
+        "peer_stack_name": opts.peer_stack,
+        "command": command,
+        "result": None,
+        "not_installed": reason,
+    }
+    if opts.out:
+        write_text_atomic(Path(opts.out), json.dumps(doc, indent=1) + "\n")
+    print(f"peer_peft: not installed: {reason}", file=sys.stderr)
+    return NOT_INSTALLED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -664,6 +908,8 @@ def main(argv: list[str] | None = None) -> int:
     except PeerError as exc:
         print(f"peer_peft: {exc}", file=sys.stderr)
         return 2
+    except NotInstalled as exc:
+        return not_installed(opts, command, str(exc))
 
 
 if __name__ == "__main__":

@@ -418,6 +418,8 @@ def memory_classes_table() -> str:
     ]
     for line in json.loads(path.read_text()):
         peer = "fits" if line.get("peer_fits") else "does not fit (out of memory)"
+        if line.get("best_peer"):  # the fastest configuration that ran, of those tried
+            peer = f"{line['best_peer']} fits"
         lines.append(
             _row(
                 [

@@ -347,11 +347,17 @@ def test_memory_class_lines_are_their_runs(line):
     """Each line's figures are its runs' (ours' benchmark result, the peer's result or its out-of-memory
     end) under the card's cap, as ``lora_vs_peft --assemble --gpu-memory-gb auto`` reads them."""
     from bridge_recipes.gpus import class_memory_gb
-    from lab.lora_vs_peft import ours_document, peer_document
+    from lab.lora_vs_peft import ours_document, peer_document, peer_out, peer_outcome
+    from lab.peer_peft import DEFAULT_STACK
 
     ours = ours_document(MEMORY_CLASSES / f"{line['recipe']}.yaml")
     share = ours["workload"]["rows"]["useful_token_share"]
-    peer = peer_document(MEMORY_CLASSES / f"{line['recipe']}_peer.json", tuple(line["window"]), share)
+    # each configuration tried ended as its run's file says; the line's figures are the best one's
+    for tried in line.get("peers", []):
+        doc = peer_document(peer_out(MEMORY_CLASSES, line["recipe"], tried["stack"]), tuple(line["window"]), share)
+        assert tried["outcome"] == peer_outcome(doc)
+    stack = line.get("best_peer") or (line["peers"][-1]["stack"] if line.get("peers") else DEFAULT_STACK)
+    peer = peer_document(peer_out(MEMORY_CLASSES, line["recipe"], stack), tuple(line["window"]), share)
     assert line["gpu"] == registry.find(line["recipe"]).meta.gpu
     assert f"GPU memory capped (run_recipe.py --gpu-memory-gb) at {line['memory_cap_gb']:g} GB" in ours["notes"]
     # the cap it ran under is the card's memory to within half a GB, and the peak fits the card
@@ -361,6 +367,8 @@ def test_memory_class_lines_are_their_runs(line):
     assert line["peer_fits"] is (peer.get("result") is not None)
     if line["peer_fits"]:
         assert line["tokens_per_s_ratio"] == round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
+    elif "peers" in line:
+        assert line["peer_tokens_per_s"] is None and "out of memory" in [p["outcome"] for p in line["peers"]]
     else:
         assert line["peer_tokens_per_s"] is None and "out of memory" in line["peer_error"]
 
