@@ -123,7 +123,8 @@ def run_line(recipe: str, shape: str, tokens: int) -> str:
     cap = cap_gb(recipe)
     return (
         ("python3 lab/gpu/needs_memory.py 140 && " if cap is None else "")
-        + f"mkdir -p $OUT/full_size && NAME={name} LIMIT={LIMIT_S} STACK_EVERY={LIMIT_S} bash lab/gpu/watch.sh python3 scripts/benchmark.py "
+        + f"mkdir -p $OUT/full_size && NAME={name} LIMIT={LIMIT_S} STACK_EVERY={LIMIT_S} "
+        "bash lab/gpu/watch.sh python3 scripts/benchmark.py "
         f"--recipe {recipe} --rows {rows_folder(shape, tokens)} --lora-from-random-init --steps {STEPS} "
         f"--window {WINDOW[0]} {WINDOW[1]}"
         + ("" if cap is None else f" --gpu-memory-gb {cap:g}")

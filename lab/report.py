@@ -400,6 +400,46 @@ def base_label(line: dict) -> str:
     return f"fp8, {line.get('base_compute', 'fp8')} GEMMs"
 
 
+def full_size_table() -> str:
+    """Every one-GPU recipe as listed at full size on two row shapes (lab/results/one_gpu_recipes_full_size.json)."""
+    path = RESULTS / "one_gpu_recipes_full_size.json"
+    if not path.is_file():
+        return ""
+    num = _num
+    lines = [
+        f"`{_rel(path)}` (`python -m lab.full_size`: the queue `lab/gpu/queues/one_gpu_full_size.txt`), logs in "
+        "`lab/evidence/full_size/`. Each recipe as listed, 20 steps of two rows, random base weights, on short "
+        "conversations and on long ones split into pieces, capped at its card's memory. A first step of a few "
+        "seconds ran on kernels an earlier run on the host had compiled.",
+        "",
+        "| recipe | card | cap GB | rows | packed attention | steps | useful tokens/s | peak GB | planner GB "
+        "| first step s | loss first | loss last | hardware | date |",
+        "|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for line in json.loads(path.read_text()):
+        lines.append(
+            _row(
+                [
+                    f"`{line['recipe']}`",
+                    line["gpu"],
+                    num(line.get("memory_cap_gb"), ".1f"),
+                    line["rows"],
+                    line.get("packed_attention") or "-",
+                    num(line.get("steps"), "d"),
+                    num(line.get("useful_tokens_per_s"), ",.1f"),
+                    num(line.get("peak_gb"), ".2f"),
+                    num(line.get("planner_gb"), ".1f"),
+                    num(line.get("first_step_s"), ".1f"),
+                    num(line.get("loss_first"), ".3f"),
+                    num(line.get("loss_last"), ".3f"),
+                    line.get("hardware") or line.get("error") or "-",
+                    line.get("date") or "-",
+                ]
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
 def memory_classes_table() -> str:
     """The LoRA recipes of the 80 and 48 GB cards at full size, each capped at its card's memory on the
     GPU at hand, against transformers + PEFT under the same cap (lab/results/lora_memory_classes.json), and the
@@ -639,6 +679,9 @@ def render() -> str:
             "## One GPU LoRA: the host's share of a step, and the plan",
             "",
             host_plan_table() or "No plan committed yet.\n",
+            "## One GPU at full size: every recipe as listed",
+            "",
+            full_size_table() or "No measurement committed yet.\n",
             "## One GPU of 80 or 48 GB: LoRA at the card's memory",
             "",
             memory_classes_table() or "No measurement committed yet.\n",

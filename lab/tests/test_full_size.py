@@ -158,3 +158,15 @@ def test_watch_passes_a_finished_command_through(tmp_path):
         timeout=40,
     )
     assert done.returncode == 3 and (tmp_path / "quick.out").read_text() == "hi\n"
+
+
+def test_committed_table_is_what_its_evidence_says():
+    """lab/results/one_gpu_recipes_full_size.json re-assembled from the result files and logs under
+    lab/evidence/full_size/ (the planner figure as committed: it is the planner's at the time)."""
+    table = ROOT / "lab/results/one_gpu_recipes_full_size.json"
+    committed = json.loads(table.read_text())
+    planned = {(e["recipe"], e["memory_cap_gb"]): e["planner_gb"] for e in committed}
+    again = full_size.assemble([ROOT / "lab/evidence/full_size"], plan=lambda r, cap: planned[(r, cap)])
+    assert again == committed
+    for line in committed:
+        assert (ROOT / line["result"]).is_file() and line["steps"] == full_size.STEPS
