@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data.integrity import CU_COLUMN, MANIFEST_FILE, ROWS_FILE, VAL_DIR, update_rows_hash
-from bridge_recipes.outputs import held_signals, pid_alive
+from bridge_recipes.outputs import held_signals, pid_alive, replace_problem
 
 PARQUET_COMPRESSION = "zstd"
 ROWS_PER_BATCH = 128  # rows per Parquet row group: ~5 MB in memory at 8,192 tokens
@@ -94,12 +94,8 @@ def output_folder(out_dir: str | os.PathLike, *, error: type[Exception] = SftRow
                 "or give another --out"
             )
         out = out.resolve()
-    cwd = Path.cwd().resolve()
-    if out.resolve() == cwd or out.resolve() in cwd.parents:
-        raise error(
-            f"--out {out_dir} is {'the current folder' if out.resolve() == cwd else 'above the current folder'}; "
-            f"a build replaces its --out folder whole: give a new folder, e.g. --out {given / 'dataset'}"
-        )
+    if problem := replace_problem(out_dir):
+        raise error(problem)
     return out
 
 
