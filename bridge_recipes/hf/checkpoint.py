@@ -531,9 +531,12 @@ def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointE
 staged_output = functools.partial(outputs.staged_output, error=HfCheckpointError)
 
 
-def refuse_overlap(out: str | os.PathLike, *inputs: tuple[str, str | os.PathLike | None]) -> None:
-    """--out may not be, hold or sit inside an input folder (--overwrite replaces the whole --out)."""
-    if problem := outputs.overlap_problem(out, option="--out", inputs=inputs):
+def refuse_overlap(
+    out: str | os.PathLike, *inputs: tuple[str, str | os.PathLike | None], overwrite: bool = False
+) -> None:
+    """--out checked before any work, as :func:`staged_output` will: not, holding or inside an input
+    folder, not the current folder, and (with ``overwrite``) a folder only a conversion wrote."""
+    if problem := outputs.folder_output_problem(out, overwrite, inputs=inputs):
         raise HfCheckpointError(problem)
 
 
@@ -698,7 +701,7 @@ def import_checkpoint(
     convert: Callable[[Path, Path], None] = convert_hf_to_megatron,
 ) -> Path:
     """Check ``source`` against ``recipe`` (or ``expected`` fields) and convert it into ``out``."""
-    refuse_overlap(out, ("--hf", source))
+    refuse_overlap(out, ("--hf", source), overwrite=overwrite)
     folder = inspect_folder(source, progress=progress)
     if recipe is not None or expected is not None:
         exp = expected if expected is not None else expected_from_spec(spec_for_recipe(recipe))
@@ -735,7 +738,7 @@ def export_checkpoint(
 ) -> Path:
     """Export the Megatron checkpoint ``megatron`` to a HF folder shaped like ``template``; a LoRA
     run's checkpoint (adapters only) is merged into ``template``'s base weights."""
-    refuse_overlap(out, ("--megatron", megatron), ("--hf-template", template))
+    refuse_overlap(out, ("--megatron", megatron), ("--hf-template", template), overwrite=overwrite)
     megatron = Path(megatron).expanduser()
     if not megatron.is_dir() or not is_megatron_checkpoint(megatron):
         raise HfCheckpointError(

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bridge_recipes.hf.toy import make_toy
 
-            ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json))
+            ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json), overwrite=args.overwrite)
             with ck.staged_output(args.out, args.overwrite) as tmp:
                 spec = make_toy(tmp, args.family, vl=args.vl, seed=args.seed, tokenizer_json=args.tokenizer_json)
             print(f"saved toy {spec.name} -> {args.out}")
