@@ -9,7 +9,8 @@ does the same for a folder. ``held_signals`` keeps a signal from cutting a few r
 ``worker_processes`` lets a Ctrl-C stop a command and its forked workers quietly.
 ``replace_problem`` and :data:`OUTPUT_MARKER` keep ``--overwrite`` to folders a command wrote
 itself. ``file_sha256`` is the hash the written files are checked by. ``add_build_options`` gives the
-dataset builders' command lines their shared --out, --overwrite, --workers and --no-progress. Standard
+dataset builders' command lines their shared --out, --overwrite, --workers and --no-progress, and
+``worker_count`` caps --workers at the machine's cores. Standard
 library only (the wheelhouse uses it before anything is installed).
 """
 
@@ -181,6 +182,21 @@ def add_build_options(parser: argparse.ArgumentParser, *, work: str, result: str
         help=f"processes {work} (default: this machine's cores); {result} the same for any",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def worker_count(requested: int | None) -> tuple[int, str | None]:
+    """The worker processes a build runs: ``requested`` (None: the cores this process may run on), at
+    most those cores, and a note saying so when it asked for more (more processes than cores only
+    share the same cores, and each holds its own copy of the tokenizer)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if requested is None:
+        return cores, None
+    if requested > cores:
+        return cores, f"--workers {requested} is more than this machine's {cores} core(s): using {cores}"
+    return requested, None
 
 
 INTERRUPTED = 130  # a command's exit status after a Ctrl-C, as a shell reports one

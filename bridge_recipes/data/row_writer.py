@@ -56,6 +56,12 @@ class RowWriter:
         self._flush()
         self._writer.close()
 
+    def abandon(self) -> None:
+        """Close after an error, raising nothing: the file is half-written and goes with the staging folder."""
+        self._batch = []
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
     @property
     def rows_sha256(self) -> str:
         return self._hasher.hexdigest()
@@ -328,9 +334,13 @@ def staged_build(
 def file_system_problem(e: OSError, out: Path) -> str:
     """An OSError met while building ``out``, in a line: the path, the reason, the fix."""
     where = f" ({e.filename})" if e.filename else ""
-    if e.errno == errno.ENOSPC or "No space left" in str(e):
+    if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(
+        words in str(e) for words in ("No space left", "File too large", "quota exceeded")
+    ):
+        why = {errno.EFBIG: "the file system refused a file this large", errno.EDQUOT: "the disk quota is used up"}
         return (
-            f"no space left on the device{where} while building {out}; free some space (or give an --out on "
-            f"another disk) and build again; nothing was written, {out} is as it was"
+            f"{why.get(e.errno or 0, 'no space left on the device')}{where} while building {out} ({e.strerror or e}); "
+            f"free some space (or give an --out on another disk) and build again; nothing was written, {out} is "
+            "as it was"
         )
     return f"{e.strerror or e}{where} while building {out}; nothing was written, {out} is as it was"
