@@ -106,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bridge_recipes.hf.toy import make_toy
 
+            if args.vl and args.tokenizer_json:  # the VL builder needs the image processor a VL toy ships
+                raise ck.HfCheckpointError(
+                    f"--tokenizer-json {args.tokenizer_json} with --vl: a VL toy ships the offline Qwen-VL "
+                    "processor (its tokenizer holds the image tokens, with an image processor beside it), which "
+                    "scripts/build_vl_dataset.py --processor needs; leave --tokenizer-json out for a VL toy"
+                )
+
             ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json), overwrite=args.overwrite)
             with ck.staged_output(args.out, args.overwrite) as tmp:
                 spec = make_toy(tmp, args.family, vl=args.vl, seed=args.seed, tokenizer_json=args.tokenizer_json)
