@@ -79,8 +79,8 @@ def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:
     from bridge_recipes.env_settings import env_advice
 
     return [
-        f"env_vars.{ENV}={value!r} is not a packed-attention mode; set {env_advice(ENV, 'MODE', environ)}, MODE one of "
-        f"{', '.join(MODES)} ({default_rule()})"
+        f"env_vars.{ENV}={value!r} is not a packed-attention mode; set {env_advice(ENV, 'MODE', environ)}, "
+        f"MODE one of {', '.join(MODES)} ({default_rule()})"
     ]
 
 
