@@ -57,7 +57,7 @@ from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and 
     default_workers,  # noqa: F401 - the command line's default
     prepared,
 )
-from bridge_recipes.outputs import file_sha256, overlap_problem, worker_processes
+from bridge_recipes.outputs import file_sha256, overlap_problem, worker_count, worker_processes
 from bridge_recipes.vl.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -329,6 +329,9 @@ def build_vl_dataset(
     for any number. Raises VlDatasetError on bad input; a conversation that cannot be used is
     skipped and counted."""
     _check_settings(val_fraction, seed, samples_per_shard, max_image_bytes, max_image_pixels, workers)
+    workers, note = worker_count(workers)
+    if note:
+        log.warning("%s", note)
     src = _input_file(source)
     out = output_folder(out_dir, error=VlDatasetError)
     if problem := overlap_problem(out, option="--out", inputs=[("--input", src), ("--processor", processor)]):
