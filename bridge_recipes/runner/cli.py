@@ -503,6 +503,11 @@ def paths_problem(args: argparse.Namespace) -> str | None:
         return None
     builder = "scripts/build_sft_rows.py" if args.dataset == "sft-rows" else "scripts/build_vl_dataset.py"
     path = Path(data).expanduser()
+    if path.is_file() and args.dataset == "sft-rows":
+        from bridge_recipes.data.integrity import MANIFEST_FILE, ROWS_FILE
+
+        if path.name in (ROWS_FILE, MANIFEST_FILE):
+            return f"dataset.path {data} is a file of a rows folder; set it to the folder: dataset.path={path.parent}"
     if path.is_file():
         return (
             f"dataset.path {data} is a file; --dataset {args.dataset} reads the folder built from it: "

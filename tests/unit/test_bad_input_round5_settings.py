@@ -218,3 +218,11 @@ def test_env_advice_says_an_exported_variable_wins():
     assert env_advice("X_MODE", "1", {}) == "+env_vars.X_MODE=1"
     said = env_advice("X_MODE", "1", {"X_MODE": "0"})
     assert "exported" in said and "export X_MODE=1" in said
+
+
+def test_a_file_of_a_rows_folder_given_as_the_path_names_the_folder(tmp_path):
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "rows.parquet").write_bytes(b"PAR1")
+    given = tmp_path / "rows" / "rows.parquet"
+    code, text = _run("--recipe", RECIPE, "--dry-run", "--dataset", "sft-rows", f"dataset.path={given}")
+    assert code == 2 and f"dataset.path={tmp_path / 'rows'}" in text and "--input" not in text
