@@ -272,3 +272,35 @@ def test_a_home_relative_input_is_read_from_home(tmp_path, monkeypatch):
     jsonl(tmp_path / "in.jsonl", [conv(i) for i in range(10)])
     m = build_sft_rows("~/in.jsonl", CHATML, tmp_path / "o", row_tokens=ROW, chat_format="chatml", progress=False)
     assert m["conversations"]["used"] == 10
+
+
+# ----------------------------------------------------------------- vision-language
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        [{"type": "text", "text": "here it is"}, {"type": "image", "image": "x.png"}],
+        "here it is\n<image>",
+    ],
+)
+def test_an_image_in_a_vl_assistant_reply_is_skipped_by_its_reason(tmp_path, reply):
+    from bridge_recipes.chat.errors import MalformedConversation
+    from bridge_recipes.vl.vl_conversations import parse_record
+
+    record = {
+        "messages": [{"role": "user", "content": "draw a cat"}, {"role": "assistant", "content": reply}],
+        **({"images": ["x.png"]} if isinstance(reply, str) else {}),
+    }
+    with pytest.raises(MalformedConversation) as err:
+        parse_record(record, 4, tmp_path)
+    assert err.value.reason == "image_in_assistant_reply" and err.value.at("line 5").startswith("line 5: message 1")
+
+
+def test_a_vl_toy_with_a_tokenizer_json_is_refused_with_the_fix(tmp_path, capsys):
+    from bridge_recipes.hf.cli import main
+
+    code = main(["toy", "--vl", "--tokenizer-json", str(CHATML), "--out", str(tmp_path / "toy")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--tokenizer-json" in err and "leave --tokenizer-json out" in err
+    assert not (tmp_path / "toy").exists()
