@@ -486,7 +486,7 @@ def paths_problem(args: argparse.Namespace) -> str | None:
     from bridge_recipes.datasets import KINDS
 
     if args.dataset is not None and args.dataset not in KINDS:
-        return f"--dataset {args.dataset}: not a kind of data; choose one of {', '.join(KINDS)}"
+        return f"--dataset {args.dataset!r} is not known; choose one of {', '.join(KINDS)}"
     local = ("/", ".", "~")
     weights = [("--hf-checkpoint", args.hf_checkpoint)] if args.hf_checkpoint else []
     weights += [

@@ -190,7 +190,7 @@ def test_a_recipe_line_naming_another_model_of_the_same_kind_is_refused(saved_ro
 @pytest.mark.parametrize(
     "argv,words",
     [
-        (["--dataset", "parquet"], "--dataset parquet"),
+        (["--dataset", "parquet"], "--dataset 'parquet' is not known"),
         (["--pretrained-checkpoint", "/nowhere/ckpt"], "no such folder"),
         (["checkpoint.pretrained_checkpoint=/nowhere/ckpt"], "no such folder"),
         (["--hf-checkpoint", "/nowhere/hf"], "no such folder"),
