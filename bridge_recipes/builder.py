@@ -93,6 +93,9 @@ def build(
         _shrink(cfg, scale_down, scale_experts, gpus, report)
     _reshape(cfg, folder, dataset, peft, report)
     _apply_flags_and_overrides(cfg, values, overrides, name)
+    for change in expand_home(cfg):
+        if report:
+            report(change)
     if folder is not None:
         from bridge_recipes.hf import training as hf_training
 
@@ -213,6 +216,40 @@ def _reshape(
         PEFT_SCHEMES[peft](cfg)
     if folder is not None:
         hf_training.use_checkpoint(cfg, folder)
+
+
+# The config fields that name a folder or file on this machine: a leading ~ is the home folder there,
+# as the shell and the dataset builders read it (the config would otherwise hold a folder named "~").
+PATH_FIELDS = (
+    "dataset.path",
+    "dataset.tokenizer_path",
+    "checkpoint.save",
+    "checkpoint.load",
+    "checkpoint.pretrained_checkpoint",
+)
+
+
+def expand_home(cfg: Any) -> list[str]:
+    """A leading ``~`` of :data:`PATH_FIELDS` expanded to the home folder; ValueError for a field that holds
+    something other than one path (a list, from a config file). Returns the changes, one line each."""
+    import os
+
+    changes = []
+    for key in PATH_FIELDS:
+        section, field = key.split(".")
+        holder = getattr(cfg, section, None)
+        value = getattr(holder, field, None) if holder is not None else None
+        if value is None:
+            continue
+        if not isinstance(value, str | os.PathLike):
+            raise ValueError(
+                f"{key} is {type(value).__name__} {value!r}, not one path: give a single folder ({key}=/path/to/dir)"
+            )
+        text = os.fspath(value)
+        if isinstance(text, str) and text.startswith("~"):
+            setattr(holder, field, os.path.expanduser(text))
+            changes.append(f"{key}: {text} -> {getattr(holder, field)} (~ is the home folder)")
+    return changes
 
 
 def _apply_flags_and_overrides(cfg: Any, values: dict[str, Any], overrides: Sequence[str], name: str) -> None:

@@ -3,7 +3,8 @@
 A config file is Megatron-Bridge's ``ConfigContainer.to_yaml`` text behind one comment line
 that names the recipe it came from (``# recipe: NAME``), so the runner knows the recipe's task
 and GPUs when it builds from the file, and one line per runner option of the run that lives
-outside the config (:data:`RUN_OPTIONS`: ``# hf-checkpoint: DIR``, ``# export-hf: DIR``), so
+outside the config (:data:`RUN_OPTIONS`: ``# hf-checkpoint: DIR``, ``# export-hf: DIR``,
+``# gpu-memory-gb: GB``), so
 ``--config-file`` launches the same run. Loading goes through ``ConfigContainer.from_yaml`` in
 strict mode: an unknown key anywhere is an error, and every ``_target_`` must be on Megatron's
 instantiation allow-list. This package's config classes are added to that list one class at a
@@ -26,9 +27,10 @@ from typing import Any
 RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
 # Runner options a saved run needs that the ConfigContainer does not hold: the starting weights'
 # Hugging Face folder (converted at launch) and the folder the trained model is exported to.
-RUN_OPTIONS = ("hf-checkpoint", "export-hf", "export-text-only")
-# Those of them that are switches (recorded as ``true``), not folders.
+RUN_OPTIONS = ("hf-checkpoint", "export-hf", "export-text-only", "gpu-memory-gb")
+# Those of them that are switches (recorded as ``true``), not folders or values.
 RUN_SWITCHES = ("export-text-only",)
+PATH_OPTIONS = ("hf-checkpoint", "export-hf")  # the run options that name a folder (kept absolute)
 RUN_LINE = re.compile(r"^# (" + "|".join(RUN_OPTIONS) + r"): (.+?)\s*$", re.MULTILINE)
 HEADER = "# run_recipe.py config file: build it again with --config-file FILE [KEY=VALUE ...]\n# recipe: {name}\n"
 
@@ -121,7 +123,17 @@ def _model_kind_problem(recipe: str, data: dict) -> str | None:
     moe = {True: "MoE", False: "dense"}
     body_vl, body_moe = "VL" in model["_target_"].rsplit(".", 1)[-1], bool(model.get("num_moe_experts"))
     if (body_vl, body_moe) == (spec.is_vl, spec.is_moe):
-        return None
+        # the same kind of model: the sizes no scale-down changes tell another model of that kind
+        sizes = {"hidden_size": spec.hidden_size, "num_attention_heads": spec.num_attention_heads}
+        other = {k: model.get(k) for k, v in sizes.items() if isinstance(model.get(k), int) and model.get(k) != v}
+        if not other:
+            return None
+        found = ", ".join(f"model.{k} {v}" for k, v in other.items())
+        wanted = ", ".join(f"{k} {sizes[k]}" for k in other)
+        return (
+            f"its '# recipe: {recipe}' line names {spec.name}, whose model has {wanted}, but the config holds "
+            f"{found}: another model's config; fix the '# recipe:' line to the recipe the file was saved from"
+        )
     return (
         f"its '# recipe: {recipe}' line names a {kind[spec.is_vl]} {moe[spec.is_moe]} model, but the config "
         f"holds a {kind[body_vl]} {moe[body_moe]} one (model._target_ {model['_target_']}, model.num_moe_experts "

@@ -21,3 +21,19 @@ def setting(name: str, env_vars: Mapping | None, environ: Mapping | None = None,
 def switched_on(name: str, env_vars: Mapping | None, environ: Mapping | None = None) -> bool:
     """Whether ``name`` is set to anything but empty, 0, false, no or off."""
     return setting(name, env_vars, environ) not in OFF
+
+
+def env_advice(name: str, value: str, environ: Mapping | None = None) -> str:
+    """The override that sets ``name`` for a run (``+env_vars.NAME=VALUE``). An exported ``name`` wins over
+    the config's ``env_vars`` (:func:`setting`), so where the process exports it the advice says so: the
+    export is what to change."""
+    import os
+
+    process = os.environ if environ is None else environ
+    advice = f"+env_vars.{name}={value}"
+    if name in process:
+        advice += (
+            f" (but {name}={process[name]} is exported, and an exported value wins over env_vars: "
+            f"export {name}={value} or unset it instead)"
+        )
+    return advice

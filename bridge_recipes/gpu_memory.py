@@ -41,8 +41,39 @@ def current_device() -> Device | None:
 
 
 def cap_value_problem(gb: float) -> str | None:
-    """Why ``--gpu-memory-gb gb`` is no memory at all, or None."""
-    return None if gb > 0 else f"--gpu-memory-gb {gb:g}: a positive number of GB (1e9 bytes)"
+    """Why ``--gpu-memory-gb gb`` is no GPU's memory (not a positive finite number, or more than the
+    largest card of :data:`~bridge_recipes.gpus.GPUS` holds), or None."""
+    import math
+
+    from bridge_recipes.gpus import GPUS
+
+    largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
+    if not math.isfinite(gb) or gb <= 0:
+        return f"--gpu-memory-gb {gb:g}: a positive, finite number of GB (1e9 bytes), or name the card with --gpu"
+    if gb > largest.usable_memory_gb:
+        return (
+            f"--gpu-memory-gb {gb:g}: more than any GPU holds (the largest known, {largest.name}, has "
+            f"{largest.usable_memory_gb:.1f} GB); give the card's memory, or name the card with --gpu"
+        )
+    return None
+
+
+def nominal_note(gb: float, prefer: str | None = None) -> str | None:
+    """A note when ``--gpu-memory-gb`` is the size printed on cards of :data:`~bridge_recipes.gpus.GPUS`
+    (80 for an H100): such a card holds more (GB of 1e9 bytes: an H100 has 85.0), and the cap keeps the
+    figure as given; ``--gpu NAME`` plans for the whole card."""
+    from bridge_recipes.gpus import GPUS, gpu_names
+
+    cards = [g for g in GPUS.values() if g.memory_gb == gb and g.usable_memory_gb > gb]
+    if not cards:
+        return None
+    cards.sort(key=lambda g: g.name.lower() != (prefer or "").lower())  # ``prefer`` (the recipe's GPU) first
+    names = ", ".join(f"{gpu_names(g)[0]} {g.usable_memory_gb:.1f} GB" for g in cards)
+    return (
+        f"--gpu-memory-gb {gb:g} is the size printed on cards sold as {gb:g} GB, which hold more ({names}); the "
+        f"cap stays at {gb:g} GB as given: to plan and train for the whole card, name it instead, "
+        f"--gpu {gpu_names(cards[0])[0]}"
+    )
 
 
 def cap_problem(gb: float, device: Device | None) -> str | None:

@@ -115,3 +115,23 @@ def class_memory_gb(gpu: str) -> float | None:
         return GPUS[gpu_key(gpu)].usable_memory_gb
     except KeyError:
         return None
+
+
+def gpu_names(gpu: Gpu) -> tuple[str, ...]:
+    """What ``--gpu`` takes for a card of :data:`GPUS`: its name, with its memory (``a100-80``) and the
+    cards of its class (``rtx6000ada``), lower case."""
+    return (gpu.name.lower(), f"{gpu.name.lower()}-{gpu.memory_gb}", *(c.lower() for c in gpu.same_class))
+
+
+def card_by_name(name: str) -> Gpu:
+    """The card ``--gpu NAME`` names (:func:`gpu_names`; ``nvidia-`` and case ignored); KeyError naming
+    the known names."""
+    wanted = name.lower().strip().removeprefix("nvidia-").removeprefix("nvidia ")
+    for gpu in GPUS.values():
+        if wanted in gpu_names(gpu):
+            return gpu
+    known = ", ".join(n for g in GPUS.values() for n in gpu_names(g))
+    raise KeyError(
+        f"--gpu {name}: not a card of the GPU table ({known}); for another card give its memory with "
+        "--gpu-memory-gb GB (what torch reports as its total, in GB of 1e9 bytes)"
+    )

@@ -7,8 +7,10 @@ renames, so a reader sees the old file or the new one, never a partial one (crea
 mode a plain ``open`` gives, the umask's); ``staged_output``
 does the same for a folder. ``held_signals`` keeps a signal from cutting a few renames in two;
 ``worker_processes`` lets a Ctrl-C stop a command and its forked workers quietly.
-``file_sha256`` is the hash the written files are checked by. ``add_build_options`` gives the
-dataset builders' command lines their shared --out, --overwrite, --workers and --no-progress. Standard
+``replace_problem`` and :data:`OUTPUT_MARKER` keep ``--overwrite`` to folders a command wrote
+itself. ``file_sha256`` is the hash the written files are checked by. ``add_build_options`` gives the
+dataset builders' command lines their shared --out, --overwrite, --workers and --no-progress, and
+``worker_count`` caps --workers at the machine's cores. Standard
 library only (the wheelhouse uses it before anything is installed).
 """
 
@@ -182,6 +184,21 @@ def add_build_options(parser: argparse.ArgumentParser, *, work: str, result: str
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
+def worker_count(requested: int | None) -> tuple[int, str | None]:
+    """The worker processes a build runs: ``requested`` (None: the cores this process may run on), at
+    most those cores, and a note saying so when it asked for more (more processes than cores only
+    share the same cores, and each holds its own copy of the tokenizer)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if requested is None:
+        return cores, None
+    if requested > cores:
+        return cores, f"--workers {requested} is more than this machine's {cores} core(s): using {cores}"
+    return requested, None
+
+
 INTERRUPTED = 130  # a command's exit status after a Ctrl-C, as a shell reports one
 
 
@@ -216,21 +233,70 @@ def _umask() -> int:
     return mask
 
 
+OUTPUT_MARKER = ".bridge_recipes_output"  # in every folder staged_output wrote: the one kind --overwrite replaces
+
+
+def replace_problem(out: str | os.PathLike, *, option: str = "--out") -> str | None:
+    """Why the folder ``out`` (given as ``option``) may never be replaced whole, or None: it is the
+    current folder or one above it (replacing one pulls the folder out from under the shell)."""
+    target = Path(os.path.abspath(Path(out).expanduser())).resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        where = "the current folder" if target == cwd else "a folder above the current folder"
+        return (
+            f"{option} {out} is {where}; a command replaces its {option} folder whole: "
+            f"give a new folder, e.g. {option} {Path(out) / 'out'}"
+        )
+    return None
+
+
+def written_here(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` was written by :func:`staged_output` (it holds :data:`OUTPUT_MARKER`)."""
+    return (Path(folder) / OUTPUT_MARKER).is_file()
+
+
+def folder_output_problem(
+    out: str | os.PathLike, overwrite: bool = False, *, inputs: Iterable[Input] = ()
+) -> str | None:
+    """Why :func:`staged_output` would refuse ``out`` as ``--out``, or None: for a command to check
+    before it does any work."""
+    if problem := replace_problem(out) or overlap_problem(out, option="--out", inputs=inputs):
+        return problem
+    path = Path(out).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        return f"--out {path} is a file; pass a folder"
+    entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if entries and not overwrite:
+        return f"--out {path} exists and is not empty; pass --overwrite to replace it"
+    if entries and not written_here(path):
+        return (
+            f"--out {path} holds files this tool did not write ({', '.join(entries[:5])}; no {OUTPUT_MARKER} "
+            "inside); --overwrite replaces only a folder the tool wrote itself: move them away, or choose "
+            "another --out"
+        )
+    return None
+
+
 @contextlib.contextmanager
 def staged_output(
-    out: str | os.PathLike, overwrite: bool = False, *, error: type[Exception] = OSError
+    out: str | os.PathLike,
+    overwrite: bool = False,
+    *,
+    error: type[Exception] = OSError,
+    inputs: Iterable[Input] = (),
 ) -> Iterator[Path]:
     """A temporary folder next to ``out``, renamed to ``out`` when the block succeeds.
 
-    An existing non-empty ``out`` is refused unless ``overwrite``; then it is kept until the
-    new folder is complete, and swapped out by two renames. On any failure the temporary
-    folder (and parent folders made for it) are removed: nothing is left behind. A refusal is
-    raised as ``error`` (the caller's own error type, which its command line reports)."""
+    An existing non-empty ``out`` is refused unless ``overwrite`` and it holds the marker this
+    function leaves in every folder it writes (:data:`OUTPUT_MARKER`): a folder of the user's is
+    never replaced, nor the current folder, one above it, or one holding an input (``inputs``, see
+    :func:`overlap_problem`). The old folder is kept until the new one is complete, and swapped out
+    by two renames. On any failure the temporary folder (and parent folders made for it) are
+    removed: nothing is left behind. A refusal is raised as ``error`` (the caller's own error type,
+    which its command line reports)."""
+    if problem := folder_output_problem(out, overwrite, inputs=inputs):
+        raise error(problem)
     out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise error(f"--out {out} is a file; pass a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise error(f"--out {out} exists and is not empty; pass --overwrite to replace it")
     made, parent = [], out.parent
     while not parent.exists():
         made.append(parent)
@@ -245,6 +311,7 @@ def staged_output(
         raise error(f"cannot create {tmp}: {e.strerror}; choose another --out") from None
     try:
         yield tmp
+        (tmp / OUTPUT_MARKER).write_text("written by bridge_recipes: --overwrite may replace this folder\n")
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"

@@ -76,9 +76,11 @@ def problems(env_vars: dict | None, environ: dict | None = None) -> list[str]:
     value = mode_from(env_vars, environ)
     if value in MODES:
         return []
+    from bridge_recipes.env_settings import env_advice
+
     return [
-        f"env_vars.{ENV}={value!r} is not a packed-attention mode; set +env_vars.{ENV}= one of "
-        f"{', '.join(MODES)} ({default_rule()})"
+        f"env_vars.{ENV}={value!r} is not a packed-attention mode; set {env_advice(ENV, 'MODE', environ)}, "
+        f"MODE one of {', '.join(MODES)} ({default_rule()})"
     ]
 
 

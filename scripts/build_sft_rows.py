@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from tqdm.contrib.logging import logging_redirect_tqdm
@@ -66,6 +67,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "trained with all its context), split it at turn boundaries into pieces that each begin with the "
         "system prompt, or truncate it to its first row of tokens",
     )
+    p.add_argument(
+        "--max-dropped-share",
+        type=float,
+        default=sft_rows.DEFAULT_MAX_DROPPED_SHARE,
+        help="the largest share of the tokens the build may leave out of rows of whole conversations (long "
+        f"conversations skipped or cut); above it the build stops and writes nothing (default "
+        f"{sft_rows.DEFAULT_MAX_DROPPED_SHARE:g}; 1 allows any)",
+    )
+    p.add_argument(
+        "--dedupe",
+        action="store_true",
+        help="keep one of each repeated conversation (the same tokens); without it repeats are counted and kept",
+    )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
     p.add_argument("--row-tokens", type=int, default=sft_rows.DEFAULT_ROW_TOKENS)
@@ -90,7 +104,8 @@ PADDING_HINT_SHARE = 0.5  # one-per-row rows more than half padding: say what a 
 def long_lines(m: dict) -> list[str]:
     """What became of the conversations longer than a row, in tokens, and the row length that keeps 99%."""
     lc = m.get("long_conversations")
-    if not lc or not lc["longer_than_row"]:
+    unread = (lc or {}).get("skipped_unread") or {"conversations": 0}
+    if not lc or not (lc["longer_than_row"] or unread["conversations"]):
         return []
     t = lc["tokens"]
     total = max(1, t["of_conversations"])
@@ -102,6 +117,13 @@ def long_lines(m: dict) -> list[str]:
         f"  tokens kept {t['kept']:>12,} of {t['of_conversations']:,} ({t['kept'] / total:.1%})",
     ]
     lines += [f"  dropped     {n:>12,}  {reason}" for reason, n in t["dropped"].items()]
+    if unread["conversations"]:
+        lines.append(
+            f"  skipped unread for their size: {unread['conversations']} conversation(s), {unread['bytes']:,} bytes, "
+            f"about {unread['tokens_estimated']:,} tokens"
+        )
+    if "dropped_share" in lc:
+        lines.append(f"  share of all the tokens left out: {lc['dropped_share']:.1%} (unread ones included)")
     if t["system_prompt_repeated"]:
         lines.append(f"  system prompt repeated in later pieces: {t['system_prompt_repeated']:,} tokens")
     keep = lc["row_tokens_keeping_99_percent"]
@@ -109,6 +131,30 @@ def long_lines(m: dict) -> list[str]:
         lines.append(f"  --row-tokens {keep} would hold whole the conversations with 99% of the tokens")
     if lc["mode"] == "skip":
         lines.append("  --long split keeps them as pieces at turn boundaries; --long truncate keeps their beginning")
+    return lines
+
+
+NOTE_WORDS = {
+    "assistant_turns_with_weight_0": "assistant turn(s) with weight 0: kept as context, not trained",
+    "blank_user_turns": "user turn(s) with only white space",
+    "user_turns_in_a_row": "user turn(s) right after another user turn",
+    "ending_on_a_user_turn": "conversation(s) ending on a user turn nobody answers",
+}
+
+
+def data_lines(c: dict) -> list[str]:
+    """What the used conversations hold that was kept but is worth knowing: the record formats of a file
+    that mixes them, repeated conversations, and the turn notes."""
+    lines = []
+    formats = c.get("record_formats") or {}
+    if len(formats) > 1:
+        lines.append(
+            "  record formats (each record read as its own): " + ", ".join(f"{n} {f}" for f, n in formats.items())
+        )
+    if c.get("duplicates"):
+        what = "skipped (--dedupe)" if c.get("duplicates_removed") else "kept; --dedupe keeps one of each"
+        lines.append(f"  repeated {c['duplicates']:>7}  conversation(s) the same as an earlier one, {what}")
+    lines += [f"  note {n:>11}  {NOTE_WORDS.get(note, note)}" for note, n in (c.get("notes") or {}).items()]
     return lines
 
 
@@ -122,6 +168,7 @@ def summary(m: dict, out: str) -> str:
         f"conversations: {c['used']} used, {c['skipped_total']} skipped, of {c['read']} read",
     ]
     lines += [f"  skipped {n:>8}  {reason}" for reason, n in c["skipped"].items()]
+    lines += data_lines(c)
     lines += long_lines(m)
     padding = m["padding_share"]
     if m["packing"] == "one_per_row" and padding > PADDING_HINT_SHARE:
@@ -167,6 +214,8 @@ def options(args: argparse.Namespace) -> sft_rows.RowOptions:
         val_input=args.val_input,
         workers=sft_rows.default_workers() if args.workers is None else args.workers,
         long=args.long,
+        dedupe=args.dedupe,
+        max_dropped_share=args.max_dropped_share,
     )
 
 
@@ -182,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted(args.out), file=sys.stderr)
         return INTERRUPTED
-    print(summary(manifest, args.out))
+    try:
+        print(summary(manifest, args.out))
+        sys.stdout.flush()
+    except BrokenPipeError:  # the summary piped into a reader that stopped early (| head): the build is done
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

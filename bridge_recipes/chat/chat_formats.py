@@ -1,4 +1,4 @@
-"""The conversation record formats an SFT rows build reads, detected once per input file.
+"""The conversation record formats an SFT rows build reads, detected per record.
 
 - ``openai``: ``{"messages": [{"role", "content", ...}], "tools": [...]}`` (roles ``system``,
   ``developer``, ``user``, ``assistant``, ``tool``; the key is ``--messages-key``).
@@ -11,8 +11,10 @@
 
 Each record becomes OpenAI messages (and a tool list), which the renderer then validates; a
 record that lacks its file's keys is skipped as ``missing_<key>_key``, one with LLaVA's ``image`` /
-``images`` key as ``image_conversation`` (``scripts/build_vl_dataset.py`` builds those). A file whose first record
-fits none of them is refused, with :func:`formats_help` listing what each looks like.
+``images`` key as ``image_conversation`` (``scripts/build_vl_dataset.py`` builds those). Each record is
+read as the format its own keys fit (:func:`record_format`: a file may mix them, and the build counts
+each); a file whose first record fits none of them is refused, with :func:`formats_help` listing what
+each looks like.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge_recipes.chat.errors import MalformedConversation
-from bridge_recipes.chat.message_text import IMAGE_KEYS, check_image_record
+from bridge_recipes.chat.message_text import IMAGE_KEYS, WEIGHT_KEY, check_image_record
 
 TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI and ShareGPT)
 # ShareGPT speaker -> OpenAI role; function_call becomes an assistant tool call
@@ -61,7 +63,8 @@ class RecordFormat:
                 raise MalformedConversation(
                     index,
                     f"missing_{key}_key",
-                    f"record has no {key!r} key (the file is {self.name}, from its first record)",
+                    f"record has no {key!r} key and fits no other format (the file is {self.name}, from its "
+                    "first record)",
                 )
         check_image_record(record, index, exclude=self.required)
         return self.convert(record, index)
@@ -104,7 +107,14 @@ def _sharegpt(record: dict, index: int) -> tuple[Any, Any]:
         )
     messages: list[dict[str, Any]] = []
     system = record.get("system")
-    if isinstance(system, str) and system:
+    if system is not None and not isinstance(system, str):
+        raise MalformedConversation(
+            index,
+            "system_not_a_string",
+            f"system is {type(system).__name__}, not a string: the conversation would train without its system "
+            "prompt; give the system prompt as text",
+        )
+    if system:
         messages.append({"role": "system", "content": system})
     for j, turn in enumerate(turns):
         if not isinstance(turn, dict):
@@ -122,6 +132,8 @@ def _sharegpt(record: dict, index: int) -> tuple[Any, Any]:
             )
         else:
             messages.append({"role": SHAREGPT_ROLES[speaker], "content": turn["value"]})
+        if WEIGHT_KEY in turn:  # the per-turn training marker some ShareGPT files carry, as OpenAI's
+            messages[-1][WEIGHT_KEY] = turn[WEIGHT_KEY]
     return messages, _tools(record.get(TOOLS_KEY), index)
 
 
@@ -181,6 +193,12 @@ def formats(messages_key: str = "messages") -> tuple[RecordFormat, ...]:
 def detect(keys: Any, messages_key: str = "messages") -> RecordFormat | None:
     """The format of a record (or Parquet file) with these keys (column names), or None."""
     return next((f for f in formats(messages_key) if all(k in keys for k in f.required)), None)
+
+
+def record_format(record: dict, first: RecordFormat, messages_key: str = "messages") -> RecordFormat:
+    """The format of one record of a file: its own when its keys (those not null) fit one, so a file may
+    mix formats; else the file's first record's (``first``), whose reading then names the missing key."""
+    return detect([k for k, v in record.items() if v is not None], messages_key) or first
 
 
 def formats_help(messages_key: str = "messages") -> str:

@@ -5,7 +5,8 @@ message is ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. Supervised (mask 1) 
 content tokens of assistant messages and their closing ``<|im_end|>``; the
 ``<|im_start|>assistant\\n`` header, the ``\\n`` after ``<|im_end|>`` and every system and user
 token have mask 0. Content is used verbatim: no ``<think>`` block is inserted (a reply that
-begins with one is supervised as written). Roles are ``system``, ``user`` and ``assistant``; this
+begins with one is supervised as written); an assistant turn with ``weight`` 0 has mask 0
+throughout. Roles are ``system``, ``user`` and ``assistant``; this
 format renders no ``reasoning_content`` (skipped as ``reasoning_needs_template``: the template road
 renders it).
 
@@ -33,12 +34,15 @@ from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
 from bridge_recipes.chat.message_text import (
     assistant_image_problem,
     check_control_tokens,
+    check_some_turn_trained,
+    check_turn_keys,
     control_pattern,
     control_tokens,
     image_placeholder,
     is_image_part,
     placeholder_problem,
     think_block,
+    trained,
 )
 
 DEFAULT_EOS_TOKEN = "<|endoftext|>"  # Qwen3.5's EOS, id 248046 in the released tokenizer
@@ -147,6 +151,7 @@ def validate_conversation(messages: Any, index: int | None = None) -> list[dict]
             raise MalformedConversation(
                 index, "unknown_role", f"message {j} has unknown role {message['role']!r} (expected one of {ROLES})"
             )
+        check_turn_keys(message, index, j)
         content = message["content"]
         if isinstance(content, list) and message["role"] == SUPERVISED_ROLE and any(map(is_image_part, content)):
             raise assistant_image_problem(index, j)
@@ -169,6 +174,7 @@ def validate_conversation(messages: Any, index: int | None = None) -> list[dict]
             )
     if not any(m["role"] == SUPERVISED_ROLE for m in messages):
         raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")
+    check_some_turn_trained(messages, index)
     return messages
 
 
@@ -191,7 +197,7 @@ def render_conversation(
     for message, content in zip(messages, contents):
         header = [fmt.im_start_id, *fmt.header_ids[message["role"]]]
         body = [*content.ids, fmt.im_end_id]  # the closing <|im_end|> is learned with the reply
-        supervised = 1 if message["role"] == SUPERVISED_ROLE else 0
+        supervised = 1 if message["role"] == SUPERVISED_ROLE and trained(message) else 0
         ids += header + body + list(fmt.newline_ids)
         mask += [0] * len(header) + [supervised] * len(body) + [0] * len(fmt.newline_ids)
     return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8)

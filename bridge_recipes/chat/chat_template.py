@@ -36,8 +36,8 @@ header line the generation prompt and ``S`` share, and ends at its first end-of-
 ``S``, so what is supervised is that turn as ``S`` shows it. The history before the turn
 (``messages[:i]`` without the generation prompt) must be a prefix of ``S``, or the
 conversation is skipped (``template_not_prefix_consistent``). So: the assistant's reasoning,
-text, tool calls and end-of-turn token have mask 1; system, user and tool turns, the
-assistant header and the ``\\n`` after each turn have mask 0.
+text, tool calls and end-of-turn token have mask 1 (but for a turn with ``weight`` 0); system,
+user and tool turns, the assistant header and the ``\\n`` after each turn have mask 0.
 
 Tokens are those of ``S`` tokenized whole (as at inference), and each span boundary must be
 a token boundary: the tokens of ``S[:start]`` and ``S[:end]`` must be prefixes of the tokens
@@ -67,12 +67,15 @@ from bridge_recipes.chat.message_text import (
     VL_BUILDER,
     assistant_image_problem,
     check_control_tokens,
+    check_some_turn_trained,
+    check_turn_keys,
     control_pattern,
     control_tokens,
     image_placeholder,
     is_image_part,
     placeholder_problem,
     think_block,
+    trained,
 )
 from bridge_recipes.patches import jinja_sandbox
 
@@ -167,6 +170,7 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
             )
         if role == "system" and j:
             raise MalformedConversation(index, "system_not_first", f"message {j} is a system message after the first")
+        check_turn_keys({**message, "role": role}, index, j)
         calls = message.get("tool_calls") if role == "assistant" else None
         if calls is not None and not isinstance(calls, list):
             raise MalformedConversation(index, "tool_call_malformed", f"message {j} tool_calls is not a list")
@@ -200,6 +204,7 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
         out.append(m)
     if not any(m["role"] == "assistant" for m in out):
         raise MalformedConversation(index, "no_assistant_turn", "conversation has no assistant turn")
+    check_some_turn_trained(messages, index)
     return out, list(tools or [])
 
 
@@ -267,7 +272,10 @@ class TemplateRenderer:
 
     def render(self, messages: Any, tools: Any = None, *, index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32) and loss mask (uint8, 1 = supervised) of one conversation."""
+        given = messages
         messages, tools = normalize_conversation(messages, tools, index)
+        # spans come one per assistant turn, in order; a turn with weight 0 stays out of the loss
+        kept = [trained(m) for m in given if m.get("role") == "assistant"]
         try:
             messages = self._reasoning_from_content(messages, tools, index)
             check_control_tokens(self.control, messages, tools, index)
@@ -286,7 +294,9 @@ class TemplateRenderer:
         offsets = encoding.offsets
         splits = [(offsets[k][1], k + 1) for k in np.flatnonzero(np.isin(tokens, self.added_array)).tolist()]
         mask = np.zeros(len(ids), dtype=np.uint8)
-        for start, end in spans:
+        for (start, end), keep in zip(spans, kept, strict=True):
+            if not keep:
+                continue
             a, b = self._token_index(full, start, ids, splits, index), self._token_index(full, end, ids, splits, index)
             mask[a:b] = 1
         return tokens, mask

@@ -1,13 +1,17 @@
 """Conversation sources of an SFT rows build: local JSONL / Parquet files or a Hub dataset.
 
-Each file's record format (OpenAI messages, ShareGPT or Alpaca; :mod:`chat_formats`) is detected
-from its first record (a Parquet file: from its columns), and every record is read as that format.
+Each record is read as the format its keys fit (OpenAI messages, ShareGPT or Alpaca;
+:mod:`chat_formats`), so a file may mix them; a file whose first record (a Parquet file: whose
+columns) fits none is refused, and one that is not UTF-8 text is refused naming the encoding it
+looks like.
 
 Sources are indexed in a first pass (byte offsets of JSONL lines, or the row count of a
 Parquet file), so a global permutation can be drawn without holding the data, then read in
 that order through windows of ``READ_WINDOW`` conversations (Parquet row groups cached up to
 ``PARQUET_CACHE_BYTES``). The source row index is 0-based: the Parquet row, or for JSONL the
-non-blank line (blank lines are not conversations; they are counted as ``blank_lines``).
+non-blank line (blank lines are not conversations; they are counted as ``blank_lines``); messages
+name a record as its reader's :meth:`location` does, counting from 1 (a JSONL file's line number,
+blank lines included, as an editor shows it).
 """
 
 from __future__ import annotations
@@ -60,8 +64,39 @@ def chunks(order: np.ndarray, size: int) -> Iterator[np.ndarray]:
         yield order[start : start + size]
 
 
+HEAD_BYTES = 64 * 2**10  # of a file's first line, read to tell its encoding
+UTF16_BOMS = {b"\xff\xfe": "UTF-16 (little-endian)", b"\xfe\xff": "UTF-16 (big-endian)"}
+
+
+def encoding_problem(data: bytes, cut: bool = False) -> str | None:
+    """What text encoding ``data`` (a line) looks like when it is not UTF-8, or None: a UTF-16 (or UTF-32)
+    byte-order mark, or bytes UTF-8 cannot decode (Latin-1 / Windows-1252 text, most often). ``cut``: the
+    data may end inside a character (the first bytes of a longer line)."""
+    if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32 (it starts with a UTF-32 byte-order mark)"
+    for bom, name in UTF16_BOMS.items():
+        if data.startswith(bom):
+            return f"{name} (it starts with a UTF-16 byte-order mark)"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if cut and e.reason == "unexpected end of data":
+            return None
+        byte = data[e.start : e.start + 1].hex()
+        return f"not UTF-8 (byte 0x{byte} at position {e.start}; Latin-1 or Windows-1252 text, most likely)"
+    return None
+
+
+def convert_hint(encoding: str) -> str:
+    """How to turn a file of ``encoding`` (:func:`encoding_problem`'s words) into UTF-8."""
+    source = "UTF-16" if "UTF-16" in encoding else "UTF-32" if "UTF-32" in encoding else "LATIN1"
+    return f"convert it to UTF-8 first (iconv -f {source} -t UTF-8 IN > OUT)"
+
+
 def json_record(line: bytes, index: int) -> dict:
     """One JSONL line as a record: a JSON object whose text UTF-8 can encode, else MalformedConversation."""
+    if encoding := encoding_problem(line):
+        raise MalformedConversation(index, "not_utf8", f"line is {encoding}; JSONL is UTF-8: {convert_hint(encoding)}")
     try:
         record = json.loads(line)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
@@ -80,6 +115,20 @@ def json_record(line: bytes, index: int) -> dict:
     return record
 
 
+class Decoded(tuple):
+    """A record read: ``(messages, tools)``, with the record format it was read as (``record_format``)."""
+
+    record_format: str
+
+    def __new__(cls, messages: Any, tools: Any, record_format: str) -> Decoded:
+        decoded = super().__new__(cls, (messages, tools))
+        decoded.record_format = record_format
+        return decoded
+
+    def __reduce__(self):
+        return type(self), (self[0], self[1], self.record_format)
+
+
 class JsonlSource:
     """A JSONL file indexed by the byte offset of each non-blank line (8 bytes per line)."""
 
@@ -91,12 +140,16 @@ class JsonlSource:
         messages_key: str = DEFAULT_MESSAGES_KEY,
         progress: bool = False,
         chat_format: bool = True,
+        unit: str = "line",
     ):
         """``chat_format``: detect the file's chat record format (:mod:`chat_formats`) for ``decode``;
-        False for readers of other records, which take the lines as JSON records themselves."""
+        False for readers of other records, which take the lines as JSON records themselves. ``unit``:
+        what :meth:`location` calls a record (``record`` for a dataset spooled here)."""
         self.path = Path(path)
         self.messages_key = messages_key
+        self.unit = unit
         offsets = array("q")
+        blank_at = array("q")  # for each blank line, the number of non-blank lines before it
         hasher = hashlib.sha256()
         self.blank_lines = 0
         with open(self.path, "rb") as f, _bytes_bar(self.path, "index", progress) as bar:
@@ -105,13 +158,30 @@ class JsonlSource:
                 hasher.update(line)  # hashed while indexing: the source identity costs no extra pass
                 if line.isspace():
                     self.blank_lines += 1
+                    blank_at.append(len(offsets))
                 else:
                     offsets.append(offset)
                 offset += len(line)
                 bar.update(len(line))
         self.offsets = np.frombuffer(offsets, dtype=np.int64) if offsets else np.zeros(0, dtype=np.int64)
+        self._blank_at = blank_at
         self.sha256 = hasher.hexdigest()
+        self._check_encoding()
         self.format = self._first_record_format() if chat_format and len(self.offsets) else None
+
+    def location(self, index: int) -> str:
+        """Record ``index`` as a person finds it in the file: its line number, from 1, blank lines counted."""
+        import bisect
+
+        return f"{self.unit} {index + 1 + bisect.bisect_right(self._blank_at, index)}"
+
+    def _check_encoding(self) -> None:
+        """SftRowsError naming the encoding when the file starts in one other than UTF-8 (a UTF-16 file's
+        lines would all be skipped as invalid JSON)."""
+        with open(self.path, "rb") as f:
+            head = f.readline(HEAD_BYTES)
+        if encoding := encoding_problem(head, cut=len(head) == HEAD_BYTES):
+            raise SftRowsError(f"input {self.path} is {encoding}; JSONL is UTF-8: {convert_hint(encoding)}")
 
     def _first_record_format(self):
         """The format of the file's first record; SftRowsError listing the formats when it fits none."""
@@ -148,9 +218,13 @@ class JsonlSource:
                 for i in part:
                     yield int(i), lines[int(i)]
 
-    def decode(self, line: bytes, index: int) -> Any:
+    def decode(self, line: bytes, index: int) -> Decoded:
+        """The record's messages and tool list, read as the format its keys fit."""
+        from bridge_recipes.chat.chat_formats import record_format
+
         record = json_record(line, index)
-        return self.format.read(record, index)
+        fmt = record_format(record, self.format, self.messages_key)
+        return Decoded(*fmt.read(record, index), fmt.name)
 
 
 class ParquetSource:
@@ -177,7 +251,9 @@ class ParquetSource:
                 f"Parquet file {self.path} has columns {', '.join(names)}, which fit no accepted conversation "
                 "format; " + chat_formats.formats_help(messages_key)
             )
-        self.columns = [c for c in self.format.keys if c in names]
+        # the columns of every format the file has (a row is read as the one its non-null columns fit)
+        found = [f for f in chat_formats.formats(messages_key) if all(k in names for k in f.required)]
+        self.columns = list(dict.fromkeys(c for f in found for c in f.keys if c in names))
         sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
         self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.cache_bytes = cache_bytes
@@ -213,12 +289,18 @@ class ParquetSource:
             self._cached_bytes -= evicted.nbytes
         return column
 
-    def decode(self, value: dict, index: int) -> tuple[Any, Any]:
-        """The row's conversation, tool calls and tool list read without the keys of other rows: a struct
-        column gives each row every key any row has, null where it had none (a null is read as absent)."""
+    def location(self, index: int) -> str:
+        return f"row {index + 1}"
+
+    def decode(self, value: dict, index: int) -> Decoded:
+        """The row's conversation, tool calls and tool list read without the keys of other rows (a struct
+        column gives each row every key any row has, null where it had none: a null is read as absent), and
+        the format its non-null columns fit."""
+        from bridge_recipes.chat.chat_formats import record_format
         from bridge_recipes.chat.message_text import drop_nulls
 
-        messages, tools = self.format.read(value, index)
+        fmt = record_format(value, self.format, self.messages_key)
+        messages, tools = fmt.read(value, index)
         if isinstance(messages, list):
             messages = [
                 {**m, "tool_calls": drop_nulls(m["tool_calls"])}
@@ -226,7 +308,7 @@ class ParquetSource:
                 else m
                 for m in messages
             ]
-        return messages, drop_nulls(tools) if isinstance(tools, list) else tools
+        return Decoded(messages, drop_nulls(tools) if isinstance(tools, list) else tools, fmt.name)
 
 
 def spool_hf_dataset(

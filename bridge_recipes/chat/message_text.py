@@ -11,6 +11,13 @@
   ``scripts/build_vl_dataset.py``.
 - Image parts: an image in an assistant reply is a target no text model writes
   (``image_in_assistant_reply``).
+- Turn keys: an assistant turn's ``weight`` (OpenAI's fine-tuning marker) is 0 (not trained: its
+  tokens stay out of the loss) or 1 (``weight_not_0_or_1`` otherwise; ``no_trained_turn`` when every
+  reply has weight 0); ``reasoning_content`` belongs to assistant turns only
+  (``reasoning_on_a_user_turn``: no renderer shows it there, so it would vanish).
+- Turn notes (:func:`turn_notes`): what a kept conversation holds that the build counts and
+  reports without skipping it (untrained replies, blank user turns, user turns in a row, a last
+  user turn nobody answers).
 """
 
 from __future__ import annotations
@@ -153,3 +160,80 @@ def drop_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [drop_nulls(v) for v in value]
     return value
+
+
+WEIGHT_KEY = "weight"  # OpenAI's per-turn fine-tuning marker: 0 leaves an assistant turn out of the loss
+
+
+def check_turn_keys(message: dict, index: int | None, j: int) -> None:
+    """MalformedConversation for a turn key no renderer can honour: ``reasoning_content`` on a turn
+    other than an assistant's (it would vanish from the rendering), a ``weight`` other than 0 or 1."""
+    role = message.get("role")
+    reasoning = message.get("reasoning_content")
+    if role != "assistant" and reasoning not in (None, ""):
+        raise MalformedConversation(
+            index,
+            "reasoning_on_a_user_turn",
+            f"message {j} ({role}) has reasoning_content, which only an assistant turn carries (no chat template "
+            "renders it on another turn, so it would be dropped); move it into the content, or remove it",
+        )
+    if WEIGHT_KEY in message and (
+        role != "assistant" or isinstance(message[WEIGHT_KEY], bool) or message[WEIGHT_KEY] not in (0, 1)
+    ):
+        where = "an assistant turn" if role == "assistant" else f"a {role} turn (only assistant turns are trained)"
+        raise MalformedConversation(
+            index,
+            "weight_not_0_or_1",
+            f"message {j} has weight {message[WEIGHT_KEY]!r} on {where}; weight is 0 (not trained) or 1 (trained) "
+            "on an assistant turn",
+        )
+
+
+def trained(message: dict) -> bool:
+    """Whether an assistant turn is in the loss: all are, but one with ``weight`` 0."""
+    return message.get(WEIGHT_KEY, 1) != 0
+
+
+def check_some_turn_trained(messages: list[dict], index: int | None) -> None:
+    """MalformedConversation (``no_trained_turn``) when every assistant turn has weight 0: nothing to learn."""
+    replies = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    if replies and not any(map(trained, replies)):
+        raise MalformedConversation(
+            index, "no_trained_turn", f"all {len(replies)} assistant turn(s) have weight 0: nothing is trained"
+        )
+
+
+# notes a kept conversation may carry, counted per split (manifest conversations.notes)
+NOTE_UNTRAINED = "assistant_turns_with_weight_0"
+NOTE_BLANK_USER = "blank_user_turns"
+NOTE_USERS_IN_A_ROW = "user_turns_in_a_row"
+NOTE_UNANSWERED = "ending_on_a_user_turn"
+
+
+def _blank(content: Any) -> bool:
+    """A content with no text but white space (a string, or text parts; a part of another kind is not blank)."""
+    parts = content if isinstance(content, list) else [content]
+    text = []
+    for part in parts:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            part = part["text"]
+        if not isinstance(part, str):
+            return False
+        text.append(part)
+    return not "".join(text).strip()
+
+
+def turn_notes(messages: Any) -> list[str]:
+    """What a renderable conversation holds that is kept but counted and reported: each assistant turn
+    with weight 0 (masked out of the loss), each user turn with only white space, each user turn right after
+    another, and the conversation ending on a user turn (a question nobody answers)."""
+    if not isinstance(messages, list):
+        return []
+    turns = [m for m in messages if isinstance(m, dict)]
+    notes = [NOTE_UNTRAINED for m in turns if m.get("role") == "assistant" and not trained(m)]
+    notes += [NOTE_BLANK_USER for m in turns if m.get("role") == "user" and _blank(m.get("content"))]
+    roles = [m.get("role") for m in turns]
+    notes += [NOTE_USERS_IN_A_ROW for a, b in zip(roles, roles[1:]) if a == b == "user"]
+    if roles and roles[-1] == "user":
+        notes.append(NOTE_UNANSWERED)
+    return notes

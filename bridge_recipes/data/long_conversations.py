@@ -11,6 +11,10 @@
   piece after the first). A turn that alone does not fit a row beside the system prompt is dropped.
 - ``truncate``: the conversation's first ``row_tokens`` tokens, the rest dropped.
 
+A conversation of more bytes than a row could hold is skipped before it is read (no tokenizer
+runs on it); its tokens are estimated at the tokens per byte of the conversations measured, so the
+share of tokens left out (``dropped_share``) counts it too.
+
 Pieces are placed like conversations (``boundaries`` rows: each attends only to itself). The cutter
 reads ChatML turn headers (``<|im_start|>user``) from the token ids, which both the chat template and
 the plain ChatML renderer write.
@@ -133,6 +137,21 @@ class LongConversations:
     pieces: int = 0
     dropped: Counter = field(default_factory=Counter)
     head_repeated: int = 0
+    measured_bytes: int = 0  # of the conversations tokenized
+    unread: int = 0  # conversations skipped unread for their size (bytes over what a row could hold)
+    unread_bytes: int = 0
+
+    def skipped_unread(self, size: int) -> None:
+        """A conversation of ``size`` bytes skipped before tokenizing: its tokens are estimated."""
+        self.unread += 1
+        self.unread_bytes += size
+
+    def estimated_unread(self, total: int) -> int:
+        """Tokens of the conversations skipped unread, at the tokens per byte of those measured (``total``
+        tokens in :attr:`measured_bytes`)."""
+        if not self.unread_bytes:
+            return 0
+        return round(self.unread_bytes * total / self.measured_bytes) if self.measured_bytes and total else 0
 
     def pieces_of(self, ids: np.ndarray, mask: np.ndarray) -> list[Piece]:
         """What goes into the rows of one rendered conversation (itself when it fits a row)."""
@@ -158,6 +177,7 @@ class LongConversations:
         )
         total = int(lengths.sum(dtype=np.int64))
         dropped = sum(self.dropped.values())
+        estimated = self.estimated_unread(total)
         return {
             "mode": self.mode,
             "conversations_measured": len(lengths),
@@ -169,6 +189,12 @@ class LongConversations:
                 "dropped": dict(sorted(self.dropped.items())),
                 "system_prompt_repeated": self.head_repeated,
             },
+            "skipped_unread": {
+                "conversations": self.unread,
+                "bytes": self.unread_bytes,
+                "tokens_estimated": estimated,
+            },
+            "dropped_share": round((dropped + estimated) / (total + estimated), 6) if total + estimated else 0.0,
             "longest_conversation": int(lengths.max()) if len(lengths) else 0,
             "row_tokens_keeping_99_percent": row_tokens_keeping(lengths, KEEP_SHARE, self.limit),
         }

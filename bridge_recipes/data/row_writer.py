@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data.integrity import CU_COLUMN, MANIFEST_FILE, ROWS_FILE, VAL_DIR, update_rows_hash
-from bridge_recipes.outputs import held_signals, pid_alive
+from bridge_recipes.outputs import held_signals, pid_alive, replace_problem
 
 PARQUET_COMPRESSION = "zstd"
 ROWS_PER_BATCH = 128  # rows per Parquet row group: ~5 MB in memory at 8,192 tokens
@@ -55,6 +55,12 @@ class RowWriter:
     def close(self) -> None:
         self._flush()
         self._writer.close()
+
+    def abandon(self) -> None:
+        """Close after an error, raising nothing: the file is half-written and goes with the staging folder."""
+        self._batch = []
+        with contextlib.suppress(Exception):
+            self._writer.close()
 
     @property
     def rows_sha256(self) -> str:
@@ -94,12 +100,8 @@ def output_folder(out_dir: str | os.PathLike, *, error: type[Exception] = SftRow
                 "or give another --out"
             )
         out = out.resolve()
-    cwd = Path.cwd().resolve()
-    if out.resolve() == cwd or out.resolve() in cwd.parents:
-        raise error(
-            f"--out {out_dir} is {'the current folder' if out.resolve() == cwd else 'above the current folder'}; "
-            f"a build replaces its --out folder whole: give a new folder, e.g. --out {given / 'dataset'}"
-        )
+    if problem := replace_problem(out_dir):
+        raise error(problem)
     return out
 
 
@@ -332,9 +334,13 @@ def staged_build(
 def file_system_problem(e: OSError, out: Path) -> str:
     """An OSError met while building ``out``, in a line: the path, the reason, the fix."""
     where = f" ({e.filename})" if e.filename else ""
-    if e.errno == errno.ENOSPC or "No space left" in str(e):
+    if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or any(
+        words in str(e) for words in ("No space left", "File too large", "quota exceeded")
+    ):
+        why = {errno.EFBIG: "the file system refused a file this large", errno.EDQUOT: "the disk quota is used up"}
         return (
-            f"no space left on the device{where} while building {out}; free some space (or give an --out on "
-            f"another disk) and build again; nothing was written, {out} is as it was"
+            f"{why.get(e.errno or 0, 'no space left on the device')}{where} while building {out} ({e.strerror or e}); "
+            f"free some space (or give an --out on another disk) and build again; nothing was written, {out} is "
+            "as it was"
         )
     return f"{e.strerror or e}{where} while building {out}; nothing was written, {out} is as it was"

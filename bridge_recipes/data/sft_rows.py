@@ -48,6 +48,7 @@ import logging
 import math
 import multiprocessing
 import os
+from array import array
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,6 +88,7 @@ from bridge_recipes.chat.conversations import (  # noqa: F401
     source_kind,
     spool_hf_dataset,
 )
+from bridge_recipes.chat.message_text import turn_notes
 from bridge_recipes.data.integrity import (  # noqa: F401
     MANIFEST_FILE,
     ROWS_FILE,
@@ -107,7 +109,7 @@ from bridge_recipes.data.row_writer import (
     staged_build,
 )
 from bridge_recipes.models.qwen35 import SPECS
-from bridge_recipes.outputs import overlap_problem, worker_processes
+from bridge_recipes.outputs import overlap_problem, worker_count, worker_processes
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,9 @@ MAX_LINE_BYTES_PER_TOKEN = 64
 # With --long split or truncate a conversation of any length is tokenized; one larger than this is a
 # broken record rather than a conversation, and is skipped before it is parsed.
 MAX_CONVERSATION_BYTES = 64 * 2**20
+# Rows that hold whole conversations: a build that leaves out more than this share of the tokens (long
+# conversations skipped or cut) stops before writing, unless --max-dropped-share allows more.
+DEFAULT_MAX_DROPPED_SHARE = 0.10
 
 Renderer = Callable[[Any, int], tuple[np.ndarray, np.ndarray]]
 
@@ -194,7 +199,7 @@ def _open_source(source: str, kind: str, work: Path, opts: RowOptions) -> JsonlS
             messages_key=opts.messages_key,
             progress=opts.progress,
         )
-        return JsonlSource(spool, opts.messages_key, opts.progress)
+        return JsonlSource(spool, opts.messages_key, opts.progress, unit="record")
     if kind == "jsonl":
         return JsonlSource(source, opts.messages_key, opts.progress)
     return ParquetSource(source, opts.messages_key, opts.parquet_cache_bytes)
@@ -253,6 +258,8 @@ class RowOptions:
     val_input: str | os.PathLike | None = None
     workers: int = 1
     long: str = DEFAULT_LONG
+    dedupe: bool = False
+    max_dropped_share: float = DEFAULT_MAX_DROPPED_SHARE
 
 
 @dataclass(frozen=True)
@@ -271,6 +278,8 @@ class _Packing:
     long_mode: str
     cutter: TurnCutter | None
     context_limit: int
+    dedupe: bool = False
+    max_dropped_share: float = DEFAULT_MAX_DROPPED_SHARE
 
 
 @dataclass(frozen=True)
@@ -314,12 +323,26 @@ def build_sft_rows(
     source = str(source)
     kind = source_kind(source)
     val_kind = source_kind(str(opts.val_input)) if opts.val_input is not None else None
+    # ~ is the home folder for every path (a shell leaves it as typed after --input=)
+    source = source if kind == "hf" else str(Path(source).expanduser())
+    if val_kind not in (None, "hf"):
+        opts = replace(opts, val_input=Path(str(opts.val_input)).expanduser())
     out = _output(out_dir, source, kind, val_kind, tokenizer, opts)
     render, render_fields, eos_id, tok = _renderer(tokenizer, opts.chat_format, opts.eos_token)
     cutter = _cutter(tok, opts.long)
+    workers, note = worker_count(opts.workers)
+    if note:
+        log.warning("%s", note)
     with staged_build(out, opts.overwrite, log=log) as build:
         reader = _open_source(source, kind, build.stage, opts)
         order = np.random.default_rng(opts.seed).permutation(len(reader))
+        n_val = math.ceil(opts.val_fraction * len(order)) if opts.val_fraction else 0
+        if n_val and n_val >= len(order):
+            raise SftRowsError(
+                f"--val-fraction {opts.val_fraction} puts all {len(order)} conversation(s) of {source} in the "
+                f"validation split (ceil({opts.val_fraction} x {len(order)}) = {n_val}), leaving none to train on; "
+                "give a smaller fraction (0.01 holds out 1%), or --val-input with a separate file"
+            )
         pack = _Packing(
             render=render,
             eos_id=eos_id,
@@ -329,12 +352,13 @@ def build_sft_rows(
             read_window=opts.read_window,
             rows_per_batch=opts.rows_per_batch,
             progress=opts.progress,
-            workers=opts.workers,
+            workers=workers,
             long_mode=opts.long,
             cutter=cutter,
             context_limit=context_window(tokenizer) or MAX_ROW_TOKENS,
+            dedupe=opts.dedupe,
+            max_dropped_share=opts.max_dropped_share,
         )
-        n_val = math.ceil(opts.val_fraction * len(order)) if opts.val_fraction else 0
         base = _base_fields(opts, render_fields, eos_id)
         staged = _Staged(source, kind, val_kind, build.stage, opts, pack, base, reader, order, n_val)
         val_prints: set[bytes] = set()  # the validation conversations' tokens, hashed, to count those in training
@@ -369,7 +393,15 @@ def _check_options(opts: RowOptions, tokenizer: str | os.PathLike) -> None:
     if packing not in PACKING_MODES:
         raise SftRowsError(f"packing {packing!r} is not one of {', '.join(PACKING_MODES)}")
     if not 0.0 <= opts.val_fraction < 1.0:
-        raise SftRowsError(f"val_fraction must be in [0, 1), got {opts.val_fraction}")
+        raise SftRowsError(
+            f"--val-fraction {opts.val_fraction} is outside [0, 1): it is the share of conversations held out "
+            "for validation (0.01 holds out 1%)"
+        )
+    if not 0.0 <= opts.max_dropped_share <= 1.0:
+        raise SftRowsError(
+            f"--max-dropped-share {opts.max_dropped_share} is outside [0, 1]: it is the share of the tokens a build "
+            "may leave out (1 allows any)"
+        )
     if opts.val_fraction and opts.val_input is not None:
         raise SftRowsError("give either a validation fraction or a validation input, not both")
     if long not in LONG_MODES:
@@ -425,6 +457,8 @@ def _base_fields(opts: RowOptions, render_fields: dict, eos_id: int) -> dict:
         "seed": opts.seed,
         "row_tokens": opts.row_tokens,
         "long": opts.long,
+        "dedupe": opts.dedupe,
+        "max_dropped_share": opts.max_dropped_share,
     }
 
 
@@ -454,6 +488,7 @@ def _write_validation(staged: _Staged, prints: set[bytes]) -> dict:
     rows_path = stage / VAL_DIR / ROWS_FILE
     val_stats = _pack_and_write(val_reader, val_order, rows_path, None, staged.pack, fingerprints=prints)
     val_stats.pop("conversations_in_validation")
+    _refuse_dropped_share(val_stats, staged.pack, "the validation split")
     if val_stats["rows"] == 0:
         conv = val_stats["conversations"]
         skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
@@ -486,6 +521,7 @@ def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None
             "loss on them measures memory, not generalization; remove the duplicates from the data",
             in_both,
         )
+    _refuse_dropped_share(stats, staged.pack, str(source))
     if stats["rows"] == 0:
         conv = stats["conversations"]
         skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
@@ -509,6 +545,33 @@ def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None
         | {"folder": VAL_DIR, "conversations_also_in_training": in_both}
     )
     return manifest
+
+
+def _refuse_dropped_share(stats: dict, pack: _Packing, what: str) -> None:
+    """SftRowsError when rows of whole conversations leave out more of the tokens than
+    ``--max-dropped-share`` allows (conversations too long for a row, those skipped unread counted)."""
+    lc = stats["long_conversations"]
+    share = lc["dropped_share"]
+    if pack.packing == "eos_joined" or share <= pack.max_dropped_share:
+        return
+    unread = lc["skipped_unread"]
+    keep = lc["row_tokens_keeping_99_percent"]
+    fixes = [] if pack.long_mode != "skip" else ["--long split (pieces at turn boundaries)", "--long truncate"]
+    if keep and keep > pack.row_tokens:
+        fixes.append(f"--row-tokens {keep} (holds whole the conversations with 99% of the tokens)")
+    fixes.append(f"--max-dropped-share {min(1.0, math.ceil(share * 100) / 100):g} to build anyway")
+    raise SftRowsError(
+        f"{what}: {share:.1%} of the tokens would be left out of the rows: {lc['longer_than_row']} conversation(s) "
+        f"longer than a {pack.row_tokens}-token row (--long {pack.long_mode})"
+        + (
+            f" and {unread['conversations']} more skipped unread for their size (about "
+            f"{unread['tokens_estimated']:,} tokens)"
+            if unread["conversations"]
+            else ""
+        )
+        + f"; that is over --max-dropped-share {pack.max_dropped_share:g} (default {DEFAULT_MAX_DROPPED_SHARE:g}), "
+        f"so nothing was written. Use {', or '.join(fixes)}"
+    )
 
 
 def _manifest(base: dict, source: dict, reader, stats: dict, rows_path: Path, max_rows, split_name: str) -> dict:
@@ -548,11 +611,23 @@ def _text_size(value: Any) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A conversation rendered: its tokens and loss mask, the record format it was read as, what it
+    holds that is counted (:func:`~bridge_recipes.chat.message_text.turn_notes`) and its size in bytes."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    record_format: str
+    notes: tuple[str, ...]
+    size: int
+
+
 def _prepare(
     decode: Callable, render: Renderer, row_bound: int | None, index: int, raw: Any
-) -> tuple[np.ndarray, np.ndarray] | MalformedConversation:
-    """One conversation read, decoded and rendered (in a worker process when there are several): its
-    tokens and loss mask, or why it is skipped. ``row_bound``: the row length when a conversation longer
+) -> Prepared | MalformedConversation:
+    """One conversation read, decoded and rendered (in a worker process
+    when there are several), or why it is skipped. ``row_bound``: the row length when a conversation longer
     than a row is skipped (one of more bytes than could fit it is skipped unread); None when it may be
     split or truncated (only a record over :data:`MAX_CONVERSATION_BYTES` is)."""
     try:
@@ -563,6 +638,7 @@ def _prepare(
                 "conversation_too_large",
                 f"conversation of {size:,} bytes, over the {MAX_CONVERSATION_BYTES:,} a build reads of one "
                 "conversation; skipped before tokenizing",
+                size,
             )
         if row_bound is not None and size > row_bound * MAX_LINE_BYTES_PER_TOKEN:
             raise MalformedConversation(
@@ -570,10 +646,13 @@ def _prepare(
                 "longer_than_row",
                 f"conversation of {size:,} bytes cannot fit a {row_bound}-token row "
                 f"(over {MAX_LINE_BYTES_PER_TOKEN} bytes a token); skipped before tokenizing",
+                size,
             )
         conversation = decode(raw, index)
         try:
-            return render(conversation, index)
+            ids, mask = render(conversation, index)
+            fmt = getattr(conversation, "record_format", "")
+            return Prepared(ids, mask, fmt, tuple(turn_notes(conversation[0])), size)
         except MalformedConversation:
             raise
         except (TypeError, ValueError, UnicodeError, RecursionError) as e:
@@ -595,19 +674,23 @@ def _work_one(work: Callable, index: int, raw: Any) -> Any:
     try:
         return work(index, raw)
     except Exception as e:  # handed back as text: an exception that cannot be pickled would stall the pool
-        raise WorkerError(f"source row {index}: {type(e).__name__}: {e}") from None
+        raise WorkerError(index, f"{type(e).__name__}: {e}") from None
 
 
 class WorkerError(RuntimeError):
     """A conversation the rendering failed on in a way no skip reason covers (a bug, not bad data)."""
 
+    def __init__(self, index: int, detail: str):
+        super().__init__(f"source row {index}: {detail}")
+        self.index, self.detail = index, detail
+
+    def __reduce__(self):
+        return type(self), (self.index, self.detail)
+
 
 def default_workers() -> int:
     """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return worker_count(None)[0]
 
 
 def prepared(
@@ -671,7 +754,8 @@ def _stop_on_worker_error(reader: JsonlSource | ParquetSource) -> Iterator[None]
         yield
     except WorkerError as e:
         raise SftRowsError(
-            f"{getattr(reader, 'path', 'the input')}, {e}; the build stopped and wrote nothing "
+            f"{getattr(reader, 'path', 'the input')}, {reader.location(e.index)}: {e.detail}; the build stopped and "
+            "wrote nothing "
             "(remove or fix that record, and report the error if the record is valid)"
         ) from None
 
@@ -688,13 +772,38 @@ class _Tally:
     padding: int = 0  # in the rows written or skipped without targets
     segments: int = 0  # conversations and pieces of split ones in the rows written (boundaries rows)
     in_validation: int = 0
+    formats: Counter = field(default_factory=Counter)  # record formats of the conversations used
+    notes: Counter = field(default_factory=Counter)  # what the used conversations hold that is reported
+    hashes: array = field(default_factory=lambda: array("q"))  # of the used conversations (duplicates counted)
+    kept: set[int] = field(default_factory=set)  # with --dedupe: those of the conversations used so far
+    duplicates: int = 0
 
-    def skip(self, e: MalformedConversation) -> None:
-        """A skipped conversation: counted by reason, the first :data:`MAX_REPORTED` logged and kept."""
+    def skip(self, e: MalformedConversation, where: str) -> None:
+        """A skipped conversation: counted by reason, the first :data:`MAX_REPORTED` logged and kept
+        (``where``: the record as its reader counts it, from 1)."""
         self.skipped[e.reason] += 1
         if len(self.examples) < MAX_REPORTED:
-            self.examples.append(str(e))
-            log.warning("skipping conversation, %s", e)
+            self.examples.append(e.at(where))
+            log.warning("skipping conversation, %s", e.at(where))
+
+    def repeated(self, fingerprint: bytes, dedupe: bool) -> bool:
+        """Whether a used conversation repeats an earlier one of the split (counted); with ``dedupe`` it is
+        then skipped. 8 bytes a conversation when duplicates are only counted."""
+        key = int.from_bytes(fingerprint[:8], "little", signed=True)
+        if dedupe:
+            if key in self.kept:
+                self.duplicates += 1
+                return True
+            self.kept.add(key)
+        else:
+            self.hashes.append(key)
+        return False
+
+    def count_duplicates(self) -> int:
+        """Used conversations that repeat an earlier one (the same tokens), with or without --dedupe."""
+        if self.hashes:
+            self.duplicates = len(self.hashes) - len(np.unique(np.frombuffer(self.hashes, dtype=np.int64)))
+        return self.duplicates
 
 
 def _write_rows(rows: Any, writer: RowWriter, tally: _Tally, max_rows: int | None) -> bool:
@@ -759,14 +868,23 @@ def _pack_and_write(
                 bar.update(1)
                 try:
                     if isinstance(done, MalformedConversation):
+                        if done.size:
+                            long.skipped_unread(done.size)
                         raise done
-                    ids, mask = done
-                    fingerprint = conversation_fingerprint(ids) if fingerprints is not None or seen else b""
+                    ids, mask = done.ids, done.mask
+                    fingerprint = conversation_fingerprint(ids)
+                    if tally.repeated(fingerprint, pack.dedupe):
+                        raise MalformedConversation(
+                            index, "duplicate_conversation", "the same conversation as an earlier one (--dedupe)"
+                        )
+                    long.measured_bytes += done.size
                     pieces = _pieces(ids, mask, index, long, row_tokens)
                 except MalformedConversation as e:
-                    tally.skip(e)
+                    tally.skip(e, reader.location(index))
                     continue
                 tally.used += 1
+                tally.formats[done.record_format] += 1
+                tally.notes.update(done.notes)
                 if fingerprints is not None:
                     fingerprints.add(fingerprint)
                 if seen and fingerprint in seen:
@@ -777,8 +895,10 @@ def _pack_and_write(
                     bar.set_postfix(rows=writer.rows, refresh=False)
         if not stopped:
             stopped = _write_rows(packer.finish(), writer, tally, max_rows)
-    finally:
-        writer.close()
+    except BaseException:
+        writer.abandon()  # the first error is the one to report (a full disk), not the closing's
+        raise
+    writer.close()
     return _split_stats(reader, writer, packer, tally, long, pack, max_rows)
 
 
@@ -793,6 +913,7 @@ def _split_stats(
 ) -> dict:
     """A split's counts for its manifest (see the module docstring for how they add up)."""
     skipped_total = sum(tally.skipped.values())
+    duplicates = tally.count_duplicates()
     if skipped_total > len(tally.examples):
         unreported = skipped_total - len(tally.examples)
         log.warning("%d more conversation(s) skipped; the counts by reason follow", unreported)
@@ -823,5 +944,9 @@ def _split_stats(
             "skipped_total": skipped_total,
             "skipped_examples": tally.examples,
             "blank_lines": reader.blank_lines,
+            "record_formats": dict(sorted(tally.formats.items())),
+            "notes": dict(sorted(tally.notes.items())),
+            "duplicates": duplicates,
+            "duplicates_removed": pack.dedupe,
         },
     }

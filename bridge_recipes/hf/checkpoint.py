@@ -511,9 +511,12 @@ def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointE
 staged_output = functools.partial(outputs.staged_output, error=HfCheckpointError)
 
 
-def refuse_overlap(out: str | os.PathLike, *inputs: tuple[str, str | os.PathLike | None]) -> None:
-    """--out may not be, hold or sit inside an input folder (--overwrite replaces the whole --out)."""
-    if problem := outputs.overlap_problem(out, option="--out", inputs=inputs):
+def refuse_overlap(
+    out: str | os.PathLike, *inputs: tuple[str, str | os.PathLike | None], overwrite: bool = False
+) -> None:
+    """--out checked before any work, as :func:`staged_output` will: not, holding or inside an input
+    folder, not the current folder, and (with ``overwrite``) a folder only a conversion wrote."""
+    if problem := outputs.folder_output_problem(out, overwrite, inputs=inputs):
         raise HfCheckpointError(problem)
 
 
@@ -713,7 +716,7 @@ def import_checkpoint(
     """Check ``source`` against ``recipe`` (or ``expected`` fields) and convert it into ``out``.
     ``text_model`` (default: whether ``recipe`` is a text recipe): a released VL folder's
     language model and MTP layer are imported as the text model, its vision tower left out."""
-    refuse_overlap(out, ("--hf", source))
+    refuse_overlap(out, ("--hf", source), overwrite=overwrite)
     folder = inspect_folder(source, progress=progress)
     if text_model is None:
         text_model = recipe is not None and not spec_for_recipe(recipe).is_vl
@@ -800,7 +803,7 @@ def export_checkpoint(
     from bridge_recipes.hf.released import TEXT_ONLY_OPTION, adapter_folder
 
     inputs = (("--megatron", megatron), ("--hf-template", template))
-    refuse_overlap(out, *inputs)
+    refuse_overlap(out, *inputs, overwrite=overwrite)
     megatron = Path(megatron).expanduser()
     if not megatron.is_dir() or not is_megatron_checkpoint(megatron):
         raise HfCheckpointError(
@@ -827,7 +830,7 @@ def export_checkpoint(
     lora = lora_settings(megatron) is not None
     adapter_out = adapter_folder(out) if lora and adapter else None
     if adapter_out is not None:
-        refuse_overlap(adapter_out, *inputs)
+        refuse_overlap(adapter_out, *inputs, overwrite=overwrite)
     staged_adapter = staged_output(adapter_out, overwrite) if adapter_out is not None else contextlib.nullcontext()
     with staged_output(out, overwrite) as tmp, staged_adapter as tmp_adapter:
         if released:

@@ -118,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bridge_recipes.hf.toy import make_toy
 
-            ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json))
+            if args.vl and args.tokenizer_json:  # the VL builder needs the image processor a VL toy ships
+                raise ck.HfCheckpointError(
+                    f"--tokenizer-json {args.tokenizer_json} with --vl: a VL toy ships the offline Qwen-VL "
+                    "processor (its tokenizer holds the image tokens, with an image processor beside it), which "
+                    "scripts/build_vl_dataset.py --processor needs; leave --tokenizer-json out for a VL toy"
+                )
+
+            ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json), overwrite=args.overwrite)
             with ck.staged_output(args.out, args.overwrite) as tmp:
                 vl = not args.text_only  # the released form: VL with its MTP layer
                 spec = make_toy(

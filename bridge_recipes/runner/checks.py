@@ -224,7 +224,7 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
             f"chain scales by the routing probabilities after the activation; set model.moe_apply_probs_on_input="
             f"false {fix}"
         )
-    from bridge_recipes.env_settings import setting
+    from bridge_recipes.env_settings import env_advice, setting
 
     try:
         opted_in = int(setting(OP_FUSER_ENV, getattr(cfg, "env_vars", None), environ, default="0")) > 0
@@ -233,7 +233,8 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
     if m.gated_linear_unit and not opted_in:
         found.append(
             f"model.use_transformer_engine_op_fuser=true for SwiGLU experts needs {OP_FUSER_ENV}=1 in the "
-            f"environment (Megatron-Core stops at model build without it); add +env_vars.{OP_FUSER_ENV}=1 {fix}"
+            "environment (Megatron-Core stops at model build without it); add "
+            f"{env_advice(OP_FUSER_ENV, '1', environ)} {fix}"
         )
     return found
 
@@ -245,7 +246,9 @@ def chunked_loss_problems(cfg: Any, environ: dict[str, str] | None = None) -> li
 
     if not chunked_loss.enabled(getattr(cfg, "env_vars", None), environ):
         return []
-    fix = f"or set +env_vars.{chunked_loss.ENV}=0"
+    from bridge_recipes.env_settings import env_advice
+
+    fix = f"or set {env_advice(chunked_loss.ENV, '0', environ)}"
     if is_vlm(cfg):
         return [f"{chunked_loss.ENV}=1 applies to the text models only; {fix}"]
     why = chunked_loss.problem(cfg.model)

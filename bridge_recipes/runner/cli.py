@@ -131,8 +131,15 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--gpu-memory-gb",
         type=float,
         metavar="GB",
-        help="train within GB of the GPU's memory (GB = 1e9 bytes; e.g. an 80 or 48 GB card's, on a larger GPU): "
-        "the allocator is capped and --plan plans for it",
+        help="train within GB of the GPU's memory (GB = 1e9 bytes, as torch reports a card's total: an H100 "
+        "sold as 80 GB holds 85.0; --gpu names a card instead): the allocator is capped, and --plan and "
+        "--dry-run plan for it",
+    )
+    p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="plan and train within the memory of this card, as its CUDA runtime reports it (h100, h200, a100, "
+        "l40s, rtx6000ada, ...; the GPU table's names): --gpu-memory-gb with the card's real figure",
     )
     p.add_argument(
         "--show-env",
@@ -285,8 +292,8 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         # the saved run's weights and export folder, unless the command line names others
         for option, value in run_options(args.config_file).items():
             dest = option.replace("-", "_")
-            if getattr(args, dest) is None:
-                setattr(args, dest, value)
+            if getattr(args, dest) is None and not (dest == "gpu_memory_gb" and args.gpu):
+                setattr(args, dest, _run_option(option, value, args.config_file))
                 print(f"[run_recipe] --{option} {value} (from {args.config_file})")
     entry = registry.find(args.recipe)
     if args.hf_checkpoint and args.pretrained_checkpoint:
@@ -327,6 +334,21 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     elif args.export_text_only:
         raise ValueError("--export-text-only applies to --export-hf DIR; add it, or drop --export-text-only")
     return entry, cfg
+
+
+def _run_option(option: str, value: str, path: str) -> Any:
+    """A runner option as a config file records it: a folder, or the memory cap (a number, checked)."""
+    if option != "gpu-memory-gb":
+        return value
+    from bridge_recipes.gpu_memory import cap_value_problem
+
+    try:
+        gb = float(value)
+    except ValueError:
+        raise ValueError(f"config file {path}: '# gpu-memory-gb: {value}' is not a number of GB") from None
+    if problem := cap_value_problem(gb):
+        raise ValueError(f"config file {path}: {problem}")
+    return gb
 
 
 def mock_data_warning(cfg: Any, task: str) -> str | None:
@@ -530,11 +552,10 @@ def request_problem(args: argparse.Namespace) -> str | None:
                 return problem
         except OverrideError as exc:
             return str(exc)
-    if args.gpu_memory_gb is not None:
-        from bridge_recipes.gpu_memory import cap_value_problem
-
-        if problem := cap_value_problem(args.gpu_memory_gb):
-            return problem
+    if problem := cap_request_problem(args):
+        return problem
+    if problem := paths_problem(args):
+        return problem
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
         range_precheck(flag_overrides(vars(args)))
@@ -547,6 +568,91 @@ def request_problem(args: argparse.Namespace) -> str | None:
     return training_stack_problem("a dry run, --plan or a launch")
 
 
+def _given(args: argparse.Namespace, key: str) -> str | None:
+    """The value the command line gives ``key`` (the last ``KEY=VALUE`` override, quotes removed), or None."""
+    value = None
+    for token in args.overrides:
+        name, sep, raw = token.partition("=")
+        if sep and name.lstrip("+") == key:
+            value = raw.strip().strip("'\"")
+    return value
+
+
+def paths_problem(args: argparse.Namespace) -> str | None:
+    """What the command line names that a look at the disk refutes, before Megatron loads: an unknown
+    --dataset, a starting checkpoint folder that is not there, a data path that is a file or missing."""
+    from pathlib import Path
+
+    from bridge_recipes.datasets import KINDS
+
+    if args.dataset is not None and args.dataset not in KINDS:
+        return f"--dataset {args.dataset!r} is not known; choose one of {', '.join(KINDS)}"
+    local = ("/", ".", "~")
+    weights = [("--hf-checkpoint", args.hf_checkpoint)] if args.hf_checkpoint else []
+    weights += [
+        (
+            "checkpoint.pretrained_checkpoint",
+            args.pretrained_checkpoint or _given(args, "checkpoint.pretrained_checkpoint"),
+        )
+    ]
+    for name, value in weights:
+        if value and value.startswith(local) and not Path(value).expanduser().exists():
+            return f"{name} {value}: no such folder; give the folder of the starting weights"
+    data = _given(args, "dataset.path")
+    if not data or args.dataset not in ("sft-rows", "energon"):
+        return None
+    builder = "scripts/build_sft_rows.py" if args.dataset == "sft-rows" else "scripts/build_vl_dataset.py"
+    path = Path(data).expanduser()
+    if path.is_file() and args.dataset == "sft-rows":
+        from bridge_recipes.data.integrity import MANIFEST_FILE, ROWS_FILE
+
+        if path.name in (ROWS_FILE, MANIFEST_FILE):
+            return f"dataset.path {data} is a file of a rows folder; set it to the folder: dataset.path={path.parent}"
+    if path.is_file():
+        return (
+            f"dataset.path {data} is a file; --dataset {args.dataset} reads the folder built from it: "
+            f"{builder} --input {data}{'' if args.dataset == 'sft-rows' else ' --processor CHECKPOINT'} --out DIR, "
+            "then dataset.path=DIR"
+        )
+    if not path.exists():
+        return f"dataset.path {data}: no such folder; build it with {builder} --out {data}"
+    return None
+
+
+def cap_request_problem(args: argparse.Namespace) -> str | None:
+    """--gpu NAME turned into the card's memory (``args.gpu_memory_gb``), a cap checked for being a GPU's
+    memory at all, and a note when the cap is the size printed on a card rather than what it holds."""
+    from bridge_recipes.gpu_memory import cap_value_problem, nominal_note
+
+    if args.gpu is not None:
+        from bridge_recipes.gpus import card_by_name
+
+        if args.gpu_memory_gb is not None:
+            return f"--gpu {args.gpu} and --gpu-memory-gb {args.gpu_memory_gb:g} both set the memory; pass one"
+        try:
+            card = card_by_name(args.gpu)
+        except KeyError as exc:
+            return str(exc.args[0])
+        args.gpu_memory_gb = card.usable_memory_gb
+        print(
+            f"[run_recipe] --gpu {args.gpu}: {args.gpu_memory_gb:.1f} GB (the {card.name}'s memory)", file=sys.stderr
+        )
+        return None
+    if args.gpu_memory_gb is None:
+        return None
+    if problem := cap_value_problem(args.gpu_memory_gb):
+        return problem
+    recipe_gpu = None
+    if args.recipe:
+        try:
+            recipe_gpu = registry.find(args.recipe).meta.gpu
+        except registry.UnknownRecipe:
+            pass  # named as such next
+    if note := nominal_note(args.gpu_memory_gb, recipe_gpu):
+        print(f"[run_recipe] note: {note}", file=sys.stderr)
+    return None
+
+
 def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
     """The layout checks (each printed) and the patches' refusals for ``world`` GPUs: why the run cannot go on."""
     from bridge_recipes.runner import checks
@@ -556,7 +662,7 @@ def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: A
         print(f"[run_recipe] {p}", file=sys.stderr)
     if checks.errors(problems):
         hint = ""
-        if args.hf_checkpoint and args.scale_down is None:
+        if args.hf_checkpoint and args.scale_down is None and not args.config_file:  # a config file takes none
             from bridge_recipes.hf.training import layers_and_experts
 
             layers, _ = layers_and_experts(args.hf_folder)
@@ -580,9 +686,49 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
         from bridge_recipes.runner.gpu_fit import recipes_that_fit
 
         memory = args.gpu_memory_gb or class_memory_gb(entry.meta.gpu)
-        if memory and (fitting := recipes_that_fit(entry, memory, world)):
-            print(f"recipes of this model and task planned to fit {memory:.1f} GB: {', '.join(fitting)}")
+        if memory and (fitting := recipes_that_fit(entry, memory, world, build=_peer_builder(args))):
+            mine = (
+                " with your overrides"
+                if args.overrides or any(getattr(args, d) is not None for d in FLAG_KEYS)
+                else ""
+            )
+            print(f"recipes of this model and task planned to fit {memory:.1f} GB{mine}: {', '.join(fitting)}")
     return 0 if fits else USAGE_ERROR
+
+
+def _peer_builder(args: argparse.Namespace):
+    """How --plan builds another recipe to offer in place of one that does not fit: with the same flags,
+    overrides, data and scale-down as the command line (a config file's settings are its recipe's own)."""
+    request = {k: v for k, v in build_request(args).items() if k not in ("config_file", "hf_checkpoint")}
+
+    def build_peer(name: str) -> Any:
+        import contextlib
+        import io
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                return bridge_recipes.build(name, **request, report=lambda change: None)
+            except OverrideError as exc:
+                raise ValueError(str(exc)) from None
+
+    return build_peer
+
+
+def cap_fit_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
+    """With a memory cap (--gpu-memory-gb, --gpu): why the memory plan says the run does not fit it, as
+    --plan with the same options would refuse it; None when it fits."""
+    from bridge_recipes.runner.gpu_fit import plan_fits
+
+    fits, peak = plan_fits(cfg, world, args.gpu_memory_gb)
+    if fits:
+        print(f"memory: planned peak {peak:.1f} of {args.gpu_memory_gb:.1f} GB per GPU")
+        return None
+    given = f"--gpu {args.gpu}" if args.gpu else f"--gpu-memory-gb {args.gpu_memory_gb:g}"
+    return (
+        f"{entry.name} as configured does not fit {given}: the memory plan's peak is {peak:.1f} of "
+        f"{args.gpu_memory_gb:.1f} GB per GPU; run the same command with --plan instead of --dry-run for the "
+        "plan per stage, the changes that fit and the recipes that do"
+    )
 
 
 def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, warning: str | None) -> int:
@@ -597,6 +743,8 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
     print(checks.summary(cfg, world))
     print(run_summary(cfg, entry, args, world))
+    if args.gpu_memory_gb is not None and (problem := cap_fit_problem(args, entry, cfg, world)):
+        return fail(problem)
     problem = megatron_validation(cfg, world)
     if problem:
         return fail(f"Megatron-Bridge rejects this config: {problem}")
@@ -611,11 +759,22 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         from bridge_recipes.outputs import write_text_atomic
 
         run = {
-            o: "true" if o in config_files.RUN_SWITCHES else os.path.abspath(v)
+            o: "true"
+            if o in config_files.RUN_SWITCHES
+            else os.path.abspath(v)
+            if o in config_files.PATH_OPTIONS
+            else f"{v:g}"
             for o in config_files.RUN_OPTIONS
             if (v := getattr(args, o.replace("-", "_")))
         }
-        write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
+        try:
+            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
+        except OSError as exc:  # a full disk, a file-size limit, a folder gone read-only: the old file stays
+            kept = "the file there is as it was" if os.path.exists(args.save_config) else "nothing was written"
+            return fail(
+                f"--save-config {args.save_config}: cannot write it ({exc.strerror or exc}); {kept}: free some "
+                "space or choose another path"
+            )
         print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
     print("checks: ok (layout checks and Megatron-Bridge validation passed)")
     return 0

@@ -9,6 +9,7 @@ the GPU can run, the largest GPU class first (the one that uses most of the memo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from bridge_recipes import registry
@@ -26,17 +27,26 @@ def uses_fp8(cfg: Any) -> bool:
     return bool(effective_precision(cfg)["fp8"])
 
 
-def _plan_fits(cfg: Any, world: int, memory_gb: float) -> tuple[bool, float]:
+def plan_fits(cfg: Any, world: int, memory_gb: float) -> tuple[bool, float]:
+    """Whether the memory plan of ``cfg`` on ``world`` GPUs fits ``memory_gb`` per GPU, and its peak (GB)."""
     from bridge_recipes.plan.memory import plan_memory
 
     plan = plan_memory(cfg, world, gpu_memory_gb=memory_gb)
     return plan.fits, plan.peak_gb
 
 
-def recipes_that_fit(entry: registry.RecipeEntry, memory_gb: float, world: int, fp8: bool = True) -> list[str]:
+def recipes_that_fit(
+    entry: registry.RecipeEntry,
+    memory_gb: float,
+    world: int,
+    fp8: bool = True,
+    build: Callable[[str], Any] | None = None,
+) -> list[str]:
     """Recipes of ``entry``'s model, task and GPU count that a GPU with ``memory_gb`` to use (and FP8
     tensor cores, or not) can run: written for a GPU of no more memory, planned to fit, FP8 only where
-    ``fp8``; the largest GPU class first."""
+    ``fp8``; the largest GPU class first. ``build`` makes a recipe's config by name (the user's overrides
+    applied, so a recipe listed fits as the user would run it; one they do not apply to is left out);
+    default: the recipe as written."""
     candidates = []
     for other in registry.entries().values():
         m = other.meta
@@ -50,8 +60,11 @@ def recipes_that_fit(entry: registry.RecipeEntry, memory_gb: float, world: int, 
         candidates.append((size, other.name))
     out = []
     for _, name in sorted(candidates, reverse=True):
-        cfg = registry.load(name)()
-        if (fp8 or not uses_fp8(cfg)) and _plan_fits(cfg, world, memory_gb)[0]:
+        try:
+            cfg = build(name) if build is not None else registry.load(name)()
+        except (ValueError, KeyError, TypeError):  # overrides this recipe does not take
+            continue
+        if (fp8 or not uses_fp8(cfg)) and plan_fits(cfg, world, memory_gb)[0]:
             out.append(name)
     return out
 
@@ -71,7 +84,7 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
     size = class_memory_gb(entry.meta.gpu)
     if size is not None and memory < size * (1 - SAME_MEMORY):
         try:
-            fits, peak = _plan_fits(cfg, world, memory)
+            fits, peak = plan_fits(cfg, world, memory)
         except (ValueError, ZeroDivisionError, KeyError):  # a layout the planner cannot size: the launch says why
             fits, peak = True, 0.0
         if not fits:

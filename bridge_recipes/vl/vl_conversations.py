@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from bridge_recipes.chat.errors import MalformedConversation
+from bridge_recipes.chat.message_text import assistant_image_problem
 
 MESSAGES_KEYS = ("messages", "conversations")
 IMAGES_KEYS = ("images", "image")
@@ -100,6 +101,8 @@ def parse_record(record: dict, index: int, base: Path) -> VlConversation:
             else:
                 parts.append({"type": "image"})
                 images.append(_ref(part["source"], base, index))
+        if role == SUPERVISED_ROLE and any(p["type"] == "image" for p in parts):
+            raise assistant_image_problem(index, j)  # a model writes text: an image is no target
         if role == SUPERVISED_ROLE and not any(p["type"] == "text" and p["text"].strip() for p in parts):
             raise MalformedConversation(
                 index, "empty_assistant_reply", f"message {j} is an assistant turn with no text"

@@ -57,7 +57,7 @@ from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and 
     default_workers,  # noqa: F401 - the command line's default
     prepared,
 )
-from bridge_recipes.outputs import file_sha256, overlap_problem, worker_processes
+from bridge_recipes.outputs import file_sha256, overlap_problem, worker_count, worker_processes
 from bridge_recipes.vl.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -329,6 +329,9 @@ def build_vl_dataset(
     for any number. Raises VlDatasetError on bad input; a conversation that cannot be used is
     skipped and counted."""
     _check_settings(val_fraction, seed, samples_per_shard, max_image_bytes, max_image_pixels, workers)
+    workers, note = worker_count(workers)
+    if note:
+        log.warning("%s", note)
     src = _input_file(source)
     out = output_folder(out_dir, error=VlDatasetError)
     if problem := overlap_problem(out, option="--out", inputs=[("--input", src), ("--processor", processor)]):
@@ -445,14 +448,14 @@ def _prepare_conversation(
 
 
 @contextlib.contextmanager
-def _stop_on_worker_error(src: Path) -> Iterator[None]:
+def _stop_on_worker_error(reader: JsonlSource) -> Iterator[None]:
     """A failure no skip reason covers stops the build, naming the record; nothing is written."""
     try:
         yield
     except WorkerError as e:
         raise VlDatasetError(
-            f"--input {src}, {e}; the build stopped and wrote nothing (remove or fix that record, and report "
-            "the error if the record is valid)"
+            f"--input {reader.path}, {reader.location(e.index)}: {e.detail}; the build stopped and wrote nothing "
+            "(remove or fix that record, and report the error if the record is valid)"
         ) from None
 
 
@@ -479,7 +482,7 @@ def _write_split(
     pixels_max = 0
     try:
         with (
-            _stop_on_worker_error(reader.path),
+            _stop_on_worker_error(reader),
             tqdm(total=len(order), desc=split, unit="conv", disable=not progress, smoothing=0.05) as bar,
         ):
             work = partial(_prepare_conversation, proc, base, limits)
@@ -488,9 +491,9 @@ def _write_split(
                 bar.update(1)
                 if isinstance(done, MalformedConversation):
                     skipped[done.reason] += 1
-                    if len(examples) < MAX_REPORTED:
-                        examples.append(str(done))
-                        log.warning("skipping conversation, %s", done)
+                    if len(examples) < MAX_REPORTED:  # named by its line in the file, from 1
+                        examples.append(done.at(reader.location(index)))
+                        log.warning("skipping conversation, %s", examples[-1])
                     bar.set_postfix(skipped=sum(skipped.values()), refresh=False)
                     continue
                 messages, loaded, tokens = done

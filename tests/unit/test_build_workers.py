@@ -100,7 +100,7 @@ def test_a_build_stopped_by_a_worker_names_the_record_and_leaves_nothing(convers
         return real(decode, render, row_bound, index, raw)
 
     monkeypatch.setattr(sft_rows, "_prepare", failing)
-    with pytest.raises(sft_rows.SftRowsError, match=r"c\.jsonl, source row 33: KeyError: 'boom'; the build stopped"):
+    with pytest.raises(sft_rows.SftRowsError, match=r"c\.jsonl, line 34: KeyError: 'boom'; the build stopped"):
         build(conversations, tmp_path / "rows", 2)
     assert list(tmp_path.iterdir()) == []
 

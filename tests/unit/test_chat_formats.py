@@ -1,5 +1,5 @@
 """SFT rows from ShareGPT, Alpaca and OpenAI records (with the developer role): each format,
-detected per file, gives the rows of the OpenAI conversation it stands for; a file of no known
+read per record, gives the rows of the OpenAI conversation it stands for; a file of no known
 format is refused listing the formats; a build without rows says why, naming no manifest."""
 
 import json
@@ -86,10 +86,11 @@ def test_alpaca_without_input_or_system_is_one_user_turn(tmp_path):
     assert got["rows_sha256"] == _build(_jsonl(tmp_path / "w.jsonl", [plain]), tmp_path / "b")["rows_sha256"]
 
 
-def test_the_format_is_the_first_records_and_other_records_are_skipped_by_reason(tmp_path):
-    records = [SHAREGPT, SHAREGPT_AS_OPENAI, {"conversations": [{"from": "robot", "value": "x"}]}]
+def test_each_record_is_read_as_its_own_format_and_bad_ones_are_skipped_by_reason(tmp_path):
+    records = [SHAREGPT, SHAREGPT_AS_OPENAI, {"conversations": [{"from": "robot", "value": "x"}]}, {"text": "x"}]
     m = _build(_jsonl(tmp_path / "in.jsonl", records), tmp_path / "a")
     assert m["conversations"]["skipped"] == {"missing_conversations_key": 1, "unknown_role": 1}
+    assert m["conversations"]["record_formats"] == {"openai": 1, "sharegpt": 1}
 
 
 def test_parquet_format_comes_from_its_columns(tmp_path):

@@ -177,10 +177,12 @@ def test_the_op_fuser_needs_the_environments_opt_in(moe, monkeypatch):
     assert f"add +env_vars.{OP_FUSER_ENV}=1" in problem and "model.use_transformer_engine_op_fuser=false" in problem
     assert f"error: {problem}" in messages(moe, 8)
     assert not checks.op_fuser_problems(moe, {OP_FUSER_ENV: "1"})  # the process's environment counts too
-    assert checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"}) == [problem]
+    # an exported value wins over env_vars: the advice says the export is what to change
+    (exported,) = checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"})
+    assert f"{OP_FUSER_ENV}=0 is exported" in exported and f"export {OP_FUSER_ENV}=1" in exported
     apply_all(moe, {}, [f"+env_vars.{OP_FUSER_ENV}=1"])
     assert not checks.op_fuser_problems(moe) and not checks.op_fuser_problems(moe, {})
-    assert checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"}) == [problem]  # the process's value wins
+    assert checks.op_fuser_problems(moe, {OP_FUSER_ENV: "0"}) == [exported]  # the process's value wins
     apply_all(moe, {}, ["model.tensor_model_parallel_size=2"])
     (problem,) = checks.op_fuser_problems(moe)
     assert "model.tensor_model_parallel_size=2" in problem and "use -tp 1" in problem

@@ -605,3 +605,103 @@ def test_benchmark_with_bad_arguments_is_refused_and_runs_nothing(untouched, bad
         code, err = _in_process(bench_main, argv)
         assert code == 2 and "Traceback" not in err, (argv, err[-2000:])
         assert not (Path(tmp) / "r.yaml").exists() and Path(given["binary"]).read_bytes() == bytes(range(256)) * 4
+
+
+# Turn keys and record shapes a real file holds by mistake: a record of another format, weights of any
+# value, a system prompt of any type, reasoning on any turn, lines in another encoding. Every line is
+# accounted for (used, skipped by a named reason, or blank), and what was kept is counted.
+TURN_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.floats(allow_nan=False), st.text(max_size=8))
+
+
+def _odd_record(kind: str, value) -> dict:
+    user, reply = {"role": "user", "content": "a question here"}, {"role": "assistant", "content": "an answer"}
+    if kind == "weight":
+        return {"messages": [user, {**reply, "weight": value}]}
+    if kind == "reasoning_on_user":
+        return {"messages": [{**user, "reasoning_content": value}, reply]}
+    if kind == "sharegpt_system":
+        return {
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}],
+            "system": value,
+        }
+    if kind == "alpaca":
+        return {"instruction": "say hi", "output": value if isinstance(value, str) else "hi"}
+    return {"messages": [user, reply, {"role": "user", "content": value if isinstance(value, str) else "?"}]}
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    odd=st.lists(
+        st.tuples(
+            st.sampled_from(["weight", "reasoning_on_user", "sharegpt_system", "alpaca", "trailing_user"]), TURN_VALUE
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    latin1=st.booleans(),
+    repeats=st.integers(0, 5),
+)
+def test_row_builder_reads_odd_records_per_record_and_accounts_for_each(odd, latin1, repeats):
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "in.jsonl"
+        lines = [json.dumps(GOOD).encode()] * (40 + repeats) + [json.dumps(_odd_record(k, v)).encode() for k, v in odd]
+        if latin1:
+            lines.append(
+                json.dumps({"messages": GOOD["messages"], "note": "caf\u00e9"}, ensure_ascii=False).encode("latin-1")
+            )
+        data = b"\n".join(lines) + b"\n"
+        src.write_bytes(data)
+        manifest = sft_rows.build_sft_rows(
+            src,
+            TOKENIZER,
+            Path(tmp) / "rows",
+            row_tokens=256,
+            chat_format="chatml",
+            progress=False,
+            dedupe=repeats > 2,
+        )
+        c = manifest["conversations"]
+        assert c["used"] + c["skipped_total"] + c["blank_lines"] == len(lines)
+        assert sum(c["record_formats"].values()) == c["used"] and c["duplicates"] >= 39 + repeats
+        assert all(e.startswith("line ") for e in c["skipped_examples"])
+        assert src.read_bytes() == data
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(
+    entries=st.lists(st.sampled_from(["notes.txt", "sub/", "rows.parquet", "config.json", ".hidden"]), max_size=4),
+    overwrite=st.booleans(),
+)
+def test_staged_output_never_replaces_a_folder_it_did_not_write(entries, overwrite):
+    from bridge_recipes.outputs import staged_output
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        for name in entries:
+            (out / name.rstrip("/")).mkdir(exist_ok=True) if name.endswith("/") else (out / name).write_text("mine")
+        before = sorted(p.name for p in out.iterdir())
+        try:
+            with staged_output(out, overwrite) as staged:
+                (staged / "new").write_text("x")
+        except OSError as exc:
+            assert "--out" in str(exc)
+            assert sorted(p.name for p in out.iterdir()) == before
+        else:
+            assert not before  # only an empty folder was taken
+
+
+@FUZZ
+@given(
+    cap=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True).map(repr), st.sampled_from(["80", "48", "1e9", "-0", "x"])
+    ),
+    gpu=st.one_of(st.none(), st.sampled_from(["h100", "a100-40", "H200", "rtx6000ada", "tpu", ""])),
+)
+def test_runner_memory_caps_and_cards_are_planned_or_refused(cap, gpu):
+    argv = ["--recipe", RECIPE, "--dry-run", "--world-size", "8", f"--gpu-memory-gb={cap}"]
+    argv += [f"--gpu={gpu}"] if gpu is not None else []
+    code, err = _run(argv)
+    assert code in (0, 2) and "Traceback" not in err, (argv, err[-2000:])
+    if gpu is not None:  # both name the memory: refused before anything is built
+        assert code == 2 and "loading Megatron-Bridge" not in err

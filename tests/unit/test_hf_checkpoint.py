@@ -252,8 +252,8 @@ def test_failed_conversion_leaves_nothing(toys, tmp_path):
 
 def test_overwrite_keeps_old_until_new_is_complete(toys, tmp_path):
     out = tmp_path / "o"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    ck.import_checkpoint(toys / "moe", out, convert=fake_convert, progress=False)
+    (out / "old.txt").write_text("old")  # inside a folder the conversion wrote: it goes with the folder
     with pytest.raises(RuntimeError):
         ck.import_checkpoint(toys / "moe", out, overwrite=True, convert=failing_convert, progress=False)
     assert (out / "old.txt").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["o"]

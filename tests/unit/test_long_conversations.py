@@ -133,7 +133,9 @@ def source(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("mode", ["skip", "split", "truncate"])
 def test_each_mode_accounts_for_every_token_and_the_rows_check(source, tmp_path, mode):
-    m = build_sft_rows(source, TOKENIZER, tmp_path / "out", row_tokens=ROW, long=mode, progress=False)
+    # the long conversations hold most of the tokens here: allowed, to see where each token goes
+    kw = {"max_dropped_share": 1.0}
+    m = build_sft_rows(source, TOKENIZER, tmp_path / "out", row_tokens=ROW, long=mode, progress=False, **kw)
     lc = m["long_conversations"]
     assert (lc["mode"], lc["longer_than_row"], lc["conversations_measured"]) == (mode, 3, 33)
     t = lc["tokens"]
@@ -198,6 +200,7 @@ def test_the_build_command_reports_the_long_conversations(source, tmp_path):
     def build(mode: str) -> subprocess.CompletedProcess:
         cmd = [sys.executable, str(REPO / "scripts" / "build_sft_rows.py"), "--input", str(source)]
         cmd += ["--tokenizer", str(TOKENIZER), "--out", str(tmp_path / mode), "--row-tokens", str(ROW)]
+        cmd += ["--max-dropped-share", "1"]  # most of the tokens are in the long ones here
         return subprocess.run([*cmd, "--long", mode, "--no-progress"], capture_output=True, text=True, cwd=REPO)
 
     skipped, split = build("skip"), build("split")

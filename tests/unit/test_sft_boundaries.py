@@ -37,7 +37,9 @@ def built(tmp_path_factory) -> tuple[Path, list[dict], dict]:
     convs.append({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "long " * 200}]})
     src = tmp / "c.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in convs))
-    m = build_sft_rows(src, TOKENIZER, tmp / "out", row_tokens=ROW, packing="boundaries", progress=False)
+    m = build_sft_rows(
+        src, TOKENIZER, tmp / "out", row_tokens=ROW, packing="boundaries", progress=False, max_dropped_share=1.0
+    )
     return tmp / "out", convs, m
 
 
@@ -291,7 +293,9 @@ def test_one_per_row_rows_hold_one_whole_conversation_and_train_without_thd(buil
     _, convs, _ = built
     src = tmp_path / "c.jsonl"
     src.write_text("".join(json.dumps(c) + "\n" for c in convs))
-    m = build_sft_rows(src, TOKENIZER, tmp_path / "one", row_tokens=ROW, packing="one_per_row", progress=False)
+    m = build_sft_rows(
+        src, TOKENIZER, tmp_path / "one", row_tokens=ROW, packing="one_per_row", progress=False, max_dropped_share=1
+    )
     assert m["packing"] == "one_per_row" and m["rows"] == m["conversations"]["used"] == 40
     assert m["conversations"]["skipped"] == {"longer_than_row": 1}
     assert m["stream_tokens"] + m["padding_tokens"] == m["rows"] * ROW and m["tail_tokens_dropped"] == 0

@@ -327,9 +327,9 @@ def test_malformed_rows_are_reported_with_their_index_and_counted(tokenizer_file
     }
     assert conv["indexed"] == conv["read"] == len(records) and conv["used"] == len(records) - len(bad)
     assert conv["skipped_total"] == len(bad) and conv["blank_lines"] == 1
-    for index in bad:
-        assert any(f"source row {index}:" in r.getMessage() for r in caplog.records)
-        assert any(e.startswith(f"source row {index}:") for e in conv["skipped_examples"])
+    for index in bad:  # named by line number, from 1 as an editor counts them
+        assert any(f"line {index + 1}:" in r.getMessage() for r in caplog.records)
+        assert any(e.startswith(f"line {index + 1}:") for e in conv["skipped_examples"])
     assert re.search(r"message 0\b.*unknown role 'bot'", caplog.text)
 
 

@@ -59,7 +59,7 @@ def test_val_input_builds_the_validation_rows_from_another_file(tmp_path):
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(val_fraction=1.0), "val_fraction must be in [0, 1)"),
+        (dict(val_fraction=1.0), "--val-fraction 1.0 is outside [0, 1)"),
         (dict(val_fraction=0.1, val_input="v.jsonl"), "either a validation fraction or a validation input"),
     ],
 )
