@@ -101,13 +101,16 @@ def recipe_of(path: str | os.PathLike, recipe: str | None = None) -> str:
             "keep the one it was written from"
         )
     name = m.group(1) if m else recipe
-    if problem := _model_kind_problem(name, data):
+    # a run from Hugging Face weights takes its model's sizes from that folder (a toy's may be any)
+    weights = any(m.group(1) == "hf-checkpoint" for m in RUN_LINE.finditer(text))
+    if problem := _model_kind_problem(name, data, sized=not weights):
         raise ConfigFileError(f"config file {path}: {problem}")
     return name
 
 
-def _model_kind_problem(recipe: str, data: dict) -> str | None:
-    """The recipe line's model against the file's: text or vision-language, dense or MoE (the runner
+def _model_kind_problem(recipe: str, data: dict, sized: bool = True) -> str | None:
+    """The recipe line's model against the file's: text or vision-language, dense or MoE, and (``sized``:
+    the body's sizes are the recipe's own, not a checkpoint folder's) its width and heads (the runner
     takes the task and GPUs from the recipe, the model from the body)."""
     from bridge_recipes import registry
     from bridge_recipes.models.qwen35 import SPECS
@@ -123,6 +126,8 @@ def _model_kind_problem(recipe: str, data: dict) -> str | None:
     moe = {True: "MoE", False: "dense"}
     body_vl, body_moe = "VL" in model["_target_"].rsplit(".", 1)[-1], bool(model.get("num_moe_experts"))
     if (body_vl, body_moe) == (spec.is_vl, spec.is_moe):
+        if not sized:
+            return None
         # the same kind of model: the sizes no scale-down changes tell another model of that kind
         sizes = {"hidden_size": spec.hidden_size, "num_attention_heads": spec.num_attention_heads}
         other = {k: model.get(k) for k, v in sizes.items() if isinstance(model.get(k), int) and model.get(k) != v}

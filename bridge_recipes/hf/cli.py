@@ -118,13 +118,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bridge_recipes.hf.toy import make_toy
 
-            if args.vl and args.tokenizer_json:  # the VL builder needs the image processor a VL toy ships
-                raise ck.HfCheckpointError(
-                    f"--tokenizer-json {args.tokenizer_json} with --vl: a VL toy ships the offline Qwen-VL "
-                    "processor (its tokenizer holds the image tokens, with an image processor beside it), which "
-                    "scripts/build_vl_dataset.py --processor needs; leave --tokenizer-json out for a VL toy"
-                )
-
             ck.refuse_overlap(args.out, ("--tokenizer-json", args.tokenizer_json), overwrite=args.overwrite)
             with ck.staged_output(args.out, args.overwrite) as tmp:
                 vl = not args.text_only  # the released form: VL with its MTP layer
@@ -138,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             form = "text form" if args.text_only else f"released form: VL with {RELEASED_TOY_MTP_LAYERS} MTP layer"
             print(f"saved toy {spec.name} ({form}) -> {args.out}")
+            if vl and args.tokenizer_json:  # the VL builder needs the processor a toy otherwise ships
+                print(
+                    f"note: with --tokenizer-json the toy has no image processor: text recipes take it; for "
+                    "scripts/build_vl_dataset.py --processor make the toy without --tokenizer-json (it then ships "
+                    "the offline Qwen-VL processor, image tokens included)",
+                    file=sys.stderr,
+                )
     except ck.HfCheckpointError as e:
         print(f"convert_checkpoint.py: error: {e}", file=sys.stderr)
         return USAGE_ERROR

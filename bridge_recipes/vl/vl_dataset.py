@@ -218,6 +218,12 @@ def load_processor(folder: str | os.PathLike) -> Processor:
     hint = "pass the model's Hugging Face folder (its tokenizer, chat template and image processor)"
     if not path.is_dir():
         raise VlDatasetError(f"--processor {folder} is not a folder; {hint}")
+    if not any((path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
+        raise VlDatasetError(
+            f"--processor {path}: it has no image processor (preprocessor_config.json or processor_config.json); "
+            f"{hint}. A toy made with "
+            "--tokenizer-json has none: make it without (scripts/convert_checkpoint.py toy --out DIR)"
+        )
     try:
         from transformers import AutoProcessor
 

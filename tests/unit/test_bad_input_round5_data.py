@@ -297,10 +297,15 @@ def test_an_image_in_a_vl_assistant_reply_is_skipped_by_its_reason(tmp_path, rep
     assert err.value.reason == "image_in_assistant_reply" and err.value.at("line 5").startswith("line 5: message 1")
 
 
-def test_a_vl_toy_with_a_tokenizer_json_is_refused_with_the_fix(tmp_path, capsys):
+def test_a_vl_toy_with_a_tokenizer_json_says_it_has_no_image_processor_and_the_vl_builder_names_the_fix(
+    tmp_path, capsys
+):
     from bridge_recipes.hf.cli import main
+    from bridge_recipes.vl.vl_dataset import VlDatasetError, load_processor
 
     code = main(["toy", "--vl", "--tokenizer-json", str(CHATML), "--out", str(tmp_path / "toy")])
     err = capsys.readouterr().err
-    assert code == 2 and "--tokenizer-json" in err and "leave --tokenizer-json out" in err
-    assert not (tmp_path / "toy").exists()
+    assert code == 0 and "no image processor" in err and "without --tokenizer-json" in err
+    with pytest.raises(VlDatasetError, match="preprocessor_config.json") as raised:
+        load_processor(tmp_path / "toy")
+    assert "without" in str(raised.value)
