@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"saved toy {spec.name} ({form}) -> {args.out}")
             if vl and args.tokenizer_json:  # the VL builder needs the processor a toy otherwise ships
                 print(
-                    f"note: with --tokenizer-json the toy has no image processor: text recipes take it; for "
+                    "note: with --tokenizer-json the toy has no image processor: text recipes take it; for "
                     "scripts/build_vl_dataset.py --processor make the toy without --tokenizer-json (it then ships "
                     "the offline Qwen-VL processor, image tokens included)",
                     file=sys.stderr,
