@@ -1,8 +1,9 @@
 """How long the runner's everyday commands take, each run several times in turn in one command:
-the dry run and the plan with the package bodies deferred (the runner's default) and with plain
-imports ($BRIDGE_RECIPES_PLAIN_IMPORTS=1), a misspelt key, and the recipe list.
+the dry runs of three recipes (an 8-GPU SFT, a one-GPU LoRA run as the benchmark starts it, the
+GB300 MXFP8 VL pretraining) and the plan with the package bodies deferred (the runner's default) and
+with plain imports ($BRIDGE_RECIPES_PLAIN_IMPORTS=1), a misspelt key, and the recipe list.
 
-    python -m lab.command_times [--repeats 3] [--prediction "dry run: 9-10 s"]
+    python -m lab.command_times [--repeats 3] [--prediction "dry run: 9-10 s"] [--result FILE --log FILE]
 
 writes lab/results/command_times.json and its log lab/evidence/startup/command_times.log (one line
 per run: label, run number, seconds, exit status); each --prediction, written before the run, goes into
@@ -23,14 +24,25 @@ import sys
 import time
 from pathlib import Path
 
+from bridge_recipes.bench import random_lora
+from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "lab" / "results" / "command_times.json"
 LOG = ROOT / "lab" / "evidence" / "startup" / "command_times.log"
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
+VL_RECIPE = "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config"
+# a LoRA recipe without base weights dry-runs as the benchmark launches it
+LORA_ARGS = [random_lora.OPTION, *BENCHMARK_OVERRIDES]
 PLAIN = {"BRIDGE_RECIPES_PLAIN_IMPORTS": "1"}
 COMMANDS = (  # (label, runner arguments, extra environment)
     ("dry run", ["--recipe", RECIPE, "--dry-run"], {}),
     ("dry run, plain imports", ["--recipe", RECIPE, "--dry-run"], PLAIN),
+    ("LoRA dry run", ["--recipe", LORA_RECIPE, "--dry-run", *LORA_ARGS], {}),
+    ("LoRA dry run, plain imports", ["--recipe", LORA_RECIPE, "--dry-run", *LORA_ARGS], PLAIN),
+    ("VL MXFP8 dry run", ["--recipe", VL_RECIPE, "--dry-run"], {}),
+    ("VL MXFP8 dry run, plain imports", ["--recipe", VL_RECIPE, "--dry-run"], PLAIN),
     ("plan", ["--recipe", RECIPE, "--plan"], {}),
     ("plan, plain imports", ["--recipe", RECIPE, "--plan"], PLAIN),
     ("misspelt key", ["--recipe", RECIPE, "--dry-run", "train.trian_iters=5"], {}),
@@ -74,37 +86,49 @@ def summary(runs: dict[str, list[tuple[float, int]]]) -> dict:
     }
     ratios = {
         label: round(commands[f"{label}, plain imports"]["median_s"] / commands[label]["median_s"], 2)
-        for label in ("dry run", "plan")
-        if label in commands and f"{label}, plain imports" in commands
+        for label in commands
+        if f"{label}, plain imports" in commands
     }
     return {"commands": commands, "plain_over_deferred": ratios}
+
+
+def _commit() -> str:
+    """The checked-out commit the commands ran at ("unknown" outside a git checkout)."""
+    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return p.stdout.strip() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each command, taken in turn (default 3)")
     parser.add_argument("--prediction", action="append", default=[], help="what you expect, kept in the result")
+    parser.add_argument("--result", type=Path, default=RESULT, help=f"result (default {RESULT.relative_to(ROOT)})")
+    parser.add_argument("--log", type=Path, default=LOG, help=f"its log (default {LOG.relative_to(ROOT)})")
     args = parser.parse_args(argv)
+    result, log = args.result.resolve(), args.log.resolve()
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ")
-    LOG.parent.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"[command_times] load average before: {os.getloadavg()[0]:.2f}"]
     for run in range(1, args.repeats + 1):
         for label, runner_args, env in COMMANDS:
             seconds, rc = timed(runner_args, env)
             lines.append(f"[command_times] {label}: run {run} {seconds:.2f} s (rc {rc})")
             print(lines[-1], flush=True)
-    LOG.write_text("\n".join(lines) + "\n")
+    lines.append(f"[command_times] load average after: {os.getloadavg()[0]:.2f}")
+    log.write_text("\n".join(lines) + "\n")
     doc = {
         "what": "the runner's everyday commands, wall seconds in a fresh interpreter, each run in turn",
-        "command": f"python -m lab.command_times --repeats {args.repeats}",
+        "command": " ".join(["python -m lab.command_times", *(argv if argv is not None else sys.argv[1:])]),
         "date": datetime.date.today().isoformat(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
+        "commit": _commit(),
         "recipe": RECIPE,
-        "log": str(LOG.relative_to(ROOT)),
+        "runner_args": {label: " ".join(a) for label, a, _ in COMMANDS},
+        "log": str(log.relative_to(ROOT)),
         "prediction": {"made": started, "expected": args.prediction} if args.prediction else None,
-        **summary(runs_in_log(LOG.read_text())),
+        **summary(runs_in_log(log.read_text())),
     }
-    RESULT.write_text(json.dumps(doc, indent=1) + "\n")
+    result.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc["commands"], indent=1))
     return 0
 
