@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -74,7 +75,8 @@ def runs_in_log(text: str) -> dict[str, list[tuple[float, int]]]:
 
 
 def summary(runs: dict[str, list[tuple[float, int]]]) -> dict:
-    """Each command's median, fastest and exit statuses; the dry run's and the plan's plain-over-deferred ratio."""
+    """Each command's median, fastest and exit statuses; each command's plain-over-deferred ratio where both
+    succeeded."""
     commands = {
         label: {
             "median_s": round(statistics.median(s for s, _ in got), 2),
@@ -84,10 +86,11 @@ def summary(runs: dict[str, list[tuple[float, int]]]) -> dict:
         }
         for label, got in runs.items()
     }
-    ratios = {
+    ratios = {  # only where both commands succeeded: a failed one stops early
         label: round(commands[f"{label}, plain imports"]["median_s"] / commands[label]["median_s"], 2)
         for label in commands
         if f"{label}, plain imports" in commands
+        and commands[label]["exit_status"] == commands[f"{label}, plain imports"]["exit_status"] == [0]
     }
     return {"commands": commands, "plain_over_deferred": ratios}
 
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     log.write_text("\n".join(lines) + "\n")
     doc = {
         "what": "the runner's everyday commands, wall seconds in a fresh interpreter, each run in turn",
-        "command": " ".join(["python -m lab.command_times", *(argv if argv is not None else sys.argv[1:])]),
+        "command": "python -m lab.command_times " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
         "hardware": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
         "commit": _commit(),
