@@ -6,8 +6,9 @@ with plain imports ($BRIDGE_RECIPES_PLAIN_IMPORTS=1), a misspelt key, and the re
     python -m lab.command_times [--repeats 3] [--prediction "dry run: 9-10 s"] [--result FILE --log FILE]
 
 writes lab/results/command_times.json and its log lab/evidence/startup/command_times.log (one line
-per run: label, run number, seconds, exit status); each --prediction, written before the run, goes into
-the result with the time the run started.
+per run: label, run number, wall seconds, exit status, CPU seconds of the command's processes: on a
+machine others share, the CPU seconds move less with their load than the wall seconds); each
+--prediction, written before the run, goes into the result with the time the run started.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -49,11 +51,17 @@ COMMANDS = (  # (label, runner arguments, extra environment)
     ("misspelt key", ["--recipe", RECIPE, "--dry-run", "train.trian_iters=5"], {}),
     ("list", ["--list"], {}),
 )
-LINE = re.compile(r"^\[command_times\] (?P<label>.+?): run (?P<run>\d+) (?P<seconds>[\d.]+) s \(rc (?P<rc>-?\d+)\)$")
+LINE = re.compile(
+    r"^\[command_times\] (?P<label>.+?): run (?P<run>\d+) (?P<seconds>[\d.]+) s "
+    r"\(rc (?P<rc>-?\d+)(?:, cpu (?P<cpu>[\d.]+) s)?\)$"
+)
+Run = tuple[float, int, float | None]  # wall seconds, exit status, CPU seconds (None in older logs)
 
 
-def timed(args: list[str], env: dict[str, str]) -> tuple[float, int]:
-    """Seconds and exit status of one runner command in a fresh interpreter."""
+def timed(args: list[str], env: dict[str, str]) -> Run:
+    """Wall seconds, exit status and CPU seconds (user and system, its processes) of one runner command
+    in a fresh interpreter."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     p = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_recipe.py"), *args],
@@ -62,37 +70,50 @@ def timed(args: list[str], env: dict[str, str]) -> tuple[float, int]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return time.perf_counter() - start, p.returncode
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, p.returncode, (after.ru_utime - used.ru_utime) + (after.ru_stime - used.ru_stime)
 
 
-def runs_in_log(text: str) -> dict[str, list[tuple[float, int]]]:
-    """label -> [(seconds, exit status)] in the order run."""
-    out: dict[str, list[tuple[float, int]]] = {}
+def runs_in_log(text: str) -> dict[str, list[Run]]:
+    """label -> [(wall seconds, exit status, CPU seconds or None)] in the order run."""
+    out: dict[str, list[Run]] = {}
     for line in text.splitlines():
         if m := LINE.match(line):
-            out.setdefault(m["label"], []).append((float(m["seconds"]), int(m["rc"])))
+            cpu = float(m["cpu"]) if m["cpu"] else None
+            out.setdefault(m["label"], []).append((float(m["seconds"]), int(m["rc"]), cpu))
     return out
 
 
-def summary(runs: dict[str, list[tuple[float, int]]]) -> dict:
-    """Each command's median, fastest and exit statuses; each command's plain-over-deferred ratio where both
-    succeeded."""
-    commands = {
-        label: {
-            "median_s": round(statistics.median(s for s, _ in got), 2),
-            "min_s": round(min(s for s, _ in got), 2),
-            "exit_status": sorted({rc for _, rc in got}),
+def summary(runs: dict[str, list[Run]]) -> dict:
+    """Each command's median and fastest wall seconds, median CPU seconds (where logged) and exit statuses;
+    each command's plain-over-deferred ratio of medians where both succeeded."""
+    commands = {}
+    for label, got in runs.items():
+        commands[label] = {
+            "median_s": round(statistics.median(s for s, _, _ in got), 2),
+            "min_s": round(min(s for s, _, _ in got), 2),
+            "exit_status": sorted({rc for _, rc, _ in got}),
             "runs": len(got),
         }
-        for label, got in runs.items()
-    }
-    ratios = {  # only where both commands succeeded: a failed one stops early
-        label: round(commands[f"{label}, plain imports"]["median_s"] / commands[label]["median_s"], 2)
+        if all(cpu is not None for _, _, cpu in got):
+            commands[label]["cpu_median_s"] = round(statistics.median(cpu for _, _, cpu in got if cpu is not None), 2)
+    out: dict = {"commands": commands}
+    pairs = [
+        (label, f"{label}, plain imports")
         for label in commands
         if f"{label}, plain imports" in commands
         and commands[label]["exit_status"] == commands[f"{label}, plain imports"]["exit_status"] == [0]
-    }
-    return {"commands": commands, "plain_over_deferred": ratios}
+    ]  # only where both commands succeeded: a failed one stops early
+    for key, field in (("plain_over_deferred", "median_s"), ("plain_over_deferred_cpu", "cpu_median_s")):
+        ratios = {
+            label: round(commands[plain][field] / commands[label][field], 2)
+            for label, plain in pairs
+            if field in commands[label] and field in commands[plain]
+        }
+        if ratios or key == "plain_over_deferred":
+            out[key] = ratios
+    return out
 
 
 def _commit() -> str:
@@ -114,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"[command_times] load average before: {os.getloadavg()[0]:.2f}"]
     for run in range(1, args.repeats + 1):
         for label, runner_args, env in COMMANDS:
-            seconds, rc = timed(runner_args, env)
-            lines.append(f"[command_times] {label}: run {run} {seconds:.2f} s (rc {rc})")
+            seconds, rc, cpu = timed(runner_args, env)
+            lines.append(f"[command_times] {label}: run {run} {seconds:.2f} s (rc {rc}, cpu {cpu:.2f} s)")
             print(lines[-1], flush=True)
     lines.append(f"[command_times] load average after: {os.getloadavg()[0]:.2f}")
     log.write_text("\n".join(lines) + "\n")
