@@ -1,7 +1,8 @@
 """How long the runner's everyday commands take, each run several times in turn in one command:
 the dry runs of three recipes (an 8-GPU SFT, a one-GPU LoRA run as the benchmark starts it, the
-GB300 MXFP8 VL pretraining) and the plan with the package bodies deferred (the runner's default) and
-with plain imports ($BRIDGE_RECIPES_PLAIN_IMPORTS=1), a misspelt key, and the recipe list.
+GB300 MXFP8 VL pretraining), the plan, a misspelt key, and the recipe list. A result whose commands
+come in pairs, ``LABEL`` and ``LABEL, plain imports`` (the runner once deferred some package bodies in
+a dry run), also gives each pair's ratio.
 
     python -m lab.command_times [--repeats 3] [--prediction "dry run: 9-10 s"] [--result FILE --log FILE]
 
@@ -38,18 +39,13 @@ LORA_RECIPE = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
 VL_RECIPE = "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config"
 # a LoRA recipe without base weights dry-runs as the benchmark launches it
 LORA_ARGS = [random_lora.OPTION, *BENCHMARK_OVERRIDES]
-PLAIN = {"BRIDGE_RECIPES_PLAIN_IMPORTS": "1"}
-COMMANDS = (  # (label, runner arguments, extra environment)
-    ("dry run", ["--recipe", RECIPE, "--dry-run"], {}),
-    ("dry run, plain imports", ["--recipe", RECIPE, "--dry-run"], PLAIN),
-    ("LoRA dry run", ["--recipe", LORA_RECIPE, "--dry-run", *LORA_ARGS], {}),
-    ("LoRA dry run, plain imports", ["--recipe", LORA_RECIPE, "--dry-run", *LORA_ARGS], PLAIN),
-    ("VL MXFP8 dry run", ["--recipe", VL_RECIPE, "--dry-run"], {}),
-    ("VL MXFP8 dry run, plain imports", ["--recipe", VL_RECIPE, "--dry-run"], PLAIN),
-    ("plan", ["--recipe", RECIPE, "--plan"], {}),
-    ("plan, plain imports", ["--recipe", RECIPE, "--plan"], PLAIN),
-    ("misspelt key", ["--recipe", RECIPE, "--dry-run", "train.trian_iters=5"], {}),
-    ("list", ["--list"], {}),
+COMMANDS = (  # (label, runner arguments)
+    ("dry run", ["--recipe", RECIPE, "--dry-run"]),
+    ("LoRA dry run", ["--recipe", LORA_RECIPE, "--dry-run", *LORA_ARGS]),
+    ("VL MXFP8 dry run", ["--recipe", VL_RECIPE, "--dry-run"]),
+    ("plan", ["--recipe", RECIPE, "--plan"]),
+    ("misspelt key", ["--recipe", RECIPE, "--dry-run", "train.trian_iters=5"]),
+    ("list", ["--list"]),
 )
 LINE = re.compile(
     r"^\[command_times\] (?P<label>.+?): run (?P<run>\d+) (?P<seconds>[\d.]+) s "
@@ -58,7 +54,7 @@ LINE = re.compile(
 Run = tuple[float, int, float | None]  # wall seconds, exit status, CPU seconds (None in older logs)
 
 
-def timed(args: list[str], env: dict[str, str]) -> Run:
+def timed(args: list[str]) -> Run:
     """Wall seconds, exit status and CPU seconds (user and system, its processes) of one runner command
     in a fresh interpreter."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -66,7 +62,6 @@ def timed(args: list[str], env: dict[str, str]) -> Run:
     p = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_recipe.py"), *args],
         cwd=ROOT,
-        env={**os.environ, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -134,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"[command_times] load average before: {os.getloadavg()[0]:.2f}"]
     for run in range(1, args.repeats + 1):
-        for label, runner_args, env in COMMANDS:
-            seconds, rc, cpu = timed(runner_args, env)
+        for label, runner_args in COMMANDS:
+            seconds, rc, cpu = timed(runner_args)
             lines.append(f"[command_times] {label}: run {run} {seconds:.2f} s (rc {rc}, cpu {cpu:.2f} s)")
             print(lines[-1], flush=True)
     lines.append(f"[command_times] load average after: {os.getloadavg()[0]:.2f}")
@@ -147,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "hardware": f"{platform.machine()}, {os.cpu_count()} cores, no GPU",
         "commit": _commit(),
         "recipe": RECIPE,
-        "runner_args": {label: " ".join(a) for label, a, _ in COMMANDS},
+        "runner_args": {label: " ".join(a) for label, a in COMMANDS},
         "log": str(log.relative_to(ROOT)),
         "prediction": {"made": started, "expected": args.prediction} if args.prediction else None,
         **summary(runs_in_log(log.read_text())),

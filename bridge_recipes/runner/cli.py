@@ -379,10 +379,6 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return 0
     if problem := request_problem(args):
         return fail(problem)
-    if args.dry_run or args.plan:
-        from bridge_recipes.patches import lazy_inits
-
-        lazy_inits.install()  # this process builds and checks, it never trains
     print(
         f"[run_recipe] loading Megatron-Bridge and building {args.recipe or args.config_file}",
         file=sys.stderr,
