@@ -15,7 +15,7 @@ import tempfile
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes import quiet, registry
+from bridge_recipes import quiet, registry, watchdog
 from bridge_recipes.bench import random_lora
 from bridge_recipes.builder import PEFT_SCHEMES
 from bridge_recipes.overrides import (
@@ -142,6 +142,17 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite-config", action="store_true", help="let --save-config replace an existing file")
     p.add_argument("--export-hf", metavar="DIR", help="after training, write the final checkpoint as a HF folder here")
     p.add_argument(
+        "--first-step-timeout",
+        metavar="SECONDS",
+        help=f"end the run with its last stage and every thread's stack when the first step (kernel compiles "
+        f"included) takes longer (default {watchdog.FIRST_STEP_S:g}; 0: no limit)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        metavar="SECONDS",
+        help=f"likewise when a later step takes longer (default {watchdog.STEP_S:g}; 0: no limit)",
+    )
+    p.add_argument(
         random_lora.OPTION,
         action="store_true",
         help="benchmark only: train a LoRA recipe's adapters on random base weights (speed and memory, no "
@@ -262,6 +273,8 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
             if getattr(args, dest) is None:
                 setattr(args, dest, value)
                 print(f"[run_recipe] --{option} {value} (from {args.config_file})")
+    if problem := budgets_problem(args):
+        raise ValueError(f"{problem} (from {args.config_file})" if args.config_file else problem)
     entry = registry.find(args.recipe)
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
@@ -339,12 +352,33 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace)
     export = f"{args.export_hf} (a Hugging Face folder, after training)" if args.export_hf else "none"
     return "\n".join(
         [
+            f"progress watch    {budgets_of(args).describe()}",
             f"data              {describe(cfg)}",
             f"peft              {adapters}",
             f"weights           {weights}",
             f"save              {save}",
             f"export            {export}",
         ]
+    )
+
+
+def budgets_problem(args: argparse.Namespace) -> str | None:
+    """Why --first-step-timeout or --step-timeout (given, or read from a config file) is no budget."""
+    for option in ("--first-step-timeout", "--step-timeout"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None and (problem := watchdog.budget_problem(option, value)):
+            return problem
+    return None
+
+
+def budgets_of(args: argparse.Namespace) -> watchdog.Budgets:
+    """The progress watch's budgets: --first-step-timeout and --step-timeout (checked by
+    :func:`request_problem`), else the defaults."""
+    default = watchdog.Budgets()
+    first, later = args.first_step_timeout, args.step_timeout
+    return watchdog.Budgets(
+        first_step_s=default.first_step_s if first is None else float(first),
+        step_s=default.step_s if later is None else float(later),
     )
 
 
@@ -426,6 +460,8 @@ def request_problem(args: argparse.Namespace) -> str | None:
         return problem
     if problem := gpus_conflict(args):
         return problem
+    if problem := budgets_problem(args):
+        return problem
     if args.gpu_memory_gb is not None:
         from bridge_recipes.gpu_memory import cap_value_problem
 
@@ -506,7 +542,9 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         from bridge_recipes import config_files
         from bridge_recipes.outputs import write_text_atomic
 
-        run = {o: os.path.abspath(v) for o in config_files.RUN_OPTIONS if (v := getattr(args, o.replace("-", "_")))}
+        run = {o: os.path.abspath(v) for o in config_files.RUN_PATHS if (v := getattr(args, o.replace("-", "_")))}
+        budgets = budgets_of(args)
+        run |= {"first-step-timeout": f"{budgets.first_step_s:g}", "step-timeout": f"{budgets.step_s:g}"}
         write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
         print(f"config: written to {args.save_config} (run it with --config-file {args.save_config})")
     print("checks: ok (layout checks and Megatron-Bridge validation passed)")
@@ -548,7 +586,7 @@ def launch_run(
         from bridge_recipes.hf.training import attach
 
         attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
-    launch.run(cfg, entry.meta.task, args.lora_from_random_init)
+    launch.run(cfg, entry.meta.task, args.lora_from_random_init, budgets_of(args))
     if args.export_hf:
         from bridge_recipes.hf.training import export_after_training
 
