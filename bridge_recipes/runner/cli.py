@@ -383,11 +383,8 @@ def budgets_of(args: argparse.Namespace) -> watchdog.Budgets:
 
 
 def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, world: int) -> str | None:
-    """In the training process, before launch: why the recipe cannot run on this GPU (or within
-    ``--gpu-memory-gb``), or None after capping the allocator where asked (the cap and, at exit, the
-    peak against it are logged)."""
-    import atexit
-
+    """Before launch (and before the re-exec, which imports the stack again): why the recipe cannot run
+    on this GPU (or within ``--gpu-memory-gb``), naming the recipes that can; None when it can."""
     from bridge_recipes import gpu_memory
     from bridge_recipes.runner import gpu_fit
 
@@ -398,10 +395,21 @@ def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, wo
         return None  # the launch names the missing GPU
     if found := gpu_fit.problems(entry, cfg, device, cap_gb, world):
         return "; ".join(found)
+    return None
+
+
+def cap_this_gpu(cap_gb: float | None) -> None:
+    """In the training process: cap the allocator where ``--gpu-memory-gb`` asks (the cap and, at exit,
+    the peak against it are logged)."""
+    import atexit
+
+    from bridge_recipes import gpu_memory
+
+    if gpu_memory.current_device() is None:
+        return  # the launch names the missing GPU
     if cap_gb is not None:
         print(f"[run_recipe] {gpu_memory.cap(cap_gb)}", flush=True)
     atexit.register(lambda: print(f"[run_recipe] {gpu_memory.summary(cap_gb)}", flush=True))
-    return None
 
 
 def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
@@ -554,8 +562,8 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
 def launch_run(
     args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, start_state: dict | None
 ) -> int:
-    """The launch: the machine's prerequisites, the recipe's environment (a re-exec, or --show-env's
-    report of it), this GPU's fit, then training and the --export-hf export."""
+    """The launch: the machine's prerequisites, this GPU's fit, the recipe's environment (a re-exec, or
+    --show-env's report of it), then training and the --export-hf export."""
     from bridge_recipes.runner import checks, environment
 
     if not args.show_env:
@@ -565,6 +573,8 @@ def launch_run(
             for line in missing:
                 print(f"[run_recipe] {line}", file=sys.stderr)
             return fail(f"this machine cannot train {entry.name}: {len(missing)} thing(s) missing, listed above")
+    if not args.show_env and (problem := fit_this_gpu(entry, cfg, args.gpu_memory_gb, world)):
+        return fail(problem)
     environment.reexec_with(cfg.env_vars)  # returns only once the environment is in place
     if args.show_env:
         state = start_state or {}
@@ -576,8 +586,7 @@ def launch_run(
         }
         print(json.dumps(report, indent=1))
         return 0
-    if problem := fit_this_gpu(entry, cfg, args.gpu_memory_gb, world):
-        return fail(problem)
+    cap_this_gpu(args.gpu_memory_gb)
     from bridge_recipes.runner import launch
 
     print(checks.summary(cfg, world))
