@@ -4,7 +4,8 @@ A config file is Megatron-Bridge's ``ConfigContainer.to_yaml`` text behind one c
 that names the recipe it came from (``# recipe: NAME``), so the runner knows the recipe's task
 and GPUs when it builds from the file, and one line per runner option of the run that lives
 outside the config (:data:`RUN_OPTIONS`: ``# hf-checkpoint: DIR``, ``# export-hf: DIR``,
-``# gpu-memory-gb: GB``), so
+``# gpu-memory-gb: GB``, the progress watch's ``# first-step-timeout: SECONDS`` and
+``# step-timeout: SECONDS``), so
 ``--config-file`` launches the same run. Loading goes through ``ConfigContainer.from_yaml`` in
 strict mode: an unknown key anywhere is an error, and every ``_target_`` must be on Megatron's
 instantiation allow-list. This package's config classes are added to that list one class at a
@@ -26,11 +27,13 @@ from typing import Any
 
 RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
 # Runner options a saved run needs that the ConfigContainer does not hold: the starting weights'
-# Hugging Face folder (converted at launch) and the folder the trained model is exported to.
-RUN_OPTIONS = ("hf-checkpoint", "export-hf", "export-text-only", "gpu-memory-gb")
+# Hugging Face folder (converted at launch), the folder the trained model is exported to, the memory
+# cap, and the progress watch's budgets in seconds (bridge_recipes.watchdog).
+PATH_OPTIONS = ("hf-checkpoint", "export-hf")  # the run options that name a folder (kept absolute)
+WATCH_OPTIONS = ("first-step-timeout", "step-timeout")
+RUN_OPTIONS = (*PATH_OPTIONS, "export-text-only", "gpu-memory-gb", *WATCH_OPTIONS)
 # Those of them that are switches (recorded as ``true``), not folders or values.
 RUN_SWITCHES = ("export-text-only",)
-PATH_OPTIONS = ("hf-checkpoint", "export-hf")  # the run options that name a folder (kept absolute)
 RUN_LINE = re.compile(r"^# (" + "|".join(RUN_OPTIONS) + r"): (.+?)\s*$", re.MULTILINE)
 HEADER = "# run_recipe.py config file: build it again with --config-file FILE [KEY=VALUE ...]\n# recipe: {name}\n"
 

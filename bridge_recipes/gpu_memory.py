@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge_recipes.gpus import GB, has_fp8
+from bridge_recipes.gpus import GB, has_fp8, has_mxfp8
 
 # device memory a process takes outside the caching allocator after the cap is set (cuBLAS and
 # Transformer Engine handles, NCCL's communicators of a one-GPU run): kept free under the cap
@@ -28,6 +28,10 @@ class Device:
     @property
     def fp8(self) -> bool:
         return has_fp8(self.capability)
+
+    @property
+    def mxfp8(self) -> bool:
+        return has_mxfp8(self.capability)
 
 
 def current_device() -> Device | None:

@@ -14,11 +14,17 @@ GB = 1e9
 MIB = 2**20
 GIB = 2**30
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores from Ada (8.9) on: Hopper, Blackwell
+MXFP8_CAPABILITY = (10, 0)  # MXFP8 (block-scaled FP8) from Blackwell on, as Transformer Engine checks it
 
 
 def has_fp8(capability: tuple[int, int]) -> bool:
     """Whether a GPU of this compute capability has FP8 tensor cores."""
     return tuple(capability) >= FP8_CAPABILITY
+
+
+def has_mxfp8(capability: tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability multiplies MXFP8 (block-scaled FP8)."""
+    return tuple(capability) >= MXFP8_CAPABILITY
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ OP_FUSER_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
 
 
 def apex_grad_fusion_available() -> bool:
-    """APEX's fused weight-gradient kernel, which Megatron's gradient-accumulation fusion needs (its
-    stand-in, ``bridge_recipes.te_wgrad``, once installed under that name, is not APEX)."""
-    spec = importlib.util.find_spec("fused_weight_gradient_mlp_cuda")
-    return spec is not None and spec.name == "fused_weight_gradient_mlp_cuda"
+    """APEX's fused weight-gradient kernel, which Megatron's own linear layers call for
+    gradient-accumulation fusion (``bridge_recipes.patches.te_wgrad`` serves without it)."""
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
 def training_stack_problem(command: str) -> str | None:

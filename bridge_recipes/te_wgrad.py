@@ -9,7 +9,7 @@ its own linear layers (``tensor_parallel.ColumnParallelLinear``, the GPT output 
 the deferred embedding gradient) call APEX's kernel and refuse to build without it. This module gives
 them the same two functions on Transformer Engine's ``general_gemm``, the call TE's own linear layers
 make for their fused weight gradient (``layout="NT"``, ``accumulate=True``, ``out=main_grad``);
-``bridge_recipes.patches.te_wgrad`` makes this module serve under APEX's name.
+``bridge_recipes.patches.te_wgrad`` has those layers call them.
 
 Why it matters: unfused, each weight adds its gradient with a kernel launch of its own per micro
 batch (each expert's weights are parameters of their own), a large share of the launches of a step

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -566,23 +567,46 @@ def install_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def command_table() -> str:
-    """How long the runner's everyday commands took (lab/results/command_times.json)."""
-    path = RESULTS / "command_times.json"
-    if not path.is_file():
-        return ""
+def _command_times(path: Path) -> list[str]:
+    """One command-times result (lab/command_times.py) as a table."""
     doc = json.loads(path.read_text())
+    log = (ROOT / doc["log"]).read_text() if (ROOT / doc["log"]).is_file() else ""
+    load = dict(re.findall(r"load average (before|after): ([\d.]+)", log))
+    others = f"; load average {load['before']} before, {load['after']} after" if len(load) == 2 else ""
     lines = [
-        f"`{doc['command']}` ({doc['date']}, {doc['hardware']}; recipe `{doc['recipe']}`; log `{doc['log']}`):",
+        f"`{doc['command']}` ({doc['date']}, {doc['hardware']}, commit {doc.get('commit', '-')}{others}; "
+        f"log `{doc['log']}`):",
         "",
-        "| command | median | fastest | runs | exit status |",
-        "|---|---:|---:|---:|---|",
+        "| command | runner arguments | median | fastest | CPU, median | runs | exit status |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
+    args = doc.get("runner_args", {})
     for label, c in doc["commands"].items():
-        status = ", ".join(map(str, c["exit_status"]))
-        lines.append(_row([label, f"{c['median_s']:.2f} s", f"{c['min_s']:.2f} s", str(c["runs"]), status]))
-    ratios = ", ".join(f"{k} {v:.2f}x" for k, v in doc["plain_over_deferred"].items())
-    return "\n".join([*lines, "", f"Plain imports over deferred package bodies: {ratios}."]) + "\n"
+        cpu = f"{c['cpu_median_s']:.2f} s" if "cpu_median_s" in c else "-"
+        cells = [label, f"`{args[label]}`" if label in args else "-", f"{c['median_s']:.2f} s", f"{c['min_s']:.2f} s"]
+        lines.append(_row([*cells, cpu, str(c["runs"]), ", ".join(map(str, c["exit_status"]))]))
+    for key, what in (("plain_over_deferred", "wall"), ("plain_over_deferred_cpu", "CPU")):
+        if ratios := doc.get(key):
+            listed = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+            lines += ["", f"Plain imports over deferred package bodies, median {what} seconds: {listed}."]
+    return lines
+
+
+def command_table() -> str:
+    """How long the runner's everyday commands took (lab/results/command_times.json), and before the dry
+    run imported as any process does (lab/results/command_times_deferred_bodies.json)."""
+    now, before = RESULTS / "command_times.json", RESULTS / "command_times_deferred_bodies.json"
+    lines = _command_times(now) if now.is_file() else []
+    if before.is_file():
+        lines += [
+            "",
+            "Before, the dry run and the plan deferred the `__init__` bodies of Megatron-Bridge, Megatron "
+            "training and fla (a meta-path finder, removed since: the GB300 MXFP8 VL recipes failed their dry "
+            "run with it); each command with them and with plain imports, in turn on the same machine:",
+            "",
+            *_command_times(before),
+        ]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def convergence_table() -> str:

@@ -4,9 +4,8 @@ touches and their parameters); docs/patches.md says what each does and why.
 
 The runner calls :func:`problems` before a run (dry run and launch: a patch the run would install whose
 upstream moved or is of another version refuses the run) and :func:`apply` in the training process.
-Three patches are installed where they are used: ``flex_check`` within the dry run's validation,
-``lazy_inits`` by the runner before a dry run or a plan builds anything, and ``jinja_sandbox`` by the
-chat-template renderer.
+Two patches are installed where they are used: ``flex_check`` within the dry run's validation and
+``jinja_sandbox`` by the chat-template renderer.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from bridge_recipes.patches import (
     fp8_base,
     gdn_warmup,
     jinja_sandbox,
-    lazy_inits,
     packed_attention,
     random_lora,
     te_wgrad,
@@ -39,7 +37,7 @@ AT_LAUNCH: tuple[Patch, ...] = (
     fp8_base.PATCH,
     random_lora.PATCH,
 )
-ALL: tuple[Patch, ...] = (*AT_LAUNCH, flex_check.PATCH, lazy_inits.PATCH, jinja_sandbox.PATCH)
+ALL: tuple[Patch, ...] = (*AT_LAUNCH, flex_check.PATCH, jinja_sandbox.PATCH)
 
 __all__ = ["ALL", "AT_LAUNCH", "Patch", "PatchError", "apply", "by_name", "problems", "wanted"]
 

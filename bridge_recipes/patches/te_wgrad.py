@@ -1,12 +1,13 @@
-"""Megatron-Core's own linear layers get APEX's ``fused_weight_gradient_mlp_cuda`` from
-``bridge_recipes.te_wgrad`` (Transformer Engine's GEMM) where APEX is missing: the module serves under
-that name in ``sys.modules`` and in ``megatron.core.tensor_parallel.layers``, which tried the import
-once when it was first imported. Gradient-accumulation fusion then stays on without APEX."""
+"""Megatron-Core's own linear layers call ``bridge_recipes.te_wgrad``'s weight-gradient functions
+(Transformer Engine's GEMM) where APEX's ``fused_weight_gradient_mlp_cuda`` is missing: the name those
+layers call through, in ``megatron.core.tensor_parallel.layers`` (which tried the import once when it
+was first imported), is set to this package's module. Gradient-accumulation fusion then stays on
+without APEX. Nothing is registered under APEX's module name: the one Megatron-Core path that imports
+it at call time, the deferred embedding gradient (``model.defer_embedding_wgrad_compute``, which no
+recipe sets), is turned off with a log line."""
 
 from __future__ import annotations
 
-import sys
-from types import ModuleType
 from typing import Any
 
 from bridge_recipes import installed, te_wgrad
@@ -20,31 +21,34 @@ def wanted(cfg: Any, **run: Any) -> bool:
     )
 
 
-def serve_as_apex() -> ModuleType:
-    """Make ``bridge_recipes.te_wgrad`` Megatron-Core's ``fused_weight_gradient_mlp_cuda``; returns the
-    module now serving the name (idempotent)."""
+def serve_as_apex() -> None:
+    """Have Megatron-Core's own linear layers call ``bridge_recipes.te_wgrad`` for their fused weight
+    gradient (idempotent)."""
     check(PATCH)
-    sys.modules.setdefault(te_wgrad.APEX_MODULE, te_wgrad)
     from megatron.core.tensor_parallel import layers
 
     if not layers._grad_accum_fusion_available:
-        layers.fused_weight_gradient_mlp_cuda = sys.modules[te_wgrad.APEX_MODULE]
+        layers.fused_weight_gradient_mlp_cuda = te_wgrad
         layers._grad_accum_fusion_available = True
-    return sys.modules[te_wgrad.APEX_MODULE]
 
 
 def install(cfg: Any) -> str:
-    """After a check of Transformer Engine's GEMM on this GPU, serve it as APEX's kernel; should the
-    check fail, turn ``model.gradient_accumulation_fusion`` off as without a stand-in."""
+    """After a check of Transformer Engine's GEMM on this GPU, have Megatron-Core's layers call it; should
+    the check fail, turn ``model.gradient_accumulation_fusion`` off as without a stand-in."""
     problem = te_wgrad.self_check()
     if problem:
         cfg.model.gradient_accumulation_fusion = False
+        cfg.model.defer_embedding_wgrad_compute = False  # Megatron-Core refuses it without fusion
         return f"{te_wgrad.FUSION_OFF} (APEX's fused_weight_gradient_mlp_cuda is not installed and {problem})"
     serve_as_apex()
-    return (
+    line = (
         "gradient_accumulation_fusion: on, Megatron's own linear layers through Transformer Engine's GEMM "
         "(APEX's fused_weight_gradient_mlp_cuda is not installed)"
     )
+    if getattr(cfg.model, "defer_embedding_wgrad_compute", False):
+        cfg.model.defer_embedding_wgrad_compute = False
+        line += "; defer_embedding_wgrad_compute: off (Megatron-Core imports APEX's module for it)"
+    return line
 
 
 PATCH = Patch(

@@ -15,7 +15,7 @@ import tempfile
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes import quiet, registry
+from bridge_recipes import quiet, registry, watchdog
 from bridge_recipes.bench import random_lora
 from bridge_recipes.builder import PEFT_SCHEMES
 from bridge_recipes.overrides import (
@@ -174,6 +174,17 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "(Qwen3_5(Moe)ForCausalLM, no vision tower) instead of the released form",
     )
     p.add_argument(
+        "--first-step-timeout",
+        metavar="SECONDS",
+        help=f"end the run with its last stage and every thread's stack when the first step (kernel compiles "
+        f"included) takes longer (default {watchdog.FIRST_STEP_S:g}; 0: no limit)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        metavar="SECONDS",
+        help=f"likewise when a later step takes longer (default {watchdog.STEP_S:g}; 0: no limit)",
+    )
+    p.add_argument(
         random_lora.OPTION,
         action="store_true",
         help="benchmark only: train a LoRA recipe's adapters on random base weights (speed and memory, no "
@@ -295,6 +306,8 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
             if getattr(args, dest) is None and not (dest == "gpu_memory_gb" and args.gpu):
                 setattr(args, dest, _run_option(option, value, args.config_file))
                 print(f"[run_recipe] --{option} {value} (from {args.config_file})")
+    if problem := budgets_problem(args):
+        raise ValueError(f"{problem} (from {args.config_file})" if args.config_file else problem)
     entry = registry.find(args.recipe)
     if args.hf_checkpoint and args.pretrained_checkpoint:
         raise ValueError("--hf-checkpoint and --pretrained-checkpoint both name the starting weights; pass one")
@@ -404,6 +417,7 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
 
     return "\n".join(
         [
+            f"progress watch    {budgets_of(args).describe()}",
             f"data              {describe(cfg)}",
             f"length            {run_length.length_line(cfg)}",
             f"validation        {run_length.validation_line(cfg)}",
@@ -462,12 +476,29 @@ def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.
     )
 
 
-def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, world: int) -> str | None:
-    """In the training process, before launch: why the recipe cannot run on this GPU (or within
-    ``--gpu-memory-gb``), or None after capping the allocator where asked (the cap and, at exit, the
-    peak against it are logged)."""
-    import atexit
+def budgets_problem(args: argparse.Namespace) -> str | None:
+    """Why --first-step-timeout or --step-timeout (given, or read from a config file) is no budget."""
+    for option in ("--first-step-timeout", "--step-timeout"):
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None and (problem := watchdog.budget_problem(option, value)):
+            return problem
+    return None
 
+
+def budgets_of(args: argparse.Namespace) -> watchdog.Budgets:
+    """The progress watch's budgets: --first-step-timeout and --step-timeout (checked by
+    :func:`request_problem`), else the defaults."""
+    default = watchdog.Budgets()
+    first, later = args.first_step_timeout, args.step_timeout
+    return watchdog.Budgets(
+        first_step_s=default.first_step_s if first is None else float(first),
+        step_s=default.step_s if later is None else float(later),
+    )
+
+
+def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, world: int) -> str | None:
+    """Before launch (and before the re-exec, which imports the stack again): why the recipe cannot run
+    on this GPU (or within ``--gpu-memory-gb``), naming the recipes that can; None when it can."""
     from bridge_recipes import gpu_memory
     from bridge_recipes.runner import gpu_fit
 
@@ -478,10 +509,21 @@ def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, wo
         return None  # the launch names the missing GPU
     if found := gpu_fit.problems(entry, cfg, device, cap_gb, world):
         return "; ".join(found)
+    return None
+
+
+def cap_this_gpu(cap_gb: float | None) -> None:
+    """In the training process: cap the allocator where ``--gpu-memory-gb`` asks (the cap and, at exit,
+    the peak against it are logged)."""
+    import atexit
+
+    from bridge_recipes import gpu_memory
+
+    if gpu_memory.current_device() is None:
+        return  # the launch names the missing GPU
     if cap_gb is not None:
         print(f"[run_recipe] {gpu_memory.cap(cap_gb)}", flush=True)
     atexit.register(lambda: print(f"[run_recipe] {gpu_memory.summary(cap_gb)}", flush=True))
-    return None
 
 
 def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
@@ -493,10 +535,6 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return 0
     if problem := request_problem(args):
         return fail(problem)
-    if args.dry_run or args.plan:
-        from bridge_recipes.patches import lazy_inits
-
-        lazy_inits.install()  # this process builds and checks, it never trains
     print(
         f"[run_recipe] loading Megatron-Bridge and building {args.recipe or args.config_file}",
         file=sys.stderr,
@@ -543,6 +581,8 @@ def request_problem(args: argparse.Namespace) -> str | None:
     if args.save_config and (problem := save_config_problem(args)):
         return problem
     if problem := gpus_conflict(args):
+        return problem
+    if problem := budgets_problem(args):
         return problem
     if args.epochs is not None:
         from bridge_recipes.builder import epochs_conflict
@@ -765,8 +805,10 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
             if o in config_files.PATH_OPTIONS
             else f"{v:g}"
             for o in config_files.RUN_OPTIONS
-            if (v := getattr(args, o.replace("-", "_")))
+            if o not in config_files.WATCH_OPTIONS and (v := getattr(args, o.replace("-", "_")))
         }
+        budgets = budgets_of(args)
+        run |= {"first-step-timeout": f"{budgets.first_step_s:g}", "step-timeout": f"{budgets.step_s:g}"}
         try:
             write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
         except OSError as exc:  # a full disk, a file-size limit, a folder gone read-only: the old file stays
@@ -783,8 +825,8 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
 def launch_run(
     args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, start_state: dict | None
 ) -> int:
-    """The launch: the machine's prerequisites, the recipe's environment (a re-exec, or --show-env's
-    report of it), this GPU's fit, then training and the --export-hf export."""
+    """The launch: the machine's prerequisites, this GPU's fit, the recipe's environment (a re-exec, or
+    --show-env's report of it), then training and the --export-hf export."""
     from bridge_recipes.runner import checks, environment
 
     if not args.show_env:
@@ -794,6 +836,8 @@ def launch_run(
             for line in missing:
                 print(f"[run_recipe] {line}", file=sys.stderr)
             return fail(f"this machine cannot train {entry.name}: {len(missing)} thing(s) missing, listed above")
+    if not args.show_env and (problem := fit_this_gpu(entry, cfg, args.gpu_memory_gb, world)):
+        return fail(problem)
     environment.reexec_with(cfg.env_vars)  # returns only once the environment is in place
     if args.show_env:
         state = start_state or {}
@@ -805,8 +849,7 @@ def launch_run(
         }
         print(json.dumps(report, indent=1))
         return 0
-    if problem := fit_this_gpu(entry, cfg, args.gpu_memory_gb, world):
-        return fail(problem)
+    cap_this_gpu(args.gpu_memory_gb)
     from bridge_recipes.runner import launch
 
     print(checks.summary(cfg, world))
@@ -819,7 +862,7 @@ def launch_run(
         from bridge_recipes.hf.training import attach
 
         attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
-    launch.run(cfg, entry.meta.task, args.lora_from_random_init)
+    launch.run(cfg, entry.meta.task, args.lora_from_random_init, budgets_of(args))
     if args.export_hf:
         from bridge_recipes.hf.training import export_after_training
 

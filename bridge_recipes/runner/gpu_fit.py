@@ -1,10 +1,11 @@
 """Whether a recipe can run on the GPU at hand, checked before launch, and the recipe that can.
 
-Two things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
-FP8 (a base stored in FP8, FP8 training) on a GPU without FP8 support (Ampere and older), and a
-plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that is less than the memory of
-the recipe's GPU. Each is refused with the reason and the recipes of the same model and task that
-the GPU can run, the largest GPU class first (the one that uses most of the memory).
+Three things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
+FP8 (a base stored in FP8, FP8 training) on a GPU without FP8 support (Ampere and older), MXFP8 on a
+GPU before Blackwell, and a plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that
+is less than the memory of the recipe's GPU. Each is refused with the reason and the recipes of the
+same model and task that the GPU can run, the largest GPU class first (the one that uses most of the
+memory).
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ def uses_fp8(cfg: Any) -> bool:
     return bool(effective_precision(cfg)["fp8"])
 
 
+def uses_mxfp8(cfg: Any) -> bool:
+    """FP8 training with the block-scaled MXFP8 recipe (Blackwell only)."""
+    from bridge_recipes.plan.memory import effective_precision
+
+    precision = effective_precision(cfg)
+    return bool(precision["fp8"]) and precision["fp8_recipe"] == "mxfp8"
+
+
 def plan_fits(cfg: Any, world: int, memory_gb: float) -> tuple[bool, float]:
     """Whether the memory plan of ``cfg`` on ``world`` GPUs fits ``memory_gb`` per GPU, and its peak (GB)."""
     from bridge_recipes.plan.memory import plan_memory
@@ -40,13 +49,14 @@ def recipes_that_fit(
     memory_gb: float,
     world: int,
     fp8: bool = True,
+    mxfp8: bool = True,
     build: Callable[[str], Any] | None = None,
 ) -> list[str]:
     """Recipes of ``entry``'s model, task and GPU count that a GPU with ``memory_gb`` to use (and FP8
     tensor cores, or not) can run: written for a GPU of no more memory, planned to fit, FP8 only where
-    ``fp8``; the largest GPU class first. ``build`` makes a recipe's config by name (the user's overrides
-    applied, so a recipe listed fits as the user would run it; one they do not apply to is left out);
-    default: the recipe as written."""
+    ``fp8``, MXFP8 only where ``mxfp8``; the largest GPU class first. ``build`` makes a recipe's config by
+    name (the user's overrides applied, so a recipe listed fits as the user would run it; one they do not
+    apply to is left out); default: the recipe as written."""
     candidates = []
     for other in registry.entries().values():
         m = other.meta
@@ -64,7 +74,7 @@ def recipes_that_fit(
             cfg = build(name) if build is not None else registry.load(name)()
         except (ValueError, KeyError, TypeError):  # overrides this recipe does not take
             continue
-        if (fp8 or not uses_fp8(cfg)) and plan_fits(cfg, world, memory_gb)[0]:
+        if (fp8 or not uses_fp8(cfg)) and (mxfp8 or not uses_mxfp8(cfg)) and plan_fits(cfg, world, memory_gb)[0]:
             out.append(name)
     return out
 
@@ -81,6 +91,12 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
             f"{device.capability[0]}.{device.capability[1]}) has no support for: Transformer Engine's FP8 needs Ada, "
             "Hopper or later"
         )
+    elif uses_mxfp8(cfg) and not device.mxfp8:
+        out.append(
+            f"{entry.name} trains in MXFP8 (block-scaled FP8, fp8_recipe mxfp8), which {device.name} (compute "
+            f"capability {device.capability[0]}.{device.capability[1]}) has no support for: Transformer Engine's "
+            "MXFP8 needs Blackwell (compute capability 10.0) or later"
+        )
     size = class_memory_gb(entry.meta.gpu)
     if size is not None and memory < size * (1 - SAME_MEMORY):
         try:
@@ -93,7 +109,7 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
                 f"than {where}"
             )
     if out:
-        fitting = recipes_that_fit(entry, memory, world, device.fp8)
+        fitting = recipes_that_fit(entry, memory, world, device.fp8, device.mxfp8)
         out[-1] += (
             f"; recipes for it: {', '.join(fitting)}"
             if fitting

@@ -12,7 +12,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from bridge_recipes import patches
+from bridge_recipes import patches, watchdog
 from bridge_recipes.common import is_vlm
 
 LOG = "[run_recipe]"
@@ -92,11 +92,28 @@ def entry_point_for(cfg: Any, task: str, lora_from_random_init: bool = False) ->
     return pretrain
 
 
-def run(cfg: Any, task: str, lora_from_random_init: bool = False) -> None:
+def watched(step: Callable, budgets: watchdog.Budgets) -> tuple[Callable, Any]:
+    """``step`` reporting its micro-batches to a :class:`watchdog.Watchdog` of ``budgets``, and the
+    Megatron-Bridge callbacks that start it with the training loop and tell it of each finished step."""
+    from megatron.bridge.training.callbacks import CallbackManager
+
+    dog = watchdog.Watchdog(budgets)
+    manager = CallbackManager()
+    for event, fn in watchdog.callbacks(dog).items():
+        manager.register(event, fn)
+    return watchdog.watched_forward_step(step, dog), manager
+
+
+def run(cfg: Any, task: str, lora_from_random_init: bool = False, budgets: watchdog.Budgets | None = None) -> None:
+    """Train ``cfg``: the registry-install adjustments, the patches it asks for, then Megatron-Bridge's
+    entry point under the progress watch of ``budgets`` (:mod:`bridge_recipes.watchdog`)."""
+    budgets = budgets or watchdog.Budgets()
     prepare_for_registry_install(cfg)
     for line in patches.apply(cfg, lora_from_random_init=lora_from_random_init):
         _log(line)
     step = forward_step_for(cfg)
     entry = entry_point_for(cfg, task, lora_from_random_init)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")
-    entry(cfg, step)
+    _log(f"progress watch: {budgets.describe()}")
+    step, callbacks = watched(step, budgets)
+    entry(cfg, step, callbacks=callbacks)

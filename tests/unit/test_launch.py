@@ -52,21 +52,21 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, monkeyp
     from bridge_recipes import te_wgrad
 
     smoke.model.gradient_accumulation_fusion = True
+    smoke.model.defer_embedding_wgrad_compute = True
     monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: False)
-    monkeypatch.setitem(sys.modules, te_wgrad.APEX_MODULE, None)  # so that the undo removes the name
-    monkeypatch.delitem(sys.modules, te_wgrad.APEX_MODULE)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", False)
     monkeypatch.delattr(layers, "fused_weight_gradient_mlp_cuda", raising=False)
     monkeypatch.setattr(te_wgrad, "self_check", lambda: None)
     assert te_wgrad_patch.wanted(smoke)
-    assert "gradient_accumulation_fusion: on" in te_wgrad_patch.install(smoke)
+    line = te_wgrad_patch.install(smoke)
+    assert "gradient_accumulation_fusion: on" in line and "defer_embedding_wgrad_compute: off" in line
     assert smoke.model.gradient_accumulation_fusion is True
-    # Megatron-Core's own linear layers find the stand-in where they look for APEX's kernel
-    assert layers._grad_accum_fusion_available and layers.fused_weight_gradient_mlp_cuda is te_wgrad
-    assert sys.modules[te_wgrad.APEX_MODULE] is te_wgrad
-    import fused_weight_gradient_mlp_cuda  # the import Megatron-Core makes at call time
-
-    assert fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is te_wgrad.wgrad_gemm_accum_fp32
+    assert smoke.model.defer_embedding_wgrad_compute is False  # its drain imports APEX's module by name
+    # Megatron-Core's own linear layers call the stand-in's functions where they call APEX's kernel
+    assert layers._grad_accum_fusion_available
+    assert layers.fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32 is te_wgrad.wgrad_gemm_accum_fp32
+    # nothing stands in for APEX's module in the import system
+    assert te_wgrad.APEX_MODULE not in sys.modules
     # the stand-in is not APEX: the probe still says so (the export's model build turns fusion off)
     from bridge_recipes.installed import apex_grad_fusion_available
 

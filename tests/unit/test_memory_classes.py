@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bridge_recipes import fp8_base, gpu_memory, registry
+from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
 from bridge_recipes.gpu_memory import Device
 from bridge_recipes.gpus import GPUS, class_memory_gb, class_names
 from bridge_recipes.plan import memory as M
@@ -228,6 +229,76 @@ def test_a_recipe_on_its_own_card_or_a_larger_one_passes():
         ("qwen35_27b_peft_1gpu_l40s_fp8base_config", H200),
     ):
         assert gpu_fit.problems(registry.find(name), build(name), device, None, 1) == []
+
+
+GB300 = Device("NVIDIA GB300", 288 * 2**30 / 1e9, (10, 3))
+# a LoRA recipe without base weights, launched as the benchmark launches it
+LORA_SWITCHES = ["--lora-from-random-init", *BENCHMARK_OVERRIDES]
+
+
+def test_mxfp8_before_blackwell_is_refused():
+    name = "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config"
+    cfg = build(name)
+    assert gpu_fit.uses_mxfp8(cfg)
+    assert not gpu_fit.uses_mxfp8(build("qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config"))
+    problems = gpu_fit.problems(registry.find(name), cfg, H200, None, 8)
+    assert re.search(r"\bMXFP8\b.*\bcompute capability 9\.0\b.*\bBlackwell\b", problems[0])
+    assert "no recipe of" in problems[-1]  # nothing of this model and task for eight H200s
+    assert gpu_fit.problems(registry.find(name), cfg, GB300, None, 8) == []
+
+
+@pytest.fixture
+def launch_on(monkeypatch):
+    """A launch on a faked device: the machine's prerequisites met, no re-exec; a launch that gets as far
+    as training fails the test."""
+    from bridge_recipes.runner import environment, launch, prerequisites
+
+    def on(device):
+        monkeypatch.setattr(gpu_memory, "current_device", lambda: device)
+        monkeypatch.setattr(prerequisites, "launch_problems", lambda cfg: [])
+        monkeypatch.setattr(environment, "reexec_with", lambda env: pytest.fail("re-executed before the GPU check"))
+        monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("launched on a GPU it cannot run on"))
+
+    return on
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "argv", "reason", "fits"),
+    [
+        (
+            "qwen35_35b_a3b_peft_1gpu_h200_bf16_config",
+            H100,
+            LORA_SWITCHES,
+            r"written for h200 .* plans \d+\.\d GB per GPU, more than this NVIDIA H100",
+            "qwen35_35b_a3b_peft_1gpu_h100_bf16_config",
+        ),
+        (
+            "qwen35_27b_peft_1gpu_h100_fp8base_config",
+            A100,
+            LORA_SWITCHES,
+            r"\bFP8\b.*\bcompute capability 8\.0\b",
+            "qwen35_27b_peft_1gpu_a100_bf16_config",
+        ),
+        (
+            "qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config",
+            H200,
+            ["--world-size", "8"],
+            r"\bMXFP8\b.*\bcompute capability 9\.0\b",
+            None,
+        ),
+    ],
+)
+def test_a_launch_on_a_gpu_the_recipe_cannot_run_on_ends_before_it_starts(
+    capsys, launch_on, name, device, argv, reason, fits
+):
+    launch_on(device)
+    assert main(["--recipe", name, *argv]) == 2
+    err = capsys.readouterr().err
+    assert re.search(reason, err) and "Traceback" not in err
+    if fits:
+        assert re.search(rf"recipes for it: {fits}\b", err)
+    else:
+        assert "no recipe of" in err and "--list --filter" in err
 
 
 def test_the_memory_cap_is_checked_against_the_device():

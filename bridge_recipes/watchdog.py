@@ -1,0 +1,208 @@
+"""A training process that stops making progress ends with a report instead of sitting silent.
+
+A thread of the training process watches for finished steps. The first step compiles kernels and
+gets its own, longer budget (:data:`FIRST_STEP_S`, from the start of the training loop); every later
+step must finish within :data:`STEP_S` of the one before (an evaluation step counts as progress too).
+When a budget runs out the thread writes the last stage the loop reached (the step and, through the
+forward step, the micro-batch and whether it was in its forward or its backward), a Python stack of
+every thread, and ends the process with :data:`EXIT_CODE`: under torchrun the other ranks end with it.
+
+nvidia-resiliency-ext's hang detection needs its own launcher (``ft_launcher``, whose rank monitors
+hold the heartbeat timeouts) or an in-process restart wrapper, and the benchmark turns both off; this
+watch runs in every launch, whatever started the process.
+
+Both budgets are runner options (``--step-timeout``, ``--first-step-timeout``; 0 turns one off),
+shown in the run's summary and recorded in a saved config file.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+FIRST_STEP_S = 1800.0  # the first step: kernel compiles (minutes on one GPU) and the first allocations
+STEP_S = 600.0  # every later step, from the end of the one before
+EXIT_CODE = 124  # the exit status of a run ended for making no progress (as timeout(1) ends a command)
+POLL_S = 5.0  # how often the thread looks
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Seconds the first step may take from the start of the training loop, and each later step from
+    the end of the one before; 0 turns a budget off."""
+
+    first_step_s: float = FIRST_STEP_S
+    step_s: float = STEP_S
+
+    def describe(self) -> str:
+        """The summary's line: what ends the run, or ``off``."""
+        parts = [f"the first step takes over {self.first_step_s:g} s"] if self.first_step_s else []
+        parts += [f"a later step over {self.step_s:g} s"] if self.step_s else []
+        if not parts:
+            return "off"
+        when = " or ".join(parts)
+        return f"ends the run (exit {EXIT_CODE}, with its last stage and every thread's stack) when {when}"
+
+
+def budget_problem(option: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the budget of ``option`` (seconds, a number >= 0, 0 for off), or None."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return f"{option} {value}: give seconds, a number >= 0 (0 turns the watch off)"
+    if 0 < seconds < POLL_S:
+        return f"{option} {value}: the watch looks every {POLL_S:g} s; give at least {POLL_S:g} seconds, or 0 for off"
+    return None
+
+
+class Watchdog:
+    """Ends the process when a budget of :class:`Budgets` runs out; the training loop calls :meth:`start`
+    when it starts, :meth:`step_started` and :meth:`step_finished` around each step, :meth:`stage` as it
+    goes and :meth:`progress` after each evaluation step (:func:`callbacks`, :func:`watched_forward_step`)."""
+
+    def __init__(
+        self,
+        budgets: Budgets,
+        *,
+        stream: TextIO | None = None,
+        end: Callable[[int], Any] = os._exit,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float = POLL_S,
+    ):
+        self.budgets = budgets
+        self.stream = stream
+        self.end = end
+        self.clock = clock
+        self.poll_s = poll_s
+        self.steps_done = 0  # steps finished in this process (the first one has its own budget)
+        self.step = 0  # the number of the step under way (a resumed run starts past 1)
+        self.last_finished: int | None = None
+        self.micro_batch = 0
+        self.phase = "step 1"  # what the forward step's micro-batches belong to
+        self.last_stage = "start of the training loop"
+        self._since = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the budgets from now and the watching thread (once)."""
+        self._since = self.clock()
+        if self._thread is None and (self.budgets.first_step_s or self.budgets.step_s):
+            self._thread = threading.Thread(target=self._watch, name="bridge_recipes.watchdog", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stage(self, text: str) -> None:
+        """Where the loop is now (kept for the report)."""
+        self.last_stage = text
+
+    def progress(self) -> None:
+        """An evaluation step finished: the budget starts again."""
+        self._since = self.clock()
+
+    def step_started(self, step: int) -> None:
+        self.step, self.micro_batch, self.phase = step, 0, f"step {step}"
+        self.stage(f"start of step {step}")
+
+    def evaluation_started(self) -> None:
+        self.micro_batch, self.phase = 0, f"the evaluation after step {self.last_finished}"
+        self.stage(f"start of {self.phase}")
+
+    def step_finished(self) -> None:
+        """Step :attr:`step` finished: the step budget starts again."""
+        self.steps_done += 1
+        self.last_finished = self.step
+        self.stage(f"after step {self.step} (logging, evaluation or a checkpoint save)")
+        self.progress()
+
+    def overdue(self) -> str | None:
+        """The report's first line when the current budget has run out, else None."""
+        first = self.steps_done == 0
+        budget = self.budgets.first_step_s if first else self.budgets.step_s
+        waited = self.clock() - self._since
+        if not budget or waited < budget:
+            return None
+        since = "the start of the training loop" if first else f"step {self.last_finished}"
+        return (
+            f"[watchdog] no step finished for {waited:.0f} s after {since} (budget {budget:g} s); "
+            f"last stage: {self.last_stage}"
+        )
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if line := self.overdue():
+                self.report_and_end(line)
+                return
+
+    def report_and_end(self, line: str) -> None:
+        """Write ``line``, every thread's Python stack, ``line`` again (the end of a long log is what
+        gets read), and end the process with :data:`EXIT_CODE`."""
+        stream = self.stream or sys.stderr
+        print(line, file=stream, flush=True)
+        faulthandler.dump_traceback(file=stream, all_threads=True)
+        print(line, file=stream, flush=True)
+        self.end(EXIT_CODE)
+
+
+def watched_forward_step(forward_step: Callable, dog: Watchdog) -> Callable:
+    """``forward_step`` reporting each micro-batch's forward and backward to ``dog``. The signature
+    is the one Megatron-Bridge inspects to hand the training state over (``state`` first)."""
+
+    def step(state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:
+        dog.micro_batch += 1
+        where = f"micro-batch {dog.micro_batch} of {dog.phase}"
+        dog.stage(f"forward of {where}")
+        output, loss_function = forward_step(state, data_iterator, model, return_schedule_plan)
+
+        def loss(*args: Any, **kwargs: Any) -> Any:
+            dog.stage(f"loss of {where}")
+            result = loss_function(*args, **kwargs)
+            dog.stage(f"backward of {where} (or, after the last micro-batch, the optimizer step)")
+            return result
+
+        return output, loss
+
+    return step
+
+
+def callbacks(dog: Watchdog) -> dict[str, Callable[[Any], None]]:
+    """Megatron-Bridge training-loop events -> what each tells ``dog`` (register them with a
+    ``CallbackManager``)."""
+
+    def train_start(context: Any) -> None:
+        dog.step = context.state.train_state.step  # 0, or the step a resumed run continues after
+        dog.start()
+
+    def step_start(context: Any) -> None:
+        dog.step_started(context.state.train_state.step + 1)
+
+    def step_end(context: Any) -> None:
+        dog.step_finished()
+
+    def eval_start(context: Any) -> None:
+        dog.evaluation_started()
+
+    def eval_step_end(context: Any) -> None:
+        dog.progress()
+
+    def train_end(context: Any) -> None:
+        dog.stop()
+
+    return {
+        "on_train_start": train_start,
+        "on_train_step_start": step_start,
+        "on_train_step_end": step_end,
+        "on_eval_start": eval_start,
+        "on_eval_step_end": eval_step_end,
+        "on_train_end": train_end,
+    }
