@@ -13,7 +13,7 @@ OP_FUSER_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
 
 def apex_grad_fusion_available() -> bool:
     """APEX's fused weight-gradient kernel, which Megatron's gradient-accumulation fusion needs (its
-    stand-in, ``bridge_recipes.te_wgrad``, once installed under that name, is not APEX)."""
+    stand-in, ``bridge_recipes.features.te_wgrad``, once installed under that name, is not APEX)."""
     spec = importlib.util.find_spec("fused_weight_gradient_mlp_cuda")
     return spec is not None and spec.name == "fused_weight_gradient_mlp_cuda"
 

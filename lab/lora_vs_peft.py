@@ -9,7 +9,7 @@ one GPU: the same rows, the same tokens per step, the same steps and window.
 For each recipe (default :data:`RECIPES`), in this order:
 
 - ours: ``scripts/benchmark.py --recipe NAME --rows DIR --lora-from-random-init`` (the recipe's own
-  layout on its one GPU, random base weights: :mod:`bridge_recipes.bench.random_lora`), its result
+  layout on its one GPU, random base weights: :mod:`bridge_recipes.features.random_lora`), its result
   file and log in ``--work``;
 - the peer: ``python -m lab.peer_peft`` with the same recipe, rows, overrides,
   steps and window, in a process of its own (its JSON and log in ``--work``); once for recipes
@@ -69,7 +69,7 @@ def _log(msg: str) -> None:
 
 def benchmark_argv(recipe: str, opts: argparse.Namespace, out: Path) -> list[str]:
     """``scripts/benchmark.py`` arguments of ours' run of ``recipe``."""
-    from bridge_recipes.bench import random_lora
+    from bridge_recipes.features import random_lora
 
     return [
         "--recipe",
@@ -281,8 +281,9 @@ def memory_class_fields(
     """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision
     and how an FP8 base multiplied (from ``env_vars``, ours' config's), ours' useful tokens/s and whether
     the peer fit at all (False: it ran out of memory)."""
-    from bridge_recipes import fp8_base, registry
+    from bridge_recipes import registry
     from bridge_recipes.bench.result import memory_cap_gb
+    from bridge_recipes.features import fp8_base
 
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
@@ -298,7 +299,7 @@ def memory_class_fields(
         # a card emulated by a cap has its memory, not its speed (an A100 or L40S computes slower than an H200)
         "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
         "base_precision": "fp8" if fp8 else "bf16",
-        # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.fp8_base)
+        # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.features.fp8_base)
         "base_compute": fp8_base.compute(env_vars) if fp8 else "bf16",
         "ours_useful_tokens_per_s": useful,
         # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)

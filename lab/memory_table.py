@@ -50,8 +50,8 @@ class MeasuredRun:
 
     def config(self) -> Any:
         """The config as the run had it: gradient-accumulation fusion as its log shows (the runs here
-        predate ``bridge_recipes.te_wgrad``; on the GPU host without APEX the runner turned it off)."""
-        from bridge_recipes import te_wgrad
+        predate ``bridge_recipes.features.te_wgrad``; on the GPU host without APEX the runner turned it off)."""
+        from bridge_recipes.features import te_wgrad
 
         cfg = build(self.recipe, self.request)
         cfg.model.gradient_accumulation_fusion = te_wgrad.ran_fused(cfg, run_text(self))

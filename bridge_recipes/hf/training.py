@@ -67,7 +67,7 @@ def inspect(hf_dir: str) -> ck.HfFolder:
 def check_family(cfg: Any, folder: ck.HfFolder) -> None:
     """The folder must hold the recipe's model family (:data:`checkpoint.FAMILY_FIELDS`: model
     class, attention interval, head dimensions, ...); ValueError naming each differing field."""
-    from bridge_recipes.common import is_vlm
+    from bridge_recipes.models.qwen35 import is_vlm
 
     found, expected = ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg))
     if problems := ck.check_against(found, expected, scaled=True):
@@ -132,7 +132,7 @@ def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
 def check_model(cfg: Any, folder: ck.HfFolder) -> None:
     """The folder's architecture against ``cfg.model`` after the overrides (the shape came from the
     folder, so only a ``model.*`` override can differ); ValueError naming each differing field."""
-    from bridge_recipes.common import is_vlm
+    from bridge_recipes.models.qwen35 import is_vlm
 
     problems = ck.check_against(ck.found_fields(folder), ck.expected_from_model(cfg.model, is_vlm(cfg)))
     if problems:

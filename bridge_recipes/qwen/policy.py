@@ -131,12 +131,10 @@ def cutlass_grouped_gemm(cfg: ConfigContainer) -> None:
 
 
 def chunked_cross_entropy(cfg: ConfigContainer) -> None:
-    """The output layer and the cross entropy a chunk of tokens at a time (``bridge_recipes.chunked_loss``,
-    switched on by the environment): no loss keeps the 248K-vocabulary logits of the whole micro batch
-    (32,768 tokens: 16 GB each, the MTP head's loss and the main one), one tensor-parallel rank only."""
-    from bridge_recipes.chunked_loss import ENV
-
-    cfg.env_vars = {**(cfg.env_vars or {}), ENV: 1}
+    """The output layer and the cross entropy a chunk of tokens at a time (``features.chunked_loss``,
+    ``bridge_recipes.features.chunked_loss``): no loss keeps the 248K-vocabulary logits of the whole micro
+    batch (32,768 tokens: 16 GB each, the MTP head's loss and the main one), one tensor-parallel rank only."""
+    cfg.features.chunked_loss.enabled = True
 
 
 def fp8_current_scaling(cfg: ConfigContainer) -> None:
@@ -162,22 +160,21 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     cfg.model.disable_parameter_transpose_cache = False
 
 
-def fp8_frozen_base(cfg: ConfigContainer, compute: str = "bf16") -> None:
-    """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.fp8_base``): every
-    layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor scale
-    and, with ``compute="bf16"``, multiply in BF16 on the weight dequantized for each GEMM, so the adapters
-    learn what they would on a BF16 base; ``compute="fp8"`` multiplies in FP8 in the forward (no
-    dequantized copies, the adapters' gradients further from FP32). Embedding, output layer, norms and
-    router stay BF16; the adapters and their optimizer state are not touched. Refused where the GPU has
-    no FP8 (Ampere)."""
+def fp8_frozen_base(cfg: ConfigContainer, gemms: str = "bf16") -> None:
+    """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.features.fp8_base``):
+    every layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor
+    scale and, with ``gemms="bf16"``, multiply in BF16 on the weight dequantized for each GEMM, so the
+    adapters learn what they would on a BF16 base; ``gemms="fp8"`` multiplies in FP8 in the forward (no
+    dequantized copies, the adapters' gradients further from FP32): ``features.fp8_base.gemms``. Embedding,
+    output layer, norms and router stay BF16; the adapters and their optimizer state are not touched.
+    Refused where the GPU has no FP8 (Ampere)."""
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
-    from bridge_recipes.plan.precision import FP8_BASE_COMPUTE_ENV, FP8_BASE_COMPUTES
+    from bridge_recipes.features.fp8_base import GEMMS
 
-    if compute not in FP8_BASE_COMPUTES:
-        raise ValueError(f"compute={compute!r}: an FP8 base multiplies in one of {', '.join(FP8_BASE_COMPUTES)}")
-    if compute != "bf16":
-        cfg.env_vars = {**(cfg.env_vars or {}), FP8_BASE_COMPUTE_ENV: compute}
+    if gemms not in GEMMS:
+        raise ValueError(f"gemms={gemms!r}: an FP8 base multiplies in one of {', '.join(GEMMS)}")
+    cfg.features.fp8_base.gemms = gemms
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
     # every layer in FP8: the preset's BF16 first and last layers would keep two bytes per weight

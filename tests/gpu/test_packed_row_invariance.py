@@ -136,8 +136,8 @@ def test_a_conversations_loss_does_not_depend_on_its_row(rows, bare_model):
     import numpy as np
     import torch
 
-    from bridge_recipes import packed_attention
-    from bridge_recipes.patches import packed_attention as patch
+    from bridge_recipes.features import packed_attention
+    from bridge_recipes.features import packed_attention as patch
 
     patch.install()
     packed_attention.set_mode("per_conversation")

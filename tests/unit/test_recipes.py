@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes import registry
-from bridge_recipes.common import is_vlm
 from bridge_recipes.layout import layout_of, stage_layers
-from bridge_recipes.models.qwen35 import SPECS
+from bridge_recipes.models.qwen35 import SPECS, is_vlm
 from bridge_recipes.recipe import RecipeMeta
 from bridge_recipes.runner import checks
 from bridge_recipes.runner.cli import megatron_validation

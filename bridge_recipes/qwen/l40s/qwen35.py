@@ -57,7 +57,7 @@ def qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config() -> ConfigContainer:
     cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
     # the 256 experts' weights at one byte: 35 of the 70 GB of frozen base; FP8 GEMMs keep no layer's
     # dequantized BF16 weights for the backward, the memory BF16 GEMMs would need beyond 48 GB
-    fp8_frozen_base(cfg, compute="fp8")
+    fp8_frozen_base(cfg, gemms="fp8")
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
     # 48 GB holds the 36 GB FP8 base and one row's recomputed layers
