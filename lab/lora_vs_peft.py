@@ -233,11 +233,11 @@ def entry(
     peer: dict,
     plan: Any,
     step: tuple[int, int],
-    env_vars: dict | None = None,
+    gemms: str | None = None,
 ) -> dict:
     """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
     result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows per
-    step and tokens per row; ``env_vars``: that config's, overrides applied)."""
+    step and tokens per row; ``gemms``: how that config's FP8 base multiplies, overrides applied)."""
     global_batch, row_tokens = step
     o, p = ours.get("result") or {}, peer.get("result") or {}
     line = {
@@ -259,7 +259,7 @@ def entry(
         line["peer_window"] = list(p["window"])
     if peer.get("cut_short"):
         line["peer_cut_short"] = peer["cut_short"]
-    line.update(memory_class_fields(recipe, opts, ours, peer, line, env_vars))
+    line.update(memory_class_fields(recipe, opts, ours, peer, line, gemms))
     if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
         line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     if line["ours_peak_gb"]:
@@ -276,11 +276,12 @@ def entry(
 
 
 def memory_class_fields(
-    recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict, env_vars: dict | None = None
+    recipe: str, opts: argparse.Namespace, ours: dict, peer: dict, line: dict, gemms: str | None = None
 ) -> dict:
     """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision
-    and how an FP8 base multiplied (from ``env_vars``, ours' config's), ours' useful tokens/s and whether
-    the peer fit at all (False: it ran out of memory)."""
+    and how an FP8 base multiplied (``gemms``: ours' config's ``features.fp8_base.gemms``, the feature's
+    default when not given), ours' useful tokens/s and whether the peer fit at all (False: it ran out of
+    memory)."""
     from bridge_recipes import registry
     from bridge_recipes.bench.result import memory_cap_gb
     from bridge_recipes.features import fp8_base
@@ -300,7 +301,7 @@ def memory_class_fields(
         "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
         "base_precision": "fp8" if fp8 else "bf16",
         # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.features.fp8_base)
-        "base_compute": fp8_base.compute(env_vars) if fp8 else "bf16",
+        "base_compute": (gemms or fp8_base.Config().gemms) if fp8 else "bf16",
         "ours_useful_tokens_per_s": useful,
         # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)
         "peer_fits": True if line["peer_tokens_per_s"] else False if ran_out else None,
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             peer = run_peer(recipe, opts, peer_out, share)
         peers[peer_of[recipe]] = peer
         step = (rows_per_step(cfg), row_tokens(cfg))
-        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.env_vars))
+        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.features.fp8_base.gemms))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")
