@@ -2,10 +2,11 @@
 
 Each ``_apply_<model>_<N>gpu_<gpu>_execution_config`` helper is written from these, so one
 setting (say, how CPU optimizer offload is switched on) has one definition. Each block sets one
-kind of thing: numerics, optimizer sharding, recompute, offload, layout. None of them touches
-``cfg.env_vars``: the environment is a dict (:data:`OPENRECIPES_ENV`) assigned once, last, by
-each ``_apply_*`` helper or by the frame they share (:func:`openrecipes_execution`), so a
-recipe's environment reads in one place.
+kind of thing: numerics, optimizer sharding, recompute, offload, layout, a run-time feature
+(``cfg.features``). None of them touches ``cfg.env_vars``: the environment is the process's only
+(NCCL, Transformer Engine, PyTorch), one of the named dicts below assigned whole, by the frame the
+helpers share (:func:`openrecipes_execution`) or by a recipe that needs another, so a recipe's
+environment reads in one place.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ OPENRECIPES_ENV = {
 
 # Transformer Engine's switch from per-expert cuBLAS GEMMs to one CUTLASS grouped GEMM (Hopper only)
 CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
+# :data:`OPENRECIPES_ENV` with the routed experts as one CUTLASS grouped GEMM: one kernel per grouped
+# linear instead of one cuBLAS GEMM per expert, each launched from the host. With all 256 experts on one
+# GPU those launches, not the GPU, set the step time. GEMMs whose inner dimension differs between
+# experts (weight gradients) or is not a multiple of 128 stay on cuBLAS; other GPUs ignore the variable.
+OPENRECIPES_GROUPED_GEMM_ENV = {**OPENRECIPES_ENV, CUTLASS_GROUPED_GEMM_ENV: 1}
 
 
 def set_openrecipes_numerics(cfg: ConfigContainer) -> None:
@@ -119,15 +125,6 @@ def fused_router(cfg: ConfigContainer) -> None:
     scores and the load-balancing loss) instead of Megatron-Core's unfused ones (Megatron-Bridge's
     default is off for the text models): fewer, larger kernels a router pass, the same loss curve."""
     cfg.model.moe_router_fusion = True
-
-
-def cutlass_grouped_gemm(cfg: ConfigContainer) -> None:
-    """Transformer Engine's CUTLASS grouped GEMM for the routed experts on Hopper
-    (``NVTE_USE_CUTLASS_GROUPED_GEMM``): one kernel per grouped linear instead of one cuBLAS GEMM per
-    expert, each launched from the host. With all 256 experts on one GPU those launches, not the
-    GPU, set the step time. GEMMs whose inner dimension differs between experts (weight gradients)
-    or is not a multiple of 128 stay on cuBLAS; other GPUs ignore the variable."""
-    cfg.env_vars = {**(cfg.env_vars or {}), CUTLASS_GROUPED_GEMM_ENV: 1}
 
 
 def chunked_cross_entropy(cfg: ConfigContainer) -> None:

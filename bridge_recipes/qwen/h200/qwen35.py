@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.common import peft_config, pretrain_config, sft_config
 from bridge_recipes.qwen.policy import (
+    OPENRECIPES_GROUPED_GEMM_ENV,
     bf16_adam_moments,
     chunked_cross_entropy,
     cpu_optimizer_offload,
-    cutlass_grouped_gemm,
     fp8_current_scaling,
     full_recompute,
     fused_router,
@@ -552,7 +552,7 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     fused_swiglu(cfg)
     fused_router(cfg)
     # one grouped kernel for the 256 experts instead of 256 cuBLAS launches from the host
-    cutlass_grouped_gemm(cfg)
+    cfg.env_vars = {**OPENRECIPES_GROUPED_GEMM_ENV}
     # four rows per micro batch: the host's work per micro batch is spread over four times the tokens (one
     # packed sequence of the four on rows with conversation boundaries)
     rows_per_micro_batch(cfg, 4)
