@@ -71,15 +71,36 @@ def shard_optimizer_precision_aware(cfg: ConfigContainer) -> None:
 
 
 @contextmanager
-def openrecipes_execution(cfg: ConfigContainer) -> Iterator[None]:
+def openrecipes_execution(cfg: ConfigContainer, env: dict | None = None) -> Iterator[None]:
     """The frame of an OpenRecipes execution policy, around the layout, recompute and dispatcher
     its block sets: first the shared numerics and the precision-aware sharded optimizer, last one
-    row per micro batch and the environment :data:`OPENRECIPES_ENV`."""
+    row per micro batch and the environment ``env`` (:data:`OPENRECIPES_ENV` by default)."""
     set_openrecipes_numerics(cfg)
     shard_optimizer_precision_aware(cfg)
     yield
     cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    cfg.env_vars = {**(OPENRECIPES_ENV if env is None else env)}
+
+
+def lora_one_gpu(cfg: ConfigContainer, *, moe: bool = False, env: dict | None = None) -> None:
+    """A LoRA model replica on one GPU, whatever the GPU: TP1 PP1 (EP1), full uniform recompute of 1
+    layer, one row per micro batch, the OpenRecipes numerics and optimizer, for an MoE the alltoall
+    dispatcher; the environment ``env`` (:func:`openrecipes_execution`). Each GPU's recipes add what its
+    memory asks for (rows per micro batch, recompute, the loss a chunk at a time, an FP8 base)."""
+    with openrecipes_execution(cfg, env):
+        set_layout(cfg)
+        full_recompute(cfg)
+        if moe:
+            cfg.model.moe_token_dispatcher_type = "alltoall"
+
+
+def fast_lora_kernels(cfg: ConfigContainer, *, router: bool = False) -> None:
+    """The kernels a one-GPU LoRA recipe spends its spare memory on: Transformer Engine's cross entropy,
+    the fused SwiGLU and, for an MoE, the fused router."""
+    te_cross_entropy(cfg)
+    fused_swiglu(cfg)
+    if router:
+        fused_router(cfg)
 
 
 def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: int = 1) -> None:

@@ -421,6 +421,27 @@ def test_recipe_environment_is_assigned_whole_in_one_place():
     assert problems == []
 
 
+def test_each_gpus_recipes_stand_on_the_shared_policy_not_on_another_gpus_recipes():
+    """A recipe module of one GPU imports the policy blocks and its own GPU's recipes (text or VL), never
+    another GPU's: an edit of an H200 recipe changes no recipe of another GPU."""
+    import ast
+
+    out = []
+    for tree in ("bridge_recipes", "perf_recipes"):
+        for path in sorted((ROOT / tree).glob("qwen*/*/*.py")):
+            gpu = path.parent.name
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] == "bridge_recipes" and len(parts) > 2 and parts[1] in ("qwen", "qwen_vl"):
+                        if parts[2] not in ("policy", gpu):
+                            out.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert out == []
+
+
 # --- benchmarks keep their real-data recipe's numerics -----------------------------------------
 
 PERF = [n for n in RECIPES if registry.find(n).tree == "perf_recipes"]
