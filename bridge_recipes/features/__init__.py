@@ -113,7 +113,7 @@ def problems(cfg: Any, capability: tuple[int, int] | None = None, gpu: str | Non
 
 def summary(cfg: Any) -> list[str]:
     """The summary's lines of what the features make of the run: packed attention and the loss (and the
-    warm-up and random base weights where switched on)."""
+    warm-up where switched on; random base weights are the run summary's ``weights``)."""
     f, m = cfg.features, cfg.model
     if f.chunked_loss.enabled:
         loss = f"a chunk of {chunked_loss.chunk_tokens(m.vocab_size or 0)} tokens at a time ({chunked_loss.KEY}=true)"
@@ -123,8 +123,6 @@ def summary(cfg: Any) -> list[str]:
     lines = [f"packed attention  {packed_attention.describe(cfg)}", f"loss              {loss}"]
     if f.gdn_warmup.enabled:
         lines.append(f"warm-up           Gated DeltaNet kernels at model build ({gdn_warmup.KEY}=true)")
-    if f.random_lora.enabled:
-        lines.append(f"base weights      {random_lora.NOTE.removeprefix('base weights: ')}")
     return lines
 
 
