@@ -44,7 +44,8 @@ def build(
     config_file: str | None = None,
     epochs: float | None = None,
 ) -> Any:
-    """The ConfigContainer of recipe ``name``.
+    """The run of recipe ``name``: a :class:`bridge_recipes.recipe_config.RecipeConfig` (Megatron-Bridge's
+    ConfigContainer with the run's ``features``, naming the recipe and its metadata).
 
     - ``scale_down``: shrink to one GPU with this many layers (a multiple of 4), keeping the
       execution policy; ``scale_experts``: with it, keep this many routed experts; ``gpus``:
@@ -159,12 +160,15 @@ def _check_request(
 
 
 def _base_config(name: str, config_file: str | None) -> Any:
-    """The config before any change: the saved ``config_file``, else recipe ``name`` called."""
+    """The run before any change: the saved ``config_file`` (named after recipe ``name``), else recipe
+    ``name`` called; a :class:`bridge_recipes.recipe_config.RecipeConfig` either way."""
     if config_file is None:
         return registry.load(name)()
     from bridge_recipes import config_files
 
-    return config_files.load(config_file)
+    cfg = config_files.load(config_file)
+    cfg.name_recipe(name, registry.find(name).meta)
+    return cfg
 
 
 def _open_checkpoint(

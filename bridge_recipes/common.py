@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from bridge_recipes.models.qwen35 import Qwen35Spec, build_provider, get_spec
+from bridge_recipes.models.qwen35 import Qwen35Spec, build_provider, get_spec, is_vlm
 from bridge_recipes.resilience import enable_resilience
 
 if TYPE_CHECKING:
@@ -41,11 +41,6 @@ LORA_TARGETS = ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2", "in_pro
 
 def _spec(model: Qwen35Spec | str) -> Qwen35Spec:
     return get_spec(model) if isinstance(model, str) else model
-
-
-def is_vlm(cfg) -> bool:
-    """Whether a built config is a vision-language one (its provider carries a vision tower)."""
-    return hasattr(cfg.model, "vision_config")
 
 
 def run_dir(name: str) -> str:
@@ -138,7 +133,6 @@ def _container(
 ) -> ConfigContainer:
     from megatron.bridge.training.config import (
         CheckpointConfig,
-        ConfigContainer,
         DistributedDataParallelConfig,
         DistributedInitConfig,
         LoggerConfig,
@@ -147,9 +141,11 @@ def _container(
         ValidationConfig,
     )
 
+    from bridge_recipes.recipe_config import RecipeConfig
+
     out = run_dir(name)
     optimizer, scheduler = opt
-    cfg = ConfigContainer(
+    cfg = RecipeConfig(
         model=build_provider(spec, seq_length=seq_length),
         train=TrainingConfig(
             train_iters=iters, global_batch_size=gbs, micro_batch_size=mbs, manual_gc=True, manual_gc_interval=100
@@ -248,19 +244,6 @@ def use_lora(cfg: ConfigContainer) -> None:
     _add_lora(cfg)
     if is_vlm(cfg):
         cfg.model.freeze_vision_model = True
-
-
-def use_checkpoint_family(cfg: ConfigContainer, model: Qwen35Spec | str, family: str) -> None:
-    """Record the ``family`` checkpoint of ``model`` (``qwen3.6``: same architecture and tokenizer)
-    on a built config: the model's Hugging Face id (Megatron-Bridge's ``hf_model_id``, the template
-    of HF exports) and, for VL data, the processor read by the training process. Only the
-    checkpoint's id is recorded; nothing is downloaded."""
-    spec = _spec(model)
-    new, old = spec.checkpoint(family).hf_id, spec.checkpoint("qwen3.5").hf_id
-    cfg.model.hf_model_id = new
-    for holder in (cfg.dataset, getattr(cfg.dataset, "task_encoder", None)):
-        if getattr(holder, "hf_processor_path", None) == old:
-            holder.hf_processor_path = new
 
 
 def peft_config(model: Qwen35Spec | str, *, seq_length: int = SFT_SEQ_LENGTH) -> ConfigContainer:

@@ -25,6 +25,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.features import CLASSES as FEATURE_CLASSES
+
 RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
 # Runner options a saved run needs that the ConfigContainer does not hold: the starting weights'
 # Hugging Face folder (converted at launch), the folder the trained model is exported to, the memory
@@ -37,10 +39,12 @@ RUN_SWITCHES = ("export-text-only",)
 RUN_LINE = re.compile(r"^# (" + "|".join(RUN_OPTIONS) + r"): (.+?)\s*$", re.MULTILINE)
 HEADER = "# run_recipe.py config file: build it again with --config-file FILE [KEY=VALUE ...]\n# recipe: {name}\n"
 
-# The top-level ``_target_`` of a saved config (Megatron-Bridge's ConfigContainer).
-CONTAINER = "megatron.bridge.training.config.ConfigContainer"
+# The top-level ``_target_`` of a saved config: a recipe's run (``RecipeConfig``: Megatron-Bridge's
+# ConfigContainer with the run's features), or a plain ConfigContainer, which runs with the default features.
+CONTAINER = "bridge_recipes.recipe_config.RecipeConfig"
+CONTAINERS = (CONTAINER, "megatron.bridge.training.config.ConfigContainer")
 # Classes of this package that a built config can hold, as module path and class name.
-YAML_CLASSES = ("bridge_recipes.data.packed_rows.PackedSFTRowsConfig",)
+YAML_CLASSES = (CONTAINER, "bridge_recipes.data.packed_rows.PackedSFTRowsConfig", *FEATURE_CLASSES)
 
 
 class ConfigFileError(ValueError):
@@ -179,7 +183,7 @@ def _parse(path: str | os.PathLike) -> tuple[str, dict]:
         raise ConfigFileError(f"config file {path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(data, dict) or data.get("_target_") != CONTAINER:
+    if not isinstance(data, dict) or data.get("_target_") not in CONTAINERS:
         raise ConfigFileError(
             f"config file {path} is not a saved config: expected a mapping with '_target_: {CONTAINER}' "
             "(write one with --dry-run --save-config FILE)"
@@ -217,14 +221,18 @@ def _duplicate_key(node: Any, path: str = "") -> str | None:
 
 
 def load(path: str | os.PathLike) -> Any:
-    """The ConfigContainer in ``path``, built by Megatron-Bridge's strict YAML loading."""
-    _parse(path)
+    """The run in ``path`` (a :class:`bridge_recipes.recipe_config.RecipeConfig`), built by Megatron-Bridge's
+    strict YAML loading; a plain ConfigContainer's file gets the default features."""
+    _, data = _parse(path)
     from megatron.bridge.training.config import ConfigContainer
     from megatron.bridge.utils.instantiate_utils import InstantiationException, InstantiationMode
 
+    from bridge_recipes.recipe_config import RecipeConfig, promote
+
     allow_package_classes()
+    kind = RecipeConfig if data.get("_target_") == CONTAINER else ConfigContainer
     try:
-        cfg = ConfigContainer.from_yaml(str(path), mode=InstantiationMode.STRICT)
+        cfg = promote(kind.from_yaml(str(path), mode=InstantiationMode.STRICT))
     except (InstantiationException, ValueError, TypeError, KeyError) as exc:
         detail = " ".join(str(exc).split())
         raise ConfigFileError(f"config file {path} cannot be built: {detail}") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bridge_recipes.common import is_vlm
+from bridge_recipes.models.qwen35 import is_vlm
 
 
 def _processor_of(cfg: Any) -> str | None:

@@ -13,7 +13,7 @@ OP_FUSER_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
 
 def apex_grad_fusion_available() -> bool:
     """APEX's fused weight-gradient kernel, which Megatron's own linear layers call for
-    gradient-accumulation fusion (``bridge_recipes.patches.te_wgrad`` serves without it)."""
+    gradient-accumulation fusion (``bridge_recipes.features.te_wgrad`` serves without it)."""
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 

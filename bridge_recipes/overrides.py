@@ -155,8 +155,9 @@ def parse(token: str) -> Override:
 
 
 def container_fields() -> tuple[str, ...] | None:
-    """The top-level sections of Megatron-Bridge's ConfigContainer, read from its source without
-    importing Megatron (which takes many seconds); None where the source is not found."""
+    """The top-level sections of a recipe's run: Megatron-Bridge's ConfigContainer's, read from its source
+    without importing Megatron (which takes many seconds), and ``features``; None where the source is not
+    found."""
     import ast
     import importlib.util
     from pathlib import Path
@@ -168,13 +169,49 @@ def container_fields() -> tuple[str, ...] | None:
             continue
         for node in ast.parse(source.read_text()).body:
             if isinstance(node, ast.ClassDef) and node.name == "ConfigContainer":
-                return tuple(
-                    n.target.id
-                    for n in node.body
-                    if isinstance(n, ast.AnnAssign)
-                    and isinstance(n.target, ast.Name)
-                    and not n.target.id.startswith("_")
+                return (
+                    *(
+                        n.target.id
+                        for n in node.body
+                        if isinstance(n, ast.AnnAssign)
+                        and isinstance(n.target, ast.Name)
+                        and not n.target.id.startswith("_")
+                    ),
+                    FEATURES,
                 )
+    return None
+
+
+FEATURES = "features"  # the section of the run-time features (bridge_recipes.features.Features)
+
+
+def feature_key_problem(key: str) -> str | None:
+    """What is wrong with a ``features.`` key (an unknown feature or field, with the choices), or None."""
+    import dataclasses
+
+    from bridge_recipes.features import Features
+
+    obj: Any = Features()
+    parts = key.split(".")[1:]
+    for depth, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(obj)]
+        if part not in names:
+            where = ".".join([FEATURES, *parts[:depth]])
+            what = "feature" if depth == 0 else "setting"
+            return f"unknown {what} {'.'.join([where, part])!r}; {where} has {', '.join(names)}"
+        obj = getattr(obj, part)
+        if not dataclasses.is_dataclass(obj):
+            return None if depth == len(parts) - 1 else f"{'.'.join([FEATURES, *parts[: depth + 1]])} has no sub-keys"
+    return f"{key} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(obj)[0].name}=..."
+
+
+def replaced_env_problem(key: str) -> str | None:
+    """The message for an override of an ``env_vars`` entry that a config key replaced, or None."""
+    from bridge_recipes.features import REPLACED_ENV
+
+    section, _, name = key.partition(".")
+    if section == "env_vars" and name in REPLACED_ENV:
+        return f"env_vars.{name} no longer switches anything: set {REPLACED_ENV[name]}=... instead"
     return None
 
 
@@ -190,6 +227,10 @@ def precheck(tokens: list[str]) -> list[Override]:
     for o in parsed:
         if problem := instead_problem(o):
             raise OverrideError(problem)
+        if problem := replaced_env_problem(o.key):
+            raise OverrideError(f"{o.token!r}: {problem}")
+        if o.key.split(".", 1)[0] == FEATURES and (problem := feature_key_problem(o.key)):
+            raise OverrideError(f"{o.token!r}: {problem}")
         top = o.key.split(".", 1)[0]
         # a key without its section (``lr``) is left to the full check, which names the section it is in
         if sections and top not in sections and "." in o.key:

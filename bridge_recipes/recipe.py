@@ -101,6 +101,7 @@ def _attach(info: RecipeMeta) -> Callable:
         def build(*args: Any, **kwargs: Any) -> Any:
             cfg = fn(*args, **kwargs)
             own_run_folder(cfg, name)
+            cfg.name_recipe(fn.__name__, info)  # a RecipeConfig (bridge_recipes.common builds every recipe's)
             return cfg
 
         build.recipe_meta = info
@@ -110,7 +111,8 @@ def _attach(info: RecipeMeta) -> Callable:
 
 
 def recipe(**meta: Any) -> Callable:
-    """Attach :class:`RecipeMeta` to a recipe function (``fn.recipe_meta``); the configs it builds get the
+    """Attach :class:`RecipeMeta` to a recipe function (``fn.recipe_meta``); the runs it builds
+    (:class:`bridge_recipes.recipe_config.RecipeConfig`) name the recipe and its metadata and get the
     recipe's own run folder (:func:`own_run_folder`)."""
     return _attach(RecipeMeta(**meta))
 

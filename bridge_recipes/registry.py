@@ -9,7 +9,7 @@ does at run time. Only :func:`load` imports the one module a recipe lives in.
 Qwen3.6 names: Qwen3.6 checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
 recipe whose size has a Qwen3.6 checkpoint in the catalog (``bridge_recipes.models.qwen35``) is
 also listed as ``qwen36_...``: an alias of the one definition, whose config records the Qwen3.6
-checkpoint (:func:`bridge_recipes.common.use_checkpoint_family`) and saves to its own
+checkpoint (:func:`bridge_recipes.models.qwen35.use_checkpoint_family`) and saves to its own
 ``experiments/qwen36_...`` folder.
 """
 
@@ -201,11 +201,12 @@ def load(name: str) -> Callable:
 
     @wraps(fn)
     def build_for_family():
-        from bridge_recipes.common import use_checkpoint_family
+        from bridge_recipes.models.qwen35 import use_checkpoint_family
 
         cfg = fn()
         use_checkpoint_family(cfg, entry.model, entry.family)
         own_run_folder(cfg, entry.name.removesuffix("_config"))  # not its twin's: a run of one never resumes the other
+        cfg.name_recipe(entry.name, entry.meta)
         return cfg
 
     return build_for_family

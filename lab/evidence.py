@@ -321,7 +321,7 @@ def _plan_of(recipe: str, request: dict[str, Any], world: int, log: str | None =
     """(the layout, the H200 memory plan) of ``recipe`` built with ``request`` on ``world`` GPUs; with a
     run's ``log``, gradient-accumulation fusion as that run had it (``te_wgrad.ran_fused``)."""
     import bridge_recipes
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
     from bridge_recipes.layout import layout_of
     from bridge_recipes.plan.memory import plan_memory
 

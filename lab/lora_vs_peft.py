@@ -9,7 +9,7 @@ one GPU: the same rows, the same tokens per step, the same steps and window.
 For each recipe (default :data:`RECIPES`), in this order:
 
 - ours: ``scripts/benchmark.py --recipe NAME --rows DIR --lora-from-random-init`` (the recipe's own
-  layout on its one GPU, random base weights: :mod:`bridge_recipes.bench.random_lora`), its result
+  layout on its one GPU, random base weights: :mod:`bridge_recipes.features.random_lora`), its result
   file and log in ``--work``;
 - the peer: ``python -m lab.peer_peft`` with the same recipe, rows, overrides,
   steps and window, in a process of its own (its JSON and log in ``--work``); once for recipes
@@ -78,7 +78,7 @@ def _log(msg: str) -> None:
 
 def benchmark_argv(recipe: str, opts: argparse.Namespace, out: Path) -> list[str]:
     """``scripts/benchmark.py`` arguments of ours' run of ``recipe``."""
-    from bridge_recipes.bench import random_lora
+    from bridge_recipes.features import random_lora
 
     return [
         "--recipe",
@@ -349,13 +349,13 @@ def entry(
     peer: dict,
     plan: Any,
     step: tuple[int, int],
-    env_vars: dict | None = None,
+    gemms: str | None = None,
     tried: list[tuple[str, dict]] | None = None,
 ) -> dict:
     """One recipe's line of the comparison file: :data:`FIELDS` first, then what else the two
     result documents say (``plan``: the planner's memory plan of ours' config; ``step``: its rows per
-    step and tokens per row; ``env_vars``: that config's, overrides applied; ``tried``: each peer
-    configuration tried and its result, ``peer`` being the best of them or the last)."""
+    step and tokens per row; ``gemms``: how that config's FP8 base multiplies, overrides applied;
+    ``tried``: each peer configuration tried and its result, ``peer`` being the best of them or the last)."""
     global_batch, row_tokens = step
     o, p = ours.get("result") or {}, peer.get("result") or {}
     line = {
@@ -381,7 +381,7 @@ def entry(
         best = best_peer(tried)
         line["best_peer"] = best[0] if best else None
         line["peers"] = [peer_record(stack, doc) for stack, doc in tried]
-    line.update(memory_class_fields(recipe, opts, ours, peer, line, env_vars, tried))
+    line.update(memory_class_fields(recipe, opts, ours, peer, line, gemms, tried))
     if line["ours_tokens_per_s"] and line["peer_tokens_per_s"]:
         line["tokens_per_s_ratio"] = round(line["ours_tokens_per_s"] / line["peer_tokens_per_s"], 3)
     if line["ours_peak_gb"]:
@@ -403,15 +403,16 @@ def memory_class_fields(
     ours: dict,
     peer: dict,
     line: dict,
-    env_vars: dict | None = None,
+    gemms: str | None = None,
     tried: list[tuple[str, dict]] | None = None,
 ) -> dict:
     """What a comparison at a card's memory adds: the card, the cap both ran within, the base's precision
-    and how an FP8 base multiplied (from ``env_vars``, ours' config's), ours' useful tokens/s and whether
-    a peer fit at all (False: none gave figures and one ran out of memory; ``tried``: every
-    configuration tried, else ``peer`` alone)."""
-    from bridge_recipes import fp8_base, registry
+    and how an FP8 base multiplied (``gemms``: ours' config's ``features.fp8_base.gemms``, the feature's
+    default when not given), ours' useful tokens/s and whether a peer fit at all (False: none gave figures
+    and one ran out of memory; ``tried``: every configuration tried, else ``peer`` alone)."""
+    from bridge_recipes import registry
     from bridge_recipes.bench.result import memory_cap_gb
+    from bridge_recipes.features import fp8_base
 
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
@@ -427,8 +428,8 @@ def memory_class_fields(
         # a card emulated by a cap has its memory, not its speed (an A100 or L40S computes slower than an H200)
         "speed_of": meta.gpu if measured_on in ("", meta.gpu) or cap is None else f"{measured_on}, not {meta.gpu}",
         "base_precision": "fp8" if fp8 else "bf16",
-        # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.fp8_base)
-        "base_compute": fp8_base.compute(env_vars) if fp8 else "bf16",
+        # how an FP8 base multiplies: BF16 on the dequantized weights or FP8 (bridge_recipes.features.fp8_base)
+        "base_compute": (gemms or fp8_base.Config().gemms) if fp8 else "bf16",
         "ours_useful_tokens_per_s": useful,
         # it trained (figures), it ran out of memory, or it stopped for another reason (unknown)
         "peer_fits": True if line["peer_tokens_per_s"] else False if ran_out else None,
@@ -636,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         best = best_peer(tried)
         peer = best[1] if best else tried[-1][1] if tried else {"error": f"no peer result in {work}"}
         step = (rows_per_step(cfg), row_tokens(cfg))
-        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.env_vars, tried))
+        lines.append(entry(recipe, opts, ours, peer, plan, step, cfg.features.fp8_base.gemms, tried))
         if peer_of[recipe] != recipe:
             lines[-1]["peer_recipe"] = peer_of[recipe]
         write_text_atomic(Path(opts.out), json.dumps(lines, indent=1) + "\n")

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bridge_recipes.packed_attention import DEFAULT_MODE
+from bridge_recipes.features.packed_attention import DEFAULT_MODE
 from lab.evidence import mixer_of
 
 PARTS = ("attention", "gdn", "mtp", "experts", "rest")

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge_recipes import quiet, registry, runner_args, te_wgrad
-from bridge_recipes.bench import random_lora
+from bridge_recipes import quiet, registry, runner_args
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.bench.result import CAP_NOTE
+from bridge_recipes.features import random_lora, te_wgrad
 from bridge_recipes.outputs import write_text_atomic
 from bridge_recipes.overrides import in_cli_terms
 

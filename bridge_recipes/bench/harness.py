@@ -17,12 +17,11 @@ from typing import Any
 import bridge_recipes
 from bridge_recipes import registry
 from bridge_recipes.builder import runner_args
-from bridge_recipes.common import is_vlm
 from bridge_recipes.datasets import row_tokens, rows_per_step
 from bridge_recipes.logs.megatron_log import phase_time_means, step_records_from_log
 from bridge_recipes.logs.stats import DEFAULT_WINDOW, summarize
 from bridge_recipes.models.flops import model_flops_per_token, six_n_flops_per_token
-from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
+from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec, is_vlm
 
 BENCHMARK_OVERRIDES = [
     "checkpoint.save=null",
@@ -218,7 +217,7 @@ FUSION_NOTE = "gradient-accumulation fusion: "
 def fusion_note(cfg: Any, log_text: str) -> str:
     """How a run accumulated its weight gradients: its config's ``gradient_accumulation_fusion``, unless
     the runner's log says it went without (no APEX and the stand-in failed its check)."""
-    from bridge_recipes.te_wgrad import FUSION_OFF, ran_fused
+    from bridge_recipes.features.te_wgrad import FUSION_OFF, ran_fused
 
     if not getattr(cfg.model, "gradient_accumulation_fusion", False):
         return f"{FUSION_NOTE}off (the config)"
@@ -231,7 +230,7 @@ def fusion_note(cfg: Any, log_text: str) -> str:
 def result_fused(doc: dict[str, Any]) -> bool:
     """Whether a benchmark result's run accumulated its weight gradients fused (its ``notes`` say so, see
     :func:`fusion_note`). Results written before runs noted it ran without: on a host without APEX the
-    runner turned fusion off until ``bridge_recipes.te_wgrad`` stood in for it."""
+    runner turned fusion off until ``bridge_recipes.features.te_wgrad`` stood in for it."""
     notes = doc.get("notes") or []
     return f"{FUSION_NOTE}on" in ([notes] if isinstance(notes, str) else notes)
 

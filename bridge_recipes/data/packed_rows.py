@@ -15,7 +15,7 @@ then holds Megatron-Bridge's packed-sequence (THD) keys: ``cu_seqlens_q`` / ``cu
 (int32, 0 ... row_tokens) and ``max_seqlen_q`` / ``max_seqlen_kv``; ``position_ids`` restart
 at 0 at each conversation. Megatron-Bridge's ``gpt_step`` turns these keys into
 ``PackedSeqParams(qkv_format="thd")`` for the model, so that attention (causal within each
-conversation, ``bridge_recipes.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
+conversation, ``bridge_recipes.features.packed_attention``), the Gated DeltaNet convolution and recurrence, rotary
 positions and the MTP label shift all restart at each conversation (docs/sft_data.md). The config
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
 takes one packed sequence per micro batch and hands the boundaries to middle pipeline stages too. A
@@ -325,7 +325,7 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
     errors += _micro_batch_problems(cfg)
     if (m.context_parallel_size or 1) > 1:
         errors.append(
-            f"rows in {d.path} carry conversation boundaries; their attention (bridge_recipes.packed_attention) "
+            f"rows in {d.path} carry conversation boundaries; their attention (features.packed_attention) "
             "does not split a conversation across context-parallel ranks: set -cp 1, or build "
             "--packing one_per_row rows (long conversations, one per row)"
         )

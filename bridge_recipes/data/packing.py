@@ -5,7 +5,7 @@
 each row records its conversation boundaries as ``cu_seqlens`` (0, end of conversation 1, ...,
 row_tokens; the padding is a last segment of its own). Training passes them to Megatron as
 packed-sequence (THD) parameters, so attention (causal within each conversation,
-``bridge_recipes.packed_attention``), the Gated DeltaNet recurrence, the MTP shift and the
+``bridge_recipes.features.packed_attention``), the Gated DeltaNet recurrence, the MTP shift and the
 positions restart at each conversation, and a row is mostly conversation tokens. A conversation
 longer than a row is skipped and counted (``longer_than_row``), never cut.
 

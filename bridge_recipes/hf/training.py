@@ -69,7 +69,7 @@ def inspect(hf_dir: str) -> ck.HfFolder:
 
 def text_model(cfg: Any) -> bool:
     """Whether ``cfg`` trains a text model (a released VL folder then gives its language model)."""
-    from bridge_recipes.common import is_vlm
+    from bridge_recipes.models.qwen35 import is_vlm
 
     return not is_vlm(cfg)
 

@@ -319,3 +319,21 @@ def build_provider(spec: Qwen35Spec | str, **overrides: Any):
             raise AttributeError(f"{type(provider).__name__} has no field {key!r}")
         setattr(provider, key, value)
     return provider
+
+
+def is_vlm(cfg: Any) -> bool:
+    """Whether a built config is a vision-language one (its provider carries a vision tower)."""
+    return hasattr(cfg.model, "vision_config")
+
+
+def use_checkpoint_family(cfg: Any, model: Qwen35Spec | str, family: str) -> None:
+    """Record the ``family`` checkpoint of ``model`` (``qwen3.6``: same architecture and tokenizer)
+    on a built config: the model's Hugging Face id (Megatron-Bridge's ``hf_model_id``, the template
+    of HF exports) and, for VL data, the processor read by the training process. Only the
+    checkpoint's id is recorded; nothing is downloaded."""
+    spec = get_spec(model) if isinstance(model, str) else model
+    new, old = spec.checkpoint(family).hf_id, spec.checkpoint("qwen3.5").hf_id
+    cfg.model.hf_model_id = new
+    for holder in (cfg.dataset, getattr(cfg.dataset, "task_encoder", None)):
+        if getattr(holder, "hf_processor_path", None) == old:
+            holder.hf_processor_path = new

@@ -28,14 +28,15 @@ def _never(cfg: Any, **run: Any) -> bool:
 
 @dataclass(frozen=True)
 class Patch:
-    """One run-time patch: its name (its module in ``bridge_recipes.patches``), what it does, the
-        upstream it was written for and the symbols it touches.
+    """One run-time patch: its name (its module in ``bridge_recipes.patches``, or its feature's), what it
+    does, the upstream it was written for and the symbols it touches.
 
-        ``targets`` maps a fully qualified symbol to its parameter names, or to None for a value that is
-        replaced (not called). ``wanted(cfg, **run)`` says whether a run of ``cfg`` installs it at launch
-        (``run``: the runner's options, ``lora_from_random_init``); ``install(cfg)`` installs it once per
-        process and returns the line the runner logs, or None. A patch installed elsewhere than at launch
-    (the dry run's validation, the row builder's renderer) has no ``install`` here: its module says where."""
+    ``targets`` maps a fully qualified symbol to its parameter names, or to None for a value that is
+    replaced (not called). ``wanted(cfg)`` says whether a run of ``cfg`` installs it at launch;
+    ``install(cfg)`` installs it once per process and returns the line the runner logs, or None. A patch
+    installed elsewhere than at launch (the dry run's validation, the row builder's renderer) has no
+    ``install`` here: its module says where. A run-time feature's patch lives in its feature's module
+    (``bridge_recipes.features``, named by ``module``)."""
 
     name: str
     what: str
@@ -43,6 +44,12 @@ class Patch:
     targets: Mapping[str, tuple[str, ...] | None]
     install: Callable[[Any], str | None] | None = None
     wanted: Callable[..., bool] = field(default=_never)
+    module: str = ""  # the module that defines it, when not bridge_recipes.patches.<name>
+
+    @property
+    def source(self) -> str:
+        """The file that holds the patch, relative to the repository."""
+        return (self.module or f"bridge_recipes.patches.{self.name}").replace(".", "/") + ".py"
 
 
 def resolve(symbol: str) -> Any:
@@ -88,7 +95,7 @@ def version_problems(patch: Patch) -> list[str]:
         if not inside:
             out.append(
                 f"patch {patch.name} was written for {dist} {spec}; installed {installed}: install {dist}{spec}, "
-                f"or check bridge_recipes/patches/{patch.name}.py against {dist} {installed} and widen its range "
+                f"or check {patch.source} against {dist} {installed} and widen its range "
                 "(docs/patches.md)"
             )
     return out

@@ -17,25 +17,24 @@ def logits_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:
     return tok.seq * padded_vocab(d, par) / par.tp
 
 
-def cross_entropy_kind(m: Any, env_vars: dict | None) -> str:
-    """The loss kernel: ``chunked``, ``unfused``, ``te`` or ``native`` (the terms of :func:`logits_peak_bytes`)."""
-    from bridge_recipes import chunked_loss
-
-    if chunked_loss.enabled(env_vars) and chunked_loss.problem(m) is None:
+def cross_entropy_kind(cfg: Any) -> str:
+    """The loss kernel: ``chunked`` (``features.chunked_loss``, where it applies), ``unfused``, ``te`` or
+    ``native`` (the terms of :func:`logits_peak_bytes`)."""
+    m = cfg.model
+    if cfg.features.chunked_loss.applies_to(m):
         return "chunked"
     if not m.cross_entropy_loss_fusion:
         return "unfused"
     return "te" if getattr(m, "cross_entropy_fusion_impl", "native") == "te" else "native"
 
 
-def logits_peak_bytes(d: ModelDims, par: Layout, tok: Tokens, kind: str) -> float:
+def logits_peak_bytes(d: ModelDims, par: Layout, tok: Tokens, kind: str, chunk_tokens: Any = None) -> float:
     """Peak of the loss computation: the MTP losses' kept tensors plus the LM loss's working
-    set (the per-kind terms: ``bridge_recipes.plan.memory``'s docstring)."""
+    set (the per-kind terms: ``bridge_recipes.plan.memory``'s docstring); ``chunk_tokens(vocab)``: the
+    chunked loss's tokens per chunk (``features.chunked_loss``), for that kind."""
     L = logits_elems(d, par, tok)
     earlier = d.mtp_layers  # MTP losses are computed first and keep their backward tensors
     if kind == "chunked":  # one chunk's working set, and a few floats per token per loss
-        from bridge_recipes.chunked_loss import chunk_tokens
-
         vocab = L / tok.seq
         return min(tok.seq, chunk_tokens(int(vocab))) * vocab * 8 + (1 + earlier) * tok.seq * 3 * FP32
     if kind == "te":

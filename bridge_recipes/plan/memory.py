@@ -32,7 +32,7 @@ routing assumed) and adds, at its peak moment:
   ``share_expert_adapters``). Activations are counted as for full fine-tuning (an upper bound:
   the frozen weights need no saved inputs for their weight gradients). A base stored in FP8
   (``fp8_frozen_base``) keeps its linear weights at one byte and dequantizes one at a time in the
-  backward (``bridge_recipes.fp8_base``).
+  backward (``bridge_recipes.features.fp8_base``).
 - activations (:mod:`.activations`, :mod:`.schedule`): bytes each decoder layer saves for its
   backward, summed tensor by tensor in the ``*_activation_elems`` functions (BF16 elements; FP32
   tensors count twice), for a micro batch of ``seq_length / CP`` tokens (``/ TP`` more in the residual stream under
@@ -55,7 +55,7 @@ routing assumed) and adds, at its peak moment:
   The unfused path has no compiled helper: 2L + 4L. The inferred term is the compiled
   temporary: it is how ``torch.compile`` functionalises input mutation, and the two native
   runs measured on the H200 need it while the TE run does not (docs/memory_plan.md). The loss a
-  chunk of tokens at a time (``bridge_recipes.chunked_loss``) keeps one chunk's logits, gradient
+  chunk of tokens at a time (``bridge_recipes.features.chunked_loss``) keeps one chunk's logits, gradient
   and FP32 copy (8 bytes per logit) and a few floats per token per loss.
 - overhead: CUDA context, cuBLAS/TE workspaces and NCCL buffers live outside torch's
   allocator (a constant), and the caching allocator reserves more than it allocates (a

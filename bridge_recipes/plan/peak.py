@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.common import is_vlm
 from bridge_recipes.gpus import GB, GPUS
 from bridge_recipes.layout import Layout
 from bridge_recipes.models.dims import ModelDims
+from bridge_recipes.models.qwen35 import is_vlm
 from bridge_recipes.plan.activations import (
     SELECTIVE_MODULES,
     chunk_activations,
@@ -34,7 +34,7 @@ from bridge_recipes.plan.precision import (
     caches_fp8_weights,
     casts_fp8_weights_per_use,
     effective_precision,
-    fp8_base_compute,
+    fp8_base_gemms,
     fp8_frozen_base,
 )
 from bridge_recipes.plan.schedule import micro_batches_in_flight, num_microbatches, stage_chunks
@@ -165,13 +165,13 @@ def first_step_retained_bytes(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, 
     layer's backward working set (:func:`gdn_backward_elems`, and its MLP's dequantized weights when an
     FP8 base multiplies in BF16) allocated through the next layer's backward and past the step's end; a
     later step does not. Measured, not derived from the code that holds it (docs/memory_plan.md)."""
-    if cross_entropy_kind(cfg.model, getattr(cfg, "env_vars", None)) != "chunked":
+    if cross_entropy_kind(cfg) != "chunked":
         return 0.0
     rebuilt = [i for c in chunks for g in recompute_groups(cfg.model, c) for i in g if d.layer_kinds(i)[0]]
     if not rebuilt:
         return 0.0
     mlp = 0.0
-    if fp8_frozen_base(cfg) and fp8_base_compute(getattr(cfg, "env_vars", None)) == "bf16":
+    if fp8_frozen_base(cfg) and fp8_base_gemms(cfg) == "bf16":
         linears = [layer_linears(d, par, *d.layer_kinds(i)) for i in rebuilt]
         mlp = max(sum(n * m * c for name, n, m, c in ls if name.startswith("linear_fc")) for ls in linears)
     return BF16 * (gdn_backward_elems(d, par, tok) + mlp)
@@ -203,7 +203,7 @@ def plan_stage(cfg: Any, d: ModelDims, par: Layout, tok: Tokens, stage: int, chu
             rebuilt = max(
                 rebuilt, mtp_activation_bytes(d, par, tok, recomputed=False) - (0.0 if mtp_recomputed(m) else mtp)
             )
-        logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(m, getattr(cfg, "env_vars", None)))
+        logits = logits_peak_bytes(d, par, tok, cross_entropy_kind(cfg), cfg.features.chunked_loss.chunk_tokens)
     copies = fp8_weight_copies(cfg, d, par, chunks, stage)
     saved += copies.saved
     in_flight = micro_batches_in_flight(stage, par, num_microbatches(cfg, par))
@@ -252,7 +252,7 @@ def plan_notes(cfg: Any, par: Layout) -> tuple[str, ...]:
     if fp8_frozen_base(cfg):
         copies = (
             "a recomputed layer's dequantized weights"
-            if fp8_base_compute(getattr(cfg, "env_vars", None)) == "bf16"
+            if fp8_base_gemms(cfg) == "bf16"
             else "the backward's dequantized copy of the largest one"
         )
         notes.append(

@@ -50,20 +50,14 @@ def fp8_parameters(mp: Any) -> bool:
     return bool(getattr(mp, "fp8", None)) and bool(getattr(mp, "fp8_param", None) or mp.fp8_param_gather)
 
 
-FP8_BASE_COMPUTE_ENV = "BRIDGE_RECIPES_FP8_BASE_COMPUTE"
-FP8_BASE_COMPUTES = ("bf16", "fp8")
-
-
-def fp8_base_compute(env_vars: dict | None = None, environ: Any = None) -> str:
-    """How an FP8 base multiplies, ``bf16`` (on the dequantized weights) or ``fp8``: the process's
-    environment over the recipe's ``env_vars``, ``bf16`` when neither sets it."""
-    from bridge_recipes.env_settings import setting
-
-    return setting(FP8_BASE_COMPUTE_ENV, env_vars, environ, default="bf16")
+def fp8_base_gemms(cfg: Any) -> str:
+    """How an FP8 base multiplies, ``bf16`` (on the dequantized weights) or ``fp8``: the run's
+    ``features.fp8_base.gemms`` (``bridge_recipes.features.fp8_base``)."""
+    return cfg.features.fp8_base.gemms
 
 
 def fp8_frozen_base(cfg: Any) -> bool:
-    """LoRA on a base stored in FP8 (``bridge_recipes.fp8_base``): every TE linear's frozen weight is one
+    """LoRA on a base stored in FP8 (``bridge_recipes.features.fp8_base``): every TE linear's frozen weight is one
     byte, row-wise only, and the backward dequantizes one GEMM's weight at a time."""
     if lora_targets(cfg) is None:
         return False

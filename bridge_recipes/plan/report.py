@@ -3,9 +3,10 @@ the usual changes that would (each planned)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from bridge_recipes.common import is_vlm
+from bridge_recipes.models.qwen35 import is_vlm
 from bridge_recipes.plan.peak import MemoryPlan, StageMemory, plan_memory
 
 _COLUMNS = ("stage", "layers", "mb", "weights", "grads", "optim", "activ", "logits", "bwd", "alloc", "+ovh", "total")
@@ -59,11 +60,10 @@ def format_plan(plan: MemoryPlan) -> str:
 # skipped. More GPUs (the same layout, more data-parallel ranks sharding the distributed
 # optimizer) are tried after them.
 def _chunked_loss(cfg: Any) -> bool:
-    from bridge_recipes.chunked_loss import ENV, enabled, problem
-
-    if enabled(cfg.env_vars) or is_vlm(cfg) or problem(cfg.model):
+    chunked = cfg.features.chunked_loss
+    if chunked.enabled or is_vlm(cfg) or not replace(chunked, enabled=True).applies_to(cfg.model):
         return False
-    cfg.env_vars = {**(cfg.env_vars or {}), ENV: 1}
+    chunked.enabled = True
     return True
 
 
@@ -91,7 +91,7 @@ def _optimizer_on_host(cfg: Any) -> bool:
 
 
 LEVERS: tuple[tuple[str, tuple[str, ...], Any], ...] = (
-    ("the loss a chunk of tokens at a time", ("+env_vars.BRIDGE_RECIPES_CHUNKED_LOSS=1",), _chunked_loss),
+    ("the loss a chunk of tokens at a time", ("features.chunked_loss.enabled=true",), _chunked_loss),
     (
         "full recompute",
         ("model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"),

@@ -23,7 +23,7 @@ from bridge_recipes.plan.params import (
 from bridge_recipes.plan.precision import (
     caches_fp8_weights,
     casts_fp8_weights_per_use,
-    fp8_base_compute,
+    fp8_base_gemms,
     fp8_frozen_base,
     mixed_precision_config,
 )
@@ -45,7 +45,7 @@ def fp8_base_dequantized_bytes(cfg: Any, d: ModelDims, par: Layout, layers: list
     if not fp8_frozen_base(cfg):
         return 0.0
     per_layer = [[n * m * count for _, n, m, count in layer_linears(d, par, *d.layer_kinds(i))] for i in layers]
-    if fp8_base_compute(getattr(cfg, "env_vars", None)) == "bf16":
+    if fp8_base_gemms(cfg) == "bf16":
         return BF16 * max((sum(sizes) for sizes in per_layer), default=0)
     return BF16 * max((size for sizes in per_layer for size in sizes), default=0)
 

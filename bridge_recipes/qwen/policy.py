@@ -2,10 +2,11 @@
 
 Each ``_apply_<model>_<N>gpu_<gpu>_execution_config`` helper is written from these, so one
 setting (say, how CPU optimizer offload is switched on) has one definition. Each block sets one
-kind of thing: numerics, optimizer sharding, recompute, offload, layout. None of them touches
-``cfg.env_vars``: the environment is a dict (:data:`OPENRECIPES_ENV`) assigned once, last, by
-each ``_apply_*`` helper or by the frame they share (:func:`openrecipes_execution`), so a
-recipe's environment reads in one place.
+kind of thing: numerics, optimizer sharding, recompute, offload, layout, a run-time feature
+(``cfg.features``). None of them touches ``cfg.env_vars``: the environment is the process's only
+(NCCL, Transformer Engine, PyTorch), one of the named dicts below assigned whole, by the frame the
+helpers share (:func:`openrecipes_execution`) or by a recipe that needs another, so a recipe's
+environment reads in one place.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ OPENRECIPES_ENV = {
 
 # Transformer Engine's switch from per-expert cuBLAS GEMMs to one CUTLASS grouped GEMM (Hopper only)
 CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
+# :data:`OPENRECIPES_ENV` with the routed experts as one CUTLASS grouped GEMM: one kernel per grouped
+# linear instead of one cuBLAS GEMM per expert, each launched from the host. With all 256 experts on one
+# GPU those launches, not the GPU, set the step time. GEMMs whose inner dimension differs between
+# experts (weight gradients) or is not a multiple of 128 stay on cuBLAS; other GPUs ignore the variable.
+OPENRECIPES_GROUPED_GEMM_ENV = {**OPENRECIPES_ENV, CUTLASS_GROUPED_GEMM_ENV: 1}
 
 
 def set_openrecipes_numerics(cfg: ConfigContainer) -> None:
@@ -65,15 +71,36 @@ def shard_optimizer_precision_aware(cfg: ConfigContainer) -> None:
 
 
 @contextmanager
-def openrecipes_execution(cfg: ConfigContainer) -> Iterator[None]:
+def openrecipes_execution(cfg: ConfigContainer, env: dict | None = None) -> Iterator[None]:
     """The frame of an OpenRecipes execution policy, around the layout, recompute and dispatcher
     its block sets: first the shared numerics and the precision-aware sharded optimizer, last one
-    row per micro batch and the environment :data:`OPENRECIPES_ENV`."""
+    row per micro batch and the environment ``env`` (:data:`OPENRECIPES_ENV` by default)."""
     set_openrecipes_numerics(cfg)
     shard_optimizer_precision_aware(cfg)
     yield
     cfg.train.micro_batch_size = 1
-    cfg.env_vars = {**OPENRECIPES_ENV}
+    cfg.env_vars = {**(OPENRECIPES_ENV if env is None else env)}
+
+
+def lora_one_gpu(cfg: ConfigContainer, *, moe: bool = False, env: dict | None = None) -> None:
+    """A LoRA model replica on one GPU, whatever the GPU: TP1 PP1 (EP1), full uniform recompute of 1
+    layer, one row per micro batch, the OpenRecipes numerics and optimizer, for an MoE the alltoall
+    dispatcher; the environment ``env`` (:func:`openrecipes_execution`). Each GPU's recipes add what its
+    memory asks for (rows per micro batch, recompute, the loss a chunk at a time, an FP8 base)."""
+    with openrecipes_execution(cfg, env):
+        set_layout(cfg)
+        full_recompute(cfg)
+        if moe:
+            cfg.model.moe_token_dispatcher_type = "alltoall"
+
+
+def fast_lora_kernels(cfg: ConfigContainer, *, router: bool = False) -> None:
+    """The kernels a one-GPU LoRA recipe spends its spare memory on: Transformer Engine's cross entropy,
+    the fused SwiGLU and, for an MoE, the fused router."""
+    te_cross_entropy(cfg)
+    fused_swiglu(cfg)
+    if router:
+        fused_router(cfg)
 
 
 def full_recompute(cfg: ConfigContainer, method: str = "uniform", num_layers: int = 1) -> None:
@@ -121,22 +148,11 @@ def fused_router(cfg: ConfigContainer) -> None:
     cfg.model.moe_router_fusion = True
 
 
-def cutlass_grouped_gemm(cfg: ConfigContainer) -> None:
-    """Transformer Engine's CUTLASS grouped GEMM for the routed experts on Hopper
-    (``NVTE_USE_CUTLASS_GROUPED_GEMM``): one kernel per grouped linear instead of one cuBLAS GEMM per
-    expert, each launched from the host. With all 256 experts on one GPU those launches, not the
-    GPU, set the step time. GEMMs whose inner dimension differs between experts (weight gradients)
-    or is not a multiple of 128 stay on cuBLAS; other GPUs ignore the variable."""
-    cfg.env_vars = {**(cfg.env_vars or {}), CUTLASS_GROUPED_GEMM_ENV: 1}
-
-
 def chunked_cross_entropy(cfg: ConfigContainer) -> None:
-    """The output layer and the cross entropy a chunk of tokens at a time (``bridge_recipes.chunked_loss``,
-    switched on by the environment): no loss keeps the 248K-vocabulary logits of the whole micro batch
-    (32,768 tokens: 16 GB each, the MTP head's loss and the main one), one tensor-parallel rank only."""
-    from bridge_recipes.chunked_loss import ENV
-
-    cfg.env_vars = {**(cfg.env_vars or {}), ENV: 1}
+    """The output layer and the cross entropy a chunk of tokens at a time (``features.chunked_loss``,
+    ``bridge_recipes.features.chunked_loss``): no loss keeps the 248K-vocabulary logits of the whole micro
+    batch (32,768 tokens: 16 GB each, the MTP head's loss and the main one), one tensor-parallel rank only."""
+    cfg.features.chunked_loss.enabled = True
 
 
 def fp8_current_scaling(cfg: ConfigContainer) -> None:
@@ -162,22 +178,21 @@ def fp8_current_scaling(cfg: ConfigContainer) -> None:
     cfg.model.disable_parameter_transpose_cache = False
 
 
-def fp8_frozen_base(cfg: ConfigContainer, compute: str = "bf16") -> None:
-    """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.fp8_base``): every
-    layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor scale
-    and, with ``compute="bf16"``, multiply in BF16 on the weight dequantized for each GEMM, so the adapters
-    learn what they would on a BF16 base; ``compute="fp8"`` multiplies in FP8 in the forward (no
-    dequantized copies, the adapters' gradients further from FP32). Embedding, output layer, norms and
-    router stay BF16; the adapters and their optimizer state are not touched. Refused where the GPU has
-    no FP8 (Ampere)."""
+def fp8_frozen_base(cfg: ConfigContainer, gemms: str = "bf16") -> None:
+    """LoRA's frozen base weights stored in FP8, one byte per weight (``bridge_recipes.features.fp8_base``):
+    every layer's Transformer Engine linears (the MTP layer's too) hold FP8 weights with one per-tensor
+    scale and, with ``gemms="bf16"``, multiply in BF16 on the weight dequantized for each GEMM, so the
+    adapters learn what they would on a BF16 base; ``gemms="fp8"`` multiplies in FP8 in the forward (no
+    dequantized copies, the adapters' gradients further from FP32): ``features.fp8_base.gemms``. Embedding,
+    output layer, norms and router stay BF16; the adapters and their optimizer state are not touched.
+    Refused where the GPU has no FP8 (Ampere)."""
     from megatron.bridge.training.mixed_precision import bf16_with_fp8_current_scaling_mixed
 
-    from bridge_recipes.plan.precision import FP8_BASE_COMPUTE_ENV, FP8_BASE_COMPUTES
+    from bridge_recipes.features.fp8_base import GEMMS
 
-    if compute not in FP8_BASE_COMPUTES:
-        raise ValueError(f"compute={compute!r}: an FP8 base multiplies in one of {', '.join(FP8_BASE_COMPUTES)}")
-    if compute != "bf16":
-        cfg.env_vars = {**(cfg.env_vars or {}), FP8_BASE_COMPUTE_ENV: compute}
+    if gemms not in GEMMS:
+        raise ValueError(f"gemms={gemms!r}: an FP8 base multiplies in one of {', '.join(GEMMS)}")
+    cfg.features.fp8_base.gemms = gemms
 
     cfg.mixed_precision = bf16_with_fp8_current_scaling_mixed()
     # every layer in FP8: the preset's BF16 first and last layers would keep two bytes per weight

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.common import is_vlm
 from bridge_recipes.datasets import rows_per_sequence
 from bridge_recipes.layout import divides, layout_of, model_shape, rule_problems, stage_layers
+from bridge_recipes.models.qwen35 import is_vlm
 
 
 @dataclass(frozen=True)
@@ -65,14 +65,9 @@ def check(cfg: Any, world_size: int, recipe: str | None = None) -> list[Problem]
         err(msg)
     for msg in op_fuser_problems(cfg):
         err(msg)
-    for msg in chunked_loss_problems(cfg):
-        err(msg)
-    from bridge_recipes import fp8_base, packed_attention
+    from bridge_recipes import features
 
-    for msg in packed_attention.problems(getattr(cfg, "env_vars", None)):
-        err(msg)
-
-    for msg in fp8_base.problems(cfg):
+    for msg in features.problems(cfg, *recipe_gpu(cfg)):
         err(msg)
 
     # Batch shape.
@@ -160,10 +155,15 @@ def layer_pattern_problems(m: Any) -> list[str]:
 
 
 def precision_summary(cfg: Any) -> str:
-    """The mixed-precision preset in a line: its name where the recipe names one, the FP8 recipe and
-    where the parameters live (e.g. ``bf16_mixed``; ``FP8 tensorwise GEMMs, first 1 and last 1 layers
-    BF16, BF16 parameters``)."""
+    """The mixed-precision preset in a line, as it runs: its name where the recipe names one, the FP8
+    recipe and where the parameters live (e.g. ``bf16_mixed``; ``FP8 tensorwise GEMMs, first 1 and last 1
+    layers BF16, BF16 parameters``); for LoRA on a base stored in FP8, the base's storage and the GEMMs'
+    precision (``features.fp8_base``)."""
+    from bridge_recipes.features import fp8_base
     from bridge_recipes.plan.memory import fp8_parameters, mixed_precision_config
+
+    if base := fp8_base.describe(cfg):
+        return base
 
     mp, named = mixed_precision_config(cfg), cfg.mixed_precision if isinstance(cfg.mixed_precision, str) else None
     if mp is None or not getattr(mp, "fp8", None):
@@ -239,20 +239,14 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
     return found
 
 
-def chunked_loss_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[str]:
-    """What stops the loss a chunk of tokens at a time (``bridge_recipes.chunked_loss``) that the
-    environment switches on: a VL model, tensor parallelism, MuP."""
-    from bridge_recipes import chunked_loss
+def recipe_gpu(cfg: Any) -> tuple[tuple[int, int] | None, str | None]:
+    """The compute capability and name of the GPU the config's recipe is written for (None, None where the
+    recipe or its GPU is not known): what a dry run checks the features against."""
+    from bridge_recipes.gpus import GPUS
 
-    if not chunked_loss.enabled(getattr(cfg, "env_vars", None), environ):
-        return []
-    from bridge_recipes.env_settings import env_advice
-
-    fix = f"or set {env_advice(chunked_loss.ENV, '0', environ)}"
-    if is_vlm(cfg):
-        return [f"{chunked_loss.ENV}=1 applies to the text models only; {fix}"]
-    why = chunked_loss.problem(cfg.model)
-    return [f"{why}; {fix}"] if why else []
+    meta = getattr(cfg, "meta", None)
+    gpu = GPUS.get(str(getattr(meta, "gpu", "")).upper())
+    return (gpu.capability, f"{gpu.name}, the recipe's GPU") if gpu else (None, None)
 
 
 def vision_patches_per_micro_batch(cfg: Any) -> int | None:
@@ -350,5 +344,8 @@ def summary(cfg: Any, world_size: int) -> str:
         f"precision-aware={getattr(opt, 'use_precision_aware_optimizer', False)}, {offload}"
     )
     lines.append(f"precision         {precision_summary(cfg)}")
+    from bridge_recipes import features
+
+    lines += features.summary(cfg)
     lines.append(f"train             {t.train_iters} steps, lr {opt.lr:g} -> {opt.min_lr:g}")
     return "\n".join(lines)

@@ -16,8 +16,8 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import quiet, registry, watchdog
-from bridge_recipes.bench import random_lora
 from bridge_recipes.builder import PEFT_SCHEMES
+from bridge_recipes.features import random_lora
 from bridge_recipes.overrides import (
     FLAG_KEYS,
     OverrideError,
@@ -267,14 +267,16 @@ def megatron_validation(cfg: Any, world_size: int) -> str | None:
 
 
 def build_request(args: argparse.Namespace) -> dict[str, Any]:
-    """The keywords of :func:`bridge_recipes.build` that the parsed command line asks for."""
+    """The keywords of :func:`bridge_recipes.build` that the parsed command line asks for
+    (``--lora-from-random-init`` is ``features.random_lora.enabled=true``, before the overrides)."""
+    random_init = [f"{random_lora.KEY}=true"] if getattr(args, "lora_from_random_init", False) else []
     return {
         "scale_down": args.scale_down,
         "scale_experts": args.scale_experts,
         **({"gpus": args.gpus} if args.gpus is not None else {}),
         "dataset": args.dataset,
         "flags": {dest: getattr(args, dest) for dest in FLAG_KEYS},
-        "overrides": args.overrides,
+        "overrides": [*random_init, *args.overrides],
         **({"peft": args.peft} if args.peft else {}),
         **({"hf_checkpoint": args.hf_checkpoint} if args.hf_checkpoint else {}),
         **({"config_file": args.config_file} if args.config_file else {}),
@@ -390,7 +392,9 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
         adapters += f" on {targets}" if targets else ""
     ckpt = cfg.checkpoint
     taken = None
-    if args.hf_checkpoint:
+    if cfg.features.random_lora.enabled:
+        weights = random_lora.NOTE.removeprefix("base weights: ")
+    elif args.hf_checkpoint:
         from bridge_recipes.hf.training import cache_folder, released_summary, text_model
 
         weights = (
@@ -546,7 +550,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(str(exc))
     except (OverrideError, ValueError) as exc:
         return fail(str(exc))
-    if args.lora_from_random_init and (
+    random_init = cfg.features.random_lora.enabled
+    if random_init and (
         refused := random_lora.problems(cfg, hf_checkpoint=args.hf_checkpoint, export_hf=args.export_hf)
     ):
         return fail("; ".join(refused))
@@ -562,7 +567,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return print_plan(args, entry, cfg, world)
     from bridge_recipes.hf.training import random_init_warning
 
-    warning = None if args.lora_from_random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
+    warning = None if random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if warning and entry.meta.task == "peft" and cfg.peft is not None:
         # adapters on random weights learn nothing worth keeping: refused, dry run and launch alike
         return fail(warning)
@@ -596,6 +601,10 @@ def request_problem(args: argparse.Namespace) -> str | None:
         return problem
     if problem := paths_problem(args):
         return problem
+    from bridge_recipes.features import replaced_env_problems
+
+    if replaced := replaced_env_problems(None):  # a process environment variable a config key replaced
+        return "; ".join(replaced)
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
         range_precheck(flag_overrides(vars(args)))
@@ -708,9 +717,9 @@ def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: A
             layers, _ = layers_and_experts(args.hf_folder)
             hint = f" (for this checkpoint on fewer GPUs, add --scale-down {layers}: its layer count)"
         return f"{entry.name} as configured cannot run on {world} GPU(s); fix the errors above{hint}"
-    from bridge_recipes import patches
+    from bridge_recipes import features
 
-    if refused := patches.problems(cfg, lora_from_random_init=args.lora_from_random_init, dry_run=args.dry_run):
+    if refused := features.patch_problems(cfg, dry_run=args.dry_run):
         return "; ".join(refused)
     return None
 
@@ -790,7 +799,7 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         return fail(f"Megatron-Bridge rejects this config: {problem}")
     if warning:
         print(in_cli_terms(warning), file=sys.stderr)
-    if args.lora_from_random_init:
+    if cfg.features.random_lora.enabled:
         print(f"{random_lora.NOTE}; at launch the adapters go on the random weights and nothing is loaded")
     if args.show_yaml:
         cfg.print_yaml()
@@ -852,17 +861,19 @@ def launch_run(
     cap_this_gpu(args.gpu_memory_gb)
     from bridge_recipes.runner import launch
 
+    if args.hf_checkpoint:
+        from bridge_recipes.hf.training import attach
+
+        attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
+    for change in launch.prepare(cfg):  # what this machine changes, made and said before what runs is printed
+        print(f"[run_recipe] {change}", flush=True)
     print(checks.summary(cfg, world))
     print(run_summary(cfg, entry, args, world), flush=True)
     if cfg.checkpoint.save and os.environ.get("RANK", "0") == "0":
         from bridge_recipes.saved_runs import run_identity, write_identity
 
         write_identity(cfg.checkpoint.save, run_identity(cfg, entry.name))  # what a later run is checked against
-    if args.hf_checkpoint:
-        from bridge_recipes.hf.training import attach
-
-        attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
-    launch.run(cfg, entry.meta.task, args.lora_from_random_init, budgets_of(args))
+    launch.run(cfg, entry.meta.task, budgets_of(args))
     if args.export_hf:
         from bridge_recipes.hf.training import export_after_training
 

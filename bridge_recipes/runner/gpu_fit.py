@@ -1,11 +1,11 @@
 """Whether a recipe can run on the GPU at hand, checked before launch, and the recipe that can.
 
-Three things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
+Four things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
 FP8 (a base stored in FP8, FP8 training) on a GPU without FP8 support (Ampere and older), MXFP8 on a
-GPU before Blackwell, and a plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that
-is less than the memory of the recipe's GPU. Each is refused with the reason and the recipes of the
-same model and task that the GPU can run, the largest GPU class first (the one that uses most of the
-memory).
+GPU before Blackwell, a packed-attention mode not proven on the GPU (``features.packed_attention``), and
+a plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that is less than the memory of
+the recipe's GPU. Each is refused with the reason and the recipes of the same model and task that the
+GPU can run, the largest GPU class first (the one that uses most of the memory).
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
     ``--gpu-memory-gb`` cap, or None), each naming the recipes that can; empty when it can."""
     memory = cap_gb if cap_gb is not None else device.memory_gb
     where = f"this {device.name}" + (f" capped at {cap_gb:g} GB" if cap_gb is not None else f" ({memory:.1f} GB)")
-    out = []
+    from bridge_recipes.features import packed_attention
+
+    out = packed_attention.problems(cfg.features.packed_attention, device.capability, f"this {device.name}")
     if uses_fp8(cfg) and not device.fp8:
         out.append(
             f"{entry.name} uses FP8 (weights stored or multiplied in FP8), which {device.name} (compute capability "

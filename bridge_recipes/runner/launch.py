@@ -1,9 +1,10 @@
 """Hand a checked config to Megatron-Bridge's pretrain / finetune with the right forward step.
 
-Differences between a registry install and an NGC container are handled here when they apply,
-each reported in one log line; the run-time patches of upstream code the config asks for (among them
-the dataset helpers the megatron-core wheel ships compiled, and Transformer Engine's GEMM in place of
-APEX's weight-gradient kernel) are installed by ``bridge_recipes.patches.apply`` (docs/patches.md).
+What this machine makes of the config (a registry install without flash-attn or ft_launcher, a missing
+APEX kernel, the stand-in folder of LoRA on random weights) is changed by :func:`prepare`, which the
+runner calls before it prints what runs, each change in one line; :func:`run` then installs the run-time
+patches the config asks for (``bridge_recipes.features.apply``: among them the dataset helpers the
+megatron-core wheel ships compiled, docs/patches.md) and starts training, changing nothing.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
-from bridge_recipes import patches, watchdog
-from bridge_recipes.common import is_vlm
+from bridge_recipes import features, watchdog
+from bridge_recipes.models.qwen35 import is_vlm
 
 LOG = "[run_recipe]"
 
@@ -22,41 +23,44 @@ def _log(msg: str) -> None:
     print(f"{LOG} {msg}", flush=True)
 
 
-def flash_attn_available() -> bool:
-    return any(importlib.util.find_spec(m) is not None for m in ("flash_attn", "flash_attn_interface"))
-
-
-def fall_back_from_flash_without_flash_attn(cfg: Any) -> bool:
-    """TE's flash backend needs the flash-attn package; without it TE's own (cuDNN) attention runs."""
+def attention_backend_change(cfg: Any) -> str | None:
+    """TE's flash backend needs the flash-attn package; without it TE's own (cuDNN) attention runs: the
+    change made, in words, or None."""
     from megatron.core.transformer.enums import AttnBackend
 
     if getattr(cfg.model, "attention_backend", None) != AttnBackend.flash or flash_attn_available():
-        return False
+        return None
     cfg.model.attention_backend = AttnBackend.auto
-    _log(
+    return (
         "attention_backend: flash -> auto (flash-attn is not installed; Transformer Engine picks its fused attention)"
     )
-    return True
 
 
-def fault_tolerance_off_without_ft_launcher(cfg: Any) -> bool:
-    """NVRx fault tolerance talks to the rank monitors ft_launcher starts; under plain torchrun
-    there are none, so it is turned off rather than failing at setup."""
+def fault_tolerance_change(cfg: Any) -> str | None:
+    """NVRx fault tolerance talks to the rank monitors ft_launcher starts; under plain torchrun there are
+    none, so it is turned off rather than failing at setup: the change made, in words, or None."""
     from bridge_recipes.resilience import launched_by_ft_launcher
 
     if not (cfg.ft and cfg.ft.enable_ft_package) or launched_by_ft_launcher():
-        return False
+        return None
     cfg.ft.enable_ft_package = False
-    _log(
+    return (
         "fault tolerance: off (not launched by ft_launcher; launch with ft_launcher to enable heartbeats and timeouts)"
     )
-    return True
 
 
-def prepare_for_registry_install(cfg: Any) -> None:
-    """Apply the registry-install adjustments that apply (each logs one line)."""
-    fault_tolerance_off_without_ft_launcher(cfg)
-    fall_back_from_flash_without_flash_attn(cfg)
+def prepare(cfg: Any) -> list[str]:
+    """Make the changes this machine needs (each one line, returned): fault tolerance without
+    ft_launcher, the attention backend without flash-attn, and the features' (:func:`features.launch_changes`)."""
+    return [
+        line
+        for line in (fault_tolerance_change(cfg), attention_backend_change(cfg), *features.launch_changes(cfg))
+        if line
+    ]
+
+
+def flash_attn_available() -> bool:
+    return any(importlib.util.find_spec(m) is not None for m in ("flash_attn", "flash_attn_interface"))
 
 
 def forward_step_for(cfg: Any) -> Callable:
@@ -69,23 +73,23 @@ def forward_step_for(cfg: Any) -> Callable:
     return forward_step
 
 
-def entry_point_name(cfg: Any, task: str, lora_from_random_init: bool = False) -> str:
+def entry_point_name(cfg: Any, task: str) -> str:
     """``finetune`` for SFT/PEFT starting from weights; ``pretrain`` otherwise (random init, and a
-    LoRA benchmark from random weights: ``bridge_recipes.patches.random_lora``)."""
-    if lora_from_random_init:
+    LoRA benchmark from random weights: ``features.random_lora``)."""
+    if cfg.features.random_lora.enabled:
         return "pretrain"
     if task in ("sft", "peft") and (cfg.checkpoint.pretrained_checkpoint or cfg.peft is not None):
         return "finetune"
     return "pretrain"
 
 
-def entry_point_for(cfg: Any, task: str, lora_from_random_init: bool = False) -> Callable:
-    name = entry_point_name(cfg, task, lora_from_random_init)
+def entry_point_for(cfg: Any, task: str) -> Callable:
+    name = entry_point_name(cfg, task)
     if name == "finetune":
         from megatron.bridge.training.finetune import finetune
 
         return finetune
-    if not lora_from_random_init and task in ("sft", "peft"):
+    if not cfg.features.random_lora.enabled and task in ("sft", "peft"):
         _log("no checkpoint.pretrained_checkpoint: fine-tuning recipe runs from random init through pretrain()")
     from megatron.bridge.training.pretrain import pretrain
 
@@ -104,15 +108,14 @@ def watched(step: Callable, budgets: watchdog.Budgets) -> tuple[Callable, Any]:
     return watchdog.watched_forward_step(step, dog), manager
 
 
-def run(cfg: Any, task: str, lora_from_random_init: bool = False, budgets: watchdog.Budgets | None = None) -> None:
-    """Train ``cfg``: the registry-install adjustments, the patches it asks for, then Megatron-Bridge's
-    entry point under the progress watch of ``budgets`` (:mod:`bridge_recipes.watchdog`)."""
+def run(cfg: Any, task: str, budgets: watchdog.Budgets | None = None) -> None:
+    """Install the run-time patches ``cfg`` asks for (after :func:`prepare`) and start training under the
+    progress watch of ``budgets`` (:mod:`bridge_recipes.watchdog`)."""
     budgets = budgets or watchdog.Budgets()
-    prepare_for_registry_install(cfg)
-    for line in patches.apply(cfg, lora_from_random_init=lora_from_random_init):
+    for line in features.apply(cfg):
         _log(line)
     step = forward_step_for(cfg)
-    entry = entry_point_for(cfg, task, lora_from_random_init)
+    entry = entry_point_for(cfg, task)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")
     _log(f"progress watch: {budgets.describe()}")
     step, callbacks = watched(step, budgets)

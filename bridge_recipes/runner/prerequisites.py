@@ -21,7 +21,7 @@ NEEDED: dict[str, tuple[str, str]] = {
 
 
 def _needed_modules(cfg: Any, gpu_major: int | None) -> list[str]:
-    from bridge_recipes.common import is_vlm
+    from bridge_recipes.models.qwen35 import is_vlm
 
     out = ["nvidia_resiliency_ext"]
     if is_vlm(cfg):

@@ -76,7 +76,7 @@ def test_candidate_runs_side_by_side_with_its_published_policy(tmp_path):
 
 
 def test_a_candidate_names_what_the_published_arm_keeps_as_it_ran(tmp_path):
-    """Gradient-accumulation fusion now stays on without APEX (bridge_recipes.te_wgrad), so its candidate's
+    """Gradient-accumulation fusion now stays on without APEX (bridge_recipes.features.te_wgrad), so its candidate's
     published arm turns it off as every earlier proxy run had it; the candidate's arm sets it on."""
     opts = _opts("--candidate", "35b_grad_accum_fusion", "--proxy-layers", "16", "--out", str(tmp_path / "c.yaml"))
     runs = bench.runs_of(opts)

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 import bridge_recipes
-from bridge_recipes.bench import benchmark, random_lora
+from bridge_recipes.bench import benchmark
 from bridge_recipes.common import LORA_TARGETS
 from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.data.synthetic_chat import build_lognormal_rows, conversations_jsonl
+from bridge_recipes.features import random_lora
 from bridge_recipes.gpus import class_memory_gb
 from lab import lora_vs_peft, peer_peft
 

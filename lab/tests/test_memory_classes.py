@@ -37,8 +37,8 @@ def test_both_runs_of_a_comparison_take_the_cap_of_the_recipes_card(tmp_path):
     assert (
         lora_vs_peft.memory_class_fields(name, opts, ours, {"error": "peer_peft exited 2"}, line)["peer_fits"] is None
     )
-    overridden = {"BRIDGE_RECIPES_FP8_BASE_COMPUTE": "fp8"}  # ours' config with the override applied
-    assert lora_vs_peft.memory_class_fields(name, opts, ours, oom, line, overridden)["base_compute"] == "fp8"
+    # ours' config with features.fp8_base.gemms=fp8 applied
+    assert lora_vs_peft.memory_class_fields(name, opts, ours, oom, line, "fp8")["base_compute"] == "fp8"
     on_h200 = lora_vs_peft.memory_class_fields(name, opts, {**ours, "gpu": {"type": "H200"}}, oom, line)
     assert on_h200["speed_of"] == "h200, not l40s"
     opts.gpu_memory_gb = None

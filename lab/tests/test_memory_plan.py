@@ -123,7 +123,7 @@ def test_selective_saving_against_its_one_measured_pair():
 def test_the_measured_runs_are_planned_with_the_fusion_their_logs_show():
     """Every run measured here predates the stand-in: its config asked for fusion and its log says the runner
     turned it off, so it is planned without fusion's placeholder gradients."""
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
 
     for run in (*TABLE.MEASURED_RUNS, *TABLE.SELECTIVE_PAIR):
         asked = TABLE.build(run.recipe, run.request)

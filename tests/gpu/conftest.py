@@ -23,13 +23,13 @@ def model_config(family: str, changes: dict, fp32: bool = False):
     import torch
 
     from bridge_recipes import registry
-    from bridge_recipes.runner.launch import prepare_for_registry_install
+    from bridge_recipes.runner.launch import prepare
     from bridge_recipes.scaledown import scale_down
 
     recipe, experts = FAMILIES[family]
     cfg = registry.load(recipe)()
     scale_down(cfg, num_layers=4, num_experts=experts, global_batch_size=1, seq_length=ROW)
-    prepare_for_registry_install(cfg)
+    prepare(cfg)
     m = cfg.model
     m.gradient_accumulation_fusion = False  # a bare model: gradients in .grad, no DDP main_grad
     for field, value in changes.items():

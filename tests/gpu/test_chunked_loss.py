@@ -1,4 +1,4 @@
-"""The loss a chunk of tokens at a time (``bridge_recipes.chunked_loss``) against Transformer Engine's
+"""The loss a chunk of tokens at a time (``bridge_recipes.features.chunked_loss``) against Transformer Engine's
 fused cross entropy on one GPU, both against an FP32 reference.
 
 The recipe's model at 4 layers (MTP head on; 32 experts for the 35B-A3B) takes the first packed row
@@ -25,7 +25,7 @@ def rel(a, b) -> float:
 @pytest.mark.parametrize("frozen_output", [False, True], ids=["trained_output", "frozen_output"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_loss_is_as_close_to_fp32_as_te_cross_entropy(family, frozen_output, row, bare_model, gradients):
-    from bridge_recipes.patches import chunked_loss
+    from bridge_recipes.features import chunked_loss
 
     batch, meta = row
     changes = {"cross_entropy_loss_fusion": True, "cross_entropy_fusion_impl": "te"}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -136,11 +137,9 @@ def test_a_conversations_loss_does_not_depend_on_its_row(rows, bare_model):
     import numpy as np
     import torch
 
-    from bridge_recipes import packed_attention
-    from bridge_recipes.patches import packed_attention as patch
+    from bridge_recipes.features import packed_attention
 
-    patch.install()
-    packed_attention.set_mode("per_conversation")
+    packed_attention.install(SimpleNamespace(features=SimpleNamespace(packed_attention=packed_attention.Config())))
     OUT.mkdir(parents=True, exist_ok=True)
     log = OUT / "packed_row_invariance.log"
     log.unlink(missing_ok=True)

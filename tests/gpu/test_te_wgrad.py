@@ -40,7 +40,7 @@ def test_the_stand_in_accumulates_like_apex(tokens, fan_in, fan_out, grad_dtype)
     the gradient buffer is BF16), against the same sums in FP32: BF16 accumulation within a BF16 ulp."""
     import torch
 
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
 
     dtype = getattr(torch, grad_dtype)
     torch.manual_seed(0)
@@ -66,8 +66,8 @@ def test_megatrons_column_parallel_linear_trains_with_the_stand_in():
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.tensor_parallel import layers
 
-    from bridge_recipes import te_wgrad
-    from bridge_recipes.patches.te_wgrad import serve_as_apex
+    from bridge_recipes.features import te_wgrad
+    from bridge_recipes.features.te_wgrad import serve_as_apex
 
     assert te_wgrad.self_check() is None  # what the runner checks before it keeps fusion on
     serve_as_apex()

@@ -1,4 +1,4 @@
-"""bridge_recipes.chunked_loss on a CPU: the loss and gradients a chunk at a time against an FP32
+"""bridge_recipes.features.chunked_loss on a CPU: the loss and gradients a chunk at a time against an FP32
 reference of the whole logits, what it keeps for the backward, and how it patches a model."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from bridge_recipes import chunked_loss as C  # noqa: E402
-from bridge_recipes.patches import chunked_loss as P  # noqa: E402
+from bridge_recipes.features import chunked_loss as C  # noqa: E402
+
+P = C  # the feature module holds its patch too
 
 TOKENS, HIDDEN, VOCAB = 300, 64, 1000  # 300 tokens in chunks of 128: two whole and one part
 
@@ -110,11 +111,12 @@ def test_chunk_tokens_follow_the_working_memory():
     assert C.chunk_tokens(1000) % 128 == 0 and C.chunk_tokens(1000) * 8 * 1000 <= C.CHUNK_BYTES
 
 
-def test_the_environment_switches_it_on():
-    assert C.enabled({C.ENV: 1}, environ={})
-    assert not C.enabled({}, environ={})
-    assert not C.enabled({C.ENV: 1}, environ={C.ENV: "0"})  # the process's value wins
-    assert C.enabled(None, environ={C.ENV: "true"})
+def test_its_config_switches_it_on_where_the_model_allows():
+    one_rank = SimpleNamespace(tensor_model_parallel_size=1, use_mup=False)
+    assert not C.Config().applies_to(one_rank)
+    assert C.Config(enabled=True).applies_to(one_rank)
+    assert not C.Config(enabled=True).applies_to(SimpleNamespace(tensor_model_parallel_size=2, use_mup=False))
+    assert C.Config().chunk_tokens(248_320) == C.chunk_tokens(248_320)
 
 
 # --- the patch on a model with Megatron-Core's language-model interface ---------------------------
@@ -189,7 +191,7 @@ def test_deferred_logits_refuse_any_use_but_the_predictions_by_name():
         torch.argmax(deferred, dim=-1)
     deferred.preds = torch.zeros(4, 1, dtype=torch.long)
     assert torch.argmax(deferred, dim=-1) is deferred.preds
-    with pytest.raises(TypeError, match=f"softmax on the logits.*{C.ENV}=0"):
+    with pytest.raises(TypeError, match=f"softmax on the logits.*{C.KEY}=false"):
         torch.softmax(deferred, dim=-1)
 
 
@@ -203,17 +205,16 @@ def test_a_model_it_cannot_serve_is_named():
     assert "use_mup" in C.problem(SimpleNamespace(tensor_model_parallel_size=1, use_mup=True))
 
 
-# --- switched on by a recipe's environment ----------------------------------------------------------
+# --- switched on by a recipe's features ----------------------------------------------------------
 
 FAST_35B = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
-ON = f"+env_vars.{C.ENV}=1"
+ON = f"{C.KEY}=true"
 
 
 def test_the_planner_counts_one_chunk_of_logits_instead_of_the_whole(monkeypatch):
     import bridge_recipes
     from bridge_recipes.plan.memory import plan_memory
 
-    monkeypatch.delenv(C.ENV, raising=False)
     whole = plan_memory(bridge_recipes.build(FAST_35B), 1, gpu="h200")
     chunked = plan_memory(bridge_recipes.build(FAST_35B, overrides=[ON]), 1, gpu="h200")
     (w,), (c,) = whole.stages, chunked.stages
@@ -228,15 +229,14 @@ def test_the_planner_counts_one_chunk_of_logits_instead_of_the_whole(monkeypatch
     )
 
 
-def test_the_runner_checks_and_installs_it_from_the_environment(monkeypatch):
+def test_the_runner_checks_and_installs_it_from_the_config():
     import bridge_recipes
     from bridge_recipes.runner import checks
 
-    monkeypatch.delenv(C.ENV, raising=False)
     cfg = bridge_recipes.build(FAST_35B, overrides=[ON])
-    assert checks.chunked_loss_problems(cfg) == []
+    assert C.problems(cfg) == []
     assert P.wanted(cfg)
-    assert f"{C.ENV}=1" in P.install(cfg)
+    assert f"{C.KEY}=true" in P.install(cfg)
     P.install(cfg)  # once
     assert cfg.model._pre_wrap_hooks.count(P.pre_wrap_hook) == 1
     _, weight, _, _ = inputs(torch.float32)
@@ -244,8 +244,8 @@ def test_the_runner_checks_and_installs_it_from_the_environment(monkeypatch):
     cfg.model.pre_wrap_hook([model])
     assert getattr(model, C._ACTIVE) is False  # installed, idle until a call with labels
     cfg.model.tensor_model_parallel_size = 2
-    (msg,) = checks.chunked_loss_problems(cfg)
-    assert "model.tensor_model_parallel_size=2" in msg and f"+env_vars.{C.ENV}=0" in msg
+    (msg,) = C.problems(cfg)
+    assert "model.tensor_model_parallel_size=2" in msg and f"{C.KEY}=false" in msg
     assert any("tensor_model_parallel_size=2" in p.message for p in checks.check(cfg, 2))
     off = bridge_recipes.build(FAST_35B)
-    assert checks.chunked_loss_problems(off) == [] and not P.wanted(off)
+    assert C.problems(off) == [] and not P.wanted(off)

@@ -79,8 +79,9 @@ def _saved(tmp_path) -> str:
     [
         (None, "does not exist"),
         (lambda t: "a: [\n", "not valid YAML"),
-        (lambda t: "- 1\n", r"_target_: [\w.]+\.ConfigContainer\b.*--save-config FILE"),
-        (lambda t: t.replace("\ntrain:\n", "\nbogus: 1\ntrain:\n"), r"ConfigContainer: \{'bogus'\}"),
+        (lambda t: "- 1\n", r"_target_: [\w.]+\.RecipeConfig\b.*--save-config FILE"),
+        (lambda t: t.replace("\ntrain:\n", "\nbogus: 1\ntrain:\n"), r"RecipeConfig: \{'bogus'\}"),
+        (lambda t: t.replace("\nfeatures:\n", "\nfeatures:\n  bogus: 1\n"), r"Features: \{'bogus'\}|bogus"),
         (lambda t: t.replace("\ntrain:\n", "\ntrain:\n  bogus_iters: 1\n"), "Unexpected config keys"),
         (
             lambda t: t.replace(
@@ -114,10 +115,31 @@ def test_config_file_refuses_reshaping_flags(tmp_path, capsys):
     assert re.search(r"--dataset\b.*config file\b.*KEY=VALUE", capsys.readouterr().err)
 
 
-def test_the_container_target_is_megatron_bridges():
+def test_the_container_target_is_a_megatron_bridge_config_container_with_features():
     from megatron.bridge.training.config import ConfigContainer
 
-    assert config_files.CONTAINER == f"{ConfigContainer.__module__}.{ConfigContainer.__qualname__}"
+    from bridge_recipes.recipe_config import RecipeConfig
+
+    assert config_files.CONTAINER == f"{RecipeConfig.__module__}.{RecipeConfig.__qualname__}"
+    assert issubclass(RecipeConfig, ConfigContainer)
+    assert config_files.CONTAINERS[1] == f"{ConfigContainer.__module__}.{ConfigContainer.__qualname__}"
+
+
+def test_the_features_go_through_the_file_and_a_plain_container_gets_the_default_ones(tmp_path):
+    name = "qwen35_27b_peft_1gpu_h100_fp8base_config"
+    cfg = bridge_recipes.build(name, overrides=["features.gdn_warmup.enabled=true"])
+    assert cfg.features.chunked_loss.enabled and cfg.features.gdn_warmup.enabled
+    path = tmp_path / "run.yaml"
+    path.write_text(config_files.to_text(cfg, name))
+    again = bridge_recipes.build(name, config_file=str(path))
+    assert again.features == cfg.features and again.recipe == name and again.meta.gpu == "h100"
+    assert config_files.to_text(again, name) == config_files.to_text(cfg, name)
+    plain = tmp_path / "plain.yaml"
+    text = path.read_text().replace(config_files.CONTAINER, config_files.CONTAINERS[1])
+    plain.write_text(text[: text.index("features:")] + text[text.index("\nlogger:") + 1 :])
+    from bridge_recipes.features import Features
+
+    assert bridge_recipes.build(name, config_file=str(plain)).features == Features()
 
 
 def test_overwrite_config_alone_is_refused(capsys):

@@ -7,8 +7,9 @@ from types import SimpleNamespace as NS
 import torch
 
 import bridge_recipes
-from bridge_recipes import gdn_warmup
-from bridge_recipes.patches import gdn_warmup as patch
+from bridge_recipes.features import gdn_warmup
+
+patch = gdn_warmup  # the feature module holds its patch too
 
 LORA = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
 
@@ -45,12 +46,11 @@ def test_warm_runs_the_rule_forward_and_backward_on_two_sequences_as_megatron_pr
 
 
 def test_it_runs_only_when_switched_on_and_hooks_the_model_build_once(monkeypatch):
-    monkeypatch.delenv(gdn_warmup.ENV, raising=False)
     assert not patch.wanted(bridge_recipes.build(LORA))
-    cfg = bridge_recipes.build(LORA, overrides=[f"+env_vars.{gdn_warmup.ENV}=1"])
-    assert patch.wanted(cfg)
+    cfg = bridge_recipes.build(LORA, overrides=[f"{gdn_warmup.KEY}=true"])
+    assert patch.wanted(cfg) and cfg.features.gdn_warmup.enabled
     line = patch.install(cfg)
-    assert gdn_warmup.ENV in line and patch.install(cfg) == line
+    assert gdn_warmup.KEY in line and patch.install(cfg) == line
     assert cfg.model._pre_wrap_hooks.count(patch.pre_wrap_hook) == 1
 
     warmed = []

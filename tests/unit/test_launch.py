@@ -1,4 +1,5 @@
-"""Hand-off to Megatron-Bridge: registry-install adjustments, forward step, entry point."""
+"""Hand-off to Megatron-Bridge: what the launch changes (before it prints what runs), forward step, entry
+point."""
 
 import contextlib
 import importlib.util
@@ -7,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from bridge_recipes.features import te_wgrad as te_wgrad_patch  # the feature module holds its patch too
 from bridge_recipes.patches import dataset_helpers, warmup_rng
-from bridge_recipes.patches import te_wgrad as te_wgrad_patch
 from bridge_recipes.runner import launch
 
 
@@ -49,7 +50,7 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, monkeyp
 
     from megatron.core.tensor_parallel import layers
 
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
 
     smoke.model.gradient_accumulation_fusion = True
     smoke.model.defer_embedding_wgrad_compute = True
@@ -58,8 +59,9 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, monkeyp
     monkeypatch.delattr(layers, "fused_weight_gradient_mlp_cuda", raising=False)
     monkeypatch.setattr(te_wgrad, "self_check", lambda: None)
     assert te_wgrad_patch.wanted(smoke)
-    line = te_wgrad_patch.install(smoke)
-    assert "gradient_accumulation_fusion: on" in line and "defer_embedding_wgrad_compute: off" in line
+    change = te_wgrad.launch_change(smoke)  # fusion stays; only the deferred embedding gradient goes off
+    assert change is not None and change.startswith("defer_embedding_wgrad_compute: off")
+    assert "gradient_accumulation_fusion: on" in te_wgrad_patch.install(smoke)
     assert smoke.model.gradient_accumulation_fusion is True
     assert smoke.model.defer_embedding_wgrad_compute is False  # its drain imports APEX's module by name
     # Megatron-Core's own linear layers call the stand-in's functions where they call APEX's kernel
@@ -74,16 +76,29 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, monkeyp
 
 
 def test_grad_fusion_off_when_the_stand_in_fails_its_check(smoke, monkeypatch):
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
 
     smoke.model.gradient_accumulation_fusion = True
     monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: False)
     monkeypatch.setattr(te_wgrad, "self_check", lambda: "Transformer Engine's GEMM failed (RuntimeError: x)")
     monkeypatch.setattr(te_wgrad_patch, "serve_as_apex", lambda: pytest.fail("installed after a failed check"))
     assert te_wgrad_patch.wanted(smoke)
-    out = te_wgrad_patch.install(smoke)
-    assert smoke.model.gradient_accumulation_fusion is False
+    with pytest.raises(RuntimeError, match="turns it off first"):
+        te_wgrad_patch.install(smoke)  # the launch changes the config before it prints what runs
+    (out,) = [c for c in launch.prepare(smoke) if c.startswith("gradient_accumulation_fusion")]
+    assert smoke.model.gradient_accumulation_fusion is False and not te_wgrad_patch.wanted(smoke)
     assert "gradient_accumulation_fusion: off" in out and "(RuntimeError: x)" in out  # the check's reason
+    assert launch.prepare(smoke) == []  # said once
+
+
+def test_grad_fusion_off_when_its_feature_is(smoke, monkeypatch):
+    from bridge_recipes.features import te_wgrad
+
+    smoke.model.gradient_accumulation_fusion = True
+    smoke.features.te_wgrad.enabled = False
+    monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: False)
+    monkeypatch.setattr(te_wgrad, "self_check", lambda: pytest.fail("checked a stand-in that is switched off"))
+    assert te_wgrad.KEY in te_wgrad.launch_change(smoke) and smoke.model.gradient_accumulation_fusion is False
 
 
 def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(monkeypatch):
@@ -91,7 +106,7 @@ def test_the_self_check_passes_on_a_machine_without_a_gpu_and_judges_the_gemm(mo
     check's own arithmetic run here on the CPU, the device faked)."""
     import torch
 
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert te_wgrad.self_check() is None
@@ -139,7 +154,7 @@ def test_the_stand_in_makes_transformer_engines_fused_wgrad_call(monkeypatch):
     from transformer_engine.pytorch.cpp_extensions import gemm
     from transformer_engine.pytorch.module import linear
 
-    from bridge_recipes import te_wgrad
+    from bridge_recipes.features import te_wgrad
 
     calls = []
     monkeypatch.setattr(gemm, "general_gemm", lambda *a, **k: calls.append((a, k)))
@@ -156,13 +171,20 @@ def test_the_stand_in_makes_transformer_engines_fused_wgrad_call(monkeypatch):
     assert re.search(r'"out":\s*main_grad\s+if\s+bwd_args\.fuse_wgrad_accumulation\s+else\s+None\b', source)
 
 
-def test_flash_attention_falls_back_without_flash_attn(smoke, monkeypatch):
+def test_flash_attention_falls_back_without_flash_attn_before_the_summary(smoke, monkeypatch):
     from megatron.core.transformer.enums import AttnBackend
+
+    from bridge_recipes.resilience import launched_by_ft_launcher
 
     assert smoke.model.attention_backend == AttnBackend.flash
     monkeypatch.setattr(launch, "flash_attn_available", lambda: False)
-    assert launch.fall_back_from_flash_without_flash_attn(smoke)
+    monkeypatch.setattr(te_wgrad_patch.installed, "apex_grad_fusion_available", lambda: True)
+    changes = launch.prepare(smoke)
+    assert any(c.startswith("attention_backend: flash -> auto") for c in changes)
     assert smoke.model.attention_backend == AttnBackend.auto
+    ft = smoke.ft is not None and not launched_by_ft_launcher()
+    assert any(c.startswith("fault tolerance: off") for c in changes) == ft
+    assert launch.prepare(smoke) == []  # made once: run() changes nothing after the summary
 
 
 def test_forward_step_by_model_kind(smoke):
@@ -179,6 +201,8 @@ def test_entry_point_by_task(smoke):
     assert launch.entry_point_name(smoke, "sft") == "pretrain"  # no weights: random init
     smoke.checkpoint.pretrained_checkpoint = "/ckpt"
     assert launch.entry_point_name(smoke, "sft") == "finetune"
+    smoke.features.random_lora.enabled = True  # a LoRA benchmark on random weights
+    assert launch.entry_point_name(smoke, "peft") == "pretrain"
 
 
 def test_the_initial_weights_do_not_depend_on_the_warmup_shapes(monkeypatch):

@@ -134,8 +134,8 @@ RECIPE_UNITS = {"qwen", "qwen_vl"}  # recipe definitions: reached through bridge
 LOWER = {  # what a low package may import from the library
     "logs": {"logs", "models", "gpus"},
     "models": {"models"},
-    "plan": {"plan", "models", "logs", "gpus", "layout", "common", "values", "recipe", "registry", "builder"}
-    | {"chunked_loss", "env_settings"},  # the loss's chunk size, the run's settings: leaf modules
+    # the plan reads the run's features from the config it is given, never from their modules
+    "plan": {"plan", "models", "logs", "gpus", "layout", "values", "recipe", "registry", "builder"},
     # conversations and their rendering below the rows built from them, both below image datasets
     "chat": {"chat", "outputs", "patches"},
     "data": {"data", "chat", "models", "outputs"},

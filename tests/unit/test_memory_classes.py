@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from bridge_recipes import fp8_base, gpu_memory, registry
+from bridge_recipes import gpu_memory, registry
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
+from bridge_recipes.features import fp8_base
 from bridge_recipes.gpu_memory import Device
 from bridge_recipes.gpus import GPUS, class_memory_gb, class_names
 from bridge_recipes.plan import memory as M
@@ -104,16 +105,29 @@ def test_the_fp8_base_needs_current_scaling():
     assert fp8_base.problems(build("qwen35_27b_peft_1gpu_a100_bf16_config")) == []
 
 
-def test_an_fp8_base_multiplies_in_bf16_unless_the_environment_says_fp8(monkeypatch):
-    monkeypatch.delenv(fp8_base.COMPUTE_ENV, raising=False)
-    assert fp8_base.compute(None) == "bf16"
-    assert fp8_base.compute({fp8_base.COMPUTE_ENV: "FP8"}) == "fp8"
-    assert fp8_base.compute({fp8_base.COMPUTE_ENV: "fp8"}, environ={fp8_base.COMPUTE_ENV: "bf16"}) == "bf16"
+def test_an_fp8_base_multiplies_in_bf16_unless_its_config_says_fp8():
+    assert fp8_base.Config().gemms == "bf16"
     cfg = build("qwen35_27b_peft_1gpu_l40s_fp8base_config")
     assert fp8_base.problems(cfg) == []
-    cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: "int8"}
+    cfg.features.fp8_base.gemms = "int8"
     (problem,) = fp8_base.problems(cfg)
-    assert re.search(rf"^env_vars\.{fp8_base.COMPUTE_ENV}='int8'.*\+env_vars\.{fp8_base.COMPUTE_ENV}=bf16", problem)
+    assert re.search(rf"^{fp8_base.KEY}='int8'.*one of bf16, fp8.*{fp8_base.KEY}=bf16", problem)
+
+
+def test_fp8_is_refused_on_a_gpu_without_it_naming_the_key_and_the_choice():
+    from bridge_recipes.runner import checks
+
+    cfg = build("qwen35_27b_peft_1gpu_l40s_fp8base_config")
+    assert fp8_base.problems(cfg, (8, 9)) == [] and fp8_base.problems(cfg, (9, 0)) == []
+    (problem,) = fp8_base.problems(cfg, (8, 0), "A100")
+    assert "compute capability 8.0 (A100)" in problem and "mixed_precision=bf16_mixed" in problem
+    import bridge_recipes
+
+    ampere = bridge_recipes.build(
+        "qwen35_27b_peft_1gpu_a100_bf16_config", overrides=["mixed_precision=bf16_with_fp8_current_scaling_mixed"]
+    )
+    assert any("compute capability 8.0" in str(p) for p in checks.errors(checks.check(ampere, 1)))
+    assert not checks.errors(checks.check(build("qwen35_27b_peft_1gpu_a100_bf16_config"), 1))
 
 
 def test_bf16_compute_keeps_fp8_weight_creation_and_drops_the_autocast():
@@ -133,17 +147,17 @@ def test_the_patch_drops_megatron_fp8_autocast_for_bf16_compute_only(monkeypatch
     from megatron.core import fp8_utils, recompute
     from megatron.core.transformer import multi_token_prediction, transformer_block
 
-    from bridge_recipes.patches import fp8_base as patch
+    from bridge_recipes.features import fp8_base as patch
 
     binders = (fp8_utils, transformer_block, recompute, multi_token_prediction)
     for module, name in ((model_provider, "_create_model"), (fp8_utils, "get_fp8_recipe")):
         monkeypatch.setattr(module, name, getattr(module, name))
-    for module in list(sys.modules.values()):  # every binding put back after the test
-        if getattr(module, "get_fp8_context", None) is fp8_utils.get_fp8_context:
+    # every binding put back after the test (Megatron's modules only: another may raise on getattr)
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "megatron" and getattr(module, "get_fp8_context", None) is fp8_utils.get_fp8_context:
             monkeypatch.setattr(module, "get_fp8_context", module.get_fp8_context)
-    monkeypatch.delenv(fp8_base.COMPUTE_ENV, raising=False)
     cfg = build("qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config")
-    cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: how}
+    cfg.features.fp8_base.gemms = how
     line = patch.install(cfg)
     wrapped = [getattr(m.get_fp8_context, "without_autocast", False) for m in binders]
     assert wrapped == [how == "bf16"] * len(binders)
@@ -152,12 +166,11 @@ def test_the_patch_drops_megatron_fp8_autocast_for_bf16_compute_only(monkeypatch
     assert getattr(fp8_utils.get_fp8_recipe, "dequantizes_backward", False)
 
 
-def test_bf16_compute_plans_a_recomputed_layer_of_dequantized_weights(monkeypatch):
-    monkeypatch.delenv(fp8_base.COMPUTE_ENV, raising=False)
+def test_bf16_compute_plans_a_recomputed_layer_of_dequantized_weights():
     cfg = build("qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config")
-    cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: "bf16"}
+    cfg.features.fp8_base.gemms = "bf16"
     bf16 = M.plan_memory(cfg, 1)
-    cfg.env_vars = {**(cfg.env_vars or {}), fp8_base.COMPUTE_ENV: "fp8"}
+    cfg.features.fp8_base.gemms = "fp8"
     fp8 = M.plan_memory(cfg, 1)
     # a layer's 256 experts (three 2,048 x 512 matrices each) and its attention or Gated DeltaNet linears,
     # against the largest grouped linear alone (the experts' gate and up projections)
@@ -168,8 +181,8 @@ def test_bf16_compute_plans_a_recomputed_layer_of_dequantized_weights(monkeypatc
 def test_the_patched_upstream_code_is_what_the_patches_were_written_for(monkeypatch):
     from megatron.bridge.models import model_provider
 
+    from bridge_recipes.features import fp8_base as patch
     from bridge_recipes.patches import contract
-    from bridge_recipes.patches import fp8_base as patch
 
     assert contract.problems(patch.PATCH) == []
     monkeypatch.setattr(model_provider, "_create_model", lambda provider, model_type: None)
@@ -321,16 +334,28 @@ def test_plan_at_a_card_memory_names_the_recipes_that_fit(capsys):
 
 
 def test_a_recipe_chooses_how_its_fp8_base_multiplies():
-    """``fp8_frozen_base(cfg, compute=...)``: BF16 GEMMs unless a recipe asks for FP8 (the 35B-A3B's 48 GB
+    """``fp8_frozen_base(cfg, gemms=...)``: BF16 GEMMs unless a recipe asks for FP8 (the 35B-A3B's 48 GB
     recipe, whose BF16 GEMMs do not fit the card); a value that is neither is refused, naming it."""
     from bridge_recipes.qwen.policy import fp8_frozen_base
 
     cfg = build("qwen35_27b_peft_1gpu_a100_bf16_config")
     fp8_frozen_base(cfg)
-    assert fp8_base.compute(cfg.env_vars) == "bf16" and fp8_base.COMPUTE_ENV not in (cfg.env_vars or {})
-    fp8_frozen_base(cfg, compute="fp8")
-    assert fp8_base.compute(cfg.env_vars) == "fp8"
-    with pytest.raises(ValueError, match="compute='fp16'"):
-        fp8_frozen_base(cfg, compute="fp16")
-    computes = {n: fp8_base.compute(build(n).env_vars) for n in sorted(CLASSES) if CLASSES[n][1]}
-    assert {n for n, c in computes.items() if c == "fp8"} == {"qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"}
+    assert cfg.features.fp8_base.gemms == "bf16" and not any("BRIDGE_RECIPES" in k for k in cfg.env_vars)
+    fp8_frozen_base(cfg, gemms="fp8")
+    assert cfg.features.fp8_base.gemms == "fp8"
+    with pytest.raises(ValueError, match="gemms='fp16'"):
+        fp8_frozen_base(cfg, gemms="fp16")
+    gemms = {n: build(n).features.fp8_base.gemms for n in sorted(CLASSES) if CLASSES[n][1]}
+    assert {n for n, c in gemms.items() if c == "fp8"} == {"qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"}
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(CLASSES) if CLASSES[n][1]])
+def test_the_summary_says_how_an_fp8_base_multiplies_as_it_runs(name):
+    """The summary reads the GEMMs' precision from the setting the patch installs from."""
+    from bridge_recipes.runner import checks
+
+    cfg = build(name)
+    (line,) = [x for x in checks.summary(cfg, 1).splitlines() if x.startswith("precision")]
+    bf16 = cfg.features.fp8_base.gemms == "bf16"
+    assert "FP8 base storage" in line
+    assert ("BF16 GEMMs on the dequantized FP8 base" in line) == bf16 and ("FP8 forward GEMMs" in line) == (not bf16)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bridge_recipes import packed_attention as pa
+from bridge_recipes.features import packed_attention as pa
 
 
 def causal(q, k, v):
@@ -116,17 +116,22 @@ def test_one_varlen_call_gives_each_conversation_its_own_causal_attention(monkey
         assert torch.allclose(a, b, atol=1e-5)
 
 
-def test_the_environment_picks_the_mode_else_the_gpu_and_a_wrong_one_names_the_fix():
-    assert pa.mode_from(None, {}) == "flash_varlen"  # no GPU known (a dry run)
-    assert pa.mode_from(None, {}, capability=(9, 0)) == pa.mode_from(None, {}, capability=(8, 0)) == "flash_varlen"
-    for other in ((8, 9), (10, 0)):  # an L40S, a B200: the loop until the parity test has run there
-        assert pa.mode_from(None, {}, capability=other) == "per_conversation"
-    assert pa.mode_from({pa.ENV: "flash_varlen"}, {}, capability=(8, 9)) == "flash_varlen"  # asked for by name
-    assert pa.mode_from({pa.ENV: "flash_varlen"}, {}) == "flash_varlen"
-    assert pa.mode_from({pa.ENV: "flash_varlen"}, {pa.ENV: "Varlen"}) == "varlen"  # the process's wins
-    assert pa.problems({pa.ENV: "flash_varlen"}, {}) == []
-    (msg,) = pa.problems({pa.ENV: "flash"}, {})
-    assert f"env_vars.{pa.ENV}='flash'" in msg and "flash_varlen" in msg and "per_conversation" in msg
+def _run(mode: str) -> NS:
+    """A run whose features ask for packed attention in ``mode``."""
+    return NS(features=NS(packed_attention=pa.Config(mode)))
+
+
+def test_the_default_is_one_conversation_at_a_time_and_flash_varlen_only_where_proven():
+    assert pa.Config().mode == "per_conversation"
+    for proven in pa.FLASH_VARLEN_GPUS + (None,):  # None: no GPU known
+        assert pa.problems(pa.Config("flash_varlen"), proven) == []
+    for other in ((8, 9), (10, 0)):  # an L40S, a B200: not proven there
+        assert pa.problems(pa.Config(), other) == [] and pa.problems(pa.Config("varlen"), other) == []
+        (msg,) = pa.problems(pa.Config("flash_varlen"), other, "B200")
+        assert pa.KEY in msg and f"{other[0]}.{other[1]}" in msg and "B200" in msg
+        assert all(m in msg for m in pa.MODES) and "8.0" in msg and "9.0" in msg
+    (msg,) = pa.problems(pa.Config("flash"))
+    assert f"{pa.KEY}='flash'" in msg and all(m in msg for m in pa.MODES)
 
 
 def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
@@ -134,7 +139,7 @@ def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
     from megatron.core.extensions.transformer_engine import TEDotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from bridge_recipes.patches import packed_attention as patch
+    from bridge_recipes.features import packed_attention as patch
 
     original_calls = []
 
@@ -145,11 +150,10 @@ def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
 
     monkeypatch.setattr(TEDotProductAttention, "forward", original)
     monkeypatch.setitem(patch._state, "original", None)
-    monkeypatch.delenv(pa.ENV, raising=False)
     calls = []
     monkeypatch.setattr(varlen, "varlen_attn", fake_varlen_attn(calls))
-    cfg = NS(env_vars={pa.ENV: "flash_varlen"})
-    assert "flash-attention" in patch.install(cfg) and pa.mode() == "flash_varlen"
+    monkeypatch.setattr(patch, "_capability", lambda: (9, 0))
+    assert "flash-attention" in patch.install(_run("flash_varlen")) and pa.mode() == "flash_varlen"
     try:
         me = NS(softmax_scale=0.5, config=NS(context_parallel_size=1))
         cu = torch.tensor([0, 3, 8], dtype=torch.int32)
@@ -164,31 +168,50 @@ def test_the_patched_attention_routes_packed_calls_by_mode(monkeypatch):
         assert len(original_calls) == 3 and len(calls) == 1
         with pytest.raises(ValueError, match="causal self-attention only"):
             TEDotProductAttention.forward(me, q, k, v, None, AttnMaskType.no_mask, None, params)
-        patch.install(NS(env_vars={pa.ENV: "per_conversation"}))  # installed once; the mode follows the environment
+        line = patch.install(_run("per_conversation"))  # installed once; the mode follows the config
+        assert pa.mode() == "per_conversation" and "one conversation at a time" in line
+        monkeypatch.setattr(patch, "_capability", lambda: (8, 9))  # a GPU flash_varlen is not proven on
+        with pytest.raises(ValueError, match="not on compute capability 8.9"):
+            patch.install(_run("flash_varlen"))
         assert pa.mode() == "per_conversation"
-        monkeypatch.setattr(patch, "_capability", lambda: (8, 9))  # a GPU the default has not been measured on
-        line = patch.install(NS(env_vars={}))
-        assert pa.mode() == "per_conversation"
-        assert "flash_varlen is the default on compute capabilities 8.0, 9.0" in line
-        monkeypatch.setattr(patch, "_capability", lambda: (9, 0))
-        assert "flash-attention" in patch.install(NS(env_vars={})) and pa.mode() == "flash_varlen"
         with pytest.raises(ValueError, match="not a packed-attention mode"):
-            patch.install(NS(env_vars={pa.ENV: "thd"}))
+            patch.install(_run("thd"))
     finally:
         pa.set_mode(pa.DEFAULT_MODE)
 
 
-def test_the_dry_run_refuses_an_unknown_mode_by_name(capsys):
+def test_the_dry_run_refuses_an_unknown_mode_and_flash_varlen_on_an_unproven_gpu(capsys):
     from bridge_recipes.runner import cli
 
     recipe = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
-    assert cli.main(["--recipe", recipe, "--dry-run", f"+env_vars.{pa.ENV}=cudnn"]) == 2
+    assert cli.main(["--recipe", recipe, "--dry-run", f"{pa.KEY}=cudnn"]) == 2
     err = capsys.readouterr().err
-    assert f"env_vars.{pa.ENV}='cudnn'" in err and "flash_varlen" in err and "Traceback" not in err
+    assert f"{pa.KEY}='cudnn'" in err and "flash_varlen" in err and "Traceback" not in err
+    h200 = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
+    assert cli.main(["--recipe", h200, "--dry-run", f"{pa.KEY}=flash_varlen"]) == 0
+    assert "flash_varlen" in capsys.readouterr().out
+    blackwell = "qwen35_35b_a3b_sft_8gpu_b200_bf16_config"
+    assert cli.main(["--recipe", blackwell, "--dry-run", f"{pa.KEY}=flash_varlen"]) == 2
+    err = capsys.readouterr().err
+    assert "not on compute capability 10.0 (B200" in err and "per_conversation" in err and "Traceback" not in err
+
+
+def test_the_old_environment_variable_is_refused_with_the_key_that_replaced_it(capsys, monkeypatch):
+    from bridge_recipes.runner import cli
+
+    recipe = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"
+    old = pa.REPLACES_ENV[0]
+    assert cli.main(["--recipe", recipe, "--dry-run", f"+env_vars.{old}=flash_varlen"]) == 2
+    err = capsys.readouterr().err
+    assert old in err and pa.KEY in err and "Traceback" not in err
+    monkeypatch.setenv(old, "per_conversation")
+    assert cli.main(["--recipe", recipe, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert old in err and pa.KEY in err and "Traceback" not in err
 
 
 def test_the_gpu_read_is_this_ranks_or_the_first_visible(monkeypatch):
-    from bridge_recipes.patches import packed_attention as patch
+    from bridge_recipes.features import packed_attention as patch
 
     asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -8,8 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import bridge_recipes
-from bridge_recipes.bench import random_lora
-from bridge_recipes.patches import random_lora as random_lora_patch
+from bridge_recipes.features import random_lora
 from bridge_recipes.runner import cli, launch
 
 NO_CHECKPOINTS = ["checkpoint.save=null", "checkpoint.load=null", "checkpoint.async_save=false"]
@@ -47,14 +46,20 @@ def test_in_the_training_process_adapters_go_on_random_weights_and_nothing_loads
         raise AssertionError("a checkpoint was loaded")
 
     monkeypatch.setattr(setup, "_load_checkpoint_from_path", no_loading)
-    cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", overrides=NO_CHECKPOINTS)
+    recipe = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
+    cfg = bridge_recipes.build(recipe, overrides=NO_CHECKPOINTS)
     assert launch.entry_point_name(cfg, "peft") == "finetune"  # a real run needs the weights
-    assert launch.entry_point_name(cfg, "peft", lora_from_random_init=True) == "pretrain"
+    assert not random_lora.wanted(cfg) and random_lora.launch_change(cfg) is None
+    cfg = bridge_recipes.build(recipe, overrides=[*NO_CHECKPOINTS, f"{random_lora.KEY}=true"])
+    assert launch.entry_point_name(cfg, "peft") == "pretrain"
 
-    monkeypatch.setitem(random_lora_patch._state, "stand_in", None)
-    line = random_lora_patch.install(cfg)
+    monkeypatch.setitem(random_lora._state, "stand_in", None)
+    assert random_lora.wanted(cfg) and cfg.checkpoint.pretrained_checkpoint is None
+    change = random_lora.launch_change(cfg)  # made, and said, before the launch prints what runs
     stand_in = Path(cfg.checkpoint.pretrained_checkpoint)
-    assert stand_in.is_dir() and not any(stand_in.iterdir())
+    assert stand_in.is_dir() and not any(stand_in.iterdir()) and str(stand_in) in change
+    assert random_lora.problems(cfg) == []  # the stand-in is no starting weights
+    line = random_lora.install(cfg)
     assert random_lora.OPTION in line and str(stand_in) in line
     cfg.checkpoint.finalize()  # Megatron-Bridge's check that the named folder exists
     model = [object()]
@@ -63,3 +68,14 @@ def test_in_the_training_process_adapters_go_on_random_weights_and_nothing_loads
     # with checkpoint.load null, setup loads nothing after the model is built either
     assert setup._should_load_checkpoint(cfg, SimpleNamespace(checkpointing_context={})) is False
     stand_in.rmdir()
+
+
+def test_the_option_is_the_feature_and_a_saved_config_keeps_it(tmp_path, capsys):
+    recipe = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
+    saved = tmp_path / "run.yaml"
+    argv = ["--recipe", recipe, "--dry-run", random_lora.OPTION, *NO_CHECKPOINTS, "--save-config", str(saved)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert random_lora.NOTE in out and "enabled: true" in saved.read_text().split("random_lora:", 1)[1][:200]
+    cfg = bridge_recipes.build(recipe, config_file=str(saved))
+    assert cfg.features.random_lora.enabled and launch.entry_point_name(cfg, "peft") == "pretrain"

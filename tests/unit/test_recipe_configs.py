@@ -20,7 +20,7 @@ import pytest
 
 from bridge_recipes import config_files, registry
 from bridge_recipes.builder import build
-from bridge_recipes.common import is_vlm
+from bridge_recipes.models.qwen35 import is_vlm
 
 FINGERPRINTS = Path(__file__).with_name("recipe_configs.json")
 ROWS = "/rows-with-boundaries"  # the rows path as it appears in the fingerprinted text

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes import registry
-from bridge_recipes.common import is_vlm
 from bridge_recipes.layout import layout_of, stage_layers
-from bridge_recipes.models.qwen35 import SPECS
+from bridge_recipes.models.qwen35 import SPECS, is_vlm
 from bridge_recipes.recipe import RecipeMeta
 from bridge_recipes.runner import checks
 from bridge_recipes.runner.cli import megatron_validation
@@ -385,9 +384,9 @@ def test_reference_source_names_a_key_of_docs_sources(name):
 
 
 def test_recipe_environment_is_assigned_whole_in_one_place():
-    """Recipes and policy blocks never patch ``env_vars`` (item assignment, update, setdefault):
-    each function that sets it assigns the whole dict once, so a recipe's environment reads in
-    one statement."""
+    """Recipes and policy blocks never patch ``env_vars`` (item assignment, update, setdefault, a dict
+    built on the one there): each function that sets it assigns a whole dict once, so a recipe's
+    environment reads in one statement."""
     import ast
 
     trees = [ROOT / "perf_recipes", ROOT / "bridge_recipes" / "qwen", ROOT / "bridge_recipes" / "qwen_vl"]
@@ -406,6 +405,11 @@ def test_recipe_environment_is_assigned_whole_in_one_place():
                     and node.targets[0].attr == "env_vars"
                 ):
                     whole += 1
+                    read = [n for n in ast.walk(node.value) if isinstance(n, ast.Attribute) and n.attr == "env_vars"]
+                    if read:  # built on top of what an earlier block wrote: two places to read
+                        problems.append(
+                            f"{path.name}:{node.lineno} {fn.name} adds to env_vars instead of assigning it"
+                        )
                 elif isinstance(node, ast.Subscript) and getattr(node.value, "attr", None) == "env_vars":
                     if isinstance(node.ctx, ast.Store):
                         problems.append(f"{path.name}:{node.lineno} {fn.name} sets one env_vars item")
@@ -415,6 +419,27 @@ def test_recipe_environment_is_assigned_whole_in_one_place():
             if whole > 1:
                 problems.append(f"{path.name}:{fn.lineno} {fn.name} assigns env_vars {whole} times")
     assert problems == []
+
+
+def test_each_gpus_recipes_stand_on_the_shared_policy_not_on_another_gpus_recipes():
+    """A recipe module of one GPU imports the policy blocks and its own GPU's recipes (text or VL), never
+    another GPU's: an edit of an H200 recipe changes no recipe of another GPU."""
+    import ast
+
+    out = []
+    for tree in ("bridge_recipes", "perf_recipes"):
+        for path in sorted((ROOT / tree).glob("qwen*/*/*.py")):
+            gpu = path.parent.name
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                for name in names:
+                    parts = name.split(".")
+                    if parts[0] == "bridge_recipes" and len(parts) > 2 and parts[1] in ("qwen", "qwen_vl"):
+                        if parts[2] not in ("policy", gpu):
+                            out.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert out == []
 
 
 # --- benchmarks keep their real-data recipe's numerics -----------------------------------------
@@ -516,15 +541,26 @@ def test_vl_image_budget_must_leave_room_in_the_sequence(tmp_path):
 
 
 def test_the_fast_one_gpu_35b_lora_recipe_runs_its_experts_as_one_cutlass_grouped_gemm():
-    """The fast recipe opts in through its environment, on top of the shared one and without changing
-    it; the base recipe keeps Transformer Engine's default (a cuBLAS GEMM an expert)."""
-    from bridge_recipes.qwen.policy import CUTLASS_GROUPED_GEMM_ENV, OPENRECIPES_ENV
+    """The fast recipe opts in through its environment, the shared one with the switch, without changing
+    the shared one; the base recipe keeps Transformer Engine's default (a cuBLAS GEMM an expert)."""
+    from bridge_recipes.qwen.policy import CUTLASS_GROUPED_GEMM_ENV, OPENRECIPES_ENV, OPENRECIPES_GROUPED_GEMM_ENV
 
     shared = dict(OPENRECIPES_ENV)
     fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config").env_vars
     base = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config").env_vars
-    assert fast == {**base, CUTLASS_GROUPED_GEMM_ENV: 1}
+    assert fast == {**base, CUTLASS_GROUPED_GEMM_ENV: 1} == OPENRECIPES_GROUPED_GEMM_ENV
     assert CUTLASS_GROUPED_GEMM_ENV not in base and OPENRECIPES_ENV == shared
+
+
+# What a recipe's env_vars may hold: the environment the process's libraries read (CUDA, NCCL, Transformer
+# Engine, PyTorch and its compiler, DeepEP's HybridEP topology).
+PROCESS_ENV = re.compile(r"^(CUDA_|NCCL_|NVTE_|PYTORCH_|TORCH_|TORCHINDUCTOR_|NUM_OF_|NVLINK_|USE_MNNVL$)")
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_a_recipes_env_vars_are_the_process_environment_only(name):
+    env = build(name).env_vars
+    assert [k for k in env if not PROCESS_ENV.match(k)] == [], "a run's own settings live in its config"
 
 
 def test_te_cross_entropy_rebuilds_its_gradient_in_fp32():

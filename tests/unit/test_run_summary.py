@@ -40,6 +40,6 @@ def test_rows_peft_save_and_yaml_on_request(capsys, tmp_path):
     assert got["peft"].startswith("LoRA rank 32, alpha 32 on linear_qkv")
     assert got["save"].startswith(str(tmp_path / "ckpt"))
     assert "MOCK" not in cap.err
-    assert cap.out.index("data              ") < cap.out.index(
-        "_target_: megatron.bridge.training.config.ConfigContainer"
-    )
+    yaml_at = cap.out.index("_target_: bridge_recipes.recipe_config.RecipeConfig")
+    assert cap.out.index("data              ") < yaml_at
+    assert cap.out.index("features:", yaml_at) > yaml_at  # the YAML shows the run's features

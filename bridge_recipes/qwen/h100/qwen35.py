@@ -1,9 +1,10 @@
 """H100 recipes for Qwen3.5 / Qwen3.6 text models.
 
-The one-GPU LoRA recipes are the H200's on one 80 GB H100 with the loss a chunk of tokens at a time:
-the 27B's frozen base stored in FP8 (one byte per weight, ``policy.fp8_frozen_base``), the 35B-A3B's
-in BF16 (the experts' CUTLASS grouped GEMM takes BF16 only); each carries as many rows per micro batch as the
-planner fits (``run_recipe.py --recipe NAME --plan``).
+The one-GPU LoRA recipes are the shared one-GPU LoRA layout (``policy.lora_one_gpu``) on one 80 GB H100
+with the loss a chunk of tokens at a time: the 27B's frozen base stored in FP8 (one byte per weight,
+``policy.fp8_frozen_base``), the 35B-A3B's in BF16 with the H200 recipe's kernels (the experts' CUTLASS
+grouped GEMM takes BF16 only); each carries as many rows per micro batch as the planner fits
+(``run_recipe.py --recipe NAME --plan``).
 
 The 35B-A3B layout is the one of the slime recipe class ``Qwen3_6_35b_Recipe`` for one
 8 x H100 node (slime-35b-h100 in docs/sources.md): TP2 with sequence parallelism, PP2, CP2, EP4 ETP1, full uniform
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import sft_config
-from bridge_recipes.qwen.h200 import qwen35 as h200
+from bridge_recipes.common import peft_config, sft_config
 from bridge_recipes.qwen.policy import (
+    OPENRECIPES_GROUPED_GEMM_ENV,
     chunked_cross_entropy,
     cpu_optimizer_offload,
+    fast_lora_kernels,
     fp8_frozen_base,
     full_recompute,
+    lora_one_gpu,
     openrecipes_execution,
     rows_per_micro_batch,
     set_layout,
@@ -88,9 +91,10 @@ def qwen35_35b_a3b_sft_8gpu_h100_bf16_config() -> ConfigContainer:
     measured={"result": "evidence/lora_memory_classes/qwen35_27b_peft_1gpu_h100_fp8base_config.yaml"},
 )
 def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
-    """Qwen3.5/3.6-27B LoRA on one 80 GB H100: the H200 recipe with its frozen base in FP8 and the loss a
-    chunk of tokens at a time, two rows per micro batch."""
-    cfg = h200.qwen35_27b_peft_1gpu_h200_bf16_lowmem_config()
+    """Qwen3.5/3.6-27B LoRA on one 80 GB H100: the one-GPU LoRA layout with its frozen base in FP8 and the
+    loss a chunk of tokens at a time, two rows per micro batch."""
+    cfg = peft_config("qwen35_27b")
+    lora_one_gpu(cfg)
     # the 27B's linear weights at one byte: half the frozen base
     fp8_frozen_base(cfg)
     # no 248K-vocabulary logits of the whole micro batch
@@ -111,10 +115,15 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     measured={"result": "evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_h100_bf16_config.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
-    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the H200 recipe (BF16 base, one CUTLASS grouped
-    GEMM for the 256 experts per layer) at one row per micro batch with the loss a chunk of tokens at a time.
-    Its base stays BF16: FP8 experts run one cuBLAS GEMM per expert, several times slower."""
-    cfg = h200.qwen35_35b_a3b_peft_1gpu_h200_bf16_config()
+    """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the H200 recipe's kernels (BF16 base, one CUTLASS
+    grouped GEMM for the 256 experts per layer, every layer recomputed) at one row per micro batch with the
+    loss a chunk of tokens at a time. Its base stays BF16: FP8 experts run one cuBLAS GEMM per expert,
+    several times slower."""
+    cfg = peft_config("qwen35_35b_a3b")
+    # one grouped kernel for the 256 experts instead of 256 cuBLAS launches from the host
+    lora_one_gpu(cfg, moe=True, env=OPENRECIPES_GROUPED_GEMM_ENV)
+    fast_lora_kernels(cfg, router=True)
+    full_recompute(cfg, "block", cfg.model.num_layers)
     # no 248K-vocabulary logits of the whole micro batch
     chunked_cross_entropy(cfg)
     # 71 GB of BF16 base leaves the room for one 8,192-token row with every layer recomputed

@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING
 
 from bridge_recipes.common import peft_config, pretrain_config, sft_config
 from bridge_recipes.qwen.policy import (
+    OPENRECIPES_GROUPED_GEMM_ENV,
     bf16_adam_moments,
     chunked_cross_entropy,
     cpu_optimizer_offload,
-    cutlass_grouped_gemm,
+    fast_lora_kernels,
     fp8_current_scaling,
     full_recompute,
     fused_router,
     fused_swiglu,
+    lora_one_gpu,
     openrecipes_execution,
     rows_per_micro_batch,
     set_layout,
@@ -461,9 +463,7 @@ def _apply_qwen35_27b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) -> N
     """One H200 per model replica: TP1 PP1 (the 27B's 54 GB of BF16 weights fit one GPU), full
     uniform recompute of 1 layer, one 8,192-token row per micro batch. Planner: 99.0 GB of 150.1
     (recomputing only the first 32 layers plans 187.9 GB). On N GPUs it is DP N."""
-    with openrecipes_execution(cfg):
-        set_layout(cfg)
-        full_recompute(cfg)
+    lora_one_gpu(cfg)
 
 
 @recipe(
@@ -482,8 +482,7 @@ def qwen35_27b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     Engine's cross entropy (BF16 logits) and the fused SwiGLU free the room for 24 of the 64 layers to
     keep their activations: as many as leave a tenth of the GPU free by the planner."""
     cfg = qwen35_27b_peft_1gpu_h200_bf16_lowmem_config()
-    te_cross_entropy(cfg)
-    fused_swiglu(cfg)
+    fast_lora_kernels(cfg)
     # the first 40 layers recompute their forward in the backward; the last 24 keep activations
     full_recompute(cfg, "block", 40)
     return cfg
@@ -525,10 +524,7 @@ def _apply_qwen35_35b_a3b_1gpu_h200_lora_execution_config(cfg: ConfigContainer) 
     """All 256 experts on one H200 (EP1: 35e9 x 2 bytes = 70 GB of frozen BF16 weights), full
     uniform recompute of 1 layer, alltoall dispatcher, one 8,192-token row per micro batch.
     Planner: 108.8 GB of 150.1."""
-    with openrecipes_execution(cfg):
-        set_layout(cfg)
-        full_recompute(cfg)
-        cfg.model.moe_token_dispatcher_type = "alltoall"
+    lora_one_gpu(cfg, moe=True)
 
 
 @recipe(
@@ -548,11 +544,9 @@ def qwen35_35b_a3b_peft_1gpu_h200_bf16_config() -> ConfigContainer:
     conversation boundaries, one packed sequence of the four), a quarter of the launches per row. Every
     layer recomputes its forward to make room for the four rows' logits; the planner fits four, not five."""
     cfg = qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config()
-    te_cross_entropy(cfg)
-    fused_swiglu(cfg)
-    fused_router(cfg)
+    fast_lora_kernels(cfg, router=True)
     # one grouped kernel for the 256 experts instead of 256 cuBLAS launches from the host
-    cutlass_grouped_gemm(cfg)
+    cfg.env_vars = {**OPENRECIPES_GROUPED_GEMM_ENV}
     # four rows per micro batch: the host's work per micro batch is spread over four times the tokens (one
     # packed sequence of the four on rows with conversation boundaries)
     rows_per_micro_batch(cfg, 4)

@@ -1,4 +1,4 @@
-"""LoRA on a frozen base stored in FP8 (``bridge_recipes.fp8_base``) against an FP32 reference.
+"""LoRA on a frozen base stored in FP8 (``bridge_recipes.features.fp8_base``) against an FP32 reference.
 
 The recipe's model at 4 layers (MTP head on; 32 grouped experts for the 35B-A3B) is built three
 times with the same LoRA adapters (rank 32 on the recipes' targets, both matrices random): an FP32
@@ -45,7 +45,7 @@ def dequantized_backward():
     written at the end."""
     from megatron.core import fp8_utils
 
-    from bridge_recipes import fp8_base
+    from bridge_recipes.features import fp8_base
 
     saved = fp8_utils.get_fp8_recipe
     fp8_utils.get_fp8_recipe = fp8_base.with_dequantized_backward(saved)
@@ -59,7 +59,7 @@ def dequantized_backward():
 def bf16_compute():
     """Megatron-Core's FP8 context factory without run-time autocast, as the runner installs it for BF16
     compute."""
-    from bridge_recipes import fp8_base
+    from bridge_recipes.features import fp8_base
 
     replaced = fp8_base.drop_fp8_autocast()
     assert replaced, "no Megatron module binds get_fp8_context"
@@ -74,7 +74,7 @@ def bf16_compute():
 def test_fp8_base_gradients_are_close_to_fp32(family, row, bare_model, gradients):
     import torch
 
-    from bridge_recipes import fp8_base
+    from bridge_recipes.features import fp8_base
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -10,7 +10,7 @@ DeltaNet, MTP, experts, the rest), the BF16 paths:
 - ``alone``: each conversation alone through the recipe's BF16 kernels (the noise floor);
 - ``varlen``: the packed row through Transformer Engine's THD attention kernel;
 - ``per_conversation``: the packed row with attention run one conversation at a time
-  (``bridge_recipes.packed_attention``), the default on GPUs other than A100, H100 and H200;
+  (``bridge_recipes.features.packed_attention``), the default on GPUs other than A100, H100 and H200;
 - ``per_conversation_no_pad``: the same with the row's padding segment cut off;
 - ``flash_varlen``: the packed row through one call of PyTorch's variable-length flash attention,
   the default on A100, H100 and H200.
@@ -70,14 +70,16 @@ def log_line(record: dict) -> None:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_packed_row_gradient_against_fp32_reference(row, case, bare_model, gradients):
+    from types import SimpleNamespace
+
     import torch
 
-    from bridge_recipes import packed_attention
-    from bridge_recipes.patches import packed_attention as patch
+    from bridge_recipes.features import packed_attention
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    patch.install()
+    # routing installed once; each path below sets its mode (flash_varlen is tested on the GPUs it may run on)
+    packed_attention.install(SimpleNamespace(features=SimpleNamespace(packed_attention=packed_attention.Config())))
     family, changes = CASES[case]
     batch, meta = row
     cu = [int(x) for x in batch["cu_seqlens_q"][0]]

@@ -13,34 +13,61 @@ gradient of the hidden state is the upstream gradient of that token's loss times
 needs the upstream gradient in its weight's sum, so its backward recomputes each chunk's logits
 (one more output-layer GEMM).
 
-``bridge_recipes.patches.chunked_loss`` changes one Megatron-Core language model in place (its
-``output_layer`` and ``compute_language_model_loss``), through a pre-wrap hook for the model chunks
-Megatron-Bridge builds. It applies on one tensor-parallel rank only (the vocabulary whole on the rank) and without
-MuP's output scaling; :func:`problem` names what stops it. ``ENV`` in the environment switches it
-on: a recipe's ``env_vars`` (:func:`bridge_recipes.qwen.policy.chunked_cross_entropy`) or
-``+env_vars.BRIDGE_RECIPES_CHUNKED_LOSS=1`` on the command line.
+:data:`PATCH` changes one Megatron-Core language model in place (its ``output_layer`` and
+``compute_language_model_loss``), through a pre-wrap hook for the model chunks Megatron-Bridge builds.
+It applies on one tensor-parallel rank only (the vocabulary whole on the rank), without MuP's output
+scaling and to text models; :func:`problem` names what stops it. ``features.chunked_loss.enabled``
+switches it on (:class:`Config`; the recipes' block is
+:func:`bridge_recipes.qwen.policy.chunked_cross_entropy`).
 """
 
 from __future__ import annotations
 
+import types
+from dataclasses import dataclass
 from typing import Any
 
-ENV = "BRIDGE_RECIPES_CHUNKED_LOSS"
+from bridge_recipes.patches.contract import Patch, check, register_pre_wrap_hook_once
+
+KEY = "features.chunked_loss.enabled"
+REPLACES_ENV = ("BRIDGE_RECIPES_CHUNKED_LOSS", KEY)  # the environment variable this key replaced
 CHUNK_BYTES = 2**31  # working memory of one chunk: its BF16 logits, their FP32 copy and gradient
 _ACTIVE = "_chunked_loss_active"  # set on the model while a call with labels runs
 
 
-def enabled(env_vars: dict | None, environ: dict | None = None) -> bool:
-    """The environment (the process's, over the recipe's ``env_vars``) switches the chunked loss on."""
-    from bridge_recipes.env_settings import switched_on
+@dataclass
+class Config:
+    """The output layer and the cross entropy a chunk of tokens at a time (``enabled``)."""
 
-    return switched_on(ENV, env_vars, environ)
+    enabled: bool = False
+
+    def applies_to(self, model_cfg: Any) -> bool:
+        """Switched on, and nothing of ``model_cfg`` stops it (the planner's question)."""
+        return self.enabled and problem(model_cfg) is None
+
+    def chunk_tokens(self, vocab: int) -> int:
+        """Tokens per chunk for a vocabulary of ``vocab`` (:func:`chunk_tokens`)."""
+        return chunk_tokens(vocab)
 
 
 def chunk_tokens(vocab: int) -> int:
     """Tokens per chunk: :data:`CHUNK_BYTES` over 8 bytes per logit (BF16 logit, FP32 copy, BF16
     gradient), a multiple of 128, at least 128."""
     return max(128, CHUNK_BYTES // (8 * vocab) // 128 * 128)
+
+
+def problems(cfg: Any) -> list[str]:
+    """What stops the chunked loss a config switches on: a VL model, tensor parallelism, MuP; each with
+    the fix."""
+    from bridge_recipes.models.qwen35 import is_vlm
+
+    if not cfg.features.chunked_loss.enabled:
+        return []
+    fix = f"or set {KEY}=false"
+    if is_vlm(cfg):
+        return [f"{KEY}=true applies to the text models only; {fix}"]
+    why = problem(cfg.model)
+    return [f"{why}; {fix}"] if why else []
 
 
 def problem(model_cfg: Any) -> str | None:
@@ -174,5 +201,95 @@ class DeferredLogits:
             return this.preds
         name = getattr(func, "__name__", str(func))
         raise TypeError(
-            f"{name} on the logits: the loss a chunk at a time ({ENV}=1) keeps none; set {ENV}=0 for this model"
+            f"{name} on the logits: the loss a chunk at a time ({KEY}=true) keeps none; set {KEY}=false for this model"
         )
+
+
+def wanted(cfg: Any, **run: Any) -> bool:
+    """``features.chunked_loss.enabled``, for a text model."""
+    from bridge_recipes.models.qwen35 import is_vlm
+
+    return not is_vlm(cfg) and cfg.features.chunked_loss.enabled
+
+
+def install_on(model: Any) -> bool:
+    """Compute ``model``'s language-model (and MTP) losses a chunk of tokens at a time. True when
+    installed; False for a model without an output layer (not the last pipeline stage)."""
+    output_layer = getattr(model, "output_layer", None)
+    if output_layer is None or not getattr(model, "post_process", True):
+        return False
+    if getattr(model, _ACTIVE, None) is not None:
+        return True
+    if why := problem(model.config):
+        raise ValueError(why)
+    original_forward = output_layer.forward
+    original_loss = model.compute_language_model_loss
+
+    def forward(self, input_, weight=None, runtime_gather_output=None):
+        if not getattr(model, _ACTIVE, False):
+            return original_forward(input_, weight=weight, runtime_gather_output=runtime_gather_output)
+        return DeferredLogits(input_, self.weight if weight is None else weight), None
+
+    def compute_language_model_loss(self, labels, logits):
+        if not isinstance(logits, DeferredLogits):
+            return original_loss(labels, logits)
+        hidden = logits.hidden  # [s, b, h]
+        s, b, h = hidden.shape
+        per_token, preds = chunked_cross_entropy(hidden.reshape(s * b, h), logits.weight, labels.t().reshape(s * b))
+        logits.preds = preds.reshape(s, b)
+        return per_token.reshape(s, b).t().contiguous()  # [b, s], as Megatron-Core's
+
+    def before(module, args, kwargs):
+        setattr(module, _ACTIVE, kwargs.get("labels") is not None)
+
+    def after(module, args, kwargs, output):
+        setattr(module, _ACTIVE, False)
+
+    output_layer.forward = types.MethodType(forward, output_layer)
+    model.compute_language_model_loss = types.MethodType(compute_language_model_loss, model)
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after, with_kwargs=True)
+    setattr(model, _ACTIVE, False)
+    return True
+
+
+def pre_wrap_hook(chunks: list) -> list:
+    """Megatron-Bridge pre-wrap hook: :func:`install_on` each model chunk that has the output layer."""
+    for chunk in chunks:
+        install_on(chunk)
+    return chunks
+
+
+def install(cfg: Any) -> str:
+    """Register :func:`pre_wrap_hook` on ``cfg.model`` (once)."""
+    check(PATCH)
+    register_pre_wrap_hook_once(cfg, pre_wrap_hook)
+    vocab = cfg.model.vocab_size or 0
+    return (
+        f"loss: the output layer and cross entropy {chunk_tokens(vocab) if vocab else 'a chunk'} "
+        f"tokens at a time ({KEY}=true)"
+    )
+
+
+PATCH = Patch(
+    name="chunked_loss",
+    what="the output layer and cross entropy a chunk of tokens at a time, never the whole logits",
+    written_for={"megatron-core": ">=0.19,<0.20", "megatron-bridge": ">=0.6,<0.7"},
+    targets={
+        "megatron.core.models.common.language_module.language_module.LanguageModule.compute_language_model_loss": (
+            "self",
+            "labels",
+            "logits",
+        ),
+        "megatron.core.tensor_parallel.layers.ColumnParallelLinear.forward": (
+            "self",
+            "input_",
+            "weight",
+            "runtime_gather_output",
+        ),
+        "megatron.bridge.models.model_provider.ModelProviderMixin.register_pre_wrap_hook": ("self", "hook", "prepend"),
+    },
+    install=install,
+    wanted=wanted,
+    module=__name__,
+)

@@ -5,15 +5,20 @@ its Triton kernels at their first call, which falls in the first step's backward
 seconds inside that step, and the first step's peak holds a second layer's backward set beside the
 layer being differentiated. Run once at model build, forward and backward on two short sequences of
 the model's Gated DeltaNet shape on this rank (its value heads and head widths), the first calls
-happen before training. ``ENV`` in the environment (a recipe's ``env_vars`` or the process's)
-switches it on; ``bridge_recipes.patches.gdn_warmup`` runs it from a pre-wrap hook.
+happen before training. ``features.gdn_warmup.enabled`` switches it on (:class:`Config`); :data:`PATCH`
+runs it from a pre-wrap hook.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-ENV = "BRIDGE_RECIPES_GDN_WARMUP"
+from bridge_recipes.patches.contract import Patch, check, register_pre_wrap_hook_once
+
+KEY = "features.gdn_warmup.enabled"
+REPLACES_ENV = ("BRIDGE_RECIPES_GDN_WARMUP", KEY)  # the environment variable this key replaced
+RULE = "megatron.core.ssm.gated_delta_net.gdn.chunk_gated_delta_rule"
 SEQUENCE_TOKENS = 64  # one chunk of flash-linear-attention's chunked kernels per sequence
 
 
@@ -23,10 +28,11 @@ class Shape(NamedTuple):
     value_dim: int
 
 
-def enabled(env_vars: dict | None, environ: dict | None = None) -> bool:
-    from bridge_recipes.env_settings import switched_on
+@dataclass
+class Config:
+    """The Gated DeltaNet kernels compiled and tuned at model build (``enabled``)."""
 
-    return switched_on(ENV, env_vars, environ)
+    enabled: bool = False
 
 
 def shape(config: Any) -> Shape | None:
@@ -73,3 +79,66 @@ def warm(rule: Any, s: Shape, device: Any, dtype: Any = None) -> None:
         cu_seqlens=cu,
     )
     out.float().sum().backward()
+
+
+def wanted(cfg: Any, **run: Any) -> bool:
+    """``features.gdn_warmup.enabled``, for a model with Gated DeltaNet."""
+    return cfg.features.gdn_warmup.enabled and shape(cfg.model) is not None
+
+
+def pre_wrap_hook(chunks: list) -> list:
+    """Megatron-Bridge pre-wrap hook: warm the rule Megatron-Core's Gated DeltaNet layers call, at the
+    first chunk's shape, on this rank's GPU."""
+    import torch
+
+    from bridge_recipes.patches.contract import resolve
+
+    s = shape(chunks[0].config)
+    if s is not None:
+        warm(resolve(RULE), s, torch.device("cuda", torch.cuda.current_device()))
+    return chunks
+
+
+def install(cfg: Any) -> str:
+    """Register :func:`pre_wrap_hook` on ``cfg.model`` (once)."""
+    check(PATCH)
+    register_pre_wrap_hook_once(cfg, pre_wrap_hook)
+    s = shape(cfg.model)
+    if s is None:  # not wanted: a model without Gated DeltaNet layers
+        return "Gated DeltaNet: no layers to warm"
+    return (
+        f"Gated DeltaNet: kernels compiled and tuned at model build ({s.heads} heads of {s.key_dim} x "
+        f"{s.value_dim}; {KEY}=true)"
+    )
+
+
+PATCH = Patch(
+    name="gdn_warmup",
+    what="the Gated DeltaNet kernels' first calls (compile, tuning) at model build, not in the first step",
+    written_for={"megatron-core": ">=0.19,<0.20", "megatron-bridge": ">=0.6,<0.7", "fla-core": ">=0.6,<0.7"},
+    targets={
+        RULE: (
+            "q",
+            "k",
+            "v",
+            "g",
+            "beta",
+            "scale",
+            "initial_state",
+            "output_final_state",
+            "use_qk_l2norm_in_kernel",
+            "use_beta_sigmoid_in_kernel",
+            "allow_neg_eigval",
+            "state_v_first",
+            "cu_seqlens",
+            "cu_seqlens_cpu",
+            "chunk_indices",
+            "cp_context",
+            "kwargs",
+        ),
+        "megatron.bridge.models.model_provider.ModelProviderMixin.register_pre_wrap_hook": ("self", "hook", "prepend"),
+    },
+    install=install,
+    wanted=wanted,
+    module=__name__,
+)

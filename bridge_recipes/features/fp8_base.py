@@ -2,8 +2,8 @@
 
 A LoRA recipe whose mixed precision keeps the parameters in FP8 (``fp8_param``) and trains adapters
 (``cfg.peft``) has Transformer Engine build every TE linear's weight as an FP8 tensor of row-wise
-data and one scale (per-tensor current scaling). How the base multiplies is the environment's
-``BRIDGE_RECIPES_FP8_BASE_COMPUTE`` (:func:`compute`, the planner's):
+data and one scale (per-tensor current scaling). How the base multiplies is
+``features.fp8_base.gemms`` (:class:`Config`, read by the planner as well):
 
 - ``bf16`` (the default): every GEMM runs in BF16 on the weight dequantized for it, forward and
   backward; the activations are never rounded to FP8, so the adapters' gradients are those of a BF16
@@ -19,8 +19,8 @@ runs them with FP8 off). A checkpoint holds the adapters only, and ``--export-hf
 Hugging Face checkpoint's own BF16 weights: the base is never exported from its FP8 copy (QLoRA's
 adapters are merged the same way).
 
-Three things of the upstream stack would undo the saving or the choice; ``bridge_recipes.patches.fp8_base``
-(the runner, in the training process) deals with them:
+Three things of the upstream stack would undo the saving or the choice; :data:`PATCH` (the runner, in
+the training process) deals with them:
 
 - Transformer Engine builds an FP8 weight with its column-wise (transposed) copy as well, and keeps
   a CPU copy of the BF16 values (``preserve_high_precision_init_val``), whenever gradients are
@@ -38,45 +38,86 @@ Three things of the upstream stack would undo the saving or the choice; ``bridge
   and no autocast at run time (:func:`without_fp8_autocast`).
 
 The upstream versions those patches were written for, and the check of what moved, are the patch's
-(docs/patches.md).
+(docs/patches.md). FP8 needs a GPU with FP8 tensor cores (Ada, Hopper, Blackwell): :func:`problems`
+refuses it on another.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.plan.precision import FP8_BASE_COMPUTE_ENV as COMPUTE_ENV
-from bridge_recipes.plan.precision import FP8_BASE_COMPUTES as COMPUTES
-from bridge_recipes.plan.precision import fp8_base_compute as compute
+from bridge_recipes.patches.contract import Patch, check, register_pre_wrap_hook_once
 
+KEY = "features.fp8_base.gemms"
+REPLACES_ENV = ("BRIDGE_RECIPES_FP8_BASE_COMPUTE", KEY)  # the environment variable this key replaced
+GEMMS = ("bf16", "fp8")
 BACKWARD = "dequantized"
 LOG = "[run_recipe]"
 # Transformer Engine's notice for every module that dequantizes FP8 weights outside FP8 autocast
 TE_NOTICE = "You are using quantized weights without quantized compute"
 
 
+@dataclass
+class Config:
+    """How a LoRA run's frozen base stored in FP8 multiplies: ``gemms`` ``bf16`` (on the weight dequantized
+    for each GEMM) or ``fp8`` (FP8 forward GEMMs, the backward dequantized). The base is stored in FP8
+    where the mixed precision keeps the parameters in FP8 (``bridge_recipes.qwen.policy.fp8_frozen_base``)."""
+
+    gemms: str = "bf16"
+
+
 def applies(cfg: Any) -> bool:
     """A LoRA run on a base stored in FP8 (the planner's definition)."""
-    from bridge_recipes.plan.memory import fp8_frozen_base
+    from bridge_recipes.plan.precision import fp8_frozen_base
 
     return fp8_frozen_base(cfg)
 
 
-def problems(cfg: Any) -> list[str]:
-    """Why a LoRA run on an FP8 base cannot keep it at one byte per weight, with the fix: a scaling recipe
-    without the dequantized backward (the upstream code is checked with the patch's contract)."""
+def uses_fp8(cfg: Any) -> bool:
+    """Whether the run stores or multiplies anything in FP8 (its mixed precision asks for FP8)."""
+    from bridge_recipes.plan.precision import mixed_precision_config
+
+    return bool(getattr(mixed_precision_config(cfg), "fp8", None))
+
+
+def describe(cfg: Any) -> str | None:
+    """The summary's precision for a LoRA run on an FP8 base: storage and GEMMs, as they run; None for
+    another run."""
     if not applies(cfg):
-        return []
-    from bridge_recipes.plan.memory import mixed_precision_config
+        return None
+    storage = "FP8 base storage (one byte a frozen weight, per-tensor scale)"
+    if cfg.features.fp8_base.gemms == "bf16":
+        return f"{storage}, BF16 GEMMs on the dequantized FP8 base ({KEY}=bf16); adapters BF16"
+    return f"{storage}, FP8 forward GEMMs, backward on the dequantized FP8 base ({KEY}=fp8); adapters BF16"
+
+
+def problems(cfg: Any, capability: tuple[int, int] | None = None, gpu: str | None = None) -> list[str]:
+    """Why a run's FP8 cannot run, with the fix: FP8 on a GPU of ``capability`` without FP8 tensor cores
+    (``gpu``: its name; None when no GPU is known), and, for a LoRA run on an FP8 base, GEMMs of another
+    precision than :data:`GEMMS` or a scaling recipe without the dequantized backward (the upstream code is
+    checked with the patch's contract)."""
+    from bridge_recipes.gpus import FP8_CAPABILITY, has_fp8
 
     out = []
-    how = compute(getattr(cfg, "env_vars", None))
-    if how not in COMPUTES:
+    if capability is not None and uses_fp8(cfg) and not has_fp8(capability):
+        on = f"compute capability {capability[0]}.{capability[1]}" + (f" ({gpu})" if gpu else "")
         out.append(
-            f"env_vars.{COMPUTE_ENV}={how!r}: an FP8 base multiplies in one of {', '.join(COMPUTES)}; "
-            f"set +env_vars.{COMPUTE_ENV}=bf16 (the default) or fp8"
+            f"mixed_precision asks for FP8, which {on} has no tensor cores for (FP8 needs compute capability "
+            f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or later); set mixed_precision=bf16_mixed, or use a recipe "
+            "written for an H100, H200 or 48 GB Ada card"
+        )
+    if not applies(cfg):
+        return out
+    from bridge_recipes.plan.precision import mixed_precision_config
+
+    gemms = cfg.features.fp8_base.gemms
+    if gemms not in GEMMS:
+        out.append(
+            f"{KEY}={gemms!r}: an FP8 base multiplies in one of {', '.join(GEMMS)}; set {KEY}=bf16 (the default) "
+            "or fp8"
         )
     recipe = getattr(mixed_precision_config(cfg), "fp8_recipe", None)
     if recipe != "tensorwise":
@@ -189,3 +230,65 @@ def check_hook(model: list) -> list:
         )
     print(f"{LOG} FP8 base: {count} weights in FP8, {size / 1e9:.2f} GB, row-wise only", flush=True)
     return model
+
+
+BUILT = "FP8 base: the model is built with gradients off (row-wise FP8 weights)"
+
+
+def wanted(cfg: Any, **run: Any) -> bool:
+    return applies(cfg)
+
+
+def install(cfg: Any) -> str:
+    """In the training process, before setup builds the model (idempotent)."""
+    check(PATCH)
+    import warnings
+
+    from megatron.bridge.models import model_provider
+    from megatron.core import fp8_utils
+
+    model_provider._create_model = build_without_grad(model_provider._create_model)
+    fp8_utils.get_fp8_recipe = with_dequantized_backward(fp8_utils.get_fp8_recipe)
+    register_pre_wrap_hook_once(cfg, check_hook)
+    if cfg.features.fp8_base.gemms == "bf16":
+        drop_fp8_autocast()
+        warnings.filterwarnings("ignore", message=TE_NOTICE)
+        return f"{BUILT}, GEMMs in BF16 on the dequantized weights ({KEY}=bf16)"
+    return f"{BUILT}, FP8 forward GEMMs, the backward {BACKWARD} ({KEY}=fp8)"
+
+
+PATCH = Patch(
+    name="fp8_base",
+    what="LoRA's frozen base at one byte per weight: built without gradients, dequantized backward",
+    written_for={
+        "megatron-bridge": ">=0.6,<0.7",
+        "megatron-core": ">=0.19,<0.20",
+        "transformer-engine": ">=2.20,<2.21",
+    },
+    targets={
+        "megatron.bridge.models.model_provider._create_model": ("model_provider", "model_type", "pg_collection"),
+        "megatron.core.fp8_utils.get_fp8_recipe": ("config",),
+        "megatron.core.fp8_utils.get_fp8_context": ("config", "layer_no", "is_init"),
+        "megatron.core.transformer.transformer_block.get_fp8_context": ("config", "layer_no", "is_init"),
+        "megatron.core.recompute.get_fp8_context": ("config", "layer_no", "is_init"),
+        "megatron.core.transformer.multi_token_prediction.get_fp8_context": ("config", "layer_no", "is_init"),
+        "transformer_engine.pytorch.module.linear.Linear._get_weight_tensors": ("self",),
+        "transformer_engine.pytorch.module.grouped_linear.GroupedLinear._get_weight_tensors": ("self",),
+        "transformer_engine.common.recipe.Float8CurrentScaling.backward_override": None,
+        "transformer_engine.pytorch.tensor.float8_tensor.Float8Tensor.__new__": (
+            "cls",
+            "args",
+            "data",
+            "fp8_scale_inv",
+            "fp8_dtype",
+            "fake_dtype",
+            "data_transpose",
+            "quantizer",
+            "transpose_invalid",
+            "kwargs",
+        ),
+    },
+    install=install,
+    wanted=wanted,
+    module=__name__,
+)

@@ -1,0 +1,56 @@
+"""What a recipe returns: Megatron-Bridge's ``ConfigContainer`` with the run's features and the recipe's
+metadata, one object.
+
+:class:`RecipeConfig` is a ``ConfigContainer`` (``pretrain(cfg, forward_step)`` takes it as it is) with
+one more section, ``features`` (:class:`bridge_recipes.features.Features`), which the YAML of a config
+file, ``--show-yaml``, the overrides and the fingerprint see like any other, and the recipe it was built
+from with its metadata (:attr:`RecipeConfig.recipe`, :attr:`RecipeConfig.meta`; not part of the YAML: the
+config file's ``# recipe:`` line names it).
+
+Importing this module imports Megatron-Bridge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from megatron.bridge.training.config import ConfigContainer
+
+from bridge_recipes.features import Features
+
+
+@dataclass(kw_only=True)
+class RecipeConfig(ConfigContainer):
+    """A recipe's run: the ConfigContainer, its run-time ``features``, and the recipe it came from."""
+
+    features: Features = field(default_factory=Features)
+    _recipe: str | None = field(default=None, init=False, repr=False)
+    _meta: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def recipe(self) -> str | None:
+        """The name of the recipe this run was built from (None when it is not known)."""
+        return self._recipe
+
+    @property
+    def meta(self) -> Any:
+        """The recipe's :class:`bridge_recipes.recipe.RecipeMeta` (None when it is not known)."""
+        return self._meta
+
+    def name_recipe(self, name: str, meta: Any) -> None:
+        """Record the recipe this run was built from and its metadata."""
+        self._recipe, self._meta = name, meta
+
+
+def promote(cfg: Any) -> RecipeConfig:
+    """``cfg`` as a :class:`RecipeConfig`: itself when it is one, else a RecipeConfig holding the same
+    sections (the same objects) and the default features."""
+    if isinstance(cfg, RecipeConfig):
+        return cfg
+    out = RecipeConfig.__new__(RecipeConfig)
+    for f in fields(ConfigContainer):
+        setattr(out, f.name, getattr(cfg, f.name))
+    out.features = Features()
+    out._recipe = out._meta = None
+    return out
