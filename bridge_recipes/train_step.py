@@ -27,13 +27,8 @@ from typing import Any
 def forward_step(
     state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False
 ) -> tuple[Any, Callable]:
-    """``gpt_step.forward_step`` with ``loss_mask`` passed to the model (see the module docstring); a
-    progress line while a long step runs (:mod:`bridge_recipes.step_progress`)."""
+    """``gpt_step.forward_step`` with ``loss_mask`` passed to the model (see the module docstring)."""
     from megatron.bridge.training import gpt_step
-
-    from bridge_recipes import step_progress
-
-    step_progress.micro_batch(state)
 
     if return_schedule_plan or not (getattr(state.cfg.model, "mtp_num_layers", None) or 0):
         return gpt_step.forward_step(state, data_iterator, model, return_schedule_plan)

@@ -1,11 +1,15 @@
-"""A training process that stops making progress ends with a report instead of sitting silent.
+"""A training process that stops making progress ends with a report instead of sitting silent, and a
+long step says how far it has got.
 
-A thread of the training process watches for finished steps. The first step compiles kernels and
-gets its own, longer budget (:data:`FIRST_STEP_S`, from the start of the training loop); every later
-step must finish within :data:`STEP_S` of the one before (an evaluation step counts as progress too).
-When a budget runs out the thread writes the last stage the loop reached (the step and, through the
-forward step, the micro-batch and whether it was in its forward or its backward), a Python stack of
-every thread, and ends the process with :data:`EXIT_CODE`: under torchrun the other ranks end with it.
+A thread of the training process watches for progress: a micro-batch starting (its predecessor's
+forward and backward done), a step or an evaluation step finishing. The first micro-batch compiles
+kernels and gets its own, longer budget (:data:`FIRST_STEP_S`, from the start of the training loop);
+after it, progress must come within :data:`STEP_S` of the last. A one-GPU recipe's step of 128 rows
+is dozens of micro-batches and takes minutes, so the watch counts micro-batches, not steps, and the
+forward step prints a line (:data:`PROGRESS_EVERY_S` apart at the least) saying which micro-batch of
+the step has started. When a budget runs out the thread writes the last stage the loop reached (the
+step, the micro-batch and whether it was in its forward or its backward), a Python stack of every
+thread, and ends the process with :data:`EXIT_CODE`: under torchrun the other ranks end with it.
 
 nvidia-resiliency-ext's hang detection needs its own launcher (``ft_launcher``, whose rank monitors
 hold the heartbeat timeouts) or an in-process restart wrapper, and the benchmark turns both off; this
@@ -26,24 +30,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-FIRST_STEP_S = 1800.0  # the first step: kernel compiles (minutes on one GPU) and the first allocations
-STEP_S = 600.0  # every later step, from the end of the one before
+FIRST_STEP_S = 1800.0  # the first micro-batch: kernel compiles (minutes on one GPU) and the first allocations
+STEP_S = 600.0  # after it: from one micro-batch's start (or a step's end) to the next
+PROGRESS_EVERY_S = 60.0  # the least time between two lines of a step's progress
 EXIT_CODE = 124  # the exit status of a run ended for making no progress (as timeout(1) ends a command)
 POLL_S = 5.0  # how often the thread looks
 
 
 @dataclass(frozen=True)
 class Budgets:
-    """Seconds the first step may take from the start of the training loop, and each later step from
-    the end of the one before; 0 turns a budget off."""
+    """Seconds the first micro-batch may take from the start of the training loop, and the loop after it
+    between two signs of progress (a micro-batch starting, a step ending); 0 turns a budget off."""
 
     first_step_s: float = FIRST_STEP_S
     step_s: float = STEP_S
 
     def describe(self) -> str:
         """The summary's line: what ends the run, or ``off``."""
-        parts = [f"the first step takes over {self.first_step_s:g} s"] if self.first_step_s else []
-        parts += [f"a later step over {self.step_s:g} s"] if self.step_s else []
+        parts = [f"the first micro-batch takes over {self.first_step_s:g} s"] if self.first_step_s else []
+        parts += [f"no later micro-batch starts or step ends for {self.step_s:g} s"] if self.step_s else []
         if not parts:
             return "off"
         when = " or ".join(parts)
@@ -76,19 +81,23 @@ class Watchdog:
         end: Callable[[int], Any] = os._exit,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float = POLL_S,
+        every_s: float = PROGRESS_EVERY_S,
     ):
         self.budgets = budgets
         self.stream = stream
         self.end = end
         self.clock = clock
         self.poll_s = poll_s
-        self.steps_done = 0  # steps finished in this process (the first one has its own budget)
+        self.every_s = every_s
+        self.steps_done = 0  # steps finished in this process
+        self.warm = False  # past the first micro-batch (which has its own budget)
+        self.last_progress = "the start of the training loop"
         self.step = 0  # the number of the step under way (a resumed run starts past 1)
         self.last_finished: int | None = None
         self.micro_batch = 0
         self.phase = "step 1"  # what the forward step's micro-batches belong to
         self.last_stage = "start of the training loop"
-        self._since = clock()
+        self._since = self._step_began = self._said = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -106,35 +115,57 @@ class Watchdog:
         """Where the loop is now (kept for the report)."""
         self.last_stage = text
 
-    def progress(self) -> None:
-        """An evaluation step finished: the budget starts again."""
+    def progress(self, what: str = "an evaluation step finished") -> None:
+        """The loop moved on (``what``): the budget starts again."""
         self._since = self.clock()
+        self.last_progress = what
 
     def step_started(self, step: int) -> None:
         self.step, self.micro_batch, self.phase = step, 0, f"step {step}"
+        self._step_began = self._said = self.clock()
         self.stage(f"start of step {step}")
+
+    def micro_batch_started(self, of: Callable[[], int | None] | int | None = None) -> str | None:
+        """The next micro-batch of :attr:`phase` starts (the one before it done): progress after the first;
+        the progress line to print when :attr:`every_s` has passed since the step began or the last line
+        (``of``: the micro-batches per step, or what gives them, asked only then)."""
+        self.micro_batch += 1
+        self.stage(f"forward of micro-batch {self.micro_batch} of {self.phase}")
+        if self.micro_batch > 1 or self.warm:
+            self.warm = True
+            self.progress(f"micro-batch {self.micro_batch} of {self.phase} started")
+        now = self.clock()
+        if now - self._said < self.every_s:
+            return None
+        self._said = now
+        of = of() if callable(of) else of
+        total = f" of {of}" if of else ""
+        return (
+            f"[progress] {self.phase}: micro-batch {self.micro_batch}{total} started, "
+            f"{now - self._step_began:.0f} s into it"
+        )
 
     def evaluation_started(self) -> None:
         self.micro_batch, self.phase = 0, f"the evaluation after step {self.last_finished}"
+        self._step_began = self._said = self.clock()
         self.stage(f"start of {self.phase}")
 
     def step_finished(self) -> None:
         """Step :attr:`step` finished: the step budget starts again."""
         self.steps_done += 1
+        self.warm = True
         self.last_finished = self.step
         self.stage(f"after step {self.step} (logging, evaluation or a checkpoint save)")
-        self.progress()
+        self.progress(f"step {self.step} finished")
 
     def overdue(self) -> str | None:
         """The report's first line when the current budget has run out, else None."""
-        first = self.steps_done == 0
-        budget = self.budgets.first_step_s if first else self.budgets.step_s
+        budget = self.budgets.step_s if self.warm else self.budgets.first_step_s
         waited = self.clock() - self._since
         if not budget or waited < budget:
             return None
-        since = "the start of the training loop" if first else f"step {self.last_finished}"
         return (
-            f"[watchdog] no step finished for {waited:.0f} s after {since} (budget {budget:g} s); "
+            f"[watchdog] no progress for {waited:.0f} s since {self.last_progress} (budget {budget:g} s); "
             f"last stage: {self.last_stage}"
         )
 
@@ -159,9 +190,9 @@ def watched_forward_step(forward_step: Callable, dog: Watchdog) -> Callable:
     is the one Megatron-Bridge inspects to hand the training state over (``state`` first)."""
 
     def step(state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:
-        dog.micro_batch += 1
+        if (line := dog.micro_batch_started(_micro_batches)) and _first_rank():
+            print(line, flush=True)
         where = f"micro-batch {dog.micro_batch} of {dog.phase}"
-        dog.stage(f"forward of {where}")
         output, loss_function = forward_step(state, data_iterator, model, return_schedule_plan)
 
         def loss(*args: Any, **kwargs: Any) -> Any:
@@ -173,6 +204,22 @@ def watched_forward_step(forward_step: Callable, dog: Watchdog) -> Callable:
         return output, loss
 
     return step
+
+
+def _first_rank() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_available() or not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _micro_batches() -> int | None:
+    """Micro-batches per step (Megatron-Core's calculator), None where it is not set up."""
+    try:
+        from megatron.core.num_microbatches_calculator import get_num_microbatches
+
+        return get_num_microbatches()
+    except (ImportError, AttributeError, AssertionError):
+        return None
 
 
 def callbacks(dog: Watchdog) -> dict[str, Callable[[Any], None]]:

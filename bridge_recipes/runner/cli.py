@@ -176,13 +176,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--first-step-timeout",
         metavar="SECONDS",
-        help=f"end the run with its last stage and every thread's stack when the first step (kernel compiles "
-        f"included) takes longer (default {watchdog.FIRST_STEP_S:g}; 0: no limit)",
+        help=f"end the run with its last stage and every thread's stack when the first micro-batch (kernel "
+        f"compiles included) takes longer (default {watchdog.FIRST_STEP_S:g}; 0: no limit)",
     )
     p.add_argument(
         "--step-timeout",
         metavar="SECONDS",
-        help=f"likewise when a later step takes longer (default {watchdog.STEP_S:g}; 0: no limit)",
+        help=f"likewise when, after it, no micro-batch starts and no step ends for this long (default "
+        f"{watchdog.STEP_S:g}; 0: no limit)",
     )
     p.add_argument(
         random_lora.OPTION,
