@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from bridge_recipes.bench import random_lora
+from bridge_recipes.features import random_lora
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes import registry
-from bridge_recipes.bench import random_lora
+from bridge_recipes.features import random_lora
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[2]
