@@ -50,7 +50,8 @@ FIELDS = (
     "date",
     "hardware",
 )
-# the words the packed-attention install line uses for each mode, and the mode names themselves
+# the packed-attention install line names its mode (``KEY=mode``); older logs say it in words
+_MODE_KEY = re.compile(r"packed rows: attention runs .*?\(features\.packed_attention\.mode=(?P<mode>\w+)\)")
 _MODE_WORDS = {
     "one variable-length flash-attention call": "flash_varlen",
     "one conversation at a time": "per_conversation",
@@ -146,6 +147,8 @@ def queue_lines() -> list[str]:
 
 def packed_attention_of(log: str) -> str | None:
     """The packed-attention mode a run's log names (its install line), None when it names none."""
+    if m := _MODE_KEY.search(log):
+        return m.group("mode")
     m = _ATTENTION_LINE.search(log)
     if not m:
         return None

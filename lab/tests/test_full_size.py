@@ -160,6 +160,14 @@ def test_watch_passes_a_finished_command_through(tmp_path):
     assert done.returncode == 3 and (tmp_path / "quick.out").read_text() == "hi\n"
 
 
+def test_the_mode_is_read_from_the_install_line_as_it_is_written_now_and_was_before():
+    new = "[run_recipe] packed rows: attention runs one variable-length flash-attention call "
+    assert full_size.packed_attention_of(new + "(features.packed_attention.mode=flash_varlen)\n") == "flash_varlen"
+    old = "packed rows: attention runs one conversation at a time (bridge_recipes.packed_attention)\n"
+    assert full_size.packed_attention_of(old) == "per_conversation"
+    assert full_size.packed_attention_of("no such line") is None
+
+
 def test_committed_table_is_what_its_evidence_says():
     """lab/results/one_gpu_recipes_full_size.json re-assembled from the result files and logs under
     lab/evidence/full_size/ (the planner figure as committed: it is the planner's at the time)."""
