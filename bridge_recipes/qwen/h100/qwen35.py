@@ -112,7 +112,7 @@ def qwen35_27b_peft_1gpu_h100_fp8base_config() -> ConfigContainer:
     precision="bf16",
     layout="TP1 PP1 EP1 DP1",
     status="measured",
-    measured={"result": "evidence/lora_memory_classes/qwen35_35b_a3b_peft_1gpu_h100_bf16_config.yaml"},
+    measured={"result": "evidence/full_size/qwen35_35b_a3b_peft_1gpu_h100_bf16_config__short__flash_varlen.yaml"},
 )
 def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
     """Qwen3.5/3.6-35B-A3B LoRA on one 80 GB H100: the H200 recipe's kernels (BF16 base, one CUTLASS
@@ -128,4 +128,7 @@ def qwen35_35b_a3b_peft_1gpu_h100_bf16_config() -> ConfigContainer:
     chunked_cross_entropy(cfg)
     # 71 GB of BF16 base leaves the room for one 8,192-token row with every layer recomputed
     rows_per_micro_batch(cfg, 1)
+    # a packed row's attention in one flash-attention launch per layer pass, not one per conversation: this
+    # recipe ran it at full size on short and on long split conversations (python -m lab.full_size)
+    cfg.features.packed_attention.mode = "flash_varlen"
     return cfg
