@@ -12,7 +12,8 @@ A process reads a rows folder once: :func:`read_manifest` parses a folder's ``ma
 checks, the summary, the run's identity, the dataset at launch). Each reading is kept under the folder's
 resolved path and the size, modification time and inode of the files it read, so a folder rebuilt or a
 file replaced is read again; what depends on the caller (the sequence length, the vocabulary, the
-tokenizer) is checked on every call against the one reading.
+tokenizer) is checked on every call against the one reading. The training process the runner re-executes
+into is another process and reads the folder again.
 """
 
 from __future__ import annotations
