@@ -89,18 +89,19 @@ def real_data(cfg: Any) -> str:
 
 def describe(cfg: Any) -> str:
     """The data a run reads, in one line: mock, or the rows folder with the counts its manifest gives."""
-    import json
-    from pathlib import Path
-
     d = cfg.dataset
     if is_mock(cfg):
         return f"mock (generated samples); for real data pass {real_data(cfg)}"
     path = getattr(d, "path", None)
     if type(d).__name__ == "PackedSFTRowsConfig":
-        manifest = Path(str(path)) / "manifest.json" if path else None
-        if manifest is None or not manifest.is_file():
-            return f"sft rows {path} (no manifest.json there)"
-        m = json.loads(manifest.read_text())
+        from bridge_recipes.data.integrity import MANIFEST_FILE, RowsIntegrityError, read_manifest
+
+        try:
+            m = read_manifest(path) if path else None
+        except RowsIntegrityError:  # the dataset checks say what is wrong with it
+            m = None
+        if m is None:
+            return f"sft rows {path} (no readable {MANIFEST_FILE} there)"
         val = m.get("validation") or {}
         return (
             f"sft rows {path}: {m['rows']} rows x {m['row_tokens']} tokens from {m['conversations']['used']} "

@@ -10,7 +10,9 @@ Fields:
 - precision: ``bf16`` | ``fp8cs`` | ``fp8mx`` | ``fp8base`` (LoRA: the frozen base weights stored in FP8)
 - layout: short layout label, e.g. ``"TP1 PP1 EP8 DP8"`` (tests check it against the config)
 - status: ``measured`` (a result file backs the figure), ``functional`` (trained on a GPU at
-  reduced scale, log committed), ``unmeasured``
+  reduced scale, log committed), ``unmeasured``. A ``measured`` recipe whose fingerprint
+  (:mod:`bridge_recipes.fingerprint`) is no longer the one its result file records is shown as
+  :data:`CHANGED_SINCE_MEASURED` until a new result covers it (the lab's report finds it)
 - reference: the published figure the recipe is compared with:
   ``{"tokens_per_s_per_gpu": 4663.1, "source": "..."}``
 - measured: ``{"result": ID}`` for ``measured``: the id of its result file
@@ -34,6 +36,8 @@ from typing import Any
 
 TASKS = ("pretrain", "sft", "peft")
 STATUSES = ("measured", "functional", "unmeasured")
+# What a measured recipe's status reads once what it builds differs from what its result measured.
+CHANGED_SINCE_MEASURED = "changed since measured"
 PRECISIONS = ("bf16", "fp8cs", "fp8mx", "fp8base")
 
 

@@ -228,7 +228,8 @@ def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     return all(t.lower() == m.status or (t.lower() not in STATUSES and t.lower() in hay) for t in terms)
 
 
-# Each measured recipe's figure for --list and its measured tokens/s per GPU, generated from its result
+# Each measured recipe's figure for --list, its measured tokens/s per GPU and its status (``measured``, or
+# ``changed since measured`` when its fingerprint is no longer its result's), generated from its result
 # file by the lab's report (the product reads no evidence).
 MEASURED_FIGURES = Path(__file__).with_name("measured_figures.json")
 
@@ -253,6 +254,14 @@ def _measured(entry: RecipeEntry) -> str:
     return _measured_figures().get(entry.alias_of or entry.name, {}).get("list", "-")
 
 
+def status(entry: RecipeEntry) -> str:
+    """The status ``--list`` shows: the metadata's, or for a measured recipe whose config or features changed
+    since its result was measured, :data:`~bridge_recipes.recipe.CHANGED_SINCE_MEASURED`."""
+    if entry.meta.status != "measured":
+        return entry.meta.status
+    return _measured_figures().get(entry.alias_of or entry.name, {}).get("status", entry.meta.status)
+
+
 def measured_rate(name: str) -> float | None:
     """Recipe ``name``'s measured tokens/s per GPU, or None when it has none."""
     return _measured_figures().get(name, {}).get("tokens_per_s_per_gpu")
@@ -270,7 +279,7 @@ def table(entries: list[RecipeEntry]) -> str:
             e.meta.gpu,
             e.meta.precision,
             e.meta.layout,
-            e.meta.status,
+            status(e),
             _measured(e),
             _figure(e.meta.reference),
         )

@@ -23,6 +23,10 @@ from lab import EVIDENCE, LAB, RESULTS, ROOT, names, resolve
 
 PAGE = ROOT / "docs" / "performance.md"
 MANIFEST = EVIDENCE / "MANIFEST.json"
+# The fingerprints of the results that backed a measured status before result files recorded their
+# recipe's fingerprint: each recipe's fingerprint when its result was adopted (ADOPTED_NOTE).
+ADOPTED = RESULTS / "measured_fingerprints.json"
+ADOPTED_NOTE = "measured before fingerprints were recorded; fingerprint at adoption"
 # Where code that reads evidence lives: a file named in one of these is read by a check.
 READERS = ("bridge_recipes", "perf_recipes", "scripts", "tests", "docs")
 README = ROOT / "README.md"
@@ -84,20 +88,53 @@ def measured_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     return f"{useful or r['tokens_per_s_per_gpu']:,.1f}", "useful tokens/s/GPU" if useful else "tokens/s/GPU"
 
 
+def measured_fingerprint(entry: registry.RecipeEntry) -> dict[str, str] | None:
+    """The fingerprint of what a measured recipe's result measured: the result file's own, or for a result
+    written before results recorded one, the fingerprint :data:`ADOPTED` holds for that recipe and that
+    result; None when neither says."""
+    assert entry.meta.measured is not None
+    result = entry.meta.measured["result"]
+    recorded = read_result(_file(result)).get("fingerprint")
+    if recorded:
+        return recorded
+    adopted = json.loads(ADOPTED.read_text())["recipes"] if ADOPTED.is_file() else {}
+    mine = adopted.get(entry.name) or {}
+    return mine.get("fingerprint") if mine.get("result") == result else None
+
+
+def recipe_statuses() -> dict[str, str]:
+    """Every recipe's status: its metadata's, except a measured recipe whose fingerprint as it builds now
+    is not the one of its result (:func:`measured_fingerprint`), which reads ``changed since measured``."""
+    from bridge_recipes.fingerprint import fingerprints
+    from bridge_recipes.recipe import CHANGED_SINCE_MEASURED
+
+    recipes = registry.discover()
+    measured = [n for n, e in sorted(recipes.items()) if e.meta.status == "measured" and e.meta.measured]
+    now = fingerprints(measured)
+    out = {name: entry.meta.status for name, entry in recipes.items()}
+    for name in measured:
+        if measured_fingerprint(recipes[name]) != now[name]:
+            out[name] = CHANGED_SINCE_MEASURED
+    return out
+
+
 def measured_figures() -> str:
-    """bridge_recipes/measured_figures.json: each measured recipe's ``--list`` figure and its measured
-    tokens/s per GPU (the rate a step count is costed at), so the product never reads the evidence."""
+    """bridge_recipes/measured_figures.json: each measured recipe's ``--list`` figure, its measured
+    tokens/s per GPU (the rate a step count is costed at) and its status (:func:`recipe_statuses`), so the
+    product never reads the evidence."""
     figures = {}
+    status = recipe_statuses()
     for name, entry in sorted(registry.discover().items()):
         if entry.meta.status == "measured" and entry.meta.measured:
             rate = read_result(_file(entry.meta.measured["result"]))["result"]["tokens_per_s_per_gpu"]
-            figures[name] = {"list": measured_figure(entry)[0], "tokens_per_s_per_gpu": rate}
+            figures[name] = {"list": measured_figure(entry)[0], "tokens_per_s_per_gpu": rate, "status": status[name]}
     return json.dumps(figures, indent=1) + "\n"
 
 
 def recipe_table() -> str:
     """The README's table: every real-data recipe (its mock-data twin shares the policy)."""
     lines = ["| recipe | GPUs | layout | status | figure | source |", "|---|---:|---|---|---|---|"]
+    status = recipe_statuses()
     for entry in registry.discover().values():
         if entry.tree != "bridge_recipes":
             continue
@@ -105,7 +142,7 @@ def recipe_table() -> str:
         src = f"`{source}`" if source != "-" and "/" in source else source
         lines.append(
             f"| `{entry.name}` | {entry.meta.gpus} x {entry.meta.gpu.upper()} | {entry.meta.layout} "
-            f"| {entry.meta.status} | {figure} | {src} |"
+            f"| {status[entry.name]} | {figure} | {src} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -654,6 +691,7 @@ def convergence_table() -> str:
 
 def render() -> str:
     """The whole of docs/performance.md."""
+    from bridge_recipes.recipe import CHANGED_SINCE_MEASURED
     from lab.candidates import candidates_table
 
     return "\n".join(
@@ -665,6 +703,13 @@ def render() -> str:
             "one GPU at reduced depth (the recipe's per-GPU shard); a proxy's absolute tokens/s is not",
             "a recipe's throughput. Each result file's log is under `lab/evidence/`, listed with what",
             "it backs in `lab/evidence/MANIFEST.json`.",
+            "",
+            "A result file records the fingerprint of the recipe it measured (its config and features, as the",
+            "fingerprint test computes it: `bridge_recipes.fingerprint`). A measured recipe whose fingerprint",
+            f"is no longer its result's reads `{CHANGED_SINCE_MEASURED}` here, in the README and in `--list`",
+            "until a new result covers it. Results written before results recorded a fingerprint count with",
+            f"the fingerprint at adoption (`{_rel(ADOPTED)}`:",
+            f'"{ADOPTED_NOTE}").',
             "",
             "## Recipes",
             "",
@@ -779,6 +824,8 @@ def manifest() -> str:
         for rel in (entry.meta.evidence, (entry.meta.measured or {}).get("result")):
             if rel:
                 statuses.setdefault(_rel(_file(rel)), []).append(name)
+    if ADOPTED.is_file():  # the fingerprints the measured statuses of these recipes are checked against
+        statuses[_rel(ADOPTED)] = sorted(json.loads(ADOPTED.read_text())["recipes"])
     files = [p for p in _tracked(EVIDENCE, RESULTS) if p != MANIFEST]
     sources = {
         _rel(p): p.read_text(errors="replace")

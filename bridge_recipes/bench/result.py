@@ -1,7 +1,10 @@
 """The result file of a benchmark run: a YAML in the shape of an OpenRecipes recipe.
 
 Top-level keys, in this order: ``schema_version``, ``recipe`` (our recipe function's name),
-``model``, ``gpu`` {type, count, memory_gb}, ``layout`` (parallel sizes, layer split, micro
+``fingerprint`` (the recipe's fingerprint as it stood when the run was measured,
+:mod:`bridge_recipes.fingerprint`: its config and features; the ``command`` says what the run added, such
+as its steps and data; null for a name that is no recipe; results written before it was recorded lack
+it), ``model``, ``gpu`` {type, count, memory_gb}, ``layout`` (parallel sizes, layer split, micro
 batch, recompute, offload, dispatcher), ``workload`` {row_tokens, global_batch, precision,
 dataset}, ``stack`` (versions of the running environment), ``result`` (throughput, MFU,
 step-time CV, peak memory, window, FLOPs per token), ``command``, ``notes``.
@@ -35,6 +38,7 @@ SCHEMA_VERSION = 1
 TOP_LEVEL_KEYS = (
     "schema_version",
     "recipe",
+    "fingerprint",
     "model",
     "gpu",
     "layout",
@@ -44,6 +48,8 @@ TOP_LEVEL_KEYS = (
     "command",
     "notes",
 )
+# Keys a result file may lack: written before the key was recorded.
+LATER_KEYS = ("fingerprint",)
 
 # stack key -> distribution names to try, first found wins
 STACK_PACKAGES = {
@@ -262,12 +268,14 @@ def build_result(
     phase_time_mean_s: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The whole result document. ``gpu`` defaults to the running GPU's name; ``stack`` entries
-    override (or add to) :func:`stack_versions`; the GPU count is ``stats.world_size``."""
+    override (or add to) :func:`stack_versions`; the GPU count is ``stats.world_size``; the fingerprint
+    is the recipe's as it builds now (:func:`recipe_fingerprint`)."""
     env = stack_versions()
     env.update(stack or {})
     return {
         "schema_version": SCHEMA_VERSION,
         "recipe": recipe,
+        "fingerprint": recipe_fingerprint(recipe),
         "model": model,
         "gpu": gpu_block(gpu or env.get("gpu_name"), stats.world_size),
         "layout": layout_from_config(cfg, stats.world_size),
@@ -279,6 +287,15 @@ def build_result(
         "command": command,
         "notes": notes,
     }
+
+
+def recipe_fingerprint(recipe: str) -> dict[str, str] | None:
+    """The fingerprint of recipe ``recipe`` as it builds now, None for a name that is no recipe."""
+    from bridge_recipes import fingerprint, registry
+
+    if recipe not in registry.entries():
+        return None
+    return fingerprint.recipe_fingerprint(recipe)
 
 
 def dump_result(path: str | Path, document: dict[str, Any]) -> Path:
@@ -319,7 +336,7 @@ def read_result(path: str | Path) -> dict[str, Any]:
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {version!r}, expected {SCHEMA_VERSION}")
-    missing = [key for key in TOP_LEVEL_KEYS if key not in document]
+    missing = [key for key in TOP_LEVEL_KEYS if key not in document and key not in LATER_KEYS]
     if missing:
         raise ValueError(f"{path}: missing top-level keys {missing}")
     return document

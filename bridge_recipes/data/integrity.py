@@ -6,13 +6,23 @@ bytes) followed by its ``loss_mask`` as uint8 bytes (``row_tokens`` bytes).
 Rows in ``boundaries`` mode also hash their ``cu_seqlens`` (little-endian int32) after the
 mask. ``parquet_sha256`` is the sha256 of the Parquet file bytes, which also depend on the
 pyarrow version and compression (both recorded in the manifest).
+
+A process reads a rows folder once: :func:`read_manifest` parses a folder's ``manifest.json`` once and
+:func:`check_rows` reads, hashes and checks its Parquet file once, whoever asks (the build, the dry run's
+checks, the summary, the run's identity, the dataset at launch). Each reading is kept under the folder's
+resolved path and the size, modification time and inode of the files it read, so a folder rebuilt or a
+file replaced is read again; what depends on the caller (the sequence length, the vocabulary, the
+tokenizer) is checked on every call against the one reading. The training process the runner re-executes
+into is another process and reads the folder again.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +110,8 @@ def _rebuild(folder: Path) -> str:
 
 
 def read_manifest(folder: str | os.PathLike) -> dict:
-    """The manifest of a rows folder, with the fields training relies on present."""
+    """The manifest of a rows folder, with the fields training relies on present (parsed once per process
+    while the file stays as it is; each caller gets its own copy)."""
     folder = Path(folder)
     if folder.is_file():
         parent = folder.parent if folder.name in (ROWS_FILE, MANIFEST_FILE) else None
@@ -115,6 +126,16 @@ def read_manifest(folder: str | os.PathLike) -> dict:
     for name in (ROWS_FILE, MANIFEST_FILE):
         if not (folder / name).is_file():
             raise RowsIntegrityError(f"{folder} has no {name}: build it with scripts/build_sft_rows.py --out {folder}")
+    key = (str(folder.resolve()), _file_state(folder / MANIFEST_FILE))
+    manifest = _MANIFESTS.get(key)
+    if manifest is None:
+        manifest = _parse_manifest(folder)
+        _MANIFESTS.put(key, manifest)
+    return copy.deepcopy(manifest)
+
+
+def _parse_manifest(folder: Path) -> dict:
+    """The one reading of ``folder``'s manifest file: parsed and its fields checked."""
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text())
     except (ValueError, UnicodeDecodeError) as e:
@@ -127,6 +148,37 @@ def read_manifest(folder: str | os.PathLike) -> dict:
     if problem := _field_problem(manifest):
         raise RowsIntegrityError(f"{folder / MANIFEST_FILE}: {problem}; {_rebuild(folder)}")
     return manifest
+
+
+class _Recent(OrderedDict):
+    """The last ``size`` readings, by key: a process keeps the folders it reads, not every folder it ever read."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def put(self, key: tuple, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+# A run reads one training folder and its validation split; a few more cover a tool that compares two.
+_MANIFESTS = _Recent(64)
+_SCANS = _Recent(4)
+
+
+def _file_state(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is rewritten or replaced: its modification time, size and inode."""
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def forget_readings() -> None:
+    """Drop the kept readings of rows folders: the next call reads them again."""
+    _MANIFESTS.clear()
+    _SCANS.clear()
 
 
 def _field_problem(manifest: dict) -> str | None:
@@ -219,7 +271,8 @@ def check_rows(
     ``[0, vocab_size)`` (``vocab_field``: the config field that set it, named in the message); loss
     mask only 0/1; boundaries from 0 to ``row_tokens``, increasing;
     the rows hash; with ``tokenizer`` (a folder or its tokenizer.json), :func:`check_tokenizer`;
-    and the same for the validation rows in ``val/``. Raises RowsIntegrityError.
+    and the same for the validation rows in ``val/``. Raises RowsIntegrityError. The file is read and
+    hashed once per process (:func:`_scanned`); the rows returned are read-only, shared by every caller.
     """
     folder = Path(folder)
     manifest = read_manifest(folder)
@@ -229,21 +282,17 @@ def check_rows(
             f"rows in {folder} are {row_tokens} tokens but the model's seq_length is {seq_length}; "
             f"set -sl {row_tokens} or rebuild the rows with --row-tokens {seq_length}"
         )
-    _check_file(folder, manifest)
+    scan = _scanned(folder, manifest)
+    if scan.file_problem:
+        raise RowsIntegrityError(scan.file_problem)
     if tokenizer is not None:
         check_tokenizer(folder, manifest, tokenizer)
-    table = _read_table(folder, manifest)
-    ids = _column(table, "input_ids", np.int32, folder, row_tokens)[0].reshape(-1, row_tokens)
-    mask = _column(table, "loss_mask", np.uint8, folder, row_tokens)[0].reshape(-1, row_tokens)
-    _check_ids_and_mask(folder, ids, mask, vocab_size, vocab_field)
-    cu = _boundaries(table, folder, manifest, ids, mask) if manifest["packing"] == "boundaries" else None
-    hasher = hashlib.sha256()
-    for r in range(len(ids)):
-        update_rows_hash(hasher, ids[r], mask[r], None if cu is None else cu[r])
-    if hasher.hexdigest() != manifest["rows_sha256"]:
-        raise RowsIntegrityError(
-            f"{folder / ROWS_FILE} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}"
-        )
+    if scan.table_problem:
+        raise RowsIntegrityError(scan.table_problem)
+    assert scan.ids is not None and scan.mask is not None
+    _check_ids_and_mask(folder, scan.ids, scan.mask, vocab_size, vocab_field)
+    if scan.rows_problem:
+        raise RowsIntegrityError(scan.rows_problem)
     if manifest.get("validation"):
         val = check_rows(
             folder / VAL_DIR,
@@ -256,7 +305,61 @@ def check_rows(
             raise RowsIntegrityError(
                 f"{folder / VAL_DIR} is not the validation split {folder / MANIFEST_FILE} records; {_rebuild(folder)}"
             )
-    return LoadedRows(manifest, ids, mask, cu)
+    return LoadedRows(manifest, scan.ids, scan.mask, scan.cu)
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """One reading of a rows file against its manifest: the rows (read-only), or the first problem of
+    each stage, in the order :func:`check_rows` reports them."""
+
+    ids: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    cu: list[np.ndarray] | None = None
+    file_problem: str | None = None  # size or sha256 of the file
+    table_problem: str | None = None  # unreadable, row count, column types, row lengths
+    rows_problem: str | None = None  # boundaries, rows hash
+
+
+def _scanned(folder: Path, manifest: dict) -> _Scan:
+    """``folder``'s rows, read and hashed once while its manifest and rows file stay as they are."""
+    key = (str(folder.resolve()), _file_state(folder / MANIFEST_FILE), _file_state(folder / ROWS_FILE))
+    scan = _SCANS.get(key)
+    if scan is None:
+        scan = _scan_rows(folder, manifest)
+        _SCANS.put(key, scan)
+    return scan
+
+
+def _scan_rows(folder: Path, manifest: dict) -> _Scan:
+    """The one reading of ``folder``'s rows file: its bytes against the manifest, then its table, its
+    boundaries and its rows hash."""
+    try:
+        _check_file(folder, manifest)
+    except RowsIntegrityError as e:
+        return _Scan(file_problem=str(e))
+    row_tokens = manifest["row_tokens"]
+    try:
+        table = _read_table(folder, manifest)
+        ids = _column(table, "input_ids", np.int32, folder, row_tokens)[0].reshape(-1, row_tokens)
+        mask = _column(table, "loss_mask", np.uint8, folder, row_tokens)[0].reshape(-1, row_tokens)
+    except RowsIntegrityError as e:
+        return _Scan(table_problem=str(e))
+    ids.flags.writeable = mask.flags.writeable = False  # one copy serves every caller of the process
+    try:
+        cu = _boundaries(table, folder, manifest, ids, mask) if manifest["packing"] == "boundaries" else None
+        hasher = hashlib.sha256()
+        for r in range(len(ids)):
+            update_rows_hash(hasher, ids[r], mask[r], None if cu is None else cu[r])
+        if hasher.hexdigest() != manifest["rows_sha256"]:
+            raise RowsIntegrityError(
+                f"{folder / ROWS_FILE} rows do not match rows_sha256 in {MANIFEST_FILE}; {_rebuild(folder)}"
+            )
+    except RowsIntegrityError as e:
+        return _Scan(ids=ids, mask=mask, rows_problem=str(e))
+    for c in cu or ():
+        c.flags.writeable = False
+    return _Scan(ids=ids, mask=mask, cu=cu)
 
 
 def _check_file(folder: Path, manifest: dict) -> None:

@@ -30,7 +30,8 @@ Rows are read in file order; the builder already permuted the conversations with
 epochs repeat that order, so runs are reproducible and resumable by sample index. A ``val/``
 rows folder inside the dataset becomes the validation split.
 
-Every open checks the folder (``integrity.check_rows``); errors name the file and the fix.
+Every open checks the folder (``integrity.check_rows``, which reads and hashes a folder once per process);
+errors name the file and the fix.
 """
 
 from __future__ import annotations

@@ -512,6 +512,29 @@ def test_result_file_round_trip(tmp_path):
     assert back["stack"]["megatron_core"] == importlib.metadata.version("megatron-core")
 
 
+def _small_result(tmp_path, recipe: str) -> dict:
+    st = S.summarize(_steps([2.0] * 20, tokens=8192), world_size=1, flops_per_token=1.0, peak_flops="H200")
+    return R.write_result(tmp_path / "r.yaml", recipe=recipe, model="m", cfg=_stand_in(), stats=st, gpu="H200")
+
+
+def test_a_result_records_the_fingerprint_of_the_recipe_it_measured(tmp_path):
+    """The fingerprint is the fingerprint test's, of the recipe as it builds now; a name that is no recipe
+    has none; a result file written before results recorded it still reads."""
+    import json
+    from pathlib import Path
+
+    name = "qwen35_27b_peft_1gpu_h200_bf16_lowmem_config"
+    committed = json.loads((Path(__file__).with_name("recipe_configs.json")).read_text())[name]
+    doc = _small_result(tmp_path, name)
+    assert doc["fingerprint"] == committed and set(committed) == {"recipe", "rows"}
+    assert R.read_result(tmp_path / "r.yaml")["fingerprint"] == committed
+    assert _small_result(tmp_path, "not_a_recipe")["fingerprint"] is None
+    older = (tmp_path / "r.yaml").read_text().replace("fingerprint: null\n", "")
+    assert "fingerprint" not in older
+    (tmp_path / "r.yaml").write_text(older)
+    assert "fingerprint" not in R.read_result(tmp_path / "r.yaml")
+
+
 def test_read_result_rejects_other_files(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema_version: 2\n")
