@@ -94,9 +94,16 @@ def build(
         _shrink(cfg, scale_down, scale_experts, gpus, report)
     _reshape(cfg, folder, dataset, peft, report)
     _apply_flags_and_overrides(cfg, values, overrides, name)
+    _settle(cfg, folder, epochs, report or (lambda change: None))
+    return cfg
+
+
+def _settle(cfg: Any, folder: Any, epochs: float | None, report: Callable[[str], None]) -> None:
+    """What follows the overrides, in order: home folders expanded, the checkpoint checked against the
+    model, the recipe's rows per micro batch joined on rows with boundaries, and last the steps of
+    ``epochs`` (the rows a step reads are settled then)."""
     for change in expand_home(cfg):
-        if report:
-            report(change)
+        report(change)
     if folder is not None:
         from bridge_recipes.hf import training as hf_training
 
@@ -104,15 +111,12 @@ def build(
     from bridge_recipes.data.packed_rows import join_recipe_rows
 
     for change in join_recipe_rows(cfg):  # rows with boundaries: the recipe's rows per micro batch as one sequence
-        if report:
-            report(f"packed rows: {change}")
-    if epochs is not None:  # last: the rows a step reads are settled
+        report(f"packed rows: {change}")
+    if epochs is not None:
         from bridge_recipes.run_length import use_epochs
 
         for change in use_epochs(cfg, epochs):
-            if report:
-                report(f"epochs: {change}")
-    return cfg
+            report(f"epochs: {change}")
 
 
 # What sets the run's length in steps, which ``epochs`` sets from the rows instead.

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from bridge_recipes.features import random_lora
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
+from bridge_recipes.features import random_lora
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "lab" / "results" / "command_times.json"

@@ -352,7 +352,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     return entry, cfg
 
 
-def _run_option(option: str, value: str, path: str) -> Any:
+def _run_option(option: str, value: str | bool, path: str) -> Any:
     """A runner option as a config file records it: a folder, or the memory cap (a number, checked)."""
     if option != "gpu-memory-gb":
         return value

@@ -2,6 +2,7 @@
 and `wait` packs what it wrote into $OUT."""
 
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -120,6 +121,32 @@ def _queued_benchmarks(out: str = "$OUT"):
                     yield queue.name, step, parser.parse_intermixed_args(args[: ends[0]] if ends else args)
 
 
+def _make_what_it_makes(line: str, tokenizer: Path, built: set[tuple[str, ...]]) -> None:
+    """The folders a queue line makes (``mkdir -p``) and the rows it builds (``make_lognormal_rows.py``,
+    each set once), as the line would before its run."""
+    import shlex
+
+    from bridge_recipes.data.synthetic_chat import build_lognormal_rows, build_long_split_rows
+
+    for part in line.split("&&"):
+        words = shlex.split(part)
+        if words[:2] == ["mkdir", "-p"]:
+            for folder in words[2:]:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+        if "lab/gpu/make_lognormal_rows.py" not in words or tuple(words) in built:
+            continue
+        built.add(tuple(words))
+        args = words[words.index("lab/gpu/make_lognormal_rows.py") + 1 :]
+        split = "--long-split" in args
+        rest = [a for a in args if a != "--long-split"]
+        out, row = Path(rest[0]), int(rest[1]) if len(rest) > 1 else 8192
+        if split:
+            build_long_split_rows(out / "long_split", tokenizer, row_tokens=row)
+            continue
+        for packing in ("boundaries", "one_per_row") if len(rest) == 1 else ("boundaries",):
+            build_lognormal_rows(out / packing, tokenizer, packing, row_tokens=row)
+
+
 def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
     """A full-scale benchmark's steps (both recipes' with --against, at the global batch its
     overrides set) take at most 10 minutes at the published or measured rates, so 30 minutes of device time holds two
@@ -144,11 +171,16 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
                 build_config(entry.name, **{**rows, "overrides": [*rows.get("overrides", []), *opts.overrides, *own]})
             )
             rates.append(published_step_seconds(cfgs[-1], entry))
+        # a line under lab/gpu/watch.sh is ended at its limit, which bounds it whatever its rate
+        watched = re.search(r"\bLIMIT=(\d+) .*lab/gpu/watch\.sh", step)
         # an arm with no rate of its own (a variant of the other arm) is sized by the slower known one
         known = [s for s in rates if s]
-        assert known, f"{queue}: no arm has a published or measured rate to size its steps by: {step}"
-        seconds = sum(steps * (s or max(known)) for s in rates)
-        assert seconds <= 600, f"{queue}: {seconds / 60:.1f} min of steps: {step}"
+        if watched:
+            assert int(watched.group(1)) <= 900, f"{queue}: a watch of over 15 minutes: {step}"
+        else:
+            assert known, f"{queue}: no arm has a published or measured rate to size its steps by: {step}"
+            seconds = sum(steps * (s or max(known)) for s in rates)
+            assert seconds <= 600, f"{queue}: {seconds / 60:.1f} min of steps: {step}"
         if len(cfgs) == 2:  # a pair is queued for its loss curves: one model on the same rows
             assert different_training(*cfgs) is None, f"{queue}: {step}"
         checked += 1
@@ -159,24 +191,22 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
     """Each benchmark line of every queue gets past the checks benchmark.py makes before a run
     starts (recipes, overrides, proxy size, candidates, value ranges, the output folder), so no
     lease spends its device time on a line that stops at once."""
-    import shlex
 
     from bridge_recipes.bench.benchmark import argument_problems, gpus_of
-    from bridge_recipes.data.synthetic_chat import build_lognormal_rows
     from bridge_recipes.runner.cli import megatron_validation
     from lab.benchmark import runs_of
 
     tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
     checked = 0
+    prepared: set[str] = set()
+    built: set[tuple[str, ...]] = set()
     for queue, step, opts in _queued_benchmarks(str(tmp_path)):
         if getattr(opts, "predict", None):
             continue
-        words = shlex.split(step.replace("$OUT", str(tmp_path)))
-        if "lab/gpu/make_lognormal_rows.py" in words:  # the rows the line builds before it runs
-            at = words.index("lab/gpu/make_lognormal_rows.py")
-            out, row = Path(words[at + 1]), words[at + 2] if words[at + 2].isdigit() else None
-            for packing in ("boundaries", "one_per_row") if row is None else ("boundaries",):
-                build_lognormal_rows(out / packing, tokenizer, packing, row_tokens=int(row or 8192))
+        if queue not in prepared:  # the rows and folders the queue's lines make before its runs read them
+            prepared.add(queue)
+            for line in _queue_steps(ROOT / "lab/gpu/queues" / queue):
+                _make_what_it_makes(line.replace("$OUT", str(tmp_path)), tokenizer, built)
         runs = runs_of(opts)
         problems, plans = argument_problems(opts, runs)
         assert problems == [], f"{queue}: {step}"

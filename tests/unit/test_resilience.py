@@ -193,14 +193,14 @@ def test_distributed_optimizer_state_keeps_the_model_parallel_sizes(tmp_path, fi
     assert errors(fully) == []
 
 
-def test_fault_tolerance_off_without_ft_launcher(monkeypatch, capsys):
+def test_fault_tolerance_off_without_ft_launcher(monkeypatch):
     cfg = build()
     monkeypatch.delenv("FT_RANK_MONITOR_IPC_SOCKET", raising=False)
-    assert launch.fault_tolerance_off_without_ft_launcher(cfg) and not cfg.ft.enable_ft_package
-    assert "fault tolerance: off" in capsys.readouterr().out
+    change = launch.fault_tolerance_change(cfg)
+    assert change and change.startswith("fault tolerance: off") and not cfg.ft.enable_ft_package
     cfg = build()
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "/tmp/rmon.sock")
-    assert not launch.fault_tolerance_off_without_ft_launcher(cfg) and cfg.ft.enable_ft_package
+    assert launch.fault_tolerance_change(cfg) is None and cfg.ft.enable_ft_package
 
 
 def test_latest_run_config_reads_the_tracker(tmp_path):

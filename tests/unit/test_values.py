@@ -179,7 +179,8 @@ def test_energon_path_must_exist(tmp_path, capsys):
         ]
     )
     err = capsys.readouterr().err
-    assert code == 2 and f"dataset.path={tmp_path / 'missing'}" in err and "not a folder" in err, err
+    assert code == 2 and f"dataset.path {tmp_path / 'missing'}: no such folder" in err, err
+    assert "scripts/build_vl_dataset.py" in err  # the builder of what an energon dataset path holds
 
 
 @pytest.mark.parametrize(
