@@ -151,6 +151,19 @@ def expected_seconds(cfg: Any, world_size: int, rate: float) -> float:
     return t.train_iters * t.global_batch_size * cfg.model.seq_length / (rate * world_size)
 
 
+def speed_line(cfg: Any, name: str, card: str, world: int, rate: float | None) -> str:
+    """``--plan``'s speed: recipe ``name``'s measured tokens/s per GPU (``rate``, on ``card``) and, on an
+    SFT rows folder, the time one pass over its rows takes at that rate on ``world`` GPUs."""
+    if not rate:
+        return f"speed: {name} has no measured rate yet (--list shows the measured recipes)"
+    line = f"speed: {rate:,.1f} tokens/s per GPU (padding included) measured on {card}"
+    rows = training_rows(cfg)
+    if rows is None:
+        return line + "; with an SFT rows folder (dataset.path=) also the time an epoch of it takes"
+    seconds = rows * (cfg.model.seq_length // rows_per_sequence(cfg)) / (rate * world)
+    return line + f"; an epoch of {rows:,} rows takes about {duration(seconds)} on {world} such GPU(s)"
+
+
 def duration(seconds: float) -> str:
     """``seconds`` as ``2 h 05 min``, ``7 min`` or ``40 s``."""
     if seconds < 60:

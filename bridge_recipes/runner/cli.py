@@ -731,6 +731,11 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
 
     text, fits = plan_report(cfg, world, entry.meta.gpu, gpu_memory_gb=args.gpu_memory_gb)
     print(text)
+    from bridge_recipes.run_length import speed_line
+
+    name = entry.alias_of or entry.name
+    if args.scale_down is None and world == entry.meta.gpus:  # the rate is of the recipe as written
+        print(speed_line(cfg, name, entry.meta.gpu.upper(), world, registry.measured_rate(name)))
     if not fits:
         from bridge_recipes.gpus import class_memory_gb
         from bridge_recipes.runner.gpu_fit import recipes_that_fit

@@ -224,3 +224,26 @@ def test_the_many_epochs_warning_says_the_numbers():
     assert epochs_warning("/r", 100, 100 * MANY_EPOCHS + 1)
     small = epochs_warning("/r", 100, 200, rows_per_step=128)
     assert small and "128 rows" in small and "2.00 epochs" in small
+
+
+def test_plan_gives_the_measured_rate_and_the_time_an_epoch_of_the_rows_takes(rows, capsys):
+    """--plan of a measured one-GPU recipe: its tokens/s on its card and, with a rows folder, an epoch's
+    time at that rate (rows x tokens a row / rate); without rows, where the epoch time would come from."""
+    from bridge_recipes import registry
+    from bridge_recipes.run_length import duration
+
+    recipe = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
+    rate = registry.measured_rate(recipe)
+    assert rate
+    argv = ["--recipe", recipe, "--plan"]
+    main([*argv, "--dataset", "sft-rows", f"dataset.path={rows}", "-sl", str(ROW)])
+    out = capsys.readouterr().out
+    speed = next(line for line in out.splitlines() if line.startswith("speed: "))
+    n = _rows_in(rows)
+    assert f"{rate:,.1f} tokens/s per GPU (padding included) measured on H100" in speed
+    assert f"an epoch of {n:,} rows takes about {duration(n * ROW / rate)}" in speed
+    main(argv)
+    out = capsys.readouterr().out
+    assert "with an SFT rows folder (dataset.path=) also the time an epoch of it takes" in out
+    main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_32k_config", "--plan"])
+    assert "has no measured rate yet" in capsys.readouterr().out
