@@ -71,7 +71,7 @@ def build(
       of calling the recipe; ``name`` is then the recipe it was written from. The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
     - ``epochs``: the run's length in passes over its SFT rows: ``train.train_iters`` from the rows
-      folder's row count and the rows a step reads, set last (``epochs: ...`` reported;
+      folder's row count and the rows per step, set last (``epochs: ...`` reported;
       :mod:`bridge_recipes.run_length`). Refused with a step count (``max_steps``, ``train.train_iters=``),
       with data other than SFT rows and with rows that cannot fill one step.
 
@@ -101,7 +101,7 @@ def build(
 def _settle(cfg: Any, folder: Any, epochs: float | None, report: Callable[[str], None]) -> None:
     """What follows the overrides, in order: home folders expanded, the checkpoint checked against the
     model, the recipe's rows per micro batch joined on rows with boundaries, and last the steps of
-    ``epochs`` (the rows a step reads are settled then)."""
+    ``epochs`` (the rows per step are settled then)."""
     for change in expand_home(cfg):
         report(change)
     if folder is not None:

@@ -412,7 +412,7 @@ def _names(kinds: tuple[type, ...]) -> str:
 INSTEAD = {
     "train.num_epochs": "Megatron-Bridge counts epochs only for its own SFT dataset, not for these recipes' rows; "
     "set the run's length in passes over the rows with epochs=N, which sets train.train_iters from the rows "
-    "folder's row count and the rows a step reads",
+    "folder's row count and the rows per step",
 }
 
 

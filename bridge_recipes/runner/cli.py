@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="N",
         help="train N passes over the SFT rows (--dataset sft-rows): sets train.train_iters from the rows folder's "
-        "row count and the rows a step reads (whole steps, rounded down); instead of --max-steps",
+        "row count and the rows per step (whole steps, rounded down); instead of --max-steps",
     )
     p.add_argument(
         "--fresh",

@@ -69,7 +69,7 @@ def test_the_liger_stack_takes_hidden_states_and_masked_labels(recipe, short_row
     assert type(kw["model"]).__name__.endswith("ForCausalLM")
     hidden = TOY[recipe]["hidden_size"]
     calls = seen["loss"]
-    assert len(calls) == 2 * 2  # two rows a step, two steps
+    assert len(calls) == 2 * 2  # two rows per step, two steps
     for call in calls:
         assert call["x"][-1] == hidden and call["reduction"] == "sum"
         assert call["weight"].shape == (TOY[recipe]["vocab_size"], hidden)

@@ -1,4 +1,4 @@
-"""--epochs: the steps from the rows folder's row count and the rows a step reads, on every recipe that
+"""--epochs: the steps from the rows folder's row count and the rows per step, on every recipe that
 reads SFT rows; what is refused (train.num_epochs, a step count beside it, rows that cannot fill a step,
 other data); the dry run's length, validation and time lines; validation at the end of a short run."""
 
