@@ -190,8 +190,10 @@ def watched_forward_step(forward_step: Callable, dog: Watchdog) -> Callable:
     is the one Megatron-Bridge inspects to hand the training state over (``state`` first)."""
 
     def step(state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:
-        if (line := dog.micro_batch_started(_micro_batches)) and _first_rank():
-            print(line, flush=True)
+        if line := dog.micro_batch_started(_micro_batches):
+            from megatron.bridge.utils.common_utils import print_rank_0
+
+            print_rank_0(line)
         where = f"micro-batch {dog.micro_batch} of {dog.phase}"
         output, loss_function = forward_step(state, data_iterator, model, return_schedule_plan)
 
@@ -204,12 +206,6 @@ def watched_forward_step(forward_step: Callable, dog: Watchdog) -> Callable:
         return output, loss
 
     return step
-
-
-def _first_rank() -> bool:
-    import torch.distributed as dist
-
-    return not dist.is_available() or not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _micro_batches() -> int | None:

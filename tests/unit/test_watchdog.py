@@ -209,3 +209,11 @@ def test_the_first_micro_batch_alone_has_the_long_budget():
     dog.micro_batch_started()
     now[0] = 360
     assert dog.overdue() is not None and "since micro-batch 2 of step 1 started" in dog.overdue()
+
+
+def test_the_forward_step_prints_the_progress_line_on_the_first_rank(capsys):
+    dog = watchdog.Watchdog(watchdog.Budgets(), every_s=0)
+    dog.step_started(3)
+    step = watchdog.watched_forward_step(lambda *a: ("out", lambda out: 0.0), dog)
+    step(None, None, None)
+    assert "[progress] step 3: micro-batch 1 started" in capsys.readouterr().out
