@@ -84,64 +84,59 @@ def cap_gb(recipe: str) -> float | None:
     return None if gpu == "h200" else class_memory_gb(gpu)
 
 
-def row_length(recipe: str) -> int:
-    """The tokens per row ``recipe`` reads (its sequence over its rows per sample)."""
-    from bridge_recipes import build
-    from bridge_recipes.datasets import row_tokens
-
-    return row_tokens(build(recipe, dataset="sft-rows"))
-
-
-def step_sequences(recipe: str) -> int:
-    """The global batch of a run: whole micro batches holding at least :data:`STEP_ROWS` rows, in place
-    of the recipes' 128 rows (about 8 minutes a step on an 80 GB card): 20 steps then fit a queue step,
-    and a step's cost per row is the recipe's (the optimizer updates only adapters)."""
-    from bridge_recipes import build
+def step_sequences(cfg) -> int:
+    """The global batch of a run of ``cfg``: whole micro batches holding at least :data:`STEP_ROWS` rows,
+    in place of the recipes' 128 rows (minutes a step on one card): 20 steps then fit a queue step, and a
+    step's cost per row is the recipe's (the optimizer updates only adapters)."""
     from bridge_recipes.datasets import rows_per_sequence
 
-    cfg = build(recipe, dataset="sft-rows")
     micro = cfg.train.micro_batch_size
     return micro * max(1, math.ceil(STEP_ROWS / (micro * rows_per_sequence(cfg))))
 
 
-def rows_folder(shape: str, tokens: int) -> str:
-    return f"{ROWS}/{SHAPES[shape]}" if tokens == 8192 else f"{ROWS}_{tokens}/{SHAPES[shape]}"
+def rows_root(tokens: int) -> str:
+    """Where the queue builds the rows of ``tokens``-token rows."""
+    return ROWS if tokens == 8192 else f"{ROWS}_{tokens}"
 
 
 def build_line(tokens: int) -> str:
     """The queue step that builds both row shapes of ``tokens``-token rows."""
-    short = f"{ROWS}" if tokens == 8192 else f"{ROWS}_{tokens}"
     size = "" if tokens == 8192 else f" {tokens}"
     return (
-        f"python3 lab/gpu/make_lognormal_rows.py {short}{size} && "
-        f"python3 lab/gpu/make_lognormal_rows.py {short}{size} --long-split"
+        f"python3 lab/gpu/make_lognormal_rows.py {rows_root(tokens)}{size} && "
+        f"python3 lab/gpu/make_lognormal_rows.py {rows_root(tokens)}{size} --long-split"
     )
 
 
-def run_line(recipe: str, shape: str, tokens: int) -> str:
-    """The queue step of one run: the benchmark under watch, its result and log in ``$OUT/full_size``."""
+def run_line(recipe: str, shape: str, tokens: int, sequences: int) -> str:
+    """The queue step of one run (``sequences`` per step): the benchmark under watch, its result and log in
+    ``$OUT/full_size``."""
     name = f"{recipe}__{shape}"
     cap = cap_gb(recipe)
     return (
         ("python3 lab/gpu/needs_memory.py 140 && " if cap is None else "")
         + f"mkdir -p $OUT/full_size && NAME={name} LIMIT={LIMIT_S} STACK_EVERY={LIMIT_S} "
         "bash lab/gpu/watch.sh python3 scripts/benchmark.py "
-        f"--recipe {recipe} --rows {rows_folder(shape, tokens)} --lora-from-random-init --steps {STEPS} "
+        f"--recipe {recipe} --rows {rows_root(tokens)}/{SHAPES[shape]} --lora-from-random-init --steps {STEPS} "
         f"--window {WINDOW[0]} {WINDOW[1]}"
         + ("" if cap is None else f" --gpu-memory-gb {cap:g}")
-        + f" --out $OUT/full_size/{name}.yaml train.global_batch_size={step_sequences(recipe)}"
+        + f" --out $OUT/full_size/{name}.yaml train.global_batch_size={sequences}"
     )
 
 
 def queue_lines() -> list[str]:
     """Each row length's build step, then both shapes of each recipe in :func:`one_gpu_recipes`' order."""
+    from bridge_recipes import build
+    from bridge_recipes.datasets import row_tokens
+
     lines, built = [], set()
     for recipe in one_gpu_recipes():
-        tokens = row_length(recipe)
+        cfg = build(recipe, dataset="sft-rows")
+        tokens = row_tokens(cfg)
         if tokens not in built:
             built.add(tokens)
             lines.append(build_line(tokens))
-        lines.extend(run_line(recipe, shape, tokens) for shape in SHAPES)
+        lines.extend(run_line(recipe, shape, tokens, step_sequences(cfg)) for shape in SHAPES)
     return lines
 
 
