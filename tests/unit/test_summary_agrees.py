@@ -4,7 +4,6 @@ patches install and the config hands to Megatron-Bridge."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -30,17 +29,9 @@ CASES = [(n, []) for n in ONE_GPU] + [
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> Path:
     """Rows with conversation boundaries, on which packed attention applies."""
-    from bridge_recipes.data.sft_rows import build_sft_rows
+    from bridge_recipes.fingerprint import boundaries_rows
 
-    tmp = tmp_path_factory.mktemp("rows")
-    src = tmp / "c.jsonl"
-    convs = [
-        {"messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": "a"}]} for i in range(4)
-    ]
-    src.write_text("".join(json.dumps(c) + "\n" for c in convs))
-    tokenizer = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
-    build_sft_rows(src, tokenizer, tmp / "rows", row_tokens=64, packing="boundaries", progress=False)
-    return tmp / "rows"
+    return boundaries_rows(tmp_path_factory.mktemp("rows") / "rows")
 
 
 @pytest.fixture
