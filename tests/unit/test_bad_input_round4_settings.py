@@ -1,6 +1,8 @@
 """Bad settings answered at the dry run: each one exits 2 with a message naming the field, its value
 and the fix, instead of a traceback, a failure on the GPU, or a misleading hint."""
 
+import contextlib
+import io
 import json
 import re
 import shutil
@@ -10,11 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.cli_run import run_cli as _run
+from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 VL_RECIPE = "qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config"
+
+
+def _run(*argv) -> tuple[int, str]:
+    """The runner in this process: exit code and stdout + stderr."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue()
 
 
 def _dry_run(*argv) -> tuple[int, str]:

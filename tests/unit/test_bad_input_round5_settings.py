@@ -5,7 +5,9 @@ Megatron loads."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import re
 import sys
@@ -13,10 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.cli_run import run_cli as _run
+from bridge_recipes.runner.cli import main
 
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h100_bf16_config"  # written for 8 x H100
 OTHER_MODEL = "qwen35_122b_a10b_sft_24gpu_h200_bf16_config"  # MoE too, another size
+
+
+def _run(*argv) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue()
 
 
 def _no_megatron_loaded(text: str) -> bool:
