@@ -1,20 +1,24 @@
 """GPU proof of the released-checkpoint road (one GPU of 140 GB: the H200 recipe's full SFT).
 
     python -m lab.released_road [--out lab/results/released_checkpoint_road.json] [--scratch DIR]
-                                [--cases moe_lora,dense_lora,moe_sft,dense_sft] [--steps 40] [--sizes real|toy]
+                                [--cases moe_lora,dense_lora,moe_lora_48gb,moe_sft,dense_sft] [--steps 40]
+                                [--sizes real|toy]
 
 For each case (:data:`CASES`): a toy in the released form (VL, one MTP layer, a small vision tower)
 at 4 layers of its family's shape (the 27B dense, the 35B-A3B MoE; ``--sizes real``: the released
 models' own widths, ``toy``: the small toy widths), conversations of our own built into rows with a
 validation split, then ``run_recipe.py --hf-checkpoint TOY --export-hf EXPORT`` with a text recipe
-(LoRA on an 80 GB recipe, full SFT on an H200 recipe) for ``--steps`` steps. Each export is checked:
+(LoRA on the 80 GB and 48 GB recipes, full SFT on an H200 recipe) for ``--steps`` steps. Each export is checked:
 transformers loads it as the toy's class, the vision tower is byte for byte the toy's, the MTP layer
 is there, its text logits (FP32, every expert routed) match the trained Megatron model's, a LoRA
-run's adapter folder on the toy (PEFT) gives the merged export's logits, and the held-out loss (on
-conversations no build has seen, by transformers) falls from the toy's to the export's.
+run's adapter folder on the toy (loaded with PEFT as docs/lora.md says) gives the merged export's
+logits, and the held-out loss (on conversations no build has seen, by transformers) falls from the
+toy's to the export's. A LoRA run's adapter stream is recorded beside the result
+(:func:`lab.lora_export_structure.stream_structure`), to check the CPU tests' fixture against.
 
 The result file is a list of :func:`record` dicts, one per case and export (``merged``, and
-``adapter`` for LoRA); :func:`failures` are the gates. The parts a CPU can check (arguments,
+``adapter`` for LoRA); a run replaces the records of its cases and keeps the others, so cases can
+run on different machines or widths (``widths`` says which). :func:`failures` are the gates. The parts a CPU can check (arguments,
 records, gates, the byte comparison) are tested in lab/tests/test_released_road.py.
 """
 
@@ -47,6 +51,7 @@ FIELDS = (
     "adapter_vs_merged_max_abs_diff",
     "val_loss_start",
     "val_loss_end",
+    "widths",
     "date",
     "hardware",
 )
@@ -65,13 +70,18 @@ class Case:
     recipe: str
     peft: bool
     lr: float
+    run_args: tuple[str, ...] = ()  # e.g. the card's memory the run is capped at
 
 
+# In the order users need them: the 80 GB LoRA recipes, the 48 GB one, then full SFT.
 CASES = {
     c.name: c
     for c in (
         Case("moe_lora", "moe", "qwen35_35b_a3b_peft_1gpu_h100_bf16_config", True, 3e-4),
         Case("dense_lora", "dense", "qwen35_27b_peft_1gpu_h100_fp8base_config", True, 3e-4),
+        Case(
+            "moe_lora_48gb", "moe", "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config", True, 3e-4, ("--gpu-memory-gb", "48")
+        ),
         Case("moe_sft", "moe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", False, 3e-5),
         Case("dense_sft", "dense", "qwen35_27b_sft_8gpu_h200_bf16_config", False, 3e-5),
     )
@@ -99,13 +109,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def record(case: Case, export: str, checks: dict[str, Any], *, date: str, hardware: str) -> dict[str, Any]:
+def previous_records(file: Path) -> list[dict[str, Any]]:
+    """The records an earlier run wrote to ``file`` (none when it is missing or not a list)."""
+    try:
+        found = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return []
+    return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+
+
+def record(
+    case: Case, export: str, checks: dict[str, Any], *, date: str, hardware: str, widths: str = "real"
+) -> dict[str, Any]:
     """One result: the case, the export (``merged`` / ``adapter``) and its checks, in :data:`FIELDS`."""
     rec = {
         "family": case.family,
         "recipe": case.recipe,
         "peft": "lora" if case.peft else None,
         "export": export,
+        "widths": widths,
         "date": date,
         "hardware": hardware,
     }
@@ -260,7 +282,7 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
     from peft import PeftModel
 
     from bridge_recipes.bench.runs import launch
-    from bridge_recipes.data.synthetic_chat import build_evidence_rows, conversations_jsonl
+    from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows, conversations_jsonl
     from bridge_recipes.hf import parity
     from bridge_recipes.hf.released import adapter_folder
     from bridge_recipes.hf.toy import make_toy, real_width_sizes
@@ -279,12 +301,13 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
         subprocess.run(["rm", "-rf", str(p)], check=True)
     os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
     run_args = [
-        "--scale-down", "4", "-gb", "4", "--max-steps", str(args.steps), "--lr", str(case.lr),
+        "--scale-down", "4", "-sl", str(EVIDENCE_ROW_TOKENS), "-gb", "4", "--max-steps", str(args.steps), "--lr", str(case.lr),
         "--min-lr", str(case.lr / 10), "--warmup-iters", "2", "--dataset", "sft-rows", f"dataset.path={rows}",
         "--hf-checkpoint", str(toy), "--save-dir", str(ckpt), "--export-hf", str(export),
         "checkpoint.load=null", "checkpoint.async_save=false",
         f"validation.eval_interval={EVAL_INTERVAL}", "validation.eval_iters=2",
     ]  # fmt: skip
+    run_args += list(case.run_args)
     r = launch(case.name, case.recipe, run_args, args.out.parent / f"released_road_{case.name}.log", timeout_s=3000)
     log(f"{case.name}: exit {r.returncode}, {len(r.losses)} steps, validation {validation_losses(r.log)}")
     if r.returncode != 0:
@@ -295,7 +318,21 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
     experts = config["text_config"].get("num_experts")
     tokens = parity.parity_tokens()[:2, :256]
     parity.init_single_gpu()
-    megatron_logits = parity.megatron_logits(_megatron(ckpt, toy, experts), tokens)
+    trained = _megatron(ckpt, toy, experts)
+    megatron_logits = parity.megatron_logits(trained, tokens)
+    if case.peft:
+        from bridge_recipes.hf import checkpoint as ck
+        from bridge_recipes.hf.released_bridge import released_text_bridge
+        from lab.lora_export_structure import stream_structure
+
+        try:  # a record beside the result, never a reason to lose the case
+            bridge = released_text_bridge(ck.inspect_folder(toy))
+            structure = stream_structure(bridge.export_adapter_weights([trained], cpu=True, show_progress=False))
+            file = args.out.parent / f"released_road_{case.name}_adapter_stream.json"
+            file.write_text(json.dumps({"recipe": case.recipe, "widths": args.sizes, "adapter_stream": structure}) + "\n")
+        except Exception:
+            log(f"{case.name}: adapter stream not recorded:\n{traceback.format_exc()}")
+    del trained
     merged = _hf(cls, export, experts)
     merged_logits = parity.hf_logits(merged, tokens)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(toy))
@@ -310,9 +347,10 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
         "val_loss_start": round(start, 5),
         "val_loss_end": round(held_out_loss(_hf(cls, export, None), tokenizer, held), 5),
     }
-    out = [record(case, "merged", checks, date=date, hardware=hardware)]
-    if case.peft:
-        adapted = PeftModel.from_pretrained(_hf(cls, toy, experts), str(adapter_folder(export))).eval()
+    out = [record(case, "merged", checks, date=date, hardware=hardware, widths=args.sizes)]
+    if case.peft:  # loaded as docs/lora.md says: PeftModel over AutoModelForImageTextToText of the original
+        auto = transformers.AutoModelForImageTextToText
+        adapted = PeftModel.from_pretrained(_hf(auto, toy, experts), str(adapter_folder(export))).eval()
         adapter_logits = parity.hf_logits(adapted, tokens)
         diff = float((adapter_logits - merged_logits).abs().max())
         out[0]["adapter_vs_merged_max_abs_diff"] = diff
@@ -324,7 +362,7 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
             "val_loss_start": round(start, 5),
             "val_loss_end": round(held_out_loss(plain, tokenizer, held), 5),
         }
-        out.append(record(case, "adapter", adapter_checks, date=date, hardware=hardware))
+        out.append(record(case, "adapter", adapter_checks, date=date, hardware=hardware, widths=args.sizes))
     del base, merged
     torch.cuda.empty_cache()
     return out
@@ -341,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     log = Log(args.scratch / "released_road.log")
     hardware = f"1x {torch.cuda.get_device_name(0)}"
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%MZ")
-    records: list[dict[str, Any]] = []
+    ran = {c.recipe for c in args.cases}
+    records = [r for r in previous_records(args.out) if r.get("recipe") not in ran]
     for case in args.cases:
         try:
             records += run_case(case, args, log, date, hardware)

@@ -34,6 +34,7 @@ from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named 
     INDEX_FILE,
     MAX_HEADER_BYTES,
     SINGLE_FILE,
+    AdapterExportError,
     HfCheckpointError,
     safetensors_header,
 )
@@ -618,8 +619,9 @@ def convert_lora_to_hf(megatron: Path, template: Path, out: Path, adapter_out: P
     merged into the base weights of ``template`` (the HF folder the run started from), saved as a
     plain HF folder: the base model built through the registered bridge with the run's LoRA
     wrapped around it, the adapters loaded from the checkpoint, then ``save_hf_pretrained``, which
-    merges each adapter into its base weight. ``adapter_out``: the adapters alone as a PEFT folder
-    there too (:func:`bridge_recipes.hf.released.write_adapter`)."""
+    merges each adapter into its base weight. ``adapter_out``: then the adapters alone as a PEFT
+    folder there (:func:`bridge_recipes.hf.released.write_adapter`); its failure is an
+    :class:`AdapterExportError`."""
     _need_gpu("the export")
     _quiet_megatron_import()
     from megatron.bridge import AutoBridge
@@ -627,17 +629,20 @@ def convert_lora_to_hf(megatron: Path, template: Path, out: Path, adapter_out: P
     bridge = AutoBridge.from_hf_pretrained(str(template))
     with _conversion_context():
         model, lora = build_lora_model(bridge, megatron, lora_settings(megatron) or {})
+        bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
         if adapter_out is not None:
             from bridge_recipes.hf.released import write_adapter
 
-            write_adapter(
-                bridge.export_adapter_weights(model, cpu=True, show_progress=False),
-                adapter_out,
-                rank=lora.dim,
-                alpha=lora.alpha,
-                base_model=str(template),
-            )
-        bridge.save_hf_pretrained(model, str(out), source_path=str(template), merge_adapter_weights=True)
+            try:
+                write_adapter(
+                    bridge.export_adapter_weights(model, cpu=True, show_progress=False),
+                    adapter_out,
+                    rank=lora.dim,
+                    alpha=lora.alpha,
+                    base_model=str(template),
+                )
+            except Exception as e:
+                raise AdapterExportError(f"{type(e).__name__}: {e}") from e
 
 
 def build_lora_model(
@@ -832,15 +837,25 @@ def export_checkpoint(
     if adapter_out is not None:
         refuse_overlap(adapter_out, *inputs, overwrite=overwrite)
     staged_adapter = staged_output(adapter_out, overwrite) if adapter_out is not None else contextlib.nullcontext()
-    with staged_output(out, overwrite) as tmp, staged_adapter as tmp_adapter:
-        if released:
-            released_convert(megatron, folder.path, tmp, text_only=text_only, adapter_out=tmp_adapter)
-        elif lora:  # adapters only: merged into the template's base weights
-            lora_convert(megatron, folder.path, tmp, tmp_adapter)
-        else:
-            convert(megatron, folder.path, tmp)
+    adapter_failure = None
+    with staged_output(out, overwrite) as tmp:
+        try:  # the adapter folder is written after the merged one: its failure keeps the merged folder
+            with staged_adapter as tmp_adapter:
+                if released:
+                    released_convert(megatron, folder.path, tmp, text_only=text_only, adapter_out=tmp_adapter)
+                elif lora:  # adapters only: merged into the template's base weights
+                    lora_convert(megatron, folder.path, tmp, tmp_adapter)
+                else:
+                    convert(megatron, folder.path, tmp)
+        except AdapterExportError as e:
+            adapter_failure = e
         if not list(tmp.glob("*.safetensors")):
             raise HfCheckpointError(f"the export wrote no safetensors into {tmp}")
+    if adapter_failure is not None:
+        raise AdapterExportError(
+            f"the merged export is complete in {out}, but the adapter-only folder {adapter_out} could not be "
+            f"written ({adapter_failure})"
+        ) from adapter_failure.__cause__
     return Path(out)
 
 

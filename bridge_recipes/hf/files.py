@@ -19,6 +19,10 @@ class HfCheckpointError(Exception):
     """Bad input to a conversion: the message names the field or file and the fix."""
 
 
+class AdapterExportError(Exception):
+    """The adapter-only folder of a LoRA export failed after its merged folder was written."""
+
+
 # The safetensors format caps its JSON header at 100 MB; a larger declared length is damage.
 MAX_HEADER_BYTES = 100 * 2**20
 

@@ -13,6 +13,7 @@ tokenizer, chat template, generation and processor files, so the export is the f
 - :func:`write_export`: exported language-model and MTP tensors plus the input's vision tensors,
   in the input's shard layout (the VL form) or, on request, as a text-form folder.
 - :func:`write_adapter`: a LoRA run's adapter weights (Hugging Face names) as a PEFT folder.
+- :func:`write_lora_exports`: both folders of a LoRA run, the merged one first.
 
 Standard library at import; torch and safetensors inside the writers. The folder checks and the
 conversions (:mod:`bridge_recipes.hf.checkpoint`) build on this module.
@@ -24,12 +25,19 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.hf.files import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, HfCheckpointError, safetensors_header
+from bridge_recipes.hf.files import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    SINGLE_FILE,
+    AdapterExportError,
+    HfCheckpointError,
+    safetensors_header,
+)
 
 # A checked folder (:class:`bridge_recipes.hf.checkpoint.HfFolder`: path, config, text_config, index,
 # is_moe, is_vl); that module builds on this one.
@@ -184,6 +192,24 @@ def text_name(name: str) -> str:
 # --------------------------------------------------------------------------- export
 
 
+def independent(tensor: Any, seen: set[int]) -> Any:
+    """``tensor`` on the CPU, contiguous and owning its memory alone among the tensors already
+    passed with the same ``seen`` set: Megatron-Bridge hands one tensor to several names (one
+    LoRA A for a fused projection's parts) and slices of one tensor to others (a fused B split
+    per projection), which safetensors refuses to save side by side."""
+    import torch
+
+    out = tensor.detach().to("cpu")
+    storage = out.untyped_storage()
+    whole = out.is_contiguous() and out.storage_offset() == 0 and storage.nbytes() == out.numel() * out.element_size()
+    if not whole or storage.data_ptr() in seen:
+        out = out.clone(memory_format=torch.contiguous_format)
+    if out.numel():
+        seen.add(out.untyped_storage().data_ptr())
+    return out
+
+
+
 _DTYPES = {
     "BF16": "bfloat16",
     "F16": "float16",
@@ -245,9 +271,11 @@ def write_export(
     buffers: dict[str, dict[str, Any]] = {file: {} for file in remaining}
     written: list[str] = []
 
+    seen: set[int] = set()
+
     def put(name: str, tensor: Any) -> None:
         file = wanted[name]
-        buffers[file][rename(name)] = tensor.detach().to("cpu").contiguous()
+        buffers[file][rename(name)] = independent(tensor, seen)
         remaining[file].discard(name)
         if not remaining[file]:
             save_file(buffers.pop(file), str(out / file), metadata={"format": "pt"})
@@ -313,6 +341,9 @@ _LORA_SUFFIXES = (".lora_A.weight", ".lora_B.weight")
 _EXPERT = re.compile(
     r"^(?P<parent>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)(?P<suffix>\.lora_[AB]\.weight)$"
 )
+# Adapters on the stacked expert weights (a folder storing ``experts.gate_up_proj`` [E, 2I, H] and
+# ``experts.down_proj`` [E, H, I]): A [E, r, in] and B [E, out, r], one slice per expert.
+_STACKED_EXPERTS = re.compile(r"^(?P<parent>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)\.lora_(?P<ab>[AB])\.weight$")
 
 
 def _pack_experts(per_expert: dict[str, dict[int, dict[str, Any]]]) -> dict[str, tuple[Any, Any]]:
@@ -332,7 +363,7 @@ def _pack_experts(per_expert: dict[str, dict[int, dict[str, Any]]]) -> dict[str,
         a_rows, b_cols = [], []
         for e in order:
             w = experts[e]
-            if proj == "gate_up_proj":
+            if proj == "gate_up_proj" and "gate_up_proj.lora_A" not in w:
                 a_gate, a_up = w["gate_proj.lora_A"], w["up_proj.lora_A"]
                 if not torch.equal(a_gate, a_up):
                     raise HfCheckpointError(
@@ -342,8 +373,8 @@ def _pack_experts(per_expert: dict[str, dict[int, dict[str, Any]]]) -> dict[str,
                 a_rows.append(a_gate)
                 b_cols.append(torch.cat([w["gate_proj.lora_B"], w["up_proj.lora_B"]], dim=0))
             else:
-                a_rows.append(w["down_proj.lora_A"])
-                b_cols.append(w["down_proj.lora_B"])
+                a_rows.append(w[f"{proj}.lora_A"])
+                b_cols.append(w[f"{proj}.lora_B"])
         a = torch.cat(a_rows, dim=0)  # [E*r, in]
         b = torch.stack(b_cols, dim=-1).reshape(b_cols[0].shape[0], -1)  # [out, r, E] -> [out, r*E]
         out[f"{parent}.{proj}"] = (a, b)
@@ -361,21 +392,28 @@ def write_adapter(
     """Write LoRA ``adapter_weights`` (Hugging Face module names with ``.lora_A.weight`` /
     ``.lora_B.weight``, as Megatron-Bridge exports them) to ``out`` as PEFT's
     ``adapter_config.json`` + ``adapter_model.safetensors``, which ``PeftModel.from_pretrained(base,
-    out)`` loads onto ``base_model``'s model. Adapters on single experts are stacked onto the
-    expert parameters the transformers model holds (``target_parameters``); the rest target
-    modules. Returns the adapter config."""
+    out)`` loads onto ``base_model``'s model. Adapters on single experts, or stacked over the
+    experts, go onto the expert parameters the transformers model holds (``target_parameters``);
+    the rest target modules. A tensor given under several names (one A of a fused projection) is
+    saved once per name. Returns the adapter config."""
     from safetensors.torch import save_file
 
     state: dict[str, Any] = {}
     modules: set[str] = set()
     per_expert: dict[str, dict[int, dict[str, Any]]] = {}
     ranks: dict[str, int] = {}
+    seen: set[int] = set()
     for name, tensor in adapter_weights:
-        tensor = tensor.detach().to("cpu").contiguous()
+        tensor = independent(tensor, seen)
         if m := _EXPERT.match(name):
             proj = "down_proj" if m["proj"] == "down_proj" else "gate_up_proj"
             slot = per_expert.setdefault(f"{m['parent']}|{proj}", {}).setdefault(int(m["e"]), {})
             slot[m["proj"] + m["suffix"].removesuffix(".weight")] = tensor
+            continue
+        if (m := _STACKED_EXPERTS.match(name)) and tensor.ndim == 3:
+            for e in range(tensor.shape[0]):
+                slot = per_expert.setdefault(f"{m['parent']}|{m['proj']}", {}).setdefault(e, {})
+                slot[f"{m['proj']}.lora_{m['ab']}"] = tensor[e]
             continue
         if tensor.ndim != 2 or not name.endswith(_LORA_SUFFIXES):
             raise HfCheckpointError(f"adapter weight {name!r} ({tuple(tensor.shape)}) is not a 2-D LoRA matrix")
@@ -423,3 +461,27 @@ def write_adapter(
     (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     return config
+
+
+def write_lora_exports(
+    merged: Iterable[tuple[str, Any]],
+    adapters: Callable[[], Iterable[tuple[str, Any]]],
+    source: HfFolder,
+    out: str | os.PathLike,
+    adapter_out: str | os.PathLike | None,
+    *,
+    rank: int,
+    alpha: float,
+    text_only: bool = False,
+) -> ExportReport:
+    """A LoRA run's two exports: the ``merged`` tensors into ``out`` (:func:`write_export`), then,
+    only once that folder is whole, the adapters (``adapters()``, streamed then) into
+    ``adapter_out`` (:func:`write_adapter`). A failure of the second is an
+    :class:`AdapterExportError`, so the caller can keep the merged folder."""
+    report = write_export(merged, source, out, text_only=text_only)
+    if adapter_out is not None:
+        try:
+            write_adapter(adapters(), adapter_out, rank=rank, alpha=alpha, base_model=str(source.path))
+        except Exception as e:
+            raise AdapterExportError(f"{type(e).__name__}: {e}") from e
+    return report

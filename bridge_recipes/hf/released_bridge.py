@@ -26,7 +26,7 @@ from megatron.bridge.models.conversion.mapping_registry import MegatronMappingRe
 from megatron.bridge.models.conversion.utils import moe_experts_stored_packed
 from megatron.bridge.models.qwen.qwen35_bridge import Qwen35Bridge, Qwen35MoEBridge
 
-from bridge_recipes.hf.released import VL_LANGUAGE_PREFIX, text_config, write_adapter, write_export
+from bridge_recipes.hf.released import VL_LANGUAGE_PREFIX, text_config, write_export, write_lora_exports
 
 # The MTP layer's experts stored stacked (Qwen3.6) rather than one by one (Qwen3.5).
 PACKED_MTP_EXPERTS_KEY = "mtp.layers.0.mlp.experts.gate_up_proj"
@@ -117,23 +117,24 @@ def export(
     """The newest checkpoint of ``megatron`` (a text model trained from the released folder
     ``folder``) back into the released form at ``out`` (:func:`released.write_export`; the text
     form for ``text_only``). A LoRA run (``lora_model``: builds the base with its adapters from a
-    bridge) is merged into the folder's base weights, and its adapters written as a PEFT folder to
-    ``adapter_out`` as well."""
+    bridge) is merged into the folder's base weights, and then its adapters written as a PEFT folder
+    to ``adapter_out`` (:func:`released.write_lora_exports`)."""
     bridge = released_text_bridge(folder)
     with context():
         if lora_model is None:
             model = bridge.load_megatron_model(
                 str(megatron), mp_overrides={"gradient_accumulation_fusion": False}, wrap_with_ddp=False
             )
-        else:
-            model, lora = lora_model(bridge)
-            if adapter_out is not None:
-                write_adapter(
-                    bridge.export_adapter_weights(model, cpu=True, show_progress=False),
-                    adapter_out,
-                    rank=lora.dim,
-                    alpha=lora.alpha,
-                    base_model=str(folder.path),
-                )
-        tensors = bridge.export_hf_weights(model, cpu=True, show_progress=True, merge_adapter_weights=True)
-        write_export(tensors, folder, out, text_only=text_only)
+            write_export(bridge.export_hf_weights(model, cpu=True, show_progress=True), folder, out, text_only=text_only)
+            return
+        model, lora = lora_model(bridge)
+        write_lora_exports(
+            bridge.export_hf_weights(model, cpu=True, show_progress=True, merge_adapter_weights=True),
+            lambda: bridge.export_adapter_weights(model, cpu=True, show_progress=False),
+            folder,
+            out,
+            adapter_out,
+            rank=lora.dim,
+            alpha=lora.alpha,
+            text_only=text_only,
+        )
