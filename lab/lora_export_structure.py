@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             case = {"family": family, "recipe": recipe, "toy": toy_kwargs(family) | {"tokenizer_json": None}}
             case.update(capture(toy, lora_settings_of(recipe)))
             record["cases"].append(case)
-            print(f"{family} {recipe}: {len(case['adapter_stream'])} adapter tensors, {len(case['merged_stream'])} merged")
+            counts = len(case["adapter_stream"]), len(case["merged_stream"])
+            print(f"{family} {recipe}: {counts[0]} adapter tensors, {counts[1]} merged")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -18,8 +18,9 @@ toy's to the export's. A LoRA run's adapter stream is recorded beside the result
 
 The result file is a list of :func:`record` dicts, one per case and export (``merged``, and
 ``adapter`` for LoRA); a run replaces the records of its cases and keeps the others, so cases can
-run on different machines or widths (``widths`` says which). :func:`failures` are the gates. The parts a CPU can check (arguments,
-records, gates, the byte comparison) are tested in lab/tests/test_released_road.py.
+run on different machines or widths (``widths`` says which). :func:`failures` are the gates. The
+parts a CPU can check (arguments, records, gates, the byte comparison) are tested in
+lab/tests/test_released_road.py.
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ CASES = {
         Case("moe_lora", "moe", "qwen35_35b_a3b_peft_1gpu_h100_bf16_config", True, 3e-4),
         Case("dense_lora", "dense", "qwen35_27b_peft_1gpu_h100_fp8base_config", True, 3e-4),
         Case(
-            "moe_lora_48gb", "moe", "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config", True, 3e-4, ("--gpu-memory-gb", "48")
+            "moe_lora_48gb",
+            "moe",
+            "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config",
+            True,
+            3e-4,
+            ("--gpu-memory-gb", "48"),
         ),
         Case("moe_sft", "moe", "qwen35_35b_a3b_sft_8gpu_h200_bf16_config", False, 3e-5),
         Case("dense_sft", "dense", "qwen35_27b_sft_8gpu_h200_bf16_config", False, 3e-5),
@@ -301,8 +307,9 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
         subprocess.run(["rm", "-rf", str(p)], check=True)
     os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
     run_args = [
-        "--scale-down", "4", "-sl", str(EVIDENCE_ROW_TOKENS), "-gb", "4", "--max-steps", str(args.steps), "--lr", str(case.lr),
-        "--min-lr", str(case.lr / 10), "--warmup-iters", "2", "--dataset", "sft-rows", f"dataset.path={rows}",
+        "--scale-down", "4", "-sl", str(EVIDENCE_ROW_TOKENS), "-gb", "4", "--max-steps", str(args.steps),
+        "--lr", str(case.lr), "--min-lr", str(case.lr / 10), "--warmup-iters", "2",
+        "--dataset", "sft-rows", f"dataset.path={rows}",
         "--hf-checkpoint", str(toy), "--save-dir", str(ckpt), "--export-hf", str(export),
         "checkpoint.load=null", "checkpoint.async_save=false",
         f"validation.eval_interval={EVAL_INTERVAL}", "validation.eval_iters=2",
@@ -329,7 +336,9 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
             bridge = released_text_bridge(ck.inspect_folder(toy))
             structure = stream_structure(bridge.export_adapter_weights([trained], cpu=True, show_progress=False))
             file = args.out.parent / f"released_road_{case.name}_adapter_stream.json"
-            file.write_text(json.dumps({"recipe": case.recipe, "widths": args.sizes, "adapter_stream": structure}) + "\n")
+            file.write_text(
+                json.dumps({"recipe": case.recipe, "widths": args.sizes, "adapter_stream": structure}) + "\n"
+            )
         except Exception:
             log(f"{case.name}: adapter stream not recorded:\n{traceback.format_exc()}")
     del trained

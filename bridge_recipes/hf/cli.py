@@ -2,11 +2,14 @@
 
     convert_checkpoint.py import --hf DIR --recipe NAME --out DIR [--scaled] [--overwrite]
     convert_checkpoint.py export --megatron DIR --hf-template DIR --recipe NAME --out DIR [--scaled] [--overwrite]
+                                 [--export-text-only]
     convert_checkpoint.py toy --family moe|dense [--text-only] --out DIR
 
 Runs offline (HF_HUB_OFFLINE=1; a hub id is used only when it is already in the local Hugging
 Face cache). Exit status 0 on success, 2 on bad input (the message names the field or file and
-the fix); nothing is written to --out unless the whole conversion succeeded.
+the fix), 3 when a LoRA export wrote its merged folder but not its adapter folder, 1 on a failure
+inside the conversion (one line; the stack in a file it names); nothing is written to --out unless
+the whole conversion succeeded.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import sys
 
 from bridge_recipes import quiet
+from bridge_recipes.hf.files import EXPORT_FAILED
 
 USAGE_ERROR = 2
 RELEASED_TOY_MTP_LAYERS = 1  # the MTP depth of every released Qwen3.5/3.6 checkpoint
@@ -51,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, metavar="DIR", help="new Hugging Face folder")
     exp.add_argument("--scaled", action="store_true", help=scaled_help)
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")
+    exp.add_argument(
+        "--export-text-only",
+        action="store_true",
+        help="a text recipe trained from a released (VL) folder: the text form (no vision tower) instead",
+    )
     exp.add_argument("--no-progress", action="store_true")
     toy = sub.add_parser(
         "toy",
@@ -113,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 scaled=args.scaled,
                 overwrite=args.overwrite,
                 progress=not args.no_progress,
+                text_only=args.export_text_only,
             )
             print(f"exported {args.megatron} -> {out} (transformers' from_pretrained loads it)")
         else:
@@ -141,11 +151,29 @@ def main(argv: list[str] | None = None) -> int:
     except ck.HfCheckpointError as e:
         print(f"convert_checkpoint.py: error: {e}", file=sys.stderr)
         return USAGE_ERROR
+    except ck.AdapterExportError as e:
+        print(f"convert_checkpoint.py: error: {e}{_unchanged(args)}", file=sys.stderr)
+        return EXPORT_FAILED
     except Exception as e:  # a failure inside Megatron-Bridge: one line, the partial output already removed
-        print(f"convert_checkpoint.py: conversion failed: {type(e).__name__}: {e}", file=sys.stderr)
+        from bridge_recipes.hf.training import stack_file
+
+        print(
+            f"convert_checkpoint.py: conversion failed: {type(e).__name__}: {e}{_unchanged(args)} "
+            f"(stack: {stack_file(e)})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
-if __name__ == "__main__":
+def _unchanged(args: argparse.Namespace) -> str:
+    """What a failed export leaves as it was: the checkpoint it reads."""
+    return f"; the checkpoint in {args.megatron} is unchanged" if args.command == "export" else ""
+
+
+if __name__ == "__main__":  # python -m bridge_recipes.hf.cli: scripts/convert_checkpoint.py from any folder
+    from bridge_recipes.outputs import exit_on_termination
+
+    quiet.install()  # other libraries' start-up notices (shown with --verbose)
+    exit_on_termination()  # a kill removes the staging folder beside --out
     sys.exit(main())

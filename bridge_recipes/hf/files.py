@@ -23,6 +23,11 @@ class AdapterExportError(Exception):
     """The adapter-only folder of a LoRA export failed after its merged folder was written."""
 
 
+# The exit status of an export that failed after its input was read whole: the adapter-only folder
+# of convert_checkpoint.py export, any export at the end of a training run.
+EXPORT_FAILED = 3
+
+
 # The safetensors format caps its JSON header at 100 MB; a larger declared length is damage.
 MAX_HEADER_BYTES = 100 * 2**20
 

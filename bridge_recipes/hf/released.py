@@ -209,7 +209,6 @@ def independent(tensor: Any, seen: set[int]) -> Any:
     return out
 
 
-
 _DTYPES = {
     "BF16": "bfloat16",
     "F16": "float16",
@@ -343,7 +342,9 @@ _EXPERT = re.compile(
 )
 # Adapters on the stacked expert weights (a folder storing ``experts.gate_up_proj`` [E, 2I, H] and
 # ``experts.down_proj`` [E, H, I]): A [E, r, in] and B [E, out, r], one slice per expert.
-_STACKED_EXPERTS = re.compile(r"^(?P<parent>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)\.lora_(?P<ab>[AB])\.weight$")
+_STACKED_EXPERTS = re.compile(
+    r"^(?P<parent>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)\.lora_(?P<ab>[AB])\.weight$"
+)
 
 
 def _pack_experts(per_expert: dict[str, dict[int, dict[str, Any]]]) -> dict[str, tuple[Any, Any]]:
@@ -395,7 +396,8 @@ def write_adapter(
     out)`` loads onto ``base_model``'s model. Adapters on single experts, or stacked over the
     experts, go onto the expert parameters the transformers model holds (``target_parameters``);
     the rest target modules. A tensor given under several names (one A of a fused projection) is
-    saved once per name. Returns the adapter config."""
+    saved once per name. The MTP layer's adapters stay out: neither transformers' model nor a LoRA
+    server has that layer (the merged export carries it trained). Returns the adapter config."""
     from safetensors.torch import save_file
 
     state: dict[str, Any] = {}
@@ -404,6 +406,8 @@ def write_adapter(
     ranks: dict[str, int] = {}
     seen: set[int] = set()
     for name, tensor in adapter_weights:
+        if name.startswith(MTP_PREFIX):  # no module of transformers' model (nor of a LoRA server) to land on
+            continue
         tensor = independent(tensor, seen)
         if m := _EXPERT.match(name):
             proj = "down_proj" if m["proj"] == "down_proj" else "gate_up_proj"
@@ -434,6 +438,18 @@ def write_adapter(
         parameters.append(target)
     if not state:
         raise HfCheckpointError("the run holds no LoRA adapter weights to export")
+    config = _adapter_config(base_model, rank, alpha, modules, ranks, parameters)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    return config
+
+
+def _adapter_config(
+    base_model: str, rank: int, alpha: float, modules: set[str], ranks: dict[str, int], parameters: list[str]
+) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` of a LoRA on ``modules`` (and the stacked expert ``parameters``)."""
     pattern = {base: r for base, r in ranks.items() if r != rank}
     config: dict[str, Any] = {
         "peft_type": "LORA",
@@ -456,10 +472,6 @@ def write_adapter(
     if parameters:
         config["target_parameters"] = sorted({p.rsplit(".", 1)[-1] for p in parameters})
         config["target_parameters"] = [f"experts.{p}" for p in config["target_parameters"]]
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     return config
 
 

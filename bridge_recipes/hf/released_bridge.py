@@ -125,7 +125,9 @@ def export(
             model = bridge.load_megatron_model(
                 str(megatron), mp_overrides={"gradient_accumulation_fusion": False}, wrap_with_ddp=False
             )
-            write_export(bridge.export_hf_weights(model, cpu=True, show_progress=True), folder, out, text_only=text_only)
+            write_export(
+                bridge.export_hf_weights(model, cpu=True, show_progress=True), folder, out, text_only=text_only
+            )
             return
         model, lora = lora_model(bridge)
         write_lora_exports(

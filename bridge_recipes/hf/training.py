@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge_recipes.hf import checkpoint as ck
+from bridge_recipes.hf.files import EXPORT_FAILED
 
 LOG = "[run_recipe]"
 WAIT_S = 3600  # longest wait of the other ranks for rank 0's conversion (a 397B import takes long)
@@ -315,16 +316,49 @@ def export_summary(cfg: Any, out: str, folder: ck.HfFolder, text_only: bool = Fa
     return line
 
 
-def export_after_training(cfg: Any, out: str, template: str, text_only: bool = False) -> int:
+def retry_command(cfg: Any, recipe: str, out: str, template: str, *, text_only: bool, scaled: bool) -> str:
+    """The one command that exports the run's saved checkpoint again, as the run would have
+    (``scripts/convert_checkpoint.py export``, by module: it runs from any folder)."""
+    import shlex
+
+    from bridge_recipes.hf.released import TEXT_ONLY_OPTION
+
+    cmd = ["python", "-m", "bridge_recipes.hf.cli", "export", "--megatron", str(cfg.checkpoint.save)]
+    cmd += ["--hf-template", template, "--recipe", recipe, "--out", out]
+    cmd += ["--scaled"] if scaled else []
+    cmd += [TEXT_ONLY_OPTION] if text_only else []
+    cmd += ["--overwrite"] if Path(out).expanduser().exists() else []  # a folder this export wrote
+    return shlex.join(cmd)
+
+
+def export_after_training(
+    cfg: Any, out: str, template: str, text_only: bool = False, *, recipe: str, scaled: bool = False
+) -> int:
     """Rank 0: the final checkpoint of ``checkpoint.save`` to a HF folder at ``out`` (a LoRA run's
-    adapters also beside it); exit status."""
+    adapters also beside it), in a child process; exit status. A failed export ends with one
+    message: what failed (the child's line above it), that the checkpoint is safe, and the command
+    that retries the export alone (:data:`EXPORT_FAILED`)."""
     if _rank() != 0:
         return 0
     _log(f"export: {cfg.checkpoint.save} -> {out} (config and tokenizer from {template})")
     cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "export", cfg.checkpoint.save, template, out]
     cmd += [TEXT_MODEL_FLAG] if text_model(cfg) else []
     cmd += [TEXT_ONLY_FLAG] if text_only else []
-    return subprocess.run(cmd, env=child_env()).returncode
+    rc = subprocess.run(cmd, env=child_env()).returncode
+    if rc == 0:
+        return 0
+    from bridge_recipes.saved_runs import latest_iteration
+
+    step = latest_iteration(cfg.checkpoint.save)
+    retry = retry_command(cfg, recipe, out, template, text_only=text_only, scaled=scaled)
+    print(
+        f"{LOG} error: training finished but its export did not (exit status {rc}, the reason above). The trained "
+        f"checkpoint is safe in {cfg.checkpoint.save}" + (f" (step {step})" if step is not None else "") + ".\n"
+        f"{LOG} export it again, alone: {retry}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXPORT_FAILED
 
 
 TEXT_MODEL_FLAG = "--text-model"  # the child converts for a text recipe
@@ -352,7 +386,24 @@ def main(argv: list[str] | None = None) -> int:
     except ck.HfCheckpointError as e:
         print(f"{LOG} error: {e}", file=sys.stderr)
         return 2
+    except ck.AdapterExportError as e:
+        print(f"{LOG} export: {e}", file=sys.stderr)
+        return EXPORT_FAILED
+    except Exception as e:  # inside Megatron-Bridge, transformers or the disk: one line, the stack in a file
+        print(f"{LOG} export failed: {type(e).__name__}: {e} (stack: {stack_file(e)})", file=sys.stderr)
+        return 1
     return 0
+
+
+def stack_file(error: BaseException) -> str:
+    """A temporary file holding ``error``'s Python stack, for a report of a failure that is not bad input."""
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="qwen35-recipes-export-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(traceback.format_exception(error)))
+    return path
 
 
 if __name__ == "__main__":

@@ -107,6 +107,25 @@ def lora_params(d: ModelDims, par: Layout, layers: list[int], targets: frozenset
     )
 
 
+# How many Hugging Face modules a fused Megatron linear is, each saved with its own copy of the one A.
+_HF_PARTS = {"linear_qkv": 3, "in_proj": 4}
+
+
+def adapter_folder_params(d: ModelDims, layers: list[int], targets: frozenset[str], dim: int) -> float:
+    """Parameters of the adapter-only export of ``layers`` (the PEFT folder, one GPU's layout): a fused
+    projection's A once per Hugging Face module it becomes (q/k/v, the Gated DeltaNet's four inputs,
+    a dense or shared expert's gate and up), and the experts' shared adapter once per expert, as the
+    stacked adapters PEFT and vLLM read (gate and up of an expert share one A there)."""
+    one = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, vpp=None, dp=1, world=1)
+    total = 0.0
+    for i in layers:
+        for name, n, m, count in layer_linears(d, one, *d.layer_kinds(i)):
+            if name in targets:
+                parts = _HF_PARTS.get(name, 2 if name == "linear_fc1" and count == 1 else 1)
+                total += dim * (parts * n + m) * count
+    return total
+
+
 def linear_params(d: ModelDims, par: Layout, layers: list[int]) -> float:
     """The decoder layers' linear weights a rank holds (what Transformer Engine's linears keep)."""
     return sum(n * m * count for i in layers for _, n, m, count in layer_linears(d, par, *d.layer_kinds(i)))

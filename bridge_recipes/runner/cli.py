@@ -883,5 +883,12 @@ def launch_run(
     if args.export_hf:
         from bridge_recipes.hf.training import export_after_training
 
-        return export_after_training(cfg, args.export_hf, str(args.hf_folder.path), bool(args.export_text_only))
+        return export_after_training(
+            cfg,
+            args.export_hf,
+            str(args.hf_folder.path),
+            bool(args.export_text_only),
+            recipe=entry.name,
+            scaled=args.scale_down is not None,
+        )
     return 0

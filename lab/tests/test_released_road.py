@@ -109,3 +109,17 @@ def test_the_vision_tower_and_mtp_layer_are_compared_with_the_input(toy_and_expo
     doc["weight_map"] = {k: v for k, v in doc["weight_map"].items() if not k.startswith("mtp.")}
     (changed / "model.safetensors.index.json").write_text(json.dumps(doc))
     assert not road.mtp_present(toy, changed)
+
+
+def test_a_run_keeps_the_records_of_the_cases_it_did_not_run(tmp_path):
+    """Cases run apart (LoRA on an 80 GB card, SFT where 140 GB is lent) add up in one result file."""
+    out = tmp_path / "road.json"
+    assert road.previous_records(out) == []
+    sft = good(road.CASES["moe_sft"])
+    out.write_text(json.dumps(sft + good(road.CASES["moe_lora"])))
+    kept = [r for r in road.previous_records(out) if r["recipe"] not in {road.CASES["moe_lora"].recipe}]
+    assert kept == sft
+    out.write_text("{not json")
+    assert road.previous_records(out) == []
+    widths = road.record(road.CASES["moe_sft"], "merged", {}, date=DATE, hardware=HW, widths="toy")["widths"]
+    assert widths == "toy"
