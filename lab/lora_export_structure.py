@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,39 @@ def stream_structure(stream: Any) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+
+
+def condensed(stream: list[dict[str, Any]], keep_experts: int = 2) -> dict[str, Any]:
+    """A :func:`stream_structure` record with the routed experts past the first ``keep_experts`` left
+    out (each expert's entries have the same form), and the expert count: a real model's record fits
+    a file a test reads."""
+    experts = [int(m.group(1)) for e in stream if (m := _EXPERT_INDEX.search(e["name"]))]
+    kept = [e for e in stream if not (m := _EXPERT_INDEX.search(e["name"])) or int(m.group(1)) < keep_experts]
+    return {"experts": max(experts) + 1 if experts else 0, "kept_experts": keep_experts, "adapter_stream": kept}
+
+
+def sharing(stream: list[dict[str, Any]]) -> dict[str, tuple[tuple[str, ...], bool]]:
+    """Each name's partners in memory within its own module (the names of one projection's parent,
+    e.g. one expert or one attention block, that share its tensor) and whether it starts inside the
+    tensor (a slice): the part of the structure that does not depend on the model's widths or on
+    where the tensors live (a model on the CPU hands the experts one tensor, one on the GPU a copy each)."""
+    groups: dict[int, list[str]] = {}
+    for e in stream:
+        groups.setdefault(e["group"], []).append(e["name"])
+
+    def parent(name: str) -> str:
+        return name.rsplit(".", 3)[0]
+
+    return {
+        e["name"]: (
+            tuple(sorted(n for n in groups[e["group"]] if n != e["name"] and parent(n) == parent(e["name"]))),
+            e["offset"] > 0,
+        )
+        for e in stream
+    }
 
 
 def lora_settings_of(recipe: str) -> dict[str, Any]:

@@ -235,13 +235,18 @@ def mtp_present(original: Path, export: Path) -> bool:
 
 
 def held_out_loss(model: Any, tokenizer: Any, conversations: list[dict]) -> float:
-    """Mean next-token loss of ``model`` over ``conversations`` rendered with the chat template."""
+    """Mean next-token loss of ``model`` over ``conversations`` (records as the row builder reads
+    them) rendered with the chat template, on the model's device."""
     import torch
 
+    from bridge_recipes.chat.chat_template import normalize_conversation
+
+    device = next(model.parameters()).device
     total, count = 0.0, 0
     for conv in conversations:
-        ids = tokenizer.apply_chat_template(conv["messages"], tokenize=True, return_tensors="pt")
-        ids = (ids["input_ids"] if hasattr(ids, "keys") else ids).cuda()
+        messages, _ = normalize_conversation(conv["messages"])
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_tensors="pt")
+        ids = (ids["input_ids"] if hasattr(ids, "keys") else ids).to(device)
         with torch.no_grad():
             out = model(input_ids=ids, labels=ids)
         total += float(out.loss) * (ids.shape[1] - 1)
@@ -249,14 +254,14 @@ def held_out_loss(model: Any, tokenizer: Any, conversations: list[dict]) -> floa
     return total / count
 
 
-def _hf(cls: Any, folder: Path, experts: int | None) -> Any:
+def _hf(cls: Any, folder: Path, experts: int | None, device: str = "cuda") -> Any:
     import torch
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(folder))
     if experts:  # every expert routed: no routing flip between the two sides
         config.text_config.num_experts_per_tok = experts
-    return cls.from_pretrained(str(folder), config=config, dtype=torch.float32).cuda().eval()
+    return cls.from_pretrained(str(folder), config=config, dtype=torch.float32).to(device).eval()
 
 
 def _megatron(ckpt: Path, template: Path, experts: int | None) -> Any:
@@ -284,11 +289,9 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
     import subprocess
 
     import torch
-    import transformers
-    from peft import PeftModel
 
     from bridge_recipes.bench.runs import launch
-    from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows, conversations_jsonl
+    from bridge_recipes.data.synthetic_chat import EVIDENCE_ROW_TOKENS, build_evidence_rows
     from bridge_recipes.hf import parity
     from bridge_recipes.hf.released import adapter_folder
     from bridge_recipes.hf.toy import make_toy, real_width_sizes
@@ -320,9 +323,7 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
     if r.returncode != 0:
         raise RuntimeError(f"{case.name}: the run exited {r.returncode}")
 
-    config = json.loads((toy / "config.json").read_text())
-    cls = getattr(transformers, config["architectures"][0])
-    experts = config["text_config"].get("num_experts")
+    experts = json.loads((toy / "config.json").read_text())["text_config"].get("num_experts")
     tokens = parity.parity_tokens()[:2, :256]
     parity.init_single_gpu()
     trained = _megatron(ckpt, toy, experts)
@@ -330,50 +331,67 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
     if case.peft:
         from bridge_recipes.hf import checkpoint as ck
         from bridge_recipes.hf.released_bridge import released_text_bridge
-        from lab.lora_export_structure import stream_structure
+        from lab.lora_export_structure import condensed, stream_structure
 
         try:  # a record beside the result, never a reason to lose the case
             bridge = released_text_bridge(ck.inspect_folder(toy))
             structure = stream_structure(bridge.export_adapter_weights([trained], cpu=True, show_progress=False))
             file = args.out.parent / f"released_road_{case.name}_adapter_stream.json"
-            file.write_text(
-                json.dumps({"recipe": case.recipe, "widths": args.sizes, "adapter_stream": structure}) + "\n"
-            )
+            record_ = {"recipe": case.recipe, "widths": args.sizes, "hardware": hardware, **condensed(structure)}
+            file.write_text(json.dumps(record_, indent=1) + "\n")
         except Exception:
             log(f"{case.name}: adapter stream not recorded:\n{traceback.format_exc()}")
     del trained
-    merged = _hf(cls, export, experts)
+    checks = check_exports(case, toy, export, tokens, megatron_logits, device="cuda")
+    torch.cuda.empty_cache()
+    return [record(case, kind, c, date=date, hardware=hardware, widths=args.sizes) for kind, c in checks.items()]
+
+
+def check_exports(case: Case, toy: Path, export: Path, tokens: Any, reference: Any, *, device: str) -> dict[str, dict]:
+    """The checks of a case's exports against the input ``toy`` and the trained model's logits
+    ``reference`` on ``tokens`` (every expert routed): ``merged`` and, for LoRA, ``adapter`` (PEFT over
+    ``AutoModelForImageTextToText`` of the original, as docs/lora.md loads it). Transformers on ``device``
+    (a CPU for the toys of the tests)."""
+    import transformers
+    from peft import PeftModel
+
+    from bridge_recipes.data.synthetic_chat import conversations_jsonl
+    from bridge_recipes.hf import parity
+    from bridge_recipes.hf.released import adapter_folder
+
+    experts = json.loads((toy / "config.json").read_text())["text_config"].get("num_experts")
+    cls = transformers.AutoModelForImageTextToText
+    merged = _hf(cls, export, experts, device)
     merged_logits = parity.hf_logits(merged, tokens)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(toy))
     held = [json.loads(line) for line in conversations_jsonl(HELD_OUT_CONVERSATIONS, seed=HELD_OUT_SEED).splitlines()]
-    base = _hf(cls, toy, None)
+    base = _hf(cls, toy, None, device)
     start = held_out_loss(base, tokenizer, held)
-    checks = {
-        "transformers_class": type(merged).__name__,
-        "vision_bytes_equal": vision_bytes_equal(toy, export),
-        "mtp_present": mtp_present(toy, export),
-        "text_logits_rel_err": parity.compare_logits(merged_logits, megatron_logits)["rel_err"],
-        "val_loss_start": round(start, 5),
-        "val_loss_end": round(held_out_loss(_hf(cls, export, None), tokenizer, held), 5),
+    out = {
+        "merged": {
+            "transformers_class": type(merged).__name__,
+            "vision_bytes_equal": vision_bytes_equal(toy, export),
+            "mtp_present": mtp_present(toy, export),
+            "text_logits_rel_err": parity.compare_logits(merged_logits, reference)["rel_err"],
+            "val_loss_start": round(start, 5),
+            "val_loss_end": round(held_out_loss(_hf(cls, export, None, device), tokenizer, held), 5),
+        }
     }
-    out = [record(case, "merged", checks, date=date, hardware=hardware, widths=args.sizes)]
-    if case.peft:  # loaded as docs/lora.md says: PeftModel over AutoModelForImageTextToText of the original
-        auto = transformers.AutoModelForImageTextToText
-        adapted = PeftModel.from_pretrained(_hf(auto, toy, experts), str(adapter_folder(export))).eval()
+    del merged
+    if case.peft:
+        adapted = PeftModel.from_pretrained(_hf(cls, toy, experts, device), str(adapter_folder(export))).eval()
         adapter_logits = parity.hf_logits(adapted, tokens)
         diff = float((adapter_logits - merged_logits).abs().max())
-        out[0]["adapter_vs_merged_max_abs_diff"] = diff
+        out["merged"]["adapter_vs_merged_max_abs_diff"] = diff
+        del adapted
         plain = PeftModel.from_pretrained(base, str(adapter_folder(export))).eval()
-        adapter_checks = {
+        out["adapter"] = {
             "transformers_class": f"PeftModel({type(plain.get_base_model()).__name__})",
-            "text_logits_rel_err": parity.compare_logits(adapter_logits, megatron_logits)["rel_err"],
+            "text_logits_rel_err": parity.compare_logits(adapter_logits, reference)["rel_err"],
             "adapter_vs_merged_max_abs_diff": diff,
             "val_loss_start": round(start, 5),
             "val_loss_end": round(held_out_loss(plain, tokenizer, held), 5),
         }
-        out.append(record(case, "adapter", adapter_checks, date=date, hardware=hardware, widths=args.sizes))
-    del base, merged
-    torch.cuda.empty_cache()
     return out
 
 

@@ -123,3 +123,89 @@ def test_a_run_keeps_the_records_of_the_cases_it_did_not_run(tmp_path):
     assert road.previous_records(out) == []
     widths = road.record(road.CASES["moe_sft"], "merged", {}, date=DATE, hardware=HW, widths="toy")["widths"]
     assert widths == "toy"
+
+
+def test_the_held_out_loss_reads_the_conversations_as_the_row_builder_does(tmp_path):
+    """The held-out conversations are records of the evidence's own format (content parts, reasoning);
+    the loss renders them with the toy's chat template, on the model's device."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from bridge_recipes.data.synthetic_chat import conversations_jsonl
+    from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
+
+    toy = tmp_path / "toy"
+    make_toy(
+        toy,
+        "moe",
+        vl=True,
+        mtp_num_layers=1,
+        dtype="float32",
+        tokenizer_json=road.TOKENIZER,
+        **CPU_SIZES,
+        **CPU_MOE_SIZES,
+    )
+    held = [json.loads(line) for line in conversations_jsonl(3, seed=road.HELD_OUT_SEED).splitlines()]
+    assert any(not isinstance(m["content"], str) for c in held for m in c["messages"])
+    model = AutoModelForImageTextToText.from_pretrained(toy, dtype=torch.float32).eval()
+    loss = road.held_out_loss(model, AutoTokenizer.from_pretrained(toy), held)
+    assert 0 < loss < 2 * torch.log(torch.tensor(float(model.config.text_config.vocab_size))).item()
+
+
+@pytest.mark.parametrize("family", ["moe", "dense"])
+def test_the_checks_of_the_exports_run_on_exports_shaped_as_megatron_writes_them(family, tmp_path):
+    """check_exports, on a CPU, over the two folders the export writes from the streams Megatron-Bridge
+    produced on a GPU (tests/fixtures/lora_export_structure.json); the reference logits are the
+    merged folder's own here (the GPU compares them with the trained Megatron model's)."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf import released
+    from bridge_recipes.hf.toy import make_toy
+    from tests.unit.test_lora_export_streams import CASES, FIXTURE_TOKENIZER, base_tensors, merged_of, rebuild
+
+    fixture = next(c for c in CASES if c["family"] == family)
+    case = next(c for c in road.CASES.values() if c.recipe == fixture["recipe"])
+    toy = tmp_path / "toy"
+    make_toy(toy, family, **{**fixture["toy"], "tokenizer_json": FIXTURE_TOKENIZER})
+    adapters = rebuild(fixture["adapter_stream"], seed=3)
+    merged = merged_of(fixture, base_tensors(toy), adapters)
+    export = tmp_path / "export"
+    lora = fixture["lora"]
+    released.write_lora_exports(
+        iter(merged), lambda: iter(adapters), ck.inspect_folder(toy), export, released.adapter_folder(export),
+        rank=lora["dim"], alpha=lora["alpha"],
+    )  # fmt: skip
+    tokens = torch.randint(3, 1024, (2, 32), generator=torch.Generator().manual_seed(0))
+    experts = json.loads((toy / "config.json").read_text())["text_config"].get("num_experts")
+    with torch.no_grad():
+        reference = road._hf(AutoModelForImageTextToText, export, experts, "cpu")(input_ids=tokens).logits
+    checks = road.check_exports(case, toy, export, tokens, reference, device="cpu")
+    assert set(checks) == {"merged", "adapter"}
+    merged_checks, adapter_checks = checks["merged"], checks["adapter"]
+    assert merged_checks["transformers_class"].endswith("ForConditionalGeneration")
+    assert merged_checks["vision_bytes_equal"] is True and merged_checks["mtp_present"] is True
+    assert merged_checks["text_logits_rel_err"] < 1e-6
+    assert merged_checks["adapter_vs_merged_max_abs_diff"] <= road.ADAPTER_MAX_ABS_DIFF
+    assert adapter_checks["text_logits_rel_err"] < 1e-4
+    losses = [merged_checks["val_loss_start"], merged_checks["val_loss_end"], adapter_checks["val_loss_end"]]
+    assert all(0 < x < 20 for x in losses) and abs(losses[1] - losses[2]) < 1e-3  # merged and adapter agree
+
+
+def test_the_cpu_fixture_has_the_structure_of_a_real_runs_adapter_stream():
+    """The adapter stream of the real-width 35B-A3B LoRA run on the GPU (its trained checkpoint, the
+    released road's first case) names the same tensors as the fixture the CPU tests feed the export,
+    and each of its shared tensors (one A for a fused projection, B slices) is shared in the fixture
+    too (the toy's small Gated DeltaNet shares one more: its b and a parts of B)."""
+    from lab.lora_export_structure import FIXTURE, condensed, sharing
+
+    real = json.loads((road.ROOT / "lab/evidence/released_road/moe_lora_adapter_stream.json").read_text())
+    fixture = next(c for c in json.loads(FIXTURE.read_text())["cases"] if c["recipe"] == real["recipe"])
+    toy = condensed(fixture["adapter_stream"], real["kept_experts"])
+    assert real["experts"] == 256 and toy["experts"] == fixture["toy"]["num_experts"]
+    assert [e["name"] for e in toy["adapter_stream"]] == [e["name"] for e in real["adapter_stream"]]
+    mine, theirs = sharing(toy["adapter_stream"]), sharing(real["adapter_stream"])
+    for name, (partners, is_slice) in theirs.items():  # every sharing of the real stream is in the fixture's
+        assert set(partners) <= set(mine[name][0]) and (mine[name][1] or not is_slice), name
+    assert sum(bool(partners) for partners, _ in theirs.values()) > len(theirs) // 3
