@@ -107,10 +107,22 @@ def describe(cfg: Any) -> str:
             f"sft rows {path}: {m['rows']} rows x {m['row_tokens']} tokens from {m['conversations']['used']} "
             f"conversations ({m.get('record_format') or 'openai'} records)"
             + (f", {val['rows']} validation rows" if val else "")
+            + _thinking(m)
         )
     if getattr(d, "blend", None):
         return f"token data {d.blend}"
     return f"{type(d).__name__} {path}" if path else type(d).__name__
+
+
+def _thinking(manifest: dict) -> str:
+    """What rows of a thinking chat template hold of reasoning and train of the empty think block, as a
+    clause of :func:`describe`; nothing for other rows."""
+    thinking, conversations = manifest.get("thinking") or {}, manifest.get("conversations") or {}
+    used, with_reasoning = conversations.get("used"), conversations.get("with_reasoning")
+    if not thinking.get("template") or not used or with_reasoning is None:
+        return ""
+    trained = "trained" if thinking.get("empty_think_trained") else "not trained"
+    return f"; thinking template: {with_reasoning / used:.0%} with reasoning, empty think blocks {trained}"
 
 
 def rows_per_sequence(cfg: Any) -> int:

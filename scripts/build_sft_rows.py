@@ -80,6 +80,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="keep one of each repeated conversation (the same tokens); without it repeats are counted and kept",
     )
+    p.add_argument(
+        "--train-empty-think",
+        action="store_true",
+        help="train the empty think block a thinking template (Qwen3.5/3.6) writes before a reply without "
+        "reasoning; by default it stays out of the loss, so the model does not learn to close its thinking at once",
+    )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
     p.add_argument("--row-tokens", type=int, default=sft_rows.DEFAULT_ROW_TOKENS)
@@ -158,6 +164,30 @@ def data_lines(c: dict) -> list[str]:
     return lines
 
 
+def thinking_lines(m: dict) -> list[str]:
+    """How many conversations end on a reply with reasoning, what becomes of the empty think blocks of a
+    thinking template, and the warning when too few carry reasoning."""
+    c, thinking = m["conversations"], m.get("thinking") or {}
+    share = sft_rows.reasoning_share(c)
+    if share is None or not (thinking.get("template") or c["with_reasoning"]):
+        return []
+    counts = f"{c['with_reasoning']:,} of {c['used']:,} conversations ({share:.1%}) end on a reply with reasoning"
+    if not thinking.get("template"):
+        return [f"reasoning: {counts}; the chat format writes no think block"]
+    trained = (
+        "trained (--train-empty-think)"
+        if thinking.get("empty_think_trained")
+        else "not trained (--train-empty-think trains them)"
+    )
+    lines = [
+        f"thinking template: {counts}, {c['without_reasoning']:,} without",
+        f"  empty think blocks {c['replies_with_empty_think']:>7,}  before replies without reasoning, {trained}",
+    ]
+    if warning := sft_rows.thinking_warning(thinking, c):
+        lines.append(f"  warning: {warning}")
+    return lines
+
+
 def summary(m: dict, out: str) -> str:
     """What was built and what was left out, by reason."""
     c = m["conversations"]
@@ -169,6 +199,7 @@ def summary(m: dict, out: str) -> str:
     ]
     lines += [f"  skipped {n:>8}  {reason}" for reason, n in c["skipped"].items()]
     lines += data_lines(c)
+    lines += thinking_lines(m)
     lines += long_lines(m)
     padding = m["padding_share"]
     if m["packing"] == "one_per_row" and padding > PADDING_HINT_SHARE:
@@ -216,6 +247,7 @@ def options(args: argparse.Namespace) -> sft_rows.RowOptions:
         long=args.long,
         dedupe=args.dedupe,
         max_dropped_share=args.max_dropped_share,
+        train_empty_think=args.train_empty_think,
     )
 
 

@@ -6,6 +6,9 @@ statistics (padding, supervised share, conversations).
     python scripts/inspect_rows.py data/sft-rows --row 7 --row 9
     python scripts/inspect_rows.py data/sft-rows --split val
 
+Rows of a thinking template (Qwen3.5/3.6) say how many conversations carry reasoning, and each empty think
+block left out of the loss is shown between (( and )).
+
 The rows are checked against their manifest first (as training does); the tokenizer is the one
 they were built with (--tokenizer DIR if it moved). Exit status 2 on bad input. The logic lives in
 bridge_recipes.data.inspect_rows.

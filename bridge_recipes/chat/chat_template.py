@@ -37,7 +37,10 @@ header line the generation prompt and ``S`` share, and ends at its first end-of-
 (``messages[:i]`` without the generation prompt) must be a prefix of ``S``, or the
 conversation is skipped (``template_not_prefix_consistent``). So: the assistant's reasoning,
 text, tool calls and end-of-turn token have mask 1 (but for a turn with ``weight`` 0); system,
-user and tool turns, the assistant header and the ``\\n`` after each turn have mask 0.
+user and tool turns, the assistant header and the ``\\n`` after each turn have mask 0. A thinking
+template (:func:`empty_think_block`) writes an empty think block before a reply without reasoning; its
+tokens have mask 0 and the reply after it mask 1, unless ``train_empty_think``: trained, the block
+teaches the model to close its thinking at once.
 
 Tokens are those of ``S`` tokenized whole (as at inference), and each span boundary must be
 a token boundary: the tokens of ``S[:start]`` and ``S[:end]`` must be prefixes of the tokens
@@ -55,8 +58,10 @@ import bisect
 import hashlib
 import json
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -71,6 +76,7 @@ from bridge_recipes.chat.message_text import (
     check_turn_keys,
     control_pattern,
     control_tokens,
+    ends_with_reasoning,
     image_placeholder,
     is_image_part,
     placeholder_problem,
@@ -208,6 +214,42 @@ def normalize_conversation(messages: Any, tools: Any = None, index: int | None =
     return out, list(tools or [])
 
 
+class Rendered(NamedTuple):
+    """One conversation rendered: its tokens (int32) and loss mask (uint8, 1 = supervised), whether its last
+    reply carries reasoning (:func:`~bridge_recipes.chat.message_text.ends_with_reasoning`), and how many of
+    its trained replies open with the template's empty think block."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    reasoning: bool
+    empty_thinks: int
+
+
+PROBE = ({"role": "user", "content": "Question?"}, {"role": "assistant", "content": "Answer."})
+_EMPTY_THINK = re.compile(re.escape(THINK_OPEN) + r"\s*" + re.escape(THINK_CLOSE) + r"\s*")
+
+
+def empty_think_block(template: Any, render: Callable[[list[dict]], str]) -> str | None:
+    """The empty think block a thinking chat template writes between the assistant header and a reply without
+    reasoning, or None when the template is no thinking template. Qwen3.5/3.6's released template writes
+    ``<think>\\n\\n</think>\\n\\n`` before each reply after the last user query that has no reasoning (and the
+    same block as the generation prompt with ``enable_thinking=false``). Decided from the template's text
+    (it writes ``<think>`` and ``</think>``) and ``render`` of a one-question conversation whose reply has no
+    reasoning: what stands between its ``<|im_start|>assistant\\n`` and the reply."""
+    text = template if isinstance(template, str) else json.dumps(template)
+    if THINK_OPEN not in text or THINK_CLOSE not in text:
+        return None
+    question, reply = PROBE
+    try:
+        rendered = render([dict(question), dict(reply)])
+    except Exception:  # a template that cannot render the probe: no block this builder can place
+        return None
+    head = rendered.rfind(ASSISTANT_HEADER)
+    at = rendered.find(reply["content"], head + len(ASSISTANT_HEADER)) if head >= 0 else -1
+    block = rendered[head + len(ASSISTANT_HEADER) : at] if at >= 0 else ""
+    return block if _EMPTY_THINK.fullmatch(block) else None
+
+
 def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -219,7 +261,7 @@ def _common_prefix(a: str, b: str) -> int:
 class TemplateRenderer:
     """Renders conversations with a tokenizer folder's chat template (see the module docstring)."""
 
-    def __init__(self, folder: str | os.PathLike, end_of_turn: str = END_OF_TURN):
+    def __init__(self, folder: str | os.PathLike, end_of_turn: str = END_OF_TURN, *, train_empty_think: bool = False):
         folder = Path(folder).expanduser()
         if folder.is_file():
             folder = folder.parent
@@ -249,6 +291,8 @@ class TemplateRenderer:
         self.think_tokens = THINK_OPEN in controls or THINK_CLOSE in controls
         self.sha256 = template_files_sha256(folder)
         self.generation_prompt = self._generation_prompt()
+        self.empty_think = empty_think_block(self.hf.chat_template, lambda probe: self._apply(probe, [], False))
+        self.train_empty_think = train_empty_think
         self._short_heads: dict[str, list[int]] = {}
         self.sandbox_checks_memoized = jinja_sandbox.memoize(self.hf.chat_template)
 
@@ -272,6 +316,11 @@ class TemplateRenderer:
 
     def render(self, messages: Any, tools: Any = None, *, index: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Token ids (int32) and loss mask (uint8, 1 = supervised) of one conversation."""
+        done = self.rendered(messages, tools, index=index)
+        return done.ids, done.mask
+
+    def rendered(self, messages: Any, tools: Any = None, *, index: int | None = None) -> Rendered:
+        """One conversation's tokens and loss mask, with what the build counts of it (:class:`Rendered`)."""
         given = messages
         messages, tools = normalize_conversation(messages, tools, index)
         # spans come one per assistant turn, in order; a turn with weight 0 stays out of the loss
@@ -294,12 +343,29 @@ class TemplateRenderer:
         offsets = encoding.offsets
         splits = [(offsets[k][1], k + 1) for k in np.flatnonzero(np.isin(tokens, self.added_array)).tolist()]
         mask = np.zeros(len(ids), dtype=np.uint8)
+        empty_thinks = 0
         for (start, end), keep in zip(spans, kept, strict=True):
             if not keep:
                 continue
             a, b = self._token_index(full, start, ids, splits, index), self._token_index(full, end, ids, splits, index)
             mask[a:b] = 1
-        return tokens, mask
+            if (cut := self._empty_think_end(full, start, end)) is not None:
+                empty_thinks += 1
+                if not self.train_empty_think:  # the tokens inside the block; one it shares with the reply stays
+                    mask[a : bisect.bisect_right(offsets, cut, key=lambda o: o[1])] = 0
+        return Rendered(tokens, mask, ends_with_reasoning(messages), empty_thinks)
+
+    def _empty_think_end(self, full: str, start: int, end: int) -> int | None:
+        """Where the empty think block ends when the reply spanning ``full[start:end]`` opens with it (it
+        has no reasoning, and the template wrote the block after its header); else None."""
+        if self.empty_think is None:
+            return None
+        head = full.rfind(ASSISTANT_HEADER, 0, start)
+        if head < 0:
+            return None
+        after = head + len(ASSISTANT_HEADER)
+        cut = after + len(self.empty_think)
+        return cut if after <= start < cut <= end and full.startswith(self.empty_think, after) else None
 
     def _reasoning_from_content(self, messages: list[dict], tools: list, index: int | None) -> list[dict]:
         """Assistant replies that begin with their reasoning as a ``<think>...</think>`` block, given as

@@ -110,6 +110,24 @@ def think_block(content: str) -> tuple[str, str] | None:
     return head.strip("\n"), reply.lstrip("\n")
 
 
+def has_reasoning(message: dict) -> bool:
+    """Whether an assistant turn carries reasoning: a ``reasoning_content`` with text in it, or a content
+    that begins with a ``<think>...</think>`` block (:func:`think_block`) with text in it."""
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning.strip():
+        return True
+    content = message.get("content")
+    block = think_block(content) if isinstance(content, str) and THINK_CLOSE in content else None
+    return block is not None and bool(block[0].strip())
+
+
+def ends_with_reasoning(messages: Any) -> bool:
+    """Whether a conversation's last assistant reply carries reasoning (:func:`has_reasoning`): a reasoning
+    conversation, which trains a thinking model to think before it answers."""
+    replies = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    return bool(replies) and has_reasoning(replies[-1])
+
+
 def image_placeholder(text: str) -> bool:
     """Whether a text holds a LLaVA ``<image>`` line (the placeholder alone on its line)."""
     return IMAGE_PLACEHOLDER in text and _PLACEHOLDER_LINE.search(text) is not None

@@ -3,11 +3,14 @@
 
 Rows are loaded through :func:`integrity.check_rows`, so what is shown is what training reads;
 the tokenizer is the manifest's (the one the rows were built with) unless another is given.
-Padding (the trailing EOS tokens of ``one_per_row`` and ``boundaries`` rows) is shown as a count.
+Padding (the trailing EOS tokens of ``one_per_row`` and ``boundaries`` rows) is shown as a count. Rows of a
+thinking template say how many conversations carry reasoning, and the empty think block left out of the loss
+before a reply without reasoning (the manifest's ``thinking``) is marked where it stands.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,7 @@ import numpy as np
 from bridge_recipes.data.integrity import MANIFEST_FILE, VAL_DIR, RowsIntegrityError, check_rows, tokenizer_json
 
 OPEN, CLOSE = "[[", "]]"  # around each supervised span
+UNTRAINED_OPEN, UNTRAINED_CLOSE = "((", "))"  # around each empty think block left out of the loss
 
 
 @dataclass(frozen=True)
@@ -78,16 +82,39 @@ def _spans(mask: np.ndarray, end: int) -> list[tuple[int, int, bool]]:
     return out
 
 
-def render_row(tokenizer, ids: np.ndarray, mask: np.ndarray, stats: RowStats, eos_token: str) -> str:
-    """The row's text with each supervised span between :data:`OPEN` and :data:`CLOSE`."""
+def render_row(
+    tokenizer, ids: np.ndarray, mask: np.ndarray, stats: RowStats, eos_token: str, untrained_think: str | None = None
+) -> str:
+    """The row's text with each supervised span between :data:`OPEN` and :data:`CLOSE`, and each
+    ``untrained_think`` (the empty think block left out of the loss) outside them between
+    :data:`UNTRAINED_OPEN` and :data:`UNTRAINED_CLOSE`."""
     end = stats.tokens - stats.padding
     parts = []
     for a, b, supervised in _spans(mask, end):
         text = tokenizer.decode([int(t) for t in ids[a:b]], skip_special_tokens=False)
+        if not supervised and untrained_think:
+            text = text.replace(untrained_think, f"{UNTRAINED_OPEN}{untrained_think}{UNTRAINED_CLOSE}")
         parts.append(f"{OPEN}{text}{CLOSE}" if supervised else text)
     if stats.padding:
         parts.append(f"\n[padding: {stats.padding} x {eos_token}]")
     return "".join(parts)
+
+
+def thinking_line(thinking: dict, conversations: dict) -> str | None:
+    """What rows of a thinking template train of its think blocks, in one line; None for other rows."""
+    if not thinking.get("template"):
+        return None
+    block = json.dumps(thinking.get("empty_think_block"))
+    used, with_reasoning = conversations.get("used", "?"), conversations.get("with_reasoning", "?")
+    where = (
+        f"trained (built with --train-empty-think): inside {OPEN} {CLOSE}"
+        if thinking.get("empty_think_trained")
+        else f"not trained: shown between {UNTRAINED_OPEN} and {UNTRAINED_CLOSE}"
+    )
+    return (
+        f"thinking template: {with_reasoning} of {used} conversations end on a reply with reasoning; the empty think "
+        f"block {block} before a reply without reasoning is {where}"
+    )
 
 
 def inspect_rows(
@@ -135,6 +162,10 @@ def inspect_rows(
         f"{conv.get('used', '?')} conversations ({conv.get('skipped_total', 0)} skipped at build)",
         f"supervised spans (loss mask 1) are shown between {OPEN} and {CLOSE}",
     ]
+    thinking = m.get("thinking") or {}
+    if line := thinking_line(thinking, conv):
+        lines.append(line)
+    untrained = None if thinking.get("empty_think_trained") else thinking.get("empty_think_block")
     long = m.get("long_conversations") or {}
     pieces = long.get("mode") == "split" and long.get("pieces")
     if pieces:
@@ -146,10 +177,14 @@ def inspect_rows(
     for r in picked:
         cu = None if loaded.cu is None else loaded.cu[r]
         stats = row_stats(loaded.ids[r], loaded.mask[r], cu, m["packing"], eos_id)
+        text = render_row(tok, loaded.ids[r], loaded.mask[r], stats, eos, untrained)
+        blocks = text.count(f"{UNTRAINED_OPEN}{untrained}{UNTRAINED_CLOSE}") if untrained else 0
         lines += [
             "",
             f"=== row {r}: {stats.tokens} tokens, {stats.supervised} supervised ({stats.supervised_share:.1%}), "
-            f"{stats.padding} padding, {stats.conversations} conversation(s)" + (" or pieces" if pieces else ""),
-            render_row(tok, loaded.ids[r], loaded.mask[r], stats, eos),
+            f"{stats.padding} padding, {stats.conversations} conversation(s)"
+            + (" or pieces" if pieces else "")
+            + (f", {blocks} empty think block(s) not trained" if blocks else ""),
+            text,
         ]
     return "\n".join(lines)

@@ -32,7 +32,12 @@ every token of the used conversations and EOS separators that were produced,
 ``padding_tokens`` the padding of boundaries and one_per_row rows, ``tail_tokens_dropped`` the ones in no row
 (the final partial row of eos_joined rows, or, when ``max_rows`` stopped the build, what was
 read but not written). ``conversations`` holds ``indexed`` (in the source), ``read``, ``used``,
-``skipped`` (by reason), ``skipped_total``, ``skipped_examples`` and ``blank_lines``.
+``skipped`` (by reason), ``skipped_total``, ``skipped_examples``, ``blank_lines``, and of the used ones
+``with_reasoning`` / ``without_reasoning`` (by their last reply) and ``replies_with_empty_think``.
+
+A thinking chat template (Qwen3.5/3.6's) writes an empty think block before a reply without reasoning;
+its tokens stay out of the loss unless ``train_empty_think`` (``thinking`` in the manifest), and a build
+whose conversations carry reasoning less than :data:`MIN_REASONING_SHARE` of the time warns.
 
 Memory stays bounded for sources larger than memory: the index costs 8 bytes per JSONL line
 (or nothing for Parquet), the permutation 8 bytes per conversation, reads go through windows
@@ -76,7 +81,7 @@ from bridge_recipes.chat.chat_render import (  # noqa: F401 - the public names o
     validate_conversation,
 )
 from bridge_recipes.chat.chat_render import eos_id as special_token_id
-from bridge_recipes.chat.chat_template import TemplateRenderer
+from bridge_recipes.chat.chat_template import Rendered, TemplateRenderer
 from bridge_recipes.chat.conversations import (  # noqa: F401
     DEFAULT_MESSAGES_KEY,
     PARQUET_CACHE_BYTES,
@@ -88,7 +93,7 @@ from bridge_recipes.chat.conversations import (  # noqa: F401
     source_kind,
     spool_hf_dataset,
 )
-from bridge_recipes.chat.message_text import turn_notes
+from bridge_recipes.chat.message_text import ends_with_reasoning, turn_notes
 from bridge_recipes.data.integrity import (  # noqa: F401
     MANIFEST_FILE,
     ROWS_FILE,
@@ -135,22 +140,28 @@ MAX_CONVERSATION_BYTES = 64 * 2**20
 # Rows that hold whole conversations: a build that leaves out more than this share of the tokens (long
 # conversations skipped or cut) stops before writing, unless --max-dropped-share allows more.
 DEFAULT_MAX_DROPPED_SHARE = 0.10
+# A thinking model trained on fewer conversations with reasoning than this share loses its thinking mode: the
+# build warns, naming the share (the advice for fine-tuning a thinking model: three in four with reasoning).
+MIN_REASONING_SHARE = 0.75
 
-Renderer = Callable[[Any, int], tuple[np.ndarray, np.ndarray]]
+Renderer = Callable[[Any, int], Rendered]
 
 
-def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[Renderer, dict, int, Any]:
+def _renderer(
+    tokenizer: str | os.PathLike, fmt: str, eos_token: str, train_empty_think: bool = False
+) -> tuple[Renderer, dict, int, Any]:
     """The conversation renderer, its manifest fields, the EOS (separator / padding) id and the
     tokenizer (``tokenizers.Tokenizer``) it encodes with."""
     if fmt == "chatml":
         tok, tokenizer_file = load_tokenizer(tokenizer)
         chat = chat_format(tok, eos_token)
 
-        def render(conversation: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
+        def render(conversation: Any, index: int) -> Rendered:
             messages, tools = conversation
             if tools:
                 raise MalformedConversation(index, "tools_need_template", "a tools list needs --chat-format template")
-            return render_conversation(tok, messages, chat, index=index)
+            ids, mask = render_conversation(tok, messages, chat, index=index)
+            return Rendered(ids, mask, ends_with_reasoning(messages), 0)
 
         fields = {
             "tokenizer": str(tokenizer_file),
@@ -158,23 +169,49 @@ def _renderer(tokenizer: str | os.PathLike, fmt: str, eos_token: str) -> tuple[R
             "chat_format": "qwen-chatml: <|im_start|>{role}\\n{content}<|im_end|>\\n, tokenized per segment",
             "chat_template_sha256": None,
             "loss_on": "assistant content + its <|im_end|>",
+            "thinking": thinking_fields(None, False),
         }
         return render, fields, chat.eos_id, tok
-    renderer = TemplateRenderer(tokenizer)
+    renderer = TemplateRenderer(tokenizer, train_empty_think=train_empty_think)
     eos_id = special_token_id(renderer.backend, eos_token)
+    if train_empty_think and renderer.empty_think is None:
+        log.warning(
+            "--train-empty-think: the chat template of %s writes no empty think block (it is no thinking "
+            "template), so the option changes nothing",
+            renderer.folder,
+        )
 
-    def render(conversation: Any, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def render(conversation: Any, index: int) -> Rendered:
         messages, tools = conversation
-        return renderer.render(messages, tools, index=index)
+        return renderer.rendered(messages, tools, index=index)
 
+    loss_on = "assistant reasoning, text, tool calls and end-of-turn token"
+    if renderer.empty_think is not None:
+        loss_on += (
+            ", and the empty think block of a reply without reasoning (--train-empty-think)"
+            if train_empty_think
+            else "; not the empty think block of a reply without reasoning"
+        )
     fields = {
         "tokenizer": str(renderer.folder / "tokenizer.json"),
         "tokenizer_sha256": file_sha256(renderer.folder / "tokenizer.json"),
         "chat_format": "chat_template: the tokenizer folder's template through transformers' apply_chat_template",
         "chat_template_sha256": renderer.sha256,
-        "loss_on": "assistant reasoning, text, tool calls and end-of-turn token",
+        "loss_on": loss_on,
+        "thinking": thinking_fields(renderer.empty_think, train_empty_think),
     }
     return render, fields, eos_id, renderer.backend
+
+
+def thinking_fields(empty_think: str | None, train_empty_think: bool) -> dict:
+    """The manifest's ``thinking``: whether the chat template is a thinking template (it writes a think block
+    before each reply), the empty block it writes before a reply without reasoning, and whether that block
+    is trained (``--train-empty-think``) or left out of the loss (the default)."""
+    return {
+        "template": empty_think is not None,
+        "empty_think_block": empty_think,
+        "empty_think_trained": bool(train_empty_think and empty_think is not None),
+    }
 
 
 def _cutter(tok: Any, long: str) -> TurnCutter | None:
@@ -260,6 +297,7 @@ class RowOptions:
     long: str = DEFAULT_LONG
     dedupe: bool = False
     max_dropped_share: float = DEFAULT_MAX_DROPPED_SHARE
+    train_empty_think: bool = False
 
 
 @dataclass(frozen=True)
@@ -328,7 +366,7 @@ def build_sft_rows(
     if val_kind not in (None, "hf"):
         opts = replace(opts, val_input=Path(str(opts.val_input)).expanduser())
     out = _output(out_dir, source, kind, val_kind, tokenizer, opts)
-    render, render_fields, eos_id, tok = _renderer(tokenizer, opts.chat_format, opts.eos_token)
+    render, render_fields, eos_id, tok = _renderer(tokenizer, opts.chat_format, opts.eos_token, opts.train_empty_think)
     cutter = _cutter(tok, opts.long)
     workers, note = worker_count(opts.workers)
     if note:
@@ -414,6 +452,11 @@ def _check_options(opts: RowOptions, tokenizer: str | os.PathLike) -> None:
     if opts.supervise_eos and packing != "eos_joined":
         raise SftRowsError(
             f"supervise_eos applies to eos_joined rows ({packing} rows have no EOS separators between conversations)"
+        )
+    if opts.train_empty_think and opts.chat_format != "template":
+        raise SftRowsError(
+            f"--train-empty-think applies to --chat-format template (--chat-format {opts.chat_format} writes no "
+            "think block before a reply); leave it out, or build with --chat-format template"
         )
 
 
@@ -522,6 +565,8 @@ def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None
             in_both,
         )
     _refuse_dropped_share(stats, staged.pack, str(source))
+    if warning := thinking_warning(staged.base["thinking"], stats["conversations"]):
+        log.warning("%s", warning)
     if stats["rows"] == 0:
         conv = stats["conversations"]
         skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(conv["skipped"].items()))
@@ -545,6 +590,40 @@ def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None
         | {"folder": VAL_DIR, "conversations_also_in_training": in_both}
     )
     return manifest
+
+
+def reasoning_share(conversations: dict) -> float | None:
+    """The share of a split's used conversations whose last reply carries reasoning (None when none was used
+    or the counts are not in the manifest)."""
+    used = conversations.get("used") or 0
+    with_reasoning = conversations.get("with_reasoning")
+    return with_reasoning / used if used and with_reasoning is not None else None
+
+
+def thinking_warning(thinking: dict | None, conversations: dict) -> str | None:
+    """What a thinking template trained on mostly replies without reasoning does to the model, with the share
+    and the ways out; None when the template is no thinking template or the share is at least
+    :data:`MIN_REASONING_SHARE`."""
+    share = reasoning_share(conversations)
+    if not (thinking or {}).get("template") or share is None or share >= MIN_REASONING_SHARE:
+        return None
+    used = conversations["used"]
+    effect = (
+        "the empty think blocks of the others are trained (--train-empty-think), so the model learns to close its "
+        "thinking at once: thinking mode is trained away"
+        if thinking.get("empty_think_trained")
+        else "the empty think blocks of the others are left out of the loss, but their replies are learned with no "
+        "thinking before them, so thinking mode gets little training and may weaken"
+    )
+    without = "serve it with enable_thinking=false (the prompt then ends with the empty think block, as these rows do)"
+    if not thinking.get("empty_think_trained"):
+        without += " or build with --train-empty-think"
+    return (
+        f"only {share:.1%} of the {used:,} training conversations ({conversations['with_reasoning']:,}) end on a "
+        f"reply with reasoning, and the chat template is a thinking template: {effect}. To keep thinking mode, give "
+        f"at least {MIN_REASONING_SHARE:.0%} of the conversations reasoning (reasoning_content); for a model that "
+        f"answers without thinking, {without} (docs/sft_data.md, Thinking mode)"
+    )
 
 
 def _refuse_dropped_share(stats: dict, pack: _Packing, what: str) -> None:
@@ -614,13 +693,16 @@ def _text_size(value: Any) -> int:
 @dataclass(frozen=True)
 class Prepared:
     """A conversation rendered: its tokens and loss mask, the record format it was read as, what it
-    holds that is counted (:func:`~bridge_recipes.chat.message_text.turn_notes`) and its size in bytes."""
+    holds that is counted (:func:`~bridge_recipes.chat.message_text.turn_notes`), its size in bytes, whether
+    its last reply carries reasoning and how many of its trained replies open with an empty think block."""
 
     ids: np.ndarray
     mask: np.ndarray
     record_format: str
     notes: tuple[str, ...]
     size: int
+    reasoning: bool = False
+    empty_thinks: int = 0
 
 
 def _prepare(
@@ -650,9 +732,10 @@ def _prepare(
             )
         conversation = decode(raw, index)
         try:
-            ids, mask = render(conversation, index)
+            done = render(conversation, index)
             fmt = getattr(conversation, "record_format", "")
-            return Prepared(ids, mask, fmt, tuple(turn_notes(conversation[0])), size)
+            notes = tuple(turn_notes(conversation[0]))
+            return Prepared(done.ids, done.mask, fmt, notes, size, done.reasoning, done.empty_thinks)
         except MalformedConversation:
             raise
         except (TypeError, ValueError, UnicodeError, RecursionError) as e:
@@ -777,6 +860,8 @@ class _Tally:
     hashes: array = field(default_factory=lambda: array("q"))  # of the used conversations (duplicates counted)
     kept: set[int] = field(default_factory=set)  # with --dedupe: those of the conversations used so far
     duplicates: int = 0
+    reasoning: int = 0  # used conversations whose last reply carries reasoning
+    empty_thinks: int = 0  # trained replies of the used conversations that open with an empty think block
 
     def skip(self, e: MalformedConversation, where: str) -> None:
         """A skipped conversation: counted by reason, the first :data:`MAX_REPORTED` logged and kept
@@ -885,6 +970,8 @@ def _pack_and_write(
                 tally.used += 1
                 tally.formats[done.record_format] += 1
                 tally.notes.update(done.notes)
+                tally.reasoning += done.reasoning
+                tally.empty_thinks += done.empty_thinks
                 if fingerprints is not None:
                     fingerprints.add(fingerprint)
                 if seen and fingerprint in seen:
@@ -948,5 +1035,8 @@ def _split_stats(
             "notes": dict(sorted(tally.notes.items())),
             "duplicates": duplicates,
             "duplicates_removed": pack.dedupe,
+            "with_reasoning": tally.reasoning,
+            "without_reasoning": tally.used - tally.reasoning,
+            "replies_with_empty_think": tally.empty_thinks,
         },
     }

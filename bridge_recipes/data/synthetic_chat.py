@@ -81,7 +81,8 @@ def build_evidence_rows(out: str | Path, tokenizer: str | Path, packing: str = "
 
 def _build_rows(out: str | Path, tokenizer: str | Path, packing: str, text: str) -> dict[str, Any]:
     """``text`` (JSON lines) written to ``out``'s parent as ``chat.jsonl`` and built into rows in ``out``
-    as the evidence builds them (``EVIDENCE_ROW_TOKENS``, ``EVIDENCE_VAL_FRACTION``, the default seed)."""
+    as the evidence builds them (``EVIDENCE_ROW_TOKENS``, ``EVIDENCE_VAL_FRACTION``, the default seed, and the
+    empty think block of a reply without reasoning trained: the rows the evidence's GPU runs trained on)."""
     from bridge_recipes.data.sft_rows import build_sft_rows
 
     out = Path(out)
@@ -97,6 +98,7 @@ def _build_rows(out: str | Path, tokenizer: str | Path, packing: str, text: str)
         packing=packing,
         overwrite=True,
         progress=False,
+        train_empty_think=True,
     )
 
 

@@ -75,7 +75,7 @@ def test_mask_is_exactly_what_the_assistant_writes(renderer):
     assert supervised_runs(renderer, ids, mask) == [
         "Let me think step by step.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
         "</parameter>\n</function>\n</tool_call><|im_end|>",
-        "\n</think>\n\nIt is sunny and 21 degrees.<|im_end|>",
+        "It is sunny and 21 degrees.<|im_end|>",  # its empty think block is not trained (test_thinking_rows.py)
     ]
     im_end = renderer.backend.token_to_id("<|im_end|>")
     # system, user, assistant, tool (in a user turn), assistant
