@@ -4,7 +4,8 @@
 until the recipe is built), calls it, and then, in this order: shrinks it to one GPU
 (``scale_down``), swaps its data (``dataset``), switches it to LoRA (``peft``), applies the
 convenience ``flags`` and then the
-Hydra ``overrides`` (which therefore win). ``runner_args`` writes the same request as
+Hydra ``overrides`` (which therefore win), and last sets the run's length (``epochs``) and the save
+interval that follows it. ``runner_args`` writes the same request as
 ``scripts/run_recipe.py`` arguments, for launching a training process that builds it again.
 
 Importing this module imports neither torch nor Megatron.
@@ -75,6 +76,10 @@ def build(
       :mod:`bridge_recipes.run_length`). Refused with a step count (``max_steps``, ``train.train_iters=``),
       with data other than SFT rows and with rows that cannot fill one step.
 
+    Last, a run that saves and whose ``checkpoint.save_interval`` no flag, override or config file gives
+    saves at an interval set from its length and the recipe's measured rate (``save interval: ...``
+    reported; :mod:`bridge_recipes.save_interval`).
+
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
     save folder moves; its TensorBoard folder and the W&B defaults follow the save folder
     (:mod:`bridge_recipes.tracking`), and logging to W&B without the wandb package is a
@@ -87,15 +92,38 @@ def build(
     if epochs is not None and (problem := epochs_conflict(epochs, values, overrides)):
         raise ValueError(problem)
     cfg = _base_config(name, config_file)
+    from bridge_recipes.run_length import micro_batch_tokens
+
+    measured_tokens = micro_batch_tokens(cfg)  # the recipe's shape, at which its rate was measured
     folder = None
     if hf_checkpoint is not None:
         folder, scale_experts = _open_checkpoint(cfg, hf_checkpoint, scale_down, scale_experts)
     if scale_down is not None:
         _shrink(cfg, scale_down, scale_experts, gpus, report)
     _reshape(cfg, folder, dataset, peft, report)
-    _apply_flags_and_overrides(cfg, values, overrides, name)
+    given = _apply_flags_and_overrides(cfg, values, overrides, name)
     _settle(cfg, folder, epochs, report or (lambda change: None))
+    if config_file is None and SAVE_INTERVAL_KEY not in given:  # a config file's interval is kept, as given
+        _follow_run_length(cfg, name, scale_down is not None, measured_tokens, report or (lambda change: None))
     return cfg
+
+
+# The field of the save interval: given (flag, override, config file), it is kept; else it follows the run.
+SAVE_INTERVAL_KEY = "checkpoint.save_interval"
+
+
+def _follow_run_length(cfg: Any, name: str, scaled: bool, measured_tokens: int, report: Callable[[str], None]) -> None:
+    """The save interval from the run's settled length and, where recipe ``name``'s measured rate times
+    the run on the recipe's own GPUs (``scaled``: shrunk; ``measured_tokens``: the rate's tokens per micro
+    batch), the seconds a step takes (:mod:`bridge_recipes.save_interval`); the change reported."""
+    from bridge_recipes.run_length import rate_problem, step_seconds
+    from bridge_recipes.save_interval import follow_run
+
+    entry = registry.find(name)
+    rate, gpus = registry.measured_rate(entry.alias_of or entry.name), entry.meta.gpus
+    timed = rate and not rate_problem(cfg, gpus, entry.meta.gpu, gpus, scaled, measured_tokens)
+    for change in follow_run(cfg, step_seconds(cfg, gpus, rate) if rate and timed else None):
+        report(f"save interval: {change}")
 
 
 def _settle(cfg: Any, folder: Any, epochs: float | None, report: Callable[[str], None]) -> None:
@@ -260,8 +288,9 @@ def expand_home(cfg: Any) -> list[str]:
     return changes
 
 
-def _apply_flags_and_overrides(cfg: Any, values: dict[str, Any], overrides: Sequence[str], name: str) -> None:
-    """The convenience flags, then the overrides; the load folder and the trackers follow the save folder."""
+def _apply_flags_and_overrides(cfg: Any, values: dict[str, Any], overrides: Sequence[str], name: str) -> set[str]:
+    """The convenience flags, then the overrides; the load folder and the trackers follow the save folder.
+    Returns the keys they set."""
     ckpt = cfg.checkpoint
     resumes_from_save, recipe_load = bool(ckpt.save) and ckpt.load == ckpt.save, ckpt.load
     before = tracking.snapshot(cfg)
@@ -272,6 +301,7 @@ def _apply_flags_and_overrides(cfg: Any, values: dict[str, Any], overrides: Sequ
     tracking.follow_save(cfg, before, [o.key for o in applied], name)  # TensorBoard and W&B folders
     if problem := tracking.problem(cfg):
         raise ValueError(problem)
+    return {o.key for o in applied}
 
 
 # Settings that Megatron-Bridge's validation turns on in both the DDP and the optimizer config when

@@ -9,6 +9,13 @@ recipe ``rows``, on SFT rows with conversation boundaries, where the rows a reci
 batch become one packed sequence. What depends on the machine is written as a placeholder: the rows
 folder as :data:`ROWS`, the working folder (where the default save folders lie) as ``.``.
 
+The save interval a run sets from its length and the recipe's measured rate
+(:mod:`bridge_recipes.save_interval`) is written as the recipe's own: how often a run saves is no
+execution policy (it changes nothing a step computes, and a benchmark saves nothing), and an interval
+taken from the measured rate would change the fingerprint whenever the recipe is measured again, the
+new result no longer matching the recipe it measured. An interval given by a flag, an override or a
+config file is written as it is.
+
 Importing this module imports neither torch nor Megatron; computing a fingerprint builds the recipe.
 """
 
@@ -25,10 +32,19 @@ ROW_TOKENS = 8  # the one row of the folder :func:`boundaries_rows` writes
 
 
 def config_text(cfg: Any, name: str, rows: str | Path | None = None) -> str:
-    """The config file text of ``cfg`` (recipe ``name``) with the machine's paths as placeholders."""
+    """The config file text of ``cfg`` (recipe ``name``) with the machine's paths as placeholders and a save
+    interval set from the run's length written as the recipe's own (see the module)."""
     from bridge_recipes import config_files
+    from bridge_recipes.save_interval import derived
 
-    text = config_files.to_text(cfg, name)
+    ckpt, record = cfg.checkpoint, derived(cfg)
+    try:
+        if record is not None:
+            ckpt.save_interval = record.own
+        text = config_files.to_text(cfg, name)
+    finally:
+        if record is not None:
+            ckpt.save_interval = record.interval
     if rows is not None:
         text = text.replace(str(rows), ROWS)
     return text.replace(str(Path.cwd()), ".")

@@ -27,6 +27,7 @@ class RecipeConfig(ConfigContainer):
     features: Features = field(default_factory=Features)
     _recipe: str | None = field(default=None, init=False, repr=False)
     _meta: Any = field(default=None, init=False, repr=False)
+    _save_interval: Any = field(default=None, init=False, repr=False)
 
     @property
     def recipe(self) -> str | None:
@@ -42,6 +43,16 @@ class RecipeConfig(ConfigContainer):
         """Record the recipe this run was built from and its metadata."""
         self._recipe, self._meta = name, meta
 
+    @property
+    def derived_save_interval(self) -> Any:
+        """How ``checkpoint.save_interval`` was set from the run's length and expected time
+        (:class:`bridge_recipes.save_interval.Derived`), or None when it was not (given, or the recipe's)."""
+        return self._save_interval
+
+    def record_save_interval(self, derived: Any) -> None:
+        """Record how the save interval was set from the run (:func:`bridge_recipes.save_interval.follow_run`)."""
+        self._save_interval = derived
+
 
 def promote(cfg: Any) -> RecipeConfig:
     """``cfg`` as a :class:`RecipeConfig`: itself when it is one, else a RecipeConfig holding the same
@@ -52,5 +63,5 @@ def promote(cfg: Any) -> RecipeConfig:
     for f in fields(ConfigContainer):
         setattr(out, f.name, getattr(cfg, f.name))
     out.features = Features()
-    out._recipe = out._meta = None
+    out._recipe = out._meta = out._save_interval = None
     return out

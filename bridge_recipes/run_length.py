@@ -147,8 +147,34 @@ def validation_line(cfg: Any) -> str:
 
 def expected_seconds(cfg: Any, world_size: int, rate: float) -> float:
     """Seconds the run's steps take at ``rate`` tokens/s per GPU on ``world_size`` GPUs."""
-    t = cfg.train
-    return t.train_iters * t.global_batch_size * cfg.model.seq_length / (rate * world_size)
+    return cfg.train.train_iters * step_seconds(cfg, world_size, rate)
+
+
+def step_seconds(cfg: Any, world_size: int, rate: float) -> float:
+    """Seconds one step of ``cfg`` takes at ``rate`` tokens/s per GPU on ``world_size`` GPUs."""
+    return cfg.train.global_batch_size * cfg.model.seq_length / (rate * world_size)
+
+
+def micro_batch_tokens(cfg: Any) -> int:
+    """The tokens of one micro batch (micro batch x sequence length): the shape a rate is measured at."""
+    return cfg.train.micro_batch_size * cfg.model.seq_length
+
+
+def rate_problem(cfg: Any, recipe_gpus: int, card: str, world: int, scaled: bool, measured_tokens: int) -> str | None:
+    """Why a recipe's measured rate, of its own model on ``recipe_gpus`` x ``card`` at ``measured_tokens``
+    tokens per micro batch, does not time ``cfg`` on ``world`` GPUs (``scaled``: shrunk by --scale-down);
+    None when it does."""
+    if scaled or world != recipe_gpus:
+        return (
+            f"the recipe's measured rate is for its own model on {recipe_gpus} x {card}, "
+            "and --scale-down or another GPU count changes what a step does"
+        )
+    if (this := micro_batch_tokens(cfg)) != measured_tokens:
+        return (
+            f"the recipe's measured rate is for {measured_tokens} tokens per micro batch "
+            f"(micro batch x sequence length), this run has {this}"
+        )
+    return None
 
 
 def speed_line(cfg: Any, name: str, card: str, world: int, rate: float | None) -> str:

@@ -411,7 +411,13 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
             weights += f" (--hf-checkpoint DIR starts from {entry.checkpoint.hf_id}'s weights)"
     if args.hf_checkpoint and taken:
         weights += f"\n                  {taken}"
-    save = f"{ckpt.save} (every {ckpt.save_interval} steps)" if ckpt.save else "none (nothing is saved)"
+    expected, step_seconds = timing(cfg, entry, world, args)
+    save = "none (nothing is saved)"
+    if ckpt.save:
+        from bridge_recipes.save_interval import saves_line
+
+        first, *more = saves_line(cfg, save_interval_source(args), step_seconds)
+        save = "".join([f"{ckpt.save} {first}", *(f"\n{' ' * 18}{line}" for line in more)])
     export = "none"
     if args.export_hf:
         from bridge_recipes.hf.training import export_summary
@@ -426,7 +432,7 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
             f"data              {describe(cfg)}",
             f"length            {run_length.length_line(cfg)}",
             f"validation        {run_length.validation_line(cfg)}",
-            f"time              {time_line(cfg, entry, world, args)}",
+            f"time              {expected}",
             f"peft              {adapters}",
             f"weights           {weights}",
             f"resume            {getattr(args, 'fresh_note', None) or resume_line(cfg)}",
@@ -436,12 +442,31 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
     )
 
 
+def save_interval_source(args: argparse.Namespace) -> str:
+    """Who set a save interval the build did not set from the run: an override, the flag, the config
+    file, else the recipe."""
+    from bridge_recipes.builder import SAVE_INTERVAL_KEY
+
+    if any(t.partition("=")[0].lstrip("+~") == SAVE_INTERVAL_KEY for t in args.overrides):
+        return f"set by {SAVE_INTERVAL_KEY}="
+    if args.save_interval is not None:
+        return "set by --save-interval"
+    if args.config_file:
+        return f"as the config file {args.config_file} records it"
+    return "the recipe's own"
+
+
 def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> str:
     """The expected time of the training steps at the recipe's measured rate on this card (the recipe's
     own GPU where there is none here), or why there is none."""
+    return timing(cfg, entry, world, args)[0]
+
+
+def timing(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> tuple[str, float | None]:
+    """:func:`time_line`'s line, and the seconds a step takes where it gives an estimate (else None)."""
     from bridge_recipes.gpu_memory import current_device
     from bridge_recipes.gpus import gpu_key, gpu_type_from_name
-    from bridge_recipes.run_length import duration, expected_seconds
+    from bridge_recipes.run_length import duration, expected_seconds, micro_batch_tokens, rate_problem, step_seconds
 
     name = entry.alias_of or entry.name
     rate = registry.measured_rate(name)
@@ -450,7 +475,7 @@ def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.
     except KeyError:
         recipe_card = entry.meta.gpu
     if rate is None:
-        return f"not estimated: {name} has no measured rate (--list shows the measured recipes)"
+        return f"not estimated: {name} has no measured rate (--list shows the measured recipes)", None
     device = current_device()
     try:
         card = gpu_type_from_name(device.name) if device else recipe_card
@@ -460,25 +485,17 @@ def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.
         return (
             f"not estimated: the recipe's measured rate ({rate:,.1f} tokens/s per GPU) is for {recipe_card}, "
             f"this card is {card}"
-        )
-    if args.scale_down is not None or world != entry.meta.gpus:
-        return (
-            f"not estimated: the recipe's measured rate is for its own model on {entry.meta.gpus} x {recipe_card}, "
-            "and --scale-down or another GPU count changes what a step does"
-        )
+        ), None
     own = registry.load(entry.name)()  # the shape the rate was measured at: tokens per micro batch
-    measured, this = (c.train.micro_batch_size * c.model.seq_length for c in (own, cfg))
-    if measured != this:
-        return (
-            f"not estimated: the recipe's measured rate is for {measured} tokens per micro batch "
-            f"(micro batch x sequence length), this run has {this}"
-        )
+    scaled = args.scale_down is not None
+    if problem := rate_problem(cfg, entry.meta.gpus, recipe_card, world, scaled, micro_batch_tokens(own)):
+        return f"not estimated: {problem}", None
     where = "this card" if device else "the recipe's GPU; no GPU here"
     seconds = expected_seconds(cfg, world, rate)
     return (
         f"about {duration(seconds)} of training steps at {rate:,.1f} tokens/s per GPU x {world} "
         f"({name}'s measured rate on {recipe_card}, {where}; start-up and saving not included)"
-    )
+    ), step_seconds(cfg, world, rate)
 
 
 def budgets_problem(args: argparse.Namespace) -> str | None:
