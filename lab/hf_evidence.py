@@ -210,7 +210,8 @@ def run(out: Path, scratch: Path) -> dict[str, Any]:
         os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")
         args = [
             *toy_run_args(ft_toy, specs["moe"]),
-            "--export-hf", str(export), "--save-dir", str(ckpt), "checkpoint.load=null", "checkpoint.async_save=false",
+            "--export-hf", str(export), "--save-dir", str(ckpt), "--save-interval", str(FINETUNE_STEPS),
+            "checkpoint.load=null", "checkpoint.async_save=false",
         ]  # fmt: skip
         r = launch("finetune", RECIPE, args, out / "hf_finetune.log", timeout_s=900)
         losses = r.losses

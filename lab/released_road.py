@@ -313,7 +313,8 @@ def run_case(case: Case, args: argparse.Namespace, log: Any, date: str, hardware
         "--scale-down", "4", "-sl", str(EVIDENCE_ROW_TOKENS), "-gb", "4", "--max-steps", str(args.steps),
         "--lr", str(case.lr), "--min-lr", str(case.lr / 10), "--warmup-iters", "2",
         "--dataset", "sft-rows", f"dataset.path={rows}",
-        "--hf-checkpoint", str(toy), "--save-dir", str(ckpt), "--export-hf", str(export),
+        "--hf-checkpoint", str(toy), "--save-dir", str(ckpt), "--save-interval", str(args.steps),
+        "--export-hf", str(export),
         "checkpoint.load=null", "checkpoint.async_save=false",
         f"validation.eval_interval={EVAL_INTERVAL}", "validation.eval_iters=2",
     ]  # fmt: skip

@@ -56,7 +56,7 @@ def run_args(toy: Path, spec: Any, dataset: Path, export: Path, ckpt: Path) -> l
         *(f"dataset.task_encoder.{k}={v}" for k, v in PIXELS.items()),
         f"validation.eval_interval={EVAL_INTERVAL}", "validation.eval_iters=2",
         "--hf-checkpoint", str(toy), "--export-hf", str(export),
-        "--save-dir", str(ckpt), "checkpoint.load=null", "checkpoint.async_save=false",
+        "--save-dir", str(ckpt), "--save-interval", str(STEPS), "checkpoint.load=null", "checkpoint.async_save=false",
         *model_overrides(spec), *(f"model.{k}={v}" for k, v in vision_token_ids(toy).items()),
     ]  # fmt: skip
 
