@@ -1,0 +1,94 @@
+"""A recipe's rate on the card a run is planned for: its measured figure where it ran on that card, an
+estimate on another card, nothing where the figure does not carry over.
+
+A measured recipe has one figure, the tokens/s per GPU (padding included) of its result file on the GPU
+that run used (:func:`bridge_recipes.registry.measured`). A recipe for a smaller card is measured on a
+larger GPU capped at the card's memory: its memory is the card's, its speed the GPU's. So:
+
+- on a card of the measured GPU's type, the figure, named with the GPU, its cap and the day;
+- on another card of the GPU table, an estimate: the figure times the smallest of the card's ratios to
+  the measured GPU in dense BF16 tensor FLOP/s, dense FP8 tensor FLOP/s (when the run multiplies in
+  FP8) and memory bandwidth (:func:`bridge_recipes.gpus.speed_ratio`: the conservative end), labelled
+  as such with that basis;
+- at another micro batch x sequence length (``-sl``, ``-mb``) the figure does not carry over: nothing,
+  with the reason; nor on a card outside the GPU table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bridge_recipes import registry
+from bridge_recipes.gpus import GPUS, speed_ratio
+
+PADDED = "tokens/s per GPU (padding included)"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """The rate of a run on a card (None when there is none) and what it rests on, or why there is none."""
+
+    tokens_per_s_per_gpu: float | None
+    basis: str  # "measured on ...", the measured figure times the ratio, or why there is no rate
+    estimate_for: str | None = None  # the card an estimate is for
+
+    @property
+    def estimate(self) -> bool:
+        return self.estimate_for is not None
+
+    def describe(self) -> str:
+        """One clause: ``4,432.1 tokens/s per GPU (padding included), measured on H100 80GB HBM3, ...``,
+        ``322.7 tokens/s per GPU (padding included), an estimate for L40S: 1,251.0 measured on ...``, or
+        ``not estimated: why``."""
+        if self.tokens_per_s_per_gpu is None:
+            return f"not estimated: {self.basis}"
+        figure = f"{self.tokens_per_s_per_gpu:,.1f} {PADDED}"
+        return (
+            f"{figure}, an estimate for {self.estimate_for}: {self.basis}"
+            if self.estimate
+            else f"{figure}, {self.basis}"
+        )
+
+
+def gemms_in_fp8(cfg: Any) -> bool:
+    """Whether ``cfg``'s run multiplies in FP8: an FP8 base with ``features.fp8_base.gemms=fp8``, or FP8
+    mixed precision on a model that is not an FP8-stored LoRA base (which multiplies in BF16 by default)."""
+    from bridge_recipes.plan.precision import effective_precision, fp8_base_gemms, fp8_frozen_base
+
+    if fp8_frozen_base(cfg):
+        return fp8_base_gemms(cfg) == "fp8"
+    return bool(effective_precision(cfg)["fp8"])
+
+
+def tokens_per_micro_batch(cfg: Any) -> int:
+    """Micro batch x sequence length: the shape a rate is measured at."""
+    return int(cfg.train.micro_batch_size * cfg.model.seq_length)
+
+
+def rate_on(name: str, card: str, cfg: Any) -> Rate:
+    """Recipe ``name``'s rate for ``cfg`` on ``card`` (a key of :data:`~bridge_recipes.gpus.GPUS`, or
+    another card's name): see the module."""
+    m = registry.measured(name)
+    if m is None:
+        return Rate(None, f"{name} has no measured rate (--list shows the measured recipes)")
+    this = tokens_per_micro_batch(cfg)
+    if this != m.tokens_per_micro_batch:
+        return Rate(
+            None,
+            f"{name}'s rate was measured at {m.tokens_per_micro_batch:,} tokens per micro batch (micro batch x "
+            f"sequence length), this run has {this:,}, and the rate does not carry over",
+        )
+    if card == m.gpu_type:
+        return Rate(m.tokens_per_s_per_gpu, f"measured on {m.where}")
+    if card not in GPUS:
+        return Rate(None, f"{name} was measured on {m.gpu}, and {card} is not a card of the GPU table")
+    try:
+        ratio, why = speed_ratio(card, m.gpu_type, gemms_in_fp8(cfg))
+    except KeyError as exc:
+        return Rate(None, str(exc.args[0]))
+    return Rate(
+        m.tokens_per_s_per_gpu * ratio,
+        f"{m.tokens_per_s_per_gpu:,.1f} measured on {m.where}, x {ratio:.3f} ({why})",
+        estimate_for=card,
+    )
