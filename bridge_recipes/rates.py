@@ -1,8 +1,9 @@
 """A recipe's rate on the card a run is planned for: its measured figure where it ran on that card, an
 estimate on another card, nothing where the figure does not carry over.
 
-A measured recipe has one figure, the tokens/s per GPU (padding included) of its result file on the GPU
-that run used (:func:`bridge_recipes.registry.measured`). A recipe for a smaller card is measured on a
+A measured recipe has one figure, the useful (non-padding) tokens/s per GPU of its result file on the
+GPU that run used (:func:`bridge_recipes.registry.measured`); a step's time is costed at the same run's
+tokens/s padding included (a step reads its rows' padding too). A recipe for a smaller card is measured on a
 larger GPU capped at the card's memory: its memory is the card's, its speed the GPU's. So:
 
 - on a card of the measured GPU's type, the figure, named with the GPU, its cap and the day;
@@ -22,28 +23,39 @@ from typing import Any
 from bridge_recipes import registry
 from bridge_recipes.gpus import GPUS, speed_ratio
 
-PADDED = "tokens/s per GPU (padding included)"
-
 
 @dataclass(frozen=True)
 class Rate:
     """The rate of a run on a card (None when there is none) and what it rests on, or why there is none."""
 
-    tokens_per_s_per_gpu: float | None
+    tokens_per_s_per_gpu: float | None  # padding included: what the steps' times are costed at
     basis: str  # "measured on ...", the measured figure times the ratio, or why there is no rate
     estimate_for: str | None = None  # the card an estimate is for
+    useful_share: float = 1.0  # useful tokens per token a step reads, in the measured run
+
+    @property
+    def costed(self) -> str:
+        """What step times are costed at, when the figure shown leaves the padding out: ``steps costed at
+        4,432.1 tokens/s per GPU, padding included``; else nothing."""
+        if self.tokens_per_s_per_gpu is None or self.useful_share >= 1.0:
+            return ""
+        return f"steps costed at {self.tokens_per_s_per_gpu:,.1f} tokens/s per GPU, padding included"
 
     @property
     def estimate(self) -> bool:
         return self.estimate_for is not None
 
     def describe(self) -> str:
-        """One clause: ``4,432.1 tokens/s per GPU (padding included), measured on H100 80GB HBM3, ...``,
-        ``322.7 tokens/s per GPU (padding included), an estimate for L40S: 1,251.0 measured on ...``, or
+        """One clause: ``4,317.8 useful tokens/s per GPU, measured on H100 80GB HBM3, ...``,
+        ``314.2 useful tokens/s per GPU, an estimate for L40S: 1,218.5 measured on ...``, or
         ``not estimated: why``."""
         if self.tokens_per_s_per_gpu is None:
             return f"not estimated: {self.basis}"
-        figure = f"{self.tokens_per_s_per_gpu:,.1f} {PADDED}"
+        figure = (
+            f"{self.tokens_per_s_per_gpu * self.useful_share:,.1f} useful tokens/s per GPU"
+            if self.useful_share < 1.0
+            else f"{self.tokens_per_s_per_gpu:,.1f} tokens/s per GPU"
+        )
         return (
             f"{figure}, an estimate for {self.estimate_for}: {self.basis}"
             if self.estimate
@@ -80,7 +92,7 @@ def rate_on(name: str, card: str, cfg: Any) -> Rate:
             f"sequence length), this run has {this:,}, and the rate does not carry over",
         )
     if card == m.gpu_type:
-        return Rate(m.tokens_per_s_per_gpu, f"measured on {m.where}")
+        return Rate(m.tokens_per_s_per_gpu, f"measured on {m.where}", useful_share=m.useful_share)
     if card not in GPUS:
         return Rate(None, f"{name} was measured on {m.gpu}, and {card} is not a card of the GPU table")
     try:
@@ -89,6 +101,7 @@ def rate_on(name: str, card: str, cfg: Any) -> Rate:
         return Rate(None, str(exc.args[0]))
     return Rate(
         m.tokens_per_s_per_gpu * ratio,
-        f"{m.tokens_per_s_per_gpu:,.1f} measured on {m.where}, x {ratio:.3f} ({why})",
+        f"{m.shown:,.1f} measured on {m.where}, x {ratio:.3f} ({why})",
         estimate_for=card,
+        useful_share=m.useful_share,
     )

@@ -228,9 +228,10 @@ def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     return all(t.lower() == m.status or (t.lower() not in STATUSES and t.lower() in hay) for t in terms)
 
 
-# Each measured recipe's one figure: its result file's tokens/s per GPU (padding included), the GPU that
-# run used as it recorded it, the memory cap it was held to (when one was applied) and the day, with the
-# tokens per micro batch it ran and its status (``measured``, or ``changed since measured`` when its
+# Each measured recipe's one figure: its result file's useful (non-padding) tokens/s per GPU, with the
+# tokens/s per GPU padding included that step times are costed at, the GPU that run used as it recorded
+# it, the memory cap it was held to (when one was applied) and the day, with the tokens per micro batch
+# it ran and its status (``measured``, or ``changed since measured`` when its
 # fingerprint is no longer its result's); generated from its result file by the lab's report (the product
 # reads no evidence). --list, --plan, the dry run, the README and the performance page read it.
 MEASURED_FIGURES = Path(__file__).with_name("measured_figures.json")
@@ -249,6 +250,7 @@ class Measured:
     """A recipe's measured figure and where it was measured (one entry of :data:`MEASURED_FIGURES`)."""
 
     tokens_per_s_per_gpu: float  # padding included: what a step of rows costs, whatever their padding
+    useful_tokens_per_s_per_gpu: float | None  # the non-padding tokens of those rows: the figure shown
     gpu: str  # the GPU the run used, as its result records it: "H100 80GB HBM3"
     gpu_type: str  # that GPU as a key of the GPU table: "H100"
     memory_cap_gb: float | None  # the memory the run was capped at, GB of 1e9 bytes; None: the GPU's own
@@ -266,9 +268,25 @@ class Measured:
         return f"{self.gpu}{cap}, {self.date}"
 
     @property
+    def shown(self) -> float:
+        """The figure shown: useful (non-padding) tokens/s per GPU where the result has them."""
+        return self.useful_tokens_per_s_per_gpu or self.tokens_per_s_per_gpu
+
+    @property
+    def figure(self) -> str:
+        """:attr:`shown` with its unit."""
+        useful = "useful " if self.useful_tokens_per_s_per_gpu is not None else ""
+        return f"{self.shown:,.1f} {useful}tokens/s per GPU"
+
+    @property
+    def useful_share(self) -> float:
+        """Useful tokens per token the run's steps read (1.0 when the result does not say)."""
+        return self.shown / self.tokens_per_s_per_gpu
+
+    @property
     def listed(self) -> str:
-        """The figure as --list and the README show it: the rate and where it was measured."""
-        return f"{self.tokens_per_s_per_gpu:,.1f} on {self.where}"
+        """The figure as --list shows it, its unit in the table's footer: the rate and where it was measured."""
+        return f"{self.shown:,.1f} on {self.where}"
 
 
 def measured(name: str) -> Measured | None:
@@ -330,7 +348,7 @@ def table(entries: list[RecipeEntry]) -> str:
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in rows]
     lines.append(
-        f"{len(rows)} recipe(s); 'measured': tokens/s per GPU (padding included) on the GPU the run used, its "
+        f"{len(rows)} recipe(s); 'measured': useful tokens/s per GPU on the GPU the run used, its "
         "memory cap and the day (docs/performance.md; --plan gives the rate for your card, an estimate on "
         "another one); 'published': tokens/s/GPU"
     )

@@ -158,7 +158,7 @@ def expected_seconds(cfg: Any, world_size: int, rate: float) -> float:
 def speed_line(cfg: Any, world: int, rate: Rate) -> str:
     """``--plan``'s speed: the recipe's rate for the card (``rate``: measured, an estimate, or why none)
     and, on an SFT rows folder, the time one pass over its rows takes at that rate on ``world`` GPUs."""
-    line = f"speed: {rate.describe()}"
+    line = f"speed: {rate.describe()}" + (f" ({rate.costed})" if rate.costed else "")
     if rate.tokens_per_s_per_gpu is None:
         return line
     rows = training_rows(cfg)

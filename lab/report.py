@@ -76,9 +76,10 @@ def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
 
 def measured_record(entry: registry.RecipeEntry) -> dict[str, Any]:
     """A measured recipe's figure as ``measured_figures.json`` holds it (:class:`registry.Measured`): its
-    result file's tokens/s per GPU (padding included), the GPU the run used as the result records it, the
-    memory cap it ran under (None when there was none, or the cap was the GPU's own memory to 0.1 GB), the
-    day and the tokens per micro batch; and, for the pages, the peak memory."""
+    result file's useful tokens/s per GPU and tokens/s per GPU padding included, the GPU the run used as
+    the result records it, the memory cap it ran under (None when there was none, or the cap was the
+    GPU's own memory to 0.1 GB), the day and the tokens per micro batch; and, for the pages, the peak
+    memory."""
     from bridge_recipes.bench.result import memory_cap_gb
     from bridge_recipes.gpus import GPUS
 
@@ -90,6 +91,7 @@ def measured_record(entry: registry.RecipeEntry) -> dict[str, Any]:
         cap = None  # the GPU as it is
     return {
         "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+        "useful_tokens_per_s_per_gpu": r.get("useful_tokens_per_s_per_gpu"),
         "gpu": str(doc["stack"].get("gpu_name") or gpu_type).removeprefix("NVIDIA "),
         "gpu_type": gpu_type,
         "memory_cap_gb": None if cap is None else round(cap, 2),
@@ -104,7 +106,7 @@ def measured_figure(entry: registry.RecipeEntry) -> str:
     for a run capped at a smaller card's memory, its peak within the cap."""
     record = measured_record(entry)
     m = registry.Measured.of(record)
-    figure = f"{m.tokens_per_s_per_gpu:,.1f} tokens/s/GPU on {m.where}"
+    figure = f"{m.figure} on {m.where}"
     if m.memory_cap_gb and record["peak_allocated_gb"] is not None:
         figure += f" (peak {record['peak_allocated_gb']:.1f} of {m.memory_cap_gb:.1f} GB)"
     return figure
@@ -734,7 +736,7 @@ def render() -> str:
             "",
             "## Recipes",
             "",
-            "A measured recipe's figure is its result file's tokens/s/GPU (padding included), on the GPU that",
+            "A measured recipe's figure is its result file's useful (non-padding) tokens/s per GPU, on the GPU that",
             "run used as the result records it, with the memory cap it ran under when one was applied (a",
             "48 GB recipe runs on an H100 held to the L40S's memory: its memory is the card's, its speed the",
             "H100's) and the day: the one figure `--list`, `--plan` and the dry run read",

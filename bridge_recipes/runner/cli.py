@@ -459,7 +459,7 @@ def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.
     seconds = expected_seconds(cfg, world, rate.tokens_per_s_per_gpu)
     return (
         f"about {duration(seconds)} of training steps on {world} GPU(s) at {rate.describe()} "
-        f"({where}; start-up and saving not included)"
+        f"({where}; {rate.costed + '; ' if rate.costed else ''}start-up and saving not included)"
     )
 
 

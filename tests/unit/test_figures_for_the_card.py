@@ -27,7 +27,7 @@ TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
 L40S_35B = "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"  # measured on an H100 capped at the L40S's memory
 H100_35B = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"  # measured on an H100, uncapped
 ROW = 8192  # the row length the one-GPU LoRA recipes were measured at
-FIGURE = re.compile(r"(\d[\d,]*\.\d) tokens/s")
+FIGURE = re.compile(r"(\d[\d,]*\.\d) (?:useful )?tokens/s")
 
 
 def measured_names() -> list[str]:
@@ -74,7 +74,7 @@ def test_list_shows_the_figure_with_where_it_was_measured():
         m = registry.measured(name)
         for listed in (name, name.replace("qwen35_", "qwen36_")):
             if listed in rows:
-                assert f"{m.tokens_per_s_per_gpu:,.1f} on {m.where}" in rows[listed], rows[listed]
+                assert f"{m.shown:,.1f} on {m.where}" in rows[listed], rows[listed]
     assert not any("L40S" in rows[n].split(" on ", 1)[-1] for n in measured_names() if "_l40s_" in n)
 
 
@@ -94,7 +94,7 @@ def test_the_pages_show_the_same_one_figure(page):
     figures = _table_figures((ROOT / page).read_text())
     assert set(figures) == set(measured_names())
     for name, shown in figures.items():
-        assert f"{shown:,.1f}" == f"{registry.measured_rate(name):,.1f}", (page, name)
+        assert f"{shown:,.1f}" == f"{registry.measured(name).shown:,.1f}", (page, name)
 
 
 def test_the_running_docs_example_time_is_the_figures():
@@ -106,8 +106,9 @@ def test_the_running_docs_example_time_is_the_figures():
     assert length and time, "the example lost its length or time line"
     recipe = re.search(r"--recipe (qwen3[56]_\S+) --dry-run", text).group(1)
     m = registry.measured(recipe)
-    assert figure_in(time.group(2)) == round(m.tokens_per_s_per_gpu, 1)
+    assert figure_in(time.group(2)) == round(m.shown, 1) and "useful tokens/s per GPU" in time.group(2)
     assert f"measured on {m.where}" in time.group(2)
+    assert f"steps costed at {m.tokens_per_s_per_gpu:,.1f} tokens/s per GPU" in time.group(2)
     steps, batch, seq = (int(g) for g in length.groups())
     assert time.group(1) == duration(steps * batch * seq / m.tokens_per_s_per_gpu)
 
@@ -146,7 +147,8 @@ def test_on_the_measured_gpu_the_rate_is_the_figure_elsewhere_a_labelled_estimat
     ratio, _ = speed_ratio("L40S", "H100", fp8_gemms=True)  # this recipe multiplies in FP8
     assert est.estimate and est.tokens_per_s_per_gpu == pytest.approx(m.tokens_per_s_per_gpu * ratio)
     text = est.describe()
-    assert "an estimate for L40S" in text and f"{m.tokens_per_s_per_gpu:,.1f} measured on {m.where}" in text
+    assert "an estimate for L40S" in text and f"{m.shown:,.1f} measured on {m.where}" in text
+    assert figure_in(text) == round(m.shown * ratio, 1)  # the useful figure, scaled as the step time is
     assert f"x {ratio:.3f}" in text and "measured on L40S" not in text
     unknown = rate_on(L40S_35B, "NVIDIA RTX A6000", cfg)
     assert unknown.tokens_per_s_per_gpu is None and "GPU table" in unknown.describe()
@@ -169,12 +171,13 @@ def test_plan_of_the_48gb_recipe_gives_an_estimate_for_the_l40s_and_the_figure_o
     speed = speed_of(capsys.readouterr().out)
     assert "an estimate for L40S" in speed and "measured on L40S" not in speed, speed
     estimate = figure_in(speed)
-    assert estimate < 0.4 * m.tokens_per_s_per_gpu
+    assert estimate < 0.4 * m.shown
+    costed = estimate * m.tokens_per_s_per_gpu / m.shown  # an epoch's padded tokens at the padded rate
     n = json.loads((rows / "manifest.json").read_text())["rows"]
-    assert f"at that estimate an epoch of {n:,} rows takes about {duration(n * ROW / estimate)}" in speed
+    assert f"at that estimate an epoch of {n:,} rows takes about {duration(n * ROW / costed)}" in speed
     assert main([*argv, "--gpu", "h100"]) == 0
     speed = speed_of(capsys.readouterr().out)
-    assert figure_in(speed) == round(m.tokens_per_s_per_gpu, 1) and f"measured on {m.where}" in speed, speed
+    assert figure_in(speed) == round(m.shown, 1) and f"measured on {m.where}" in speed, speed
     assert "estimate" not in speed
 
 
@@ -207,7 +210,7 @@ def test_the_dry_runs_time_is_for_the_card_it_runs_on(monkeypatch):
     assert "an estimate for L40S" in here and "the recipe's GPU" in here and "measured on L40S" not in here
     assert "an estimate for L40S" in time_line(cfg, entry, 1, Namespace(scale_down=None, gpu="l40s"))
     on_h100 = time_line(cfg, entry, 1, Namespace(scale_down=None, gpu="h100"))
-    assert f"at {m.tokens_per_s_per_gpu:,.1f} tokens/s per GPU" in on_h100 and "estimate" not in on_h100
+    assert f"at {m.shown:,.1f} useful tokens/s per GPU" in on_h100 and "estimate" not in on_h100
     seconds = cfg.train.train_iters * cfg.train.global_batch_size * cfg.model.seq_length / m.tokens_per_s_per_gpu
     assert on_h100.startswith(f"about {duration(seconds)} ")
     device = Namespace(name="NVIDIA L40S")

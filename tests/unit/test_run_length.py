@@ -170,7 +170,9 @@ def test_the_expected_time_follows_the_measured_rate_on_the_recipes_card():
     line = time_line(cfg, entry, 1, Namespace(scale_down=None))
     seconds = t.train_iters * t.global_batch_size * cfg.model.seq_length / rate
     where = registry.measured(LORA_H100).where
-    assert rate and f"{rate:,.1f} tokens/s per GPU (padding included), measured on {where}" in line, line
+    shown = registry.measured(LORA_H100).shown
+    assert rate and f"{shown:,.1f} useful tokens/s per GPU, measured on {where}" in line, line
+    assert f"steps costed at {rate:,.1f} tokens/s per GPU, padding included" in line, line
     assert run_length.duration(seconds) in line
     t.train_iters *= 10
     assert run_length.duration(seconds * 10) in time_line(cfg, entry, 1, Namespace(scale_down=None))
@@ -242,7 +244,8 @@ def test_plan_gives_the_measured_rate_and_says_why_there_is_none_at_another_row_
     main(argv)
     out = capsys.readouterr().out
     speed = next(line for line in out.splitlines() if line.startswith("speed: "))
-    assert f"{rate:,.1f} tokens/s per GPU (padding included), measured on H100 80GB HBM3" in speed, speed
+    shown = registry.measured(LORA_H100).shown
+    assert f"{shown:,.1f} useful tokens/s per GPU, measured on H100 80GB HBM3" in speed, speed
     assert "with an SFT rows folder (dataset.path=) also the time an epoch of it takes" in out
     main(["--recipe", "qwen35_27b_peft_1gpu_h200_bf16_32k_config", "--plan"])
     assert "has no measured rate" in capsys.readouterr().out
