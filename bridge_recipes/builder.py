@@ -92,9 +92,6 @@ def build(
     if epochs is not None and (problem := epochs_conflict(epochs, values, overrides)):
         raise ValueError(problem)
     cfg = _base_config(name, config_file)
-    from bridge_recipes.run_length import micro_batch_tokens
-
-    measured_tokens = micro_batch_tokens(cfg)  # the recipe's shape, at which its rate was measured
     folder = None
     if hf_checkpoint is not None:
         folder, scale_experts = _open_checkpoint(cfg, hf_checkpoint, scale_down, scale_experts)
@@ -104,7 +101,7 @@ def build(
     given = _apply_flags_and_overrides(cfg, values, overrides, name)
     _settle(cfg, folder, epochs, report or (lambda change: None))
     if config_file is None and SAVE_INTERVAL_KEY not in given:  # a config file's interval is kept, as given
-        _follow_run_length(cfg, name, scale_down is not None, measured_tokens, report or (lambda change: None))
+        _follow_run_length(cfg, name, scale_down is not None, report or (lambda change: None))
     return cfg
 
 
@@ -112,17 +109,24 @@ def build(
 SAVE_INTERVAL_KEY = "checkpoint.save_interval"
 
 
-def _follow_run_length(cfg: Any, name: str, scaled: bool, measured_tokens: int, report: Callable[[str], None]) -> None:
+def _follow_run_length(cfg: Any, name: str, scaled: bool, report: Callable[[str], None]) -> None:
     """The save interval from the run's settled length and, where recipe ``name``'s measured rate times
-    the run on the recipe's own GPUs (``scaled``: shrunk; ``measured_tokens``: the rate's tokens per micro
-    batch), the seconds a step takes (:mod:`bridge_recipes.save_interval`); the change reported."""
-    from bridge_recipes.run_length import rate_problem, step_seconds
+    the run on the recipe's own card and GPUs (``scaled``: shrunk; :func:`bridge_recipes.rates.run_rate`),
+    the seconds a step takes (:mod:`bridge_recipes.save_interval`); the change reported."""
+    from bridge_recipes.gpus import gpu_key
+    from bridge_recipes.rates import run_rate
+    from bridge_recipes.run_length import step_seconds
     from bridge_recipes.save_interval import follow_run
 
     entry = registry.find(name)
-    rate, gpus = registry.measured_rate(entry.alias_of or entry.name), entry.meta.gpus
-    timed = rate and not rate_problem(cfg, gpus, entry.meta.gpu, gpus, scaled, measured_tokens)
-    for change in follow_run(cfg, step_seconds(cfg, gpus, rate) if rate and timed else None):
+    try:
+        card = gpu_key(entry.meta.gpu)
+    except KeyError:
+        card = entry.meta.gpu
+    gpus = entry.meta.gpus
+    rate = run_rate(entry.alias_of or entry.name, card, cfg, world=gpus, recipe_gpus=gpus, scaled=scaled)
+    seconds = step_seconds(cfg, gpus, rate.tokens_per_s_per_gpu) if rate.tokens_per_s_per_gpu else None
+    for change in follow_run(cfg, seconds):
         report(f"save interval: {change}")
 
 

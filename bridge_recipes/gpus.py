@@ -1,8 +1,9 @@
-"""The GPUs the recipes are written for: one table of peak FLOP/s and memory.
+"""The GPUs the recipes are written for: one table of peak FLOP/s, memory and memory bandwidth.
 
 Used by the benchmark statistics (MFU over the dense BF16 peak), the result files (datasheet
-memory) and the memory planner (the memory a plan must fit). Memory in bytes; the planner
-and Megatron-Bridge's memory log count GB = 1e9 bytes.
+memory), the memory planner (the memory a plan must fit) and the rate of a recipe on a card it was
+not measured on (:func:`speed_ratio`). Memory in bytes; the planner and Megatron-Bridge's memory log
+count GB = 1e9 bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Gpu:
     memory_gb: int  # datasheet HBM per GPU, as NVIDIA prints it
     memory_bytes: float  # what a plan must fit: the device's own figure (see GPUS)
     capability: tuple[int, int]  # CUDA compute capability
+    peak_fp8_flops: float | None  # dense FP8 tensor-core FLOP/s per GPU, no sparsity; None: no FP8 tensor cores
+    memory_bandwidth: float  # datasheet memory bandwidth, bytes/s
     same_class: tuple[str, ...] = ()  # other cards a recipe written for this one serves (same memory, same FP8)
 
     @property
@@ -52,8 +55,8 @@ def reported(gib: float) -> float:
     return (gib - 0.01) * GIB
 
 
-# Peak FLOP/s: NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 "with
-# sparsity", twice these numbers.
+# Peak FLOP/s: NVIDIA datasheet figures, dense (no sparsity): the datasheets print BF16 and FP8 "with
+# sparsity", twice these numbers. Memory bandwidth: the datasheet's, bytes/s.
 # Memory: what a plan must fit is the device's total as the CUDA runtime reports it
 # (torch.cuda.get_device_properties().total_memory, the figure torch's out-of-memory message prints),
 # below both the datasheet and nvidia-smi (the driver keeps part of it: the H200 here lists 143,771 MiB
@@ -61,21 +64,28 @@ def reported(gib: float) -> float:
 # hosts; the A100 and L40S figures are what their owners' out-of-memory reports print (the L40S
 # with ECC on, the smaller of the figures seen). Cards not seen yet: the datasheet figure read as GiB.
 GPUS: dict[str, Gpu] = {
-    # A100 SXM 80GB datasheet: BF16 624 TFLOPS with sparsity; 80 GB; no FP8 tensor cores (Ampere).
-    "A100": Gpu("A100", 312e12, 80, reported(79.15), (8, 0)),
-    # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk); 80 GB.
-    "H100": Gpu("H100", 989.4e12, 80, reported(79.18), (9, 0)),
-    # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity); 48 GB GDDR6, part of it taken by ECC;
-    # FP8 (Ada). The RTX 6000 Ada (the same AD102 chip and 48 GB) is of its class.
-    "L40S": Gpu("L40S", 362.05e12, 48, reported(44.42), (8, 9), same_class=("RTX6000ADA",)),
-    # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity, the same GH100 compute as H100 SXM; 141 GB.
-    "H200": Gpu("H200", 989.4e12, 141, reported(139.80), (9, 0)),
-    # HGX B200 datasheet: BF16 4.5 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs.
-    "B200": Gpu("B200", 2250e12, 180, 180 * GIB, (10, 0)),
-    # GB200 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs; 13.4 TB over 72 GPUs.
-    "GB200": Gpu("GB200", 2500e12, 186, 186 * GIB, (10, 0)),
-    # GB300 NVL72 datasheet: BF16 360 PFLOPS with sparsity over 72 GPUs (as GB200); 288 GB HBM3e per GPU.
-    "GB300": Gpu("GB300", 2500e12, 288, 288 * GIB, (10, 3)),
+    # A100 SXM 80GB datasheet: BF16 624 TFLOPS with sparsity; 80 GB HBM2e at 2,039 GB/s; no FP8 tensor
+    # cores (Ampere).
+    "A100": Gpu("A100", 312e12, 80, reported(79.15), (8, 0), None, 2039e9),
+    # H100 SXM datasheet: BF16 1,979 TFLOPS with sparsity (132 SMs x 1,830 MHz x 4,096 FLOP/clk), FP8 3,958
+    # with sparsity; 80 GB HBM3 at 3.35 TB/s.
+    "H100": Gpu("H100", 989.4e12, 80, reported(79.18), (9, 0), 1978.9e12, 3.35e12),
+    # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity), FP8 733 dense (1,466 with sparsity);
+    # 48 GB GDDR6 at 864 GB/s, part of it taken by ECC. The RTX 6000 Ada (the same AD102 chip and 48 GB) is
+    # of its class.
+    "L40S": Gpu("L40S", 362.05e12, 48, reported(44.42), (8, 9), 733e12, 864e9, same_class=("RTX6000ADA",)),
+    # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity and FP8 3,958, the same GH100 compute as H100 SXM;
+    # 141 GB HBM3e at 4.8 TB/s.
+    "H200": Gpu("H200", 989.4e12, 141, reported(139.80), (9, 0), 1978.9e12, 4.8e12),
+    # HGX B200 datasheet: BF16 4.5 PFLOPS and FP8 9 PFLOPS with sparsity per GPU; 1,440 GB over 8 GPUs;
+    # HBM3e at 8 TB/s per GPU.
+    "B200": Gpu("B200", 2250e12, 180, 180 * GIB, (10, 0), 4500e12, 8e12),
+    # GB200 NVL72 datasheet: BF16 360 PFLOPS and FP8 720 PFLOPS with sparsity over 72 GPUs; 13.4 TB of
+    # HBM3e at 576 TB/s over 72 GPUs.
+    "GB200": Gpu("GB200", 2500e12, 186, 186 * GIB, (10, 0), 5000e12, 8e12),
+    # GB300 NVL72 datasheet: BF16 360 PFLOPS and FP8 720 PFLOPS with sparsity over 72 GPUs (as GB200);
+    # 288 GB HBM3e per GPU, 576 TB/s over 72 GPUs.
+    "GB300": Gpu("GB300", 2500e12, 288, 288 * GIB, (10, 3), 5000e12, 8e12),
 }
 
 # Names torch.cuda.get_device_name() prints that are not the SXM part of the table: refused
@@ -141,3 +151,23 @@ def card_by_name(name: str) -> Gpu:
         f"--gpu {name}: not a card of the GPU table ({known}); for another card give its memory with "
         "--gpu-memory-gb GB (what torch reports as its total, in GB of 1e9 bytes)"
     )
+
+
+def speed_ratio(card: str, measured_on: str, fp8_gemms: bool) -> tuple[float, str]:
+    """How fast ``card`` runs a step measured on ``measured_on`` (keys of :data:`GPUS`), as a fraction of
+    that GPU's speed, and what limits it: the smallest of the two cards' ratios in dense BF16 tensor
+    FLOP/s, in dense FP8 tensor FLOP/s when the step multiplies in FP8 (``fp8_gemms``), and in memory
+    bandwidth. A step's time is its compute time plus its memory time, at most; each part scales by its
+    own ratio, so the smallest ratio is the slowest the step can become: the conservative estimate.
+    KeyError when the step multiplies in FP8 and ``card`` has no FP8 tensor cores."""
+    to, of = GPUS[card], GPUS[measured_on]
+    ratios = {"BF16 compute": to.peak_bf16_flops / of.peak_bf16_flops}
+    if fp8_gemms:
+        if to.peak_fp8_flops is None or of.peak_fp8_flops is None:
+            lacking = card if to.peak_fp8_flops is None else measured_on
+            raise KeyError(f"the run multiplies in FP8 and the {lacking} has no FP8 tensor cores")
+        ratios["FP8 compute"] = to.peak_fp8_flops / of.peak_fp8_flops
+    ratios["memory bandwidth"] = to.memory_bandwidth / of.memory_bandwidth
+    limit = min(ratios, key=lambda k: ratios[k])
+    *others, last = ratios
+    return ratios[limit], f"{card} / {measured_on} {limit}, the smallest of the {', '.join(others)} and {last} ratios"

@@ -228,9 +228,12 @@ def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     return all(t.lower() == m.status or (t.lower() not in STATUSES and t.lower() in hay) for t in terms)
 
 
-# Each measured recipe's figure for --list, its measured tokens/s per GPU and its status (``measured``, or
-# ``changed since measured`` when its fingerprint is no longer its result's), generated from its result
-# file by the lab's report (the product reads no evidence).
+# Each measured recipe's one figure: its result file's useful (non-padding) tokens/s per GPU, with the
+# tokens/s per GPU padding included that step times are costed at, the GPU that run used as it recorded
+# it, the memory cap it was held to (when one was applied) and the day, with the tokens per micro batch
+# it ran and its status (``measured``, or ``changed since measured`` when its
+# fingerprint is no longer its result's); generated from its result file by the lab's report (the product
+# reads no evidence). --list, --plan, the dry run, the README and the performance page read it.
 MEASURED_FIGURES = Path(__file__).with_name("measured_figures.json")
 
 
@@ -242,6 +245,59 @@ def _measured_figures() -> dict[str, dict]:
         return {}
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A recipe's measured figure and where it was measured (one entry of :data:`MEASURED_FIGURES`)."""
+
+    tokens_per_s_per_gpu: float  # padding included: what a step of rows costs, whatever their padding
+    useful_tokens_per_s_per_gpu: float | None  # the non-padding tokens of those rows: the figure shown
+    gpu: str  # the GPU the run used, as its result records it: "H100 80GB HBM3"
+    gpu_type: str  # that GPU as a key of the GPU table: "H100"
+    memory_cap_gb: float | None  # the memory the run was capped at, GB of 1e9 bytes; None: the GPU's own
+    date: str  # the day it was measured, YYYY-MM-DD
+    tokens_per_micro_batch: int  # micro batch x sequence length the rate was measured at
+
+    @classmethod
+    def of(cls, record: dict) -> Measured:
+        return cls(**{k: record.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+
+    @property
+    def where(self) -> str:
+        """``H100 80GB HBM3, capped at 47.7 GB, 2026-12-05``: the GPU, the cap and the day."""
+        cap = f", capped at {self.memory_cap_gb:.1f} GB" if self.memory_cap_gb else ""
+        return f"{self.gpu}{cap}, {self.date}"
+
+    @property
+    def shown(self) -> float:
+        """The figure shown: useful (non-padding) tokens/s per GPU where the result has them."""
+        return self.useful_tokens_per_s_per_gpu or self.tokens_per_s_per_gpu
+
+    @property
+    def figure(self) -> str:
+        """:attr:`shown` with its unit."""
+        useful = "useful " if self.useful_tokens_per_s_per_gpu is not None else ""
+        return f"{self.shown:,.1f} {useful}tokens/s per GPU"
+
+    @property
+    def useful_share(self) -> float:
+        """Useful tokens per token the run's steps read (1.0 when the result does not say)."""
+        return self.shown / self.tokens_per_s_per_gpu
+
+    @property
+    def listed(self) -> str:
+        """The figure as --list shows it, its unit in the table's footer: the rate and where it was measured."""
+        return f"{self.shown:,.1f} on {self.where}"
+
+
+def measured(name: str) -> Measured | None:
+    """Recipe ``name``'s measured figure (an alias: its recipe's), or None when it has none."""
+    entry = entries().get(name)
+    record = _measured_figures().get(entry.alias_of or name if entry else name)
+    if not record or record.get("tokens_per_s_per_gpu") is None or "gpu_type" not in record:
+        return None
+    return Measured.of(record)
+
+
 def _figure(d: dict | None) -> str:
     if not d or d.get("tokens_per_s_per_gpu") is None:
         return "-"
@@ -249,9 +305,9 @@ def _figure(d: dict | None) -> str:
 
 
 def _measured(entry: RecipeEntry) -> str:
-    if entry.meta.status != "measured":
+    if entry.meta.status != "measured" or (m := measured(entry.name)) is None:
         return "-"
-    return _measured_figures().get(entry.alias_of or entry.name, {}).get("list", "-")
+    return m.listed
 
 
 def status(entry: RecipeEntry) -> str:
@@ -263,8 +319,10 @@ def status(entry: RecipeEntry) -> str:
 
 
 def measured_rate(name: str) -> float | None:
-    """Recipe ``name``'s measured tokens/s per GPU, or None when it has none."""
-    return _measured_figures().get(name, {}).get("tokens_per_s_per_gpu")
+    """Recipe ``name``'s measured tokens/s per GPU (padding included), on the GPU :func:`measured` names,
+    or None when it has none."""
+    m = measured(name)
+    return m.tokens_per_s_per_gpu if m else None
 
 
 def table(entries: list[RecipeEntry]) -> str:
@@ -290,6 +348,8 @@ def table(entries: list[RecipeEntry]) -> str:
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in rows]
     lines.append(
-        f"{len(rows)} recipe(s); useful tokens/s/GPU in 'measured' (docs/performance.md), tokens/s/GPU in 'published'"
+        f"{len(rows)} recipe(s); 'measured': useful tokens/s per GPU on the GPU the run used, its "
+        "memory cap and the day (docs/performance.md; --plan gives the rate for your card, an estimate on "
+        "another one); 'published': tokens/s/GPU"
     )
     return "\n".join(lines)

@@ -12,16 +12,20 @@ training ends (``pretrain()`` after ``train()``), each time ``validation.eval_it
 ``validation.eval_global_batch_size`` sequences, when the data has a validation split. A run
 shorter than the interval therefore validates once, at its end.
 
-Expected time: the recipe's measured tokens/s per GPU (``bridge_recipes/measured_figures.json``) for
-the card it was measured on, times the tokens the steps read.
+Expected time: the tokens the steps read over the recipe's rate on the card
+(:func:`bridge_recipes.rates.rate_on`: its measured figure on the GPU type it was measured on, an
+estimate labelled as such on another card).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge_recipes.datasets import real_data, rows_per_sequence, rows_per_step
+
+if TYPE_CHECKING:
+    from bridge_recipes.rates import Rate
 
 
 def epochs_value_problem(epochs: float) -> str | None:
@@ -155,39 +159,18 @@ def step_seconds(cfg: Any, world_size: int, rate: float) -> float:
     return cfg.train.global_batch_size * cfg.model.seq_length / (rate * world_size)
 
 
-def micro_batch_tokens(cfg: Any) -> int:
-    """The tokens of one micro batch (micro batch x sequence length): the shape a rate is measured at."""
-    return cfg.train.micro_batch_size * cfg.model.seq_length
-
-
-def rate_problem(cfg: Any, recipe_gpus: int, card: str, world: int, scaled: bool, measured_tokens: int) -> str | None:
-    """Why a recipe's measured rate, of its own model on ``recipe_gpus`` x ``card`` at ``measured_tokens``
-    tokens per micro batch, does not time ``cfg`` on ``world`` GPUs (``scaled``: shrunk by --scale-down);
-    None when it does."""
-    if scaled or world != recipe_gpus:
-        return (
-            f"the recipe's measured rate is for its own model on {recipe_gpus} x {card}, "
-            "and --scale-down or another GPU count changes what a step does"
-        )
-    if (this := micro_batch_tokens(cfg)) != measured_tokens:
-        return (
-            f"the recipe's measured rate is for {measured_tokens} tokens per micro batch "
-            f"(micro batch x sequence length), this run has {this}"
-        )
-    return None
-
-
-def speed_line(cfg: Any, name: str, card: str, world: int, rate: float | None) -> str:
-    """``--plan``'s speed: recipe ``name``'s measured tokens/s per GPU (``rate``, on ``card``) and, on an
-    SFT rows folder, the time one pass over its rows takes at that rate on ``world`` GPUs."""
-    if not rate:
-        return f"speed: {name} has no measured rate yet (--list shows the measured recipes)"
-    line = f"speed: {rate:,.1f} tokens/s per GPU (padding included) measured on {card}"
+def speed_line(cfg: Any, world: int, rate: Rate) -> str:
+    """``--plan``'s speed: the recipe's rate for the card (``rate``: measured, an estimate, or why none)
+    and, on an SFT rows folder, the time one pass over its rows takes at that rate on ``world`` GPUs."""
+    line = f"speed: {rate.describe()}" + (f" ({rate.costed})" if rate.costed else "")
+    if rate.tokens_per_s_per_gpu is None:
+        return line
     rows = training_rows(cfg)
     if rows is None:
         return line + "; with an SFT rows folder (dataset.path=) also the time an epoch of it takes"
-    seconds = rows * (cfg.model.seq_length // rows_per_sequence(cfg)) / (rate * world)
-    return line + f"; an epoch of {rows:,} rows takes about {duration(seconds)} on {world} such GPU(s)"
+    seconds = rows * (cfg.model.seq_length // rows_per_sequence(cfg)) / (rate.tokens_per_s_per_gpu * world)
+    at = "at that estimate " if rate.estimate else ""
+    return line + f"; {at}an epoch of {rows:,} rows takes about {duration(seconds)} on {world} such GPU(s)"
 
 
 def duration(seconds: float) -> str:

@@ -10,7 +10,7 @@ before then loses all of it. A run that saves, and whose interval nobody gave, s
 
 steps: about ten saves, the first before the end for a run of 2 steps or more, and no more than about
 30 minutes of training lost where the measured rate times the run
-(:func:`bridge_recipes.run_length.rate_problem`). An interval given with ``--save-interval``,
+(:func:`bridge_recipes.rates.run_rate`). An interval given with ``--save-interval``,
 ``checkpoint.save_interval=`` or a config file (which records the interval of the run it was saved
 from, so that a relaunch saves alike) is kept as given, and the summary warns when it is not shorter
 than the run.

@@ -59,8 +59,8 @@ def _ratio_file(evidence: str | None) -> Path | None:
 def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     """One figure for a recipe and the file or source it comes from."""
     meta = entry.meta
-    if meta.measured:  # the figure is the result file's: useful tokens/s/GPU on SFT rows
-        return " ".join(measured_figure(entry)), _rel(_file(meta.measured["result"]))
+    if meta.measured:  # the figure is the result file's, with the GPU it ran on (registry.Measured)
+        return measured_figure(entry), _rel(_file(meta.measured["result"]))
     ratio = _ratio_file(meta.evidence)
     if ratio is not None:
         doc = json.loads(ratio.read_text())
@@ -74,18 +74,42 @@ def recipe_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
     return "-", "-"
 
 
-def measured_figure(entry: registry.RecipeEntry) -> tuple[str, str]:
-    """A measured recipe's figure and what it is: useful tokens/s/GPU, or for a recipe measured at its
-    card's memory on a larger GPU, its peak against that memory and the GPU it ran on."""
-    from bridge_recipes.bench.result import memory_cap_gb, read_result
+def measured_record(entry: registry.RecipeEntry) -> dict[str, Any]:
+    """A measured recipe's figure as ``measured_figures.json`` holds it (:class:`registry.Measured`): its
+    result file's useful tokens/s per GPU and tokens/s per GPU padding included, the GPU the run used as
+    the result records it, the memory cap it ran under (None when there was none, or the cap was the
+    GPU's own memory to 0.1 GB), the day and the tokens per micro batch; and, for the pages, the peak
+    memory."""
+    from bridge_recipes.bench.result import memory_cap_gb
+    from bridge_recipes.gpus import GPUS
 
     assert entry.meta.measured is not None
     doc = read_result(_file(entry.meta.measured["result"]))
-    r = doc["result"]
-    if doc["gpu"]["type"].lower() != entry.meta.gpu:  # its memory measured under a cap, not its speed
-        return f"peak {r['peak_allocated_gb']:.1f} of {memory_cap_gb(doc):.1f} GB", f"({doc['gpu']['type']}, capped)"
-    useful = r.get("useful_tokens_per_s_per_gpu")
-    return f"{useful or r['tokens_per_s_per_gpu']:,.1f}", "useful tokens/s/GPU" if useful else "tokens/s/GPU"
+    r, gpu_type = doc["result"], doc["gpu"]["type"]
+    cap = memory_cap_gb(doc)
+    if cap is not None and round(cap, 1) >= round(GPUS[gpu_type].usable_memory_gb, 1):
+        cap = None  # the GPU as it is
+    return {
+        "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"],
+        "useful_tokens_per_s_per_gpu": r.get("useful_tokens_per_s_per_gpu"),
+        "gpu": str(doc["stack"].get("gpu_name") or gpu_type).removeprefix("NVIDIA "),
+        "gpu_type": gpu_type,
+        "memory_cap_gb": None if cap is None else round(cap, 2),
+        "date": str(r["measured"]),
+        "tokens_per_micro_batch": doc["layout"]["max_tokens_per_gpu"] * doc["layout"].get("cp", 1),
+        "peak_allocated_gb": r.get("peak_allocated_gb"),
+    }
+
+
+def measured_figure(entry: registry.RecipeEntry) -> str:
+    """A measured recipe's figure on the pages: as --list shows it (:attr:`registry.Measured.listed`), and
+    for a run capped at a smaller card's memory, its peak within the cap."""
+    record = measured_record(entry)
+    m = registry.Measured.of(record)
+    figure = f"{m.figure} on {m.where}"
+    if m.memory_cap_gb and record["peak_allocated_gb"] is not None:
+        figure += f" (peak {record['peak_allocated_gb']:.1f} of {m.memory_cap_gb:.1f} GB)"
+    return figure
 
 
 def measured_fingerprint(entry: registry.RecipeEntry) -> dict[str, str] | None:
@@ -119,15 +143,14 @@ def recipe_statuses() -> dict[str, str]:
 
 
 def measured_figures() -> str:
-    """bridge_recipes/measured_figures.json: each measured recipe's ``--list`` figure, its measured
-    tokens/s per GPU (the rate a step count is costed at) and its status (:func:`recipe_statuses`), so the
-    product never reads the evidence."""
+    """bridge_recipes/measured_figures.json: each measured recipe's figure (:func:`measured_record`) and its
+    status (:func:`recipe_statuses`), so the product never reads the evidence."""
     figures = {}
     status = recipe_statuses()
     for name, entry in sorted(registry.discover().items()):
         if entry.meta.status == "measured" and entry.meta.measured:
-            rate = read_result(_file(entry.meta.measured["result"]))["result"]["tokens_per_s_per_gpu"]
-            figures[name] = {"list": measured_figure(entry)[0], "tokens_per_s_per_gpu": rate, "status": status[name]}
+            record = {k: v for k, v in measured_record(entry).items() if k in registry.Measured.__dataclass_fields__}
+            figures[name] = {**record, "status": status[name]}
     return json.dumps(figures, indent=1) + "\n"
 
 
@@ -712,6 +735,13 @@ def render() -> str:
             f'"{ADOPTED_NOTE}").',
             "",
             "## Recipes",
+            "",
+            "A measured recipe's figure is its result file's useful (non-padding) tokens/s per GPU, on the GPU that",
+            "run used as the result records it, with the memory cap it ran under when one was applied (a",
+            "48 GB recipe runs on an H100 held to the L40S's memory: its memory is the card's, its speed the",
+            "H100's) and the day: the one figure `--list`, `--plan` and the dry run read",
+            f"(`{_rel(registry.MEASURED_FIGURES)}`); on another card `--plan` gives an estimate from it",
+            "(docs/running.md, Expected time).",
             "",
             recipe_table(),
             "## Full-scale estimates",

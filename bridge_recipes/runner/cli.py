@@ -457,45 +457,49 @@ def save_interval_source(args: argparse.Namespace) -> str:
 
 
 def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> str:
-    """The expected time of the training steps at the recipe's measured rate on this card (the recipe's
-    own GPU where there is none here), or why there is none."""
+    """The expected time of the training steps at the recipe's rate on the card the run is for
+    (:func:`run_card`): measured, an estimate labelled as such, or why there is none
+    (:func:`bridge_recipes.rates.run_rate`)."""
     return timing(cfg, entry, world, args)[0]
 
 
 def timing(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> tuple[str, float | None]:
-    """:func:`time_line`'s line, and the seconds a step takes where it gives an estimate (else None)."""
+    """:func:`time_line`'s line, and the seconds a step takes where it gives a rate (else None)."""
     from bridge_recipes.gpu_memory import current_device
-    from bridge_recipes.gpus import gpu_key, gpu_type_from_name
-    from bridge_recipes.run_length import duration, expected_seconds, micro_batch_tokens, rate_problem, step_seconds
+    from bridge_recipes.rates import run_rate
+    from bridge_recipes.run_length import duration, expected_seconds, step_seconds
 
     name = entry.alias_of or entry.name
-    rate = registry.measured_rate(name)
-    try:
-        recipe_card = gpu_key(entry.meta.gpu)
-    except KeyError:
-        recipe_card = entry.meta.gpu
-    if rate is None:
+    if registry.measured(name) is None:
         return f"not estimated: {name} has no measured rate (--list shows the measured recipes)", None
-    device = current_device()
-    try:
-        card = gpu_type_from_name(device.name) if device else recipe_card
-    except KeyError:
-        card = device.name if device else recipe_card
-    if card != recipe_card:
-        return (
-            f"not estimated: the recipe's measured rate ({rate:,.1f} tokens/s per GPU) is for {recipe_card}, "
-            f"this card is {card}"
-        ), None
-    own = registry.load(entry.name)()  # the shape the rate was measured at: tokens per micro batch
+    card, where = run_card(args, entry, current_device())
     scaled = args.scale_down is not None
-    if problem := rate_problem(cfg, entry.meta.gpus, recipe_card, world, scaled, micro_batch_tokens(own)):
-        return f"not estimated: {problem}", None
-    where = "this card" if device else "the recipe's GPU; no GPU here"
-    seconds = expected_seconds(cfg, world, rate)
+    rate = run_rate(name, card, cfg, world=world, recipe_gpus=entry.meta.gpus, scaled=scaled)
+    if rate.tokens_per_s_per_gpu is None:
+        return rate.describe(), None
+    seconds = expected_seconds(cfg, world, rate.tokens_per_s_per_gpu)
     return (
-        f"about {duration(seconds)} of training steps at {rate:,.1f} tokens/s per GPU x {world} "
-        f"({name}'s measured rate on {recipe_card}, {where}; start-up and saving not included)"
-    ), step_seconds(cfg, world, rate)
+        f"about {duration(seconds)} of training steps on {world} GPU(s) at {rate.describe()} "
+        f"({where}; {rate.costed + '; ' if rate.costed else ''}start-up and saving not included)"
+    ), step_seconds(cfg, world, rate.tokens_per_s_per_gpu)
+
+
+def run_card(args: argparse.Namespace, entry: registry.RecipeEntry, device: Any = None) -> tuple[str, str]:
+    """The card a run's rate is for, as a key of the GPU table (another card: its name), and whence: the
+    GPU here (``device``), else the card ``--gpu`` names, else the recipe's own."""
+    from bridge_recipes.gpus import card_by_name, gpu_key, gpu_type_from_name
+
+    if device is not None:
+        try:
+            return gpu_type_from_name(device.name), f"this GPU, {device.name}"
+        except KeyError:
+            return device.name, f"this GPU, {device.name}"
+    if getattr(args, "gpu", None):
+        return card_by_name(args.gpu).name, f"--gpu {args.gpu}; no GPU here"
+    try:
+        return gpu_key(entry.meta.gpu), "the recipe's GPU; no GPU here"
+    except KeyError:
+        return entry.meta.gpu, "the recipe's GPU; no GPU here"
 
 
 def budgets_problem(args: argparse.Namespace) -> str | None:
@@ -748,11 +752,8 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
 
     text, fits = plan_report(cfg, world, entry.meta.gpu, gpu_memory_gb=args.gpu_memory_gb)
     print(text)
-    from bridge_recipes.run_length import speed_line
-
-    name = entry.alias_of or entry.name
     if args.scale_down is None and world == entry.meta.gpus:  # the rate is of the recipe as written
-        print(speed_line(cfg, name, entry.meta.gpu.upper(), world, registry.measured_rate(name)))
+        print(plan_speed(args, entry, cfg, world, fits))
     if not fits:
         from bridge_recipes.gpus import class_memory_gb
         from bridge_recipes.runner.gpu_fit import recipes_that_fit
@@ -766,6 +767,18 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
             )
             print(f"recipes of this model and task planned to fit {memory:.1f} GB{mine}: {', '.join(fitting)}")
     return 0 if fits else USAGE_ERROR
+
+
+def plan_speed(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, fits: bool) -> str:
+    """--plan's speed line: none for a configuration that does not fit; else the recipe's rate on the card
+    planned for (--gpu's, else the recipe's own), measured or an estimate, and an epoch's time on rows."""
+    from bridge_recipes.rates import rate_on
+    from bridge_recipes.run_length import speed_line
+
+    if not fits:
+        return "speed: not estimated: this configuration does not fit (the plan above); no rate or epoch time"
+    card, _ = run_card(args, entry)
+    return speed_line(cfg, world, rate_on(entry.alias_of or entry.name, card, cfg))
 
 
 def _peer_builder(args: argparse.Namespace):
@@ -814,9 +827,9 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         alias = f"; an alias of {entry.alias_of}" if entry.alias_of else ""
         print(f"# model: {entry.checkpoint.hf_id}{rev} ({entry.family}){alias}")
     print(checks.summary(cfg, world))
-    print(run_summary(cfg, entry, args, world))
     if args.gpu_memory_gb is not None and (problem := cap_fit_problem(args, entry, cfg, world)):
-        return fail(problem)
+        return fail(problem)  # before the summary: no expected time for a run that does not fit
+    print(run_summary(cfg, entry, args, world))
     problem = megatron_validation(cfg, world)
     if problem:
         return fail(f"Megatron-Bridge rejects this config: {problem}")

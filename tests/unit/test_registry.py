@@ -184,7 +184,15 @@ def test_the_listing_shows_each_measured_recipes_figure(monkeypatch, tmp_path):
     alias = next(n for n, e in entries.items() if e.alias_of == measured)
     other = next(n for n, e in entries.items() if e.meta.status != "measured")
     figures = tmp_path / "measured_figures.json"
-    figures.write_text(json.dumps({measured: {"list": "1,234.5", "tokens_per_s_per_gpu": 1300.0}}))
+    record = {
+        "tokens_per_s_per_gpu": 1234.5,
+        "gpu": "H100 80GB HBM3",
+        "gpu_type": "H100",
+        "memory_cap_gb": 47.68,
+        "date": "2026-12-05",
+        "tokens_per_micro_batch": 8192,
+    }
+    figures.write_text(json.dumps({measured: record}))
     monkeypatch.setattr(registry, "MEASURED_FIGURES", figures)
     registry._measured_figures.cache_clear()
     rows = {
@@ -193,7 +201,10 @@ def test_the_listing_shows_each_measured_recipes_figure(monkeypatch, tmp_path):
     }
     assert "1,234.5" in rows[measured] and "1,234.5" in rows[alias]
     assert "1,234.5" not in rows[other]
-    assert registry.measured_rate(measured) == 1300.0 and registry.measured_rate(other) is None
+    # where it was measured: the GPU as the result records it, the cap and the day
+    assert {"H100", "80GB", "HBM3,", "47.7", "2026-12-05"} <= set(rows[measured]), rows[measured]
+    assert registry.measured_rate(measured) == 1234.5 and registry.measured_rate(other) is None
+    assert registry.measured_rate(alias) == 1234.5
     figures.unlink()
     registry._measured_figures.cache_clear()
     assert "1,234.5" not in registry.table([entries[measured]])
