@@ -111,6 +111,13 @@ def test_the_running_docs_example_time_is_the_figures():
     assert f"steps costed at {m.tokens_per_s_per_gpu:,.1f} tokens/s per GPU" in time.group(2)
     steps, batch, seq = (int(g) for g in length.groups())
     assert time.group(1) == duration(steps * batch * seq / m.tokens_per_s_per_gpu)
+    # and its save line follows the same rate (bridge_recipes.save_interval)
+    from bridge_recipes.resilience import SAVE_INTERVAL_STEPS
+    from bridge_recipes.save_interval import derive, save_count
+
+    save = re.search(r"^\s+save\s+\S+ \(every (\d+) steps: .*?\); (\d+) saves, the first after step", text, re.M)
+    rule = derive(steps, SAVE_INTERVAL_STEPS, batch * seq / m.tokens_per_s_per_gpu)
+    assert save and (int(save.group(1)), int(save.group(2))) == (rule.interval, save_count(steps, rule.interval))
 
 
 # --- the GPU table's compute and bandwidth, and the estimate ------------------------------------
