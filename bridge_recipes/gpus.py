@@ -1,4 +1,5 @@
-"""The GPUs the recipes are written for: one table of peak FLOP/s, memory and memory bandwidth.
+"""The GPUs the recipes are written for, and the other cards ``--gpu`` plans for: one table of peak
+FLOP/s, memory, memory bandwidth and compute capability.
 
 Used by the benchmark statistics (MFU over the dense BF16 peak), the result files (datasheet
 memory), the memory planner (the memory a plan must fit) and the rate of a recipe on a card it was
@@ -15,7 +16,9 @@ GB = 1e9
 MIB = 2**20
 GIB = 2**30
 FP8_CAPABILITY = (8, 9)  # FP8 tensor cores from Ada (8.9) on: Hopper, Blackwell
-MXFP8_CAPABILITY = (10, 0)  # MXFP8 (block-scaled FP8) from Blackwell on, as Transformer Engine checks it
+# MXFP8 (block-scaled FP8) on data-center Blackwell (10.x), as Transformer Engine checks it: none on 12.x
+# (the GeForce and workstation Blackwell cards)
+MXFP8_CAPABILITY, MXFP8_BEFORE = (10, 0), (12, 0)
 
 
 def has_fp8(capability: tuple[int, int]) -> bool:
@@ -25,7 +28,7 @@ def has_fp8(capability: tuple[int, int]) -> bool:
 
 def has_mxfp8(capability: tuple[int, int]) -> bool:
     """Whether a GPU of this compute capability multiplies MXFP8 (block-scaled FP8)."""
-    return tuple(capability) >= MXFP8_CAPABILITY
+    return MXFP8_CAPABILITY <= tuple(capability) < MXFP8_BEFORE
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Gpu:
     peak_fp8_flops: float | None  # dense FP8 tensor-core FLOP/s per GPU, no sparsity; None: no FP8 tensor cores
     memory_bandwidth: float  # datasheet memory bandwidth, bytes/s
     same_class: tuple[str, ...] = ()  # other cards a recipe written for this one serves (same memory, same FP8)
+    aliases: tuple[str, ...] = ()  # other names ``--gpu`` takes for it (as users type them, as torch prints them)
 
     @property
     def fp8(self) -> bool:
@@ -61,8 +65,12 @@ def reported(gib: float) -> float:
 # (torch.cuda.get_device_properties().total_memory, the figure torch's out-of-memory message prints),
 # below both the datasheet and nvidia-smi (the driver keeps part of it: the H200 here lists 143,771 MiB
 # in nvidia-smi and reports 139.80 GiB to torch). The H200 and H100 figures were read on the test
-# hosts; the A100 and L40S figures are what their owners' out-of-memory reports print (the L40S
-# with ECC on, the smaller of the figures seen). Cards not seen yet: the datasheet figure read as GiB.
+# hosts; the A100, L40S and the cards --gpu plans for (H100 NVL, L40, RTX 4090, RTX 5090; the RTX 6000 Ada,
+# of the L40S's class, reports 44.43) are what their owners' out-of-memory reports print (the 48 GB cards
+# with ECC on, the smaller of the figures seen). Cards not seen: the H100 PCIe takes the smallest figure an
+# 80 GB H100 was seen to report, the A6000 that of its 48 GB GDDR6 peers with ECC on (the L40's: ECC keeps
+# the same 1/16 of each); the others, the datasheet figure read as GiB. The GeForce cards' BF16 peak is
+# the one with FP32 accumulation (training's), half of their FP16-accumulate figure.
 GPUS: dict[str, Gpu] = {
     # A100 SXM 80GB datasheet: BF16 624 TFLOPS with sparsity; 80 GB HBM2e at 2,039 GB/s; no FP8 tensor
     # cores (Ampere).
@@ -73,7 +81,17 @@ GPUS: dict[str, Gpu] = {
     # L40S datasheet: BF16 362.05 TFLOPS dense (733 with sparsity), FP8 733 dense (1,466 with sparsity);
     # 48 GB GDDR6 at 864 GB/s, part of it taken by ECC. The RTX 6000 Ada (the same AD102 chip and 48 GB) is
     # of its class.
-    "L40S": Gpu("L40S", 362.05e12, 48, reported(44.42), (8, 9), 733e12, 864e9, same_class=("RTX6000ADA",)),
+    "L40S": Gpu(
+        "L40S",
+        362.05e12,
+        48,
+        reported(44.42),
+        (8, 9),
+        733e12,
+        864e9,
+        same_class=("RTX6000ADA",),
+        aliases=("RTX 6000 Ada Generation",),
+    ),
     # H200 SXM datasheet: BF16 1,979 TFLOPS with sparsity and FP8 3,958, the same GH100 compute as H100 SXM;
     # 141 GB HBM3e at 4.8 TB/s.
     "H200": Gpu("H200", 989.4e12, 141, reported(139.80), (9, 0), 1978.9e12, 4.8e12),
@@ -86,20 +104,44 @@ GPUS: dict[str, Gpu] = {
     # GB300 NVL72 datasheet: BF16 360 PFLOPS and FP8 720 PFLOPS with sparsity over 72 GPUs (as GB200);
     # 288 GB HBM3e per GPU, 576 TB/s over 72 GPUs.
     "GB300": Gpu("GB300", 2500e12, 288, 288 * GIB, (10, 3), 5000e12, 8e12),
+    # Cards no recipe is written for, which --gpu plans for.
+    # H100 PCIe datasheet: BF16 1,513 TFLOPS and FP8 3,026 with sparsity (114 SMs); 80 GB HBM2e at 2 TB/s.
+    "H100-PCIE": Gpu("H100-PCIe", 756.5e12, 80, reported(79.11), (9, 0), 1513e12, 2.0e12, aliases=("H100 PCIe",)),
+    # H100 NVL datasheet: BF16 1,671 TFLOPS and FP8 3,341 with sparsity per GPU; 94 GB HBM3 at 3.9 TB/s.
+    "H100-NVL": Gpu("H100-NVL", 835.5e12, 94, reported(93.00), (9, 0), 1670.5e12, 3.9e12, aliases=("H100 NVL",)),
+    # L40 datasheet: BF16 181.05 TFLOPS dense (362.1 with sparsity), FP8 362.1 dense; 48 GB GDDR6 with ECC at
+    # 864 GB/s.
+    "L40": Gpu("L40", 181.05e12, 48, reported(44.40), (8, 9), 362.1e12, 864e9),
+    # RTX A6000 datasheet: BF16 154.8 TFLOPS dense (309.7 with sparsity); 48 GB GDDR6 with ECC at 768 GB/s;
+    # Ampere: no FP8.
+    "A6000": Gpu("A6000", 154.8e12, 48, reported(44.40), (8, 6), None, 768e9, aliases=("RTX A6000",)),
+    # RTX 4090 (Ada whitepaper): BF16 with FP32 accumulate 165.2 TFLOPS dense, FP8 with FP32 accumulate 330.3;
+    # 24 GB GDDR6X at 1,008 GB/s.
+    "RTX4090": Gpu(
+        "RTX4090", 165.2e12, 24, reported(23.61), (8, 9), 330.3e12, 1008e9, aliases=("4090", "GeForce RTX 4090")
+    ),
+    # RTX 5090 (Blackwell whitepaper): BF16 with FP32 accumulate 209.5 TFLOPS dense, FP8 with FP32 accumulate
+    # 419; 32 GB GDDR7 at 1,792 GB/s; Blackwell 12.0.
+    "RTX5090": Gpu(
+        "RTX5090", 209.5e12, 32, reported(31.37), (12, 0), 419e12, 1792e9, aliases=("5090", "GeForce RTX 5090")
+    ),
 }
 
 # Names torch.cuda.get_device_name() prints that are not the SXM part of the table: refused
 # rather than given the SXM peak (H100 PCIe and NVL have lower clocks and peaks).
 _OTHER_FORM_FACTORS = ("PCIE", "NVL")
+# The types a device name is read as (the GPUs the recipes are written for; longest names first)
+DEVICE_TYPES = ("GB300", "GB200", "B200", "H200", "H100", "A100", "L40S")
 
 
 def gpu_type_from_name(name: str) -> str:
-    """``"NVIDIA H200"`` -> ``"H200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``; a key of
-    :data:`GPUS` passes through. Unknown GPUs and other H100 form factors are an error."""
+    """``"NVIDIA H200"`` -> ``"H200"``, ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``; one of
+    :data:`DEVICE_TYPES` passes through. Other GPUs and other H100 form factors are an error (the
+    benchmark statistics take no card the recipes are not written for)."""
     upper = name.upper()
-    match = re.search(r"\b(GB300|GB200|B200|H200|H100|A100|L40S)\b", upper)
+    match = re.search(rf"\b({'|'.join(DEVICE_TYPES)})\b", upper)
     if not match:
-        raise KeyError(f"no peak FLOP/s known for GPU {name!r}; known: {', '.join(GPUS)}")
+        raise KeyError(f"no peak FLOP/s known for GPU {name!r}; known: {', '.join(DEVICE_TYPES)}")
     if match.group(1) == "H100" and any(f in upper for f in _OTHER_FORM_FACTORS):
         raise KeyError(f"{name!r} is not the H100 SXM of the table (989.4 TFLOP/s); pass peak_flops explicitly")
     return match.group(1)
@@ -134,21 +176,33 @@ def class_memory_gb(gpu: str) -> float | None:
 
 
 def gpu_names(gpu: Gpu) -> tuple[str, ...]:
-    """What ``--gpu`` takes for a card of :data:`GPUS`: its name, with its memory (``a100-80``) and the
-    cards of its class (``rtx6000ada``), lower case."""
-    return (gpu.name.lower(), f"{gpu.name.lower()}-{gpu.memory_gb}", *(c.lower() for c in gpu.same_class))
+    """What ``--gpu`` takes for a card of :data:`GPUS`: its name, with its memory (``a100-80``), the
+    cards of its class (``rtx6000ada``) and its other names (``rtx a6000``), lower case."""
+    return (
+        gpu.name.lower(),
+        f"{gpu.name.lower()}-{gpu.memory_gb}",
+        *(c.lower() for c in gpu.same_class),
+        *(a.lower() for a in gpu.aliases),
+    )
+
+
+def _spelled(name: str) -> str:
+    """A card's name as compared: lower case, without ``nvidia``, spaces, hyphens or underscores
+    (``NVIDIA GeForce RTX 4090``, ``geforce-rtx-4090`` and ``GeForceRTX4090`` read alike)."""
+    return re.sub(r"[\s_-]+", "", name.lower().strip()).removeprefix("nvidia")
 
 
 def card_by_name(name: str) -> Gpu:
-    """The card ``--gpu NAME`` names (:func:`gpu_names`; ``nvidia-`` and case ignored); KeyError naming
-    the known names."""
-    wanted = name.lower().strip().removeprefix("nvidia-").removeprefix("nvidia ")
+    """The card ``--gpu NAME`` names (:func:`gpu_names`; ``nvidia``, case, spaces, hyphens and underscores
+    ignored); KeyError naming the known names."""
+    wanted = _spelled(name)
     for gpu in GPUS.values():
-        if wanted in gpu_names(gpu):
+        if wanted in map(_spelled, gpu_names(gpu)):
             return gpu
-    known = ", ".join(n for g in GPUS.values() for n in gpu_names(g))
+    known = ", ".join(n for g in GPUS.values() for n in (g.name.lower(), *(c.lower() for c in g.same_class)))
     raise KeyError(
-        f"--gpu {name}: not a card of the GPU table ({known}); for another card give its memory with "
+        f"--gpu {name}: not a card of the GPU table ({known}; case, spaces and hyphens ignored, a memory suffix "
+        "such as a100-80 taken); for another card give its memory with "
         "--gpu-memory-gb GB (what torch reports as its total, in GB of 1e9 bytes)"
     )
 

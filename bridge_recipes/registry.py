@@ -164,6 +164,7 @@ def discover() -> dict[str, RecipeEntry]:
 
 
 QWEN35_PREFIX, QWEN36_PREFIX = "qwen35_", "qwen36_"
+QWEN36_FAMILY = "qwen3.6"  # the catalog's key of a size's Qwen3.6 checkpoint (Qwen35Spec.checkpoints)
 
 
 @lru_cache(maxsize=1)
@@ -173,9 +174,9 @@ def aliases() -> dict[str, RecipeEntry]:
     for entry in discover().values():
         if not entry.name.startswith(QWEN35_PREFIX) or entry.model is None:
             continue
-        if "qwen3.6" in SPECS[entry.model].checkpoints:
+        if QWEN36_FAMILY in SPECS[entry.model].checkpoints:
             name = QWEN36_PREFIX + entry.name.removeprefix(QWEN35_PREFIX)
-            out[name] = replace(entry, name=name, family="qwen3.6", alias_of=entry.name)
+            out[name] = replace(entry, name=name, family=QWEN36_FAMILY, alias_of=entry.name)
     return out
 
 

@@ -28,6 +28,7 @@ import sys
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bridge_recipes import quiet
+from bridge_recipes.chat.chat_formats import DEFAULT_ROLE_MAP, ROLE_NOTE_PREFIX, parse_role_map
 from bridge_recipes.data import sft_rows
 from bridge_recipes.outputs import INTERRUPTED, add_build_options, exit_on_termination, interrupted
 
@@ -78,13 +79,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--dedupe",
         action="store_true",
-        help="keep one of each repeated conversation (the same tokens); without it repeats are counted and kept",
+        help="keep one of each repeated conversation (the same tokens), and leave out of training the ones in the "
+        "validation split; without it repeats are counted and kept",
     )
     p.add_argument(
         "--train-empty-think",
         action="store_true",
         help="train the empty think block a thinking template (Qwen3.5/3.6) writes before a reply without "
         "reasoning; by default it stays out of the loss, so the model does not learn to close its thinking at once",
+    )
+    p.add_argument(
+        "--role-map",
+        action="append",
+        metavar="NAME=ROLE",
+        help="read turns whose speaker (ShareGPT 'from', OpenAI 'role') is NAME as ROLE (system, user, assistant, "
+        f"tool); repeatable. Already read so: {', '.join(f'{n}={r}' for n, r in DEFAULT_ROLE_MAP.items())}",
     )
     p.add_argument("--val-fraction", type=float, default=0.0, help="fraction of conversations for validation rows")
     p.add_argument("--val-input", default=None, help="a separate .jsonl / .parquet file for validation rows")
@@ -148,6 +157,15 @@ NOTE_WORDS = {
 }
 
 
+def note_words(note: str) -> str:
+    """A turn note as the summary says it: a mapped speaker's name says where its role came from."""
+    if note.startswith(ROLE_NOTE_PREFIX):
+        name, _, role = note.removeprefix(ROLE_NOTE_PREFIX).rpartition("=")
+        given = "default" if DEFAULT_ROLE_MAP.get(name) == role else f"--role-map {name}={role}"
+        return f"turn(s) from {name!r} read as {role} ({given})"
+    return NOTE_WORDS.get(note, note)
+
+
 def data_lines(c: dict) -> list[str]:
     """What the used conversations hold that was kept but is worth knowing: the record formats of a file
     that mixes them, repeated conversations, and the turn notes."""
@@ -160,7 +178,7 @@ def data_lines(c: dict) -> list[str]:
     if c.get("duplicates"):
         what = "skipped (--dedupe)" if c.get("duplicates_removed") else "kept; --dedupe keeps one of each"
         lines.append(f"  repeated {c['duplicates']:>7}  conversation(s) the same as an earlier one, {what}")
-    lines += [f"  note {n:>11}  {NOTE_WORDS.get(note, note)}" for note, n in (c.get("notes") or {}).items()]
+    lines += [f"  note {n:>11}  {note_words(note)}" for note, n in (c.get("notes") or {}).items()]
     return lines
 
 
@@ -212,10 +230,16 @@ def summary(m: dict, out: str) -> str:
     if v:
         vc = v["conversations"]
         lines.append(f"validation: {v['rows']} rows from {vc['used']} conversations, {vc['skipped_total']} skipped")
+        if v.get("conversations_removed_from_training"):
+            lines.append(
+                f"  removed {v['conversations_removed_from_training']:>8}  training conversation(s) the same as a "
+                "validation one (--dedupe)"
+            )
         if v.get("conversations_also_in_training"):
             lines.append(
                 f"  warning: {v['conversations_also_in_training']} training conversation(s) are also in the "
-                "validation split (the same tokens); remove the duplicates from the data"
+                "validation split (the same tokens), so its loss on them measures memory; --dedupe removes them "
+                "from training"
             )
         lines += [f"  skipped {n:>8}  {reason}" for reason, n in vc["skipped"].items()]
     lines += [
@@ -248,6 +272,7 @@ def options(args: argparse.Namespace) -> sft_rows.RowOptions:
         dedupe=args.dedupe,
         max_dropped_share=args.max_dropped_share,
         train_empty_think=args.train_empty_think,
+        role_map=parse_role_map(args.role_map),
     )
 
 

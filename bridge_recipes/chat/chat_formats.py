@@ -9,6 +9,11 @@
   instruction, then a newline and the input when there is one; ``history`` is a
   list of ``[instruction, response]`` pairs before it.
 
+The speakers' names are read through a role map first (:meth:`RecordFormat.map_roles`): by default
+the names real ShareGPT dumps give the assistant (:data:`DEFAULT_ROLE_MAP`: ``chatgpt``, ``bing``,
+``bard``); a build adds its own (``--role-map NAME=ROLE``), for ShareGPT ``from`` and OpenAI ``role``
+alike, and counts the turns each name gave (:func:`role_note`).
+
 Each record becomes OpenAI messages (and a tool list), which the renderer then validates; a
 record that lacks its file's keys is skipped as ``missing_<key>_key``, one with LLaVA's ``image`` /
 ``images`` key as ``image_conversation`` (``scripts/build_vl_dataset.py`` builds those). Each record is
@@ -24,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.chat.errors import MalformedConversation
+from bridge_recipes.chat.chat_template import ROLES  # what a speaker's name can be read as
+from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
 from bridge_recipes.chat.message_text import IMAGE_KEYS, WEIGHT_KEY, check_image_record
 
 TOOLS_KEY = "tools"  # the optional per-conversation tool list (OpenAI and ShareGPT)
@@ -40,7 +46,42 @@ SHAREGPT_ROLES = {
     "tool": "tool",
 }
 
+# The names real ShareGPT dumps give the assistant: the product each conversation was shared from.
+DEFAULT_ROLE_MAP = {"chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+ROLE_NOTE_PREFIX = "role_mapped:"  # a turn note: ``role_mapped:NAME=ROLE``, one a turn read so
+
 Convert = Callable[[dict, int], tuple[Any, Any]]
+
+
+def role_note(name: str, role: str) -> str:
+    """The turn note counting a turn whose speaker ``name`` was read as ``role``."""
+    return f"{ROLE_NOTE_PREFIX}{name}={role}"
+
+
+def role_problem(name: Any, role: Any, typed: str | None = None) -> str | None:
+    """Why reading speaker ``name`` as ``role`` is refused, naming the option (``typed``: as given on the
+    command line); None for a name and a role of :data:`ROLES`."""
+    if isinstance(name, str) and name.strip() and role in ROLES:
+        return None
+    given = repr(typed) if typed is not None else f"{name}={role}"
+    return (
+        f"--role-map {given}: expected NAME=ROLE with ROLE one of {', '.join(ROLES)} "
+        "(e.g. --role-map chatgpt=assistant)"
+    )
+
+
+def parse_role_map(items: list[str] | None) -> dict[str, str]:
+    """``--role-map NAME=ROLE`` options as a map; SftRowsError naming the option and the fix for one that is not
+    ``NAME=ROLE`` (:func:`role_problem`), or that gives a name two roles."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, role = (part.strip() for part in item.partition("="))
+        if problem := role_problem(name if sep else "", role, item):
+            raise SftRowsError(problem)
+        if out.get(name, role) != role:
+            raise SftRowsError(f"--role-map gives {name!r} two roles: {out[name]} and {role}; keep one")
+        out[name] = role
+    return out
 
 
 @dataclass(frozen=True)
@@ -50,6 +91,7 @@ class RecordFormat:
     optional: tuple[str, ...]  # keys it may have
     shape: str  # one record's shape, for the error that lists the formats
     convert: Convert  # record -> (OpenAI messages, tool list or None)
+    role_key: str | None = None  # the key naming a turn's speaker (None: the format has no speakers)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -68,6 +110,21 @@ class RecordFormat:
                 )
         check_image_record(record, index, exclude=self.required)
         return self.convert(record, index)
+
+    def map_roles(self, record: Any, role_map: dict[str, str]) -> tuple[Any, tuple[str, ...]]:
+        """``record`` with each turn's speaker named in ``role_map`` renamed to its role (a copy; the record
+        as it was when none is), and the turn notes (:func:`role_note`) of the turns renamed."""
+        turns = record.get(self.required[0]) if self.role_key and isinstance(record, dict) else None
+        if not isinstance(turns, list):
+            return record, ()
+        key, notes, renamed = self.role_key, [], []
+        for turn in turns:
+            name = turn.get(key) if isinstance(turn, dict) else None
+            if isinstance(name, str) and name in role_map and role_map[name] != name:
+                notes.append(role_note(name, role_map[name]))
+                turn = {**turn, key: role_map[name]}
+            renamed.append(turn)
+        return ({**record, self.required[0]: renamed}, tuple(notes)) if notes else (record, ())
 
 
 def _openai(messages_key: str) -> Convert:
@@ -124,7 +181,10 @@ def _sharegpt(record: dict, index: int) -> tuple[Any, Any]:
         speaker = turn["from"]
         if speaker not in SHAREGPT_ROLES:
             raise MalformedConversation(
-                index, "unknown_role", f"turn {j} is from {speaker!r} (expected one of {tuple(SHAREGPT_ROLES)})"
+                index,
+                "unknown_role",
+                f"turn {j} is from {speaker!r} (expected one of {tuple(SHAREGPT_ROLES)}; --role-map "
+                f"{speaker}=ROLE reads it as a role)",
             )
         if speaker == "function_call":
             messages.append(
@@ -172,6 +232,7 @@ def formats(messages_key: str = "messages") -> tuple[RecordFormat, ...]:
             (TOOLS_KEY,),
             f'{{"{messages_key}": [{{"role": "user", "content": "..."}}, {{"role": "assistant", "content": "..."}}]}}',
             _openai(messages_key),
+            role_key="role",
         ),
         RecordFormat(
             "sharegpt",
@@ -179,6 +240,7 @@ def formats(messages_key: str = "messages") -> tuple[RecordFormat, ...]:
             ("system", TOOLS_KEY),
             '{"conversations": [{"from": "human", "value": "..."}, {"from": "gpt", "value": "..."}]}',
             _sharegpt,
+            role_key="from",
         ),
         RecordFormat(
             "alpaca",

@@ -116,17 +116,28 @@ def json_record(line: bytes, index: int) -> dict:
 
 
 class Decoded(tuple):
-    """A record read: ``(messages, tools)``, with the record format it was read as (``record_format``)."""
+    """A record read: ``(messages, tools)``, with the record format it was read as (``record_format``) and
+    a turn note for each turn whose speaker the role map renamed (``notes``)."""
 
     record_format: str
+    notes: tuple[str, ...]
 
-    def __new__(cls, messages: Any, tools: Any, record_format: str) -> Decoded:
+    def __new__(cls, messages: Any, tools: Any, record_format: str, notes: tuple[str, ...] = ()) -> Decoded:
         decoded = super().__new__(cls, (messages, tools))
         decoded.record_format = record_format
+        decoded.notes = notes
         return decoded
 
     def __reduce__(self):
-        return type(self), (self[0], self[1], self.record_format)
+        return type(self), (self[0], self[1], self.record_format, self.notes)
+
+
+def effective_role_map(role_map: dict[str, str] | None) -> dict[str, str]:
+    """The speaker names a reader renames: the defaults (:data:`~chat_formats.DEFAULT_ROLE_MAP`) and ``role_map``
+    over them."""
+    from bridge_recipes.chat.chat_formats import DEFAULT_ROLE_MAP
+
+    return {**DEFAULT_ROLE_MAP, **(role_map or {})}
 
 
 class JsonlSource:
@@ -141,12 +152,15 @@ class JsonlSource:
         progress: bool = False,
         chat_format: bool = True,
         unit: str = "line",
+        role_map: dict[str, str] | None = None,
     ):
         """``chat_format``: detect the file's chat record format (:mod:`chat_formats`) for ``decode``;
         False for readers of other records, which take the lines as JSON records themselves. ``unit``:
-        what :meth:`location` calls a record (``record`` for a dataset spooled here)."""
+        what :meth:`location` calls a record (``record`` for a dataset spooled here). ``role_map``: speaker
+        names read as roles, over the defaults (:func:`effective_role_map`)."""
         self.path = Path(path)
         self.messages_key = messages_key
+        self.role_map = effective_role_map(role_map)
         self.unit = unit
         offsets = array("q")
         blank_at = array("q")  # for each blank line, the number of non-blank lines before it
@@ -224,7 +238,8 @@ class JsonlSource:
 
         record = json_record(line, index)
         fmt = record_format(record, self.format, self.messages_key)
-        return Decoded(*fmt.read(record, index), fmt.name)
+        record, notes = fmt.map_roles(record, self.role_map)
+        return Decoded(*fmt.read(record, index), fmt.name, notes)
 
 
 class ParquetSource:
@@ -234,10 +249,15 @@ class ParquetSource:
     blank_lines = 0
 
     def __init__(
-        self, path: str | os.PathLike, messages_key: str = DEFAULT_MESSAGES_KEY, cache_bytes: int = PARQUET_CACHE_BYTES
+        self,
+        path: str | os.PathLike,
+        messages_key: str = DEFAULT_MESSAGES_KEY,
+        cache_bytes: int = PARQUET_CACHE_BYTES,
+        role_map: dict[str, str] | None = None,
     ):
         self.path = Path(path)
         self.messages_key = messages_key
+        self.role_map = effective_role_map(role_map)
         try:
             self.file = pq.ParquetFile(self.path)
         except Exception as e:
@@ -300,6 +320,7 @@ class ParquetSource:
         from bridge_recipes.chat.message_text import drop_nulls
 
         fmt = record_format(value, self.format, self.messages_key)
+        value, notes = fmt.map_roles(value, self.role_map)
         messages, tools = fmt.read(value, index)
         if isinstance(messages, list):
             messages = [
@@ -308,7 +329,7 @@ class ParquetSource:
                 else m
                 for m in messages
             ]
-        return Decoded(messages, drop_nulls(tools) if isinstance(tools, list) else tools, fmt.name)
+        return Decoded(messages, drop_nulls(tools) if isinstance(tools, list) else tools, fmt.name, notes)
 
 
 def spool_hf_dataset(

@@ -67,6 +67,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
+from bridge_recipes.chat.chat_formats import role_problem
 from bridge_recipes.chat.chat_render import (  # noqa: F401 - the public names of the builder
     DEFAULT_EOS_TOKEN,
     IM_END,
@@ -90,6 +91,7 @@ from bridge_recipes.chat.conversations import (  # noqa: F401
     MalformedConversation,
     ParquetSource,
     SftRowsError,
+    effective_role_map,
     source_kind,
     spool_hf_dataset,
 )
@@ -126,6 +128,7 @@ DEFAULT_PACKING = "boundaries"  # whole conversations packed with their boundari
 CHAT_FORMATS = ("template", "chatml")
 PERMUTATION = "numpy.random.default_rng(seed).permutation(conversations.indexed)"
 MAX_REPORTED = 20  # malformed conversations logged one by one (and kept in the manifest)
+IN_VALIDATION = "also_in_validation"  # skip reason: a training conversation --dedupe removes, being in validation
 # Qwen3.5's context window: no training sequence, so no row, is longer.
 WORK_CHUNK = 64  # conversations a worker renders per task
 CHUNKS_AHEAD = 4  # tasks in flight per worker: the bound on what is read ahead of the packer
@@ -236,10 +239,10 @@ def _open_source(source: str, kind: str, work: Path, opts: RowOptions) -> JsonlS
             messages_key=opts.messages_key,
             progress=opts.progress,
         )
-        return JsonlSource(spool, opts.messages_key, opts.progress, unit="record")
+        return JsonlSource(spool, opts.messages_key, opts.progress, unit="record", role_map=opts.role_map)
     if kind == "jsonl":
-        return JsonlSource(source, opts.messages_key, opts.progress)
-    return ParquetSource(source, opts.messages_key, opts.parquet_cache_bytes)
+        return JsonlSource(source, opts.messages_key, opts.progress, role_map=opts.role_map)
+    return ParquetSource(source, opts.messages_key, opts.parquet_cache_bytes, role_map=opts.role_map)
 
 
 def context_window(folder: str | os.PathLike) -> int | None:
@@ -298,6 +301,7 @@ class RowOptions:
     dedupe: bool = False
     max_dropped_share: float = DEFAULT_MAX_DROPPED_SHARE
     train_empty_think: bool = False
+    role_map: dict[str, str] = field(default_factory=dict)  # speaker names read as roles, over the defaults
 
 
 @dataclass(frozen=True)
@@ -453,6 +457,9 @@ def _check_options(opts: RowOptions, tokenizer: str | os.PathLike) -> None:
         raise SftRowsError(
             f"supervise_eos applies to eos_joined rows ({packing} rows have no EOS separators between conversations)"
         )
+    for name, role in (opts.role_map or {}).items():
+        if problem := role_problem(name, role):
+            raise SftRowsError(problem)
     if opts.train_empty_think and opts.chat_format != "template":
         raise SftRowsError(
             f"--train-empty-think applies to --chat-format template (--chat-format {opts.chat_format} writes no "
@@ -502,6 +509,7 @@ def _base_fields(opts: RowOptions, render_fields: dict, eos_id: int) -> dict:
         "long": opts.long,
         "dedupe": opts.dedupe,
         "max_dropped_share": opts.max_dropped_share,
+        "role_map": effective_role_map(opts.role_map),
     }
 
 
@@ -561,7 +569,7 @@ def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None
     if in_both:
         log.warning(
             "%d training conversation(s) are also in the validation split (the same tokens): the validation "
-            "loss on them measures memory, not generalization; remove the duplicates from the data",
+            "loss on them measures memory, not generalization; --dedupe removes them from training",
             in_both,
         )
     _refuse_dropped_share(stats, staged.pack, str(source))
@@ -587,7 +595,11 @@ def _write_training(staged: _Staged, prints: set[bytes], validation: dict | None
         None
         if validation is None
         else {k: validation[k] for k in ("rows", "rows_sha256", "parquet_sha256", "conversations")}
-        | {"folder": VAL_DIR, "conversations_also_in_training": in_both}
+        | {
+            "folder": VAL_DIR,
+            "conversations_also_in_training": in_both,
+            "conversations_removed_from_training": stats["conversations"]["skipped"].get(IN_VALIDATION, 0),
+        }
     )
     return manifest
 
@@ -734,7 +746,7 @@ def _prepare(
         try:
             done = render(conversation, index)
             fmt = getattr(conversation, "record_format", "")
-            notes = tuple(turn_notes(conversation[0]))
+            notes = tuple(turn_notes(conversation[0])) + getattr(conversation, "notes", ())
             return Prepared(done.ids, done.mask, fmt, notes, size, done.reasoning, done.empty_thinks)
         except MalformedConversation:
             raise
@@ -934,7 +946,9 @@ def _pack_and_write(
     """Conversations in ``order`` -> rendered (by ``pack.workers`` processes) -> the long ones skipped, split
     or truncated (``pack.long_mode``) -> packed -> written, in that order whatever the workers. Returns the
     counts. ``fingerprints`` collects a hash of each used conversation's tokens; the conversations whose hash
-    is in ``seen`` are counted (``conversations_in_validation``)."""
+    is in ``seen`` (the validation split's) are counted (``conversations_in_validation``), or with
+    ``pack.dedupe`` skipped as :data:`IN_VALIDATION`: the validation split stays as the user chose it (a
+    held-out file, or the seeded fraction) and its loss measures conversations training never saw."""
     row_tokens, long_mode = pack.row_tokens, pack.long_mode
     packer = packer_for(pack.packing, row_tokens, pack.eos_id, pack.supervise_eos)
     writer = RowWriter(path, row_tokens, pack.rows_per_batch, boundaries=pack.packing == "boundaries")
@@ -958,6 +972,10 @@ def _pack_and_write(
                         raise done
                     ids, mask = done.ids, done.mask
                     fingerprint = conversation_fingerprint(ids)
+                    if pack.dedupe and seen and fingerprint in seen:
+                        raise MalformedConversation(
+                            index, IN_VALIDATION, "the same conversation as one of the validation split (--dedupe)"
+                        )
                     if tally.repeated(fingerprint, pack.dedupe):
                         raise MalformedConversation(
                             index, "duplicate_conversation", "the same conversation as an earlier one (--dedupe)"

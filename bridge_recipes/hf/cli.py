@@ -22,6 +22,7 @@ from bridge_recipes import quiet
 from bridge_recipes.hf.files import EXPORT_FAILED
 
 USAGE_ERROR = 2
+RECIPE_HELP = "recipe name as run_recipe.py takes it, qwen36_ names included (or a catalog model, e.g. qwen35_35b_a3b)"
 RELEASED_TOY_MTP_LAYERS = 1  # the MTP depth of every released Qwen3.5/3.6 checkpoint
 
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "import", help="Hugging Face folder -> Megatron checkpoint (checkpoint.pretrained_checkpoint)"
     )
     imp.add_argument("--hf", required=True, metavar="DIR", help="local HF folder, or a hub id in the local HF cache")
-    imp.add_argument("--recipe", required=True, help="recipe name (or catalog model, e.g. qwen35_35b_a3b)")
+    imp.add_argument("--recipe", required=True, help=RECIPE_HELP)
     imp.add_argument("--out", required=True, metavar="DIR", help="new Megatron checkpoint folder")
     imp.add_argument("--scaled", action="store_true", help=scaled_help)
     imp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--hf-template", required=True, metavar="DIR", help="the HF folder trained from (config and tokenizer)"
     )
-    exp.add_argument("--recipe", required=True, help="recipe name (or catalog model)")
+    exp.add_argument("--recipe", required=True, help=RECIPE_HELP)
     exp.add_argument("--out", required=True, metavar="DIR", help="new Hugging Face folder")
     exp.add_argument("--scaled", action="store_true", help=scaled_help)
     exp.add_argument("--overwrite", action="store_true", help="replace a non-empty --out once the new one is complete")

@@ -178,8 +178,14 @@ def vision_params(v: VisionSpec, out_hidden: int) -> int:
 
 
 def count_parameters(s: Qwen35Spec) -> ParameterCount:
-    d = spec_dims(s)
-    layers = [m for i in range(s.num_layers) for m in (mixer_params(d, i), mlp_params(d, i))]
+    """The parameters of a catalog model (its vision tower too, for a VL one)."""
+    return count_dims(spec_dims(s), vision_params(s.vision, s.hidden_size) if s.is_vl else 0)
+
+
+def count_dims(d: ModelDims, vision: int = 0) -> ParameterCount:
+    """The parameters of a model of dimensions ``d`` (a recipe's ``cfg.model`` through
+    :func:`bridge_recipes.plan.dims.model_dims`), with ``vision`` those of its vision tower."""
+    layers = [m for i in range(len(d.layer_pattern)) for m in (mixer_params(d, i), mlp_params(d, i))]
     mtp = mtp_layer_params(d)
     output = output_params(d)
     return ParameterCount(
@@ -190,5 +196,5 @@ def count_parameters(s: Qwen35Spec) -> ParameterCount:
         decoder_matmul_active=sum(m.matrices(d.topk) for m in layers),
         mtp_total=d.mtp_layers * sum(m.total() for m in mtp),
         mtp_active=d.mtp_layers * sum(m.total(d.topk) for m in mtp),
-        vision=vision_params(s.vision, s.hidden_size) if s.is_vl else 0,
+        vision=vision,
     )

@@ -12,6 +12,8 @@ from bridge_recipes.layout import Layout
 from bridge_recipes.models import params as counts
 from bridge_recipes.models.dims import ModelDims
 
+ONE_RANK = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, vpp=None, dp=1, world=1)  # the whole model on one GPU
+
 
 @dataclass(frozen=True)
 class Params:
@@ -116,10 +118,9 @@ def adapter_folder_params(d: ModelDims, layers: list[int], targets: frozenset[st
     projection's A once per Hugging Face module it becomes (q/k/v, the Gated DeltaNet's four inputs,
     a dense or shared expert's gate and up), and the experts' shared adapter once per expert, as the
     stacked adapters PEFT and vLLM read (gate and up of an expert share one A there)."""
-    one = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, vpp=None, dp=1, world=1)
     total = 0.0
     for i in layers:
-        for name, n, m, count in layer_linears(d, one, *d.layer_kinds(i)):
+        for name, n, m, count in layer_linears(d, ONE_RANK, *d.layer_kinds(i)):
             if name in targets:
                 parts = _HF_PARTS.get(name, 2 if name == "linear_fc1" and count == 1 else 1)
                 total += dim * (parts * n + m) * count

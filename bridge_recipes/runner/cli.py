@@ -138,8 +138,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu",
         metavar="NAME",
-        help="plan and train within the memory of this card, as its CUDA runtime reports it (h100, h200, a100, "
-        "l40s, rtx6000ada, ...; the GPU table's names): --gpu-memory-gb with the card's real figure",
+        help="plan and train within the memory of this card, as its CUDA runtime reports it (h100, h100-pcie, "
+        "h100-nvl, h200, a100, l40s, rtx6000ada, l40, a6000, rtx4090, rtx5090, ...; docs/memory_plan.md), and check "
+        "its FP8 support: --gpu-memory-gb with the card's real figure",
     )
     p.add_argument(
         "--show-env",
@@ -438,6 +439,7 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
             f"resume            {getattr(args, 'fresh_note', None) or resume_line(cfg)}",
             f"save              {save}",
             f"export            {export}",
+            f"disk              {disk_line(cfg, args)}",
         ]
     )
 
@@ -454,6 +456,32 @@ def save_interval_source(args: argparse.Namespace) -> str:
     if args.config_file:
         return f"as the config file {args.config_file} records it"
     return "the recipe's own"
+
+
+def disk_line(cfg: Any, args: argparse.Namespace) -> str:
+    """What the run writes to disk (the checkpoints it keeps, the exports) and the conversion it makes once
+    (``bridge_recipes.plan.disk``)."""
+    from bridge_recipes.plan.dims import model_dims
+    from bridge_recipes.plan.disk import folder_vision_params, run_disk
+
+    folder = args.hf_folder if args.hf_checkpoint else None
+    conversion = None
+    vision = 0
+    if folder is not None:
+        from bridge_recipes.hf.checkpoint import is_megatron_checkpoint
+        from bridge_recipes.hf.training import cache_folder, text_model
+
+        text = text_model(cfg)
+        vision = folder_vision_params(folder.config)
+        if not is_megatron_checkpoint(cache_folder(folder, text)):
+            conversion = 0 if text else vision
+        if text and args.export_text_only:
+            vision = 0
+    try:
+        d = model_dims(cfg.model)
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:  # a model the planner cannot size
+        return f"not estimated ({type(exc).__name__}: {exc})"
+    return run_disk(cfg, d, export=bool(args.export_hf), export_vision=vision, conversion_vision=conversion).line()
 
 
 def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> str:
@@ -584,6 +612,8 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
     except ValueError as exc:
         return fail(str(exc))
     if problem := checks_problem(args, entry, cfg, world):
+        return fail(problem)
+    if args.gpu is not None and (problem := named_card_problem(args.gpu, entry, cfg, world)):
         return fail(problem)
     if args.plan:
         return print_plan(args, entry, cfg, world)
@@ -722,6 +752,19 @@ def cap_request_problem(args: argparse.Namespace) -> str | None:
     if note := nominal_note(args.gpu_memory_gb, recipe_gpu):
         print(f"[run_recipe] note: {note}", file=sys.stderr)
     return None
+
+
+def named_card_problem(name: str, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
+    """Why the card ``--gpu NAME`` names cannot run ``cfg`` for its architecture (FP8, MXFP8, packed attention),
+    naming the recipes it can; None when it can (its memory is the plan's to answer)."""
+    from bridge_recipes.gpu_memory import Device
+    from bridge_recipes.gpus import card_by_name
+    from bridge_recipes.runner import gpu_fit
+
+    card = card_by_name(name)  # checked with the command line
+    device = Device(card.name, card.usable_memory_gb, card.capability)
+    found = gpu_fit.architecture_problems(entry, cfg, device)
+    return "; ".join(gpu_fit.with_recipes_that_fit(entry, found, device.memory_gb, world, device)) or None
 
 
 def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:

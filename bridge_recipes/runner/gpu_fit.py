@@ -2,10 +2,12 @@
 
 Four things stop a run on a GPU other than the one a recipe is written for, minutes into its start:
 FP8 (a base stored in FP8, FP8 training) on a GPU without FP8 support (Ampere and older), MXFP8 on a
-GPU before Blackwell, a packed-attention mode not proven on the GPU (``features.packed_attention``), and
-a plan larger than the GPU's memory, or than ``--gpu-memory-gb``, when that is less than the memory of
-the recipe's GPU. Each is refused with the reason and the recipes of the same model and task that the
-GPU can run, the largest GPU class first (the one that uses most of the memory).
+GPU other than a data-center Blackwell, a packed-attention mode not proven on the GPU
+(``features.packed_attention``), and a plan larger than the GPU's memory, or than ``--gpu-memory-gb``,
+when that is less than the memory of the recipe's GPU. Each is refused with the reason and the recipes
+of the same model and task that the GPU can run, the largest GPU class first (the one that uses most of
+the memory). A card named with ``--gpu`` is checked for the first three at ``--plan`` and the dry run
+(:func:`architecture_problems`); the plan answers for its memory.
 """
 
 from __future__ import annotations
@@ -79,26 +81,32 @@ def recipes_that_fit(
     return out
 
 
+def architecture_problems(entry: registry.RecipeEntry, cfg: Any, device: Device) -> list[str]:
+    """Why ``cfg`` (recipe ``entry`` as configured) cannot run on ``device``'s architecture: FP8 or MXFP8 it
+    has no support for, a packed-attention mode not proven on it; empty when none."""
+    from bridge_recipes.features import packed_attention
+
+    cc = f"compute capability {device.capability[0]}.{device.capability[1]}"
+    out = packed_attention.problems(cfg.features.packed_attention, device.capability, f"this {device.name}")
+    if uses_fp8(cfg) and not device.fp8:
+        out.append(
+            f"{entry.name} uses FP8 (weights stored or multiplied in FP8), which {device.name} ({cc}) has no support "
+            "for: Transformer Engine's FP8 needs Ada, Hopper or later"
+        )
+    elif uses_mxfp8(cfg) and not device.mxfp8:
+        out.append(
+            f"{entry.name} trains in MXFP8 (block-scaled FP8, fp8_recipe mxfp8), which {device.name} ({cc}) has no "
+            "support for: Transformer Engine's MXFP8 needs a data-center Blackwell GPU (compute capability 10.x)"
+        )
+    return out
+
+
 def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: float | None, world: int) -> list[str]:
     """Why ``cfg`` (recipe ``entry`` as configured) cannot run on ``device`` with ``cap_gb`` (the
     ``--gpu-memory-gb`` cap, or None), each naming the recipes that can; empty when it can."""
     memory = cap_gb if cap_gb is not None else device.memory_gb
     where = f"this {device.name}" + (f" capped at {cap_gb:g} GB" if cap_gb is not None else f" ({memory:.1f} GB)")
-    from bridge_recipes.features import packed_attention
-
-    out = packed_attention.problems(cfg.features.packed_attention, device.capability, f"this {device.name}")
-    if uses_fp8(cfg) and not device.fp8:
-        out.append(
-            f"{entry.name} uses FP8 (weights stored or multiplied in FP8), which {device.name} (compute capability "
-            f"{device.capability[0]}.{device.capability[1]}) has no support for: Transformer Engine's FP8 needs Ada, "
-            "Hopper or later"
-        )
-    elif uses_mxfp8(cfg) and not device.mxfp8:
-        out.append(
-            f"{entry.name} trains in MXFP8 (block-scaled FP8, fp8_recipe mxfp8), which {device.name} (compute "
-            f"capability {device.capability[0]}.{device.capability[1]}) has no support for: Transformer Engine's "
-            "MXFP8 needs Blackwell (compute capability 10.0) or later"
-        )
+    out = architecture_problems(entry, cfg, device)
     size = class_memory_gb(entry.meta.gpu)
     if size is not None and memory < size * (1 - SAME_MEMORY):
         try:
@@ -110,11 +118,18 @@ def problems(entry: registry.RecipeEntry, cfg: Any, device: Device, cap_gb: floa
                 f"{entry.name} is written for {entry.meta.gpu} ({size:.1f} GB) and plans {peak:.1f} GB per GPU, more "
                 f"than {where}"
             )
-    if out:
-        fitting = recipes_that_fit(entry, memory, world, device.fp8, device.mxfp8)
-        out[-1] += (
+    return with_recipes_that_fit(entry, out, memory, world, device)
+
+
+def with_recipes_that_fit(
+    entry: registry.RecipeEntry, found: list[str], memory_gb: float, world: int, device: Device
+) -> list[str]:
+    """``found`` (why a recipe cannot run on ``device``), the last naming the recipes that can."""
+    if found:
+        fitting = recipes_that_fit(entry, memory_gb, world, device.fp8, device.mxfp8)
+        found[-1] += (
             f"; recipes for it: {', '.join(fitting)}"
             if fitting
             else f"; no recipe of {entry.model} for {entry.meta.gpus} GPU(s) fits it (--list --filter {entry.model})"
         )
-    return out
+    return found
