@@ -613,10 +613,12 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(str(exc))
     if problem := checks_problem(args, entry, cfg, world):
         return fail(problem)
-    if args.gpu is not None and (problem := named_card_problem(args.gpu, entry, cfg, world)):
-        return fail(problem)
-    if args.plan:
-        return print_plan(args, entry, cfg, world)
+    card_problem = named_card_problem(args.gpu, entry, cfg, world) if args.gpu is not None else None
+    if args.plan:  # the plan first, then what the named card cannot run
+        status = print_plan(args, entry, cfg, world)
+        return fail(card_problem) if card_problem else status
+    if card_problem:
+        return fail(card_problem)
     from bridge_recipes.hf.training import random_init_warning
 
     warning = None if random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
