@@ -173,6 +173,18 @@ def epochs_conflict(epochs: float, flags: Mapping[str, Any], overrides: Sequence
     return None
 
 
+def peft_problem(peft: str) -> str | None:
+    """Why ``peft`` names no scheme of :data:`PEFT_SCHEMES` (a word for "none" says how to train every weight);
+    None when it names one."""
+    from bridge_recipes.overrides import WITHOUT_PEFT, means_none
+
+    if peft in PEFT_SCHEMES:
+        return None
+    if means_none(peft):
+        return f"peft={peft} is not an adapter scheme ({', '.join(PEFT_SCHEMES)}): leave it out; {WITHOUT_PEFT}"
+    return f"peft={peft!r} is not known; choose one of {', '.join(PEFT_SCHEMES)}"
+
+
 def _check_request(
     scale_down: int | None,
     scale_experts: int | None,
@@ -182,8 +194,8 @@ def _check_request(
     dataset: str | None,
 ) -> None:
     """The keywords of :func:`build` that cannot go together, refused before anything is built."""
-    if peft is not None and peft not in PEFT_SCHEMES:
-        raise ValueError(f"peft={peft!r} is not known; choose one of {', '.join(PEFT_SCHEMES)}")
+    if peft is not None and (problem := peft_problem(peft)):
+        raise ValueError(problem)
     if scale_experts is not None and scale_down is None:
         raise ValueError("scale_experts needs scale_down=LAYERS (it shrinks a scaled-down model's experts)")
     if gpus is not None and scale_down is None:

@@ -20,6 +20,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from bridge_recipes.features import FEATURES
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -80,12 +82,17 @@ CLI_OPTIONS = {
 }
 # a keyword with its value (``scale_down=8``), or alone where it cannot be a word of prose (``scale_down``)
 _KEYWORD = re.compile(
-    r"\b(?:(" + "|".join(CLI_OPTIONS) + r")=|(" + "|".join(k for k in CLI_OPTIONS if "_" in k) + r")\b(?![.\w=]))"
+    r"(?<!['\"])\b(?:("
+    + "|".join(CLI_OPTIONS)
+    + r")=|("
+    + "|".join(k for k in CLI_OPTIONS if "_" in k)
+    + r")\b(?![.\w=]))"
 )
 
 
 def in_cli_terms(message: str) -> str:
-    """``message`` with the library's keyword arguments spelt as the command line's options."""
+    """``message`` with the library's keyword arguments spelt as the command line's options (a quoted
+    token, as the user typed it, is kept)."""
     return _KEYWORD.sub(lambda m: CLI_OPTIONS[m.group(1)] + " " if m.group(1) else CLI_OPTIONS[m.group(2)], message)
 
 
@@ -182,9 +189,6 @@ def container_fields() -> tuple[str, ...] | None:
     return None
 
 
-FEATURES = "features"  # the section of the run-time features (bridge_recipes.features.Features)
-
-
 def feature_key_problem(key: str) -> str | None:
     """What is wrong with a ``features.`` key (an unknown feature or field, with the choices), or None."""
     import dataclasses
@@ -203,6 +207,16 @@ def feature_key_problem(key: str) -> str | None:
         if not dataclasses.is_dataclass(obj):
             return None if depth == len(parts) - 1 else f"{'.'.join([FEATURES, *parts[: depth + 1]])} has no sub-keys"
     return f"{key} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(obj)[0].name}=..."
+
+
+def feature_value_problem(o: Override) -> str | None:
+    """What is wrong with the value an override gives a ``features.`` setting (a known one): its type or
+    its choices (:func:`bridge_recipes.features.setting_problem`), or None."""
+    from bridge_recipes.features import setting_problem
+
+    if o.kind == "add" or len(o.key.split(".")) != 3:
+        return None  # '+' on a field, or a section: refused as such by the full check
+    return setting_problem(o.key, o.value)
 
 
 def replaced_env_problem(key: str) -> str | None:
@@ -229,7 +243,7 @@ def precheck(tokens: list[str]) -> list[Override]:
             raise OverrideError(problem)
         if problem := replaced_env_problem(o.key):
             raise OverrideError(f"{o.token!r}: {problem}")
-        if o.key.split(".", 1)[0] == FEATURES and (problem := feature_key_problem(o.key)):
+        if o.key.split(".", 1)[0] == FEATURES and (problem := feature_key_problem(o.key) or feature_value_problem(o)):
             raise OverrideError(f"{o.token!r}: {problem}")
         top = o.key.split(".", 1)[0]
         # a key without its section (``lr``) is left to the full check, which names the section it is in
@@ -416,10 +430,28 @@ INSTEAD = {
 }
 
 
+# The section of the adapters, and how a run trains every weight instead.
+PEFT = "peft"
+WITHOUT_PEFT = (
+    "to train every weight without LoRA, delete a LoRA recipe's adapters with ~peft, or use a full fine-tuning "
+    "recipe (run_recipe.py --list --filter sft)"
+)
+# Values a user writes to mean "none" (Hydra reads null as None, false as False, the rest as text).
+NONE_WORDS = ("", "null", "none", "no", "off", "false")
+
+
+def means_none(value: Any) -> bool:
+    """Whether ``value`` is what a user writes for "none" (:data:`NONE_WORDS`, null, false)."""
+    return value is None or value is False or (isinstance(value, str) and value.strip().lower() in NONE_WORDS)
+
+
 def instead_problem(o: Override) -> str | None:
-    """Why override ``o`` sets a field of :data:`INSTEAD` (to a value), naming what to use instead; or None."""
+    """Why override ``o`` sets a field of :data:`INSTEAD` (to a value), naming what to use instead, or sets
+    the adapters' section to "none"; or None."""
     if o.key in INSTEAD and o.kind != "delete" and o.value is not None:
         return f"{o.token!r}: {INSTEAD[o.key]}"
+    if o.key == PEFT and o.kind != "delete" and means_none(o.value):
+        return f"{o.token!r}: {PEFT} is the section of the LoRA adapters, not a value; {WITHOUT_PEFT}"
     return None
 
 
@@ -466,9 +498,13 @@ def apply(cfg: Any, override: Override) -> None:
         return
     named_preset = override.key == PRESET_FIELD and isinstance(override.value, str)
     if dataclasses.is_dataclass(current) and not isinstance(override.value, type(current)) and not named_preset:
+        drop = ""
+        if override.value is None:  # a section set to null: deleted where it may be null, else refused as such
+            optional = allowed is None or type(None) in allowed
+            drop = f"; to drop it, delete it: ~{override.key}" if optional else f"; {override.key} cannot be null"
         raise OverrideError(
             f"{override.token!r}: {override.key!r} is a section ({type(current).__name__}); set its fields, "
-            f"e.g. {override.key}.{_children(current)[0]}=..."
+            f"e.g. {override.key}.{_children(current)[0]}=...{drop}"
         )
     value = _coerce(override.value, current, allowed, override.token, override.key)
     if override.key == PRESET_FIELD and isinstance(value, str):

@@ -63,10 +63,27 @@ def validation_rows(cfg: Any) -> int | None:
 
 
 def too_small(cfg: Any, rows: int) -> str:
-    """The refusal of a rows folder of ``rows`` rows that cannot fill one step of ``cfg``."""
-    per_step, k = rows_per_step(cfg), rows_per_sequence(cfg)
+    """The refusal of a rows folder of ``rows`` rows (its manifest's count) that cannot fill one step of
+    ``cfg``: a rows file that does not hold what the manifest records, a folder without rows or with fewer
+    than one sequence joins (no global batch fits: rebuild it), else the global batch that fits."""
+    from bridge_recipes.data.integrity import RowsIntegrityError, file_rows_problem
+
+    per_step, k, folder = rows_per_step(cfg), rows_per_sequence(cfg), cfg.dataset.path
+    try:
+        if problem := file_rows_problem(folder):
+            return problem
+    except RowsIntegrityError as exc:
+        return str(exc)
+    rebuild = f"rebuild it from your data with scripts/build_sft_rows.py --out {folder} --overwrite"
+    if rows == 0:
+        return f"the rows folder {folder} holds no rows: there is nothing to train on; {rebuild}"
+    if rows < k:
+        return (
+            f"the rows folder {folder} holds {rows} rows, fewer than the {k} rows one sequence joins "
+            f"(dataset.rows_per_sample): no global batch fills a step; add data and {rebuild}"
+        )
     batch = f"{cfg.train.global_batch_size} sequences x {k} rows" if k > 1 else "the global batch"
-    lower = f"-gb {rows // k} or lower" if rows >= k else "a smaller global batch"
+    lower = f"-gb {rows // k} or lower"
     return (
         f"the rows folder {cfg.dataset.path} holds {rows} rows and one step reads {per_step} ({batch}): the rows "
         f"cannot fill one step; set {lower}, or add data (scripts/build_sft_rows.py)"

@@ -202,8 +202,8 @@ def cap_problem(recipe: str, opts: argparse.Namespace) -> str | None:
     """Why ours cannot run ``recipe`` within the command's memory cap (the planner's peak over it),
     naming the recipes of its model and task planned to fit; None without a cap or when it fits."""
     from bridge_recipes import registry
+    from bridge_recipes.gpu_fit import recipes_that_fit
     from bridge_recipes.plan.memory import plan_memory
-    from bridge_recipes.runner.gpu_fit import recipes_that_fit
     from lab import peer_peft
 
     cap = memory_cap(recipe, opts)

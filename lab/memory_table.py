@@ -434,5 +434,5 @@ caps PyTorch's caching allocator so that it, plus what the process holds outside
 (`bridge_recipes.gpu_memory`): an allocation past the cap fails as on the card, and the run's log
 ends with its peak against the cap. A recipe started on a GPU with less memory than its own, where
 the plan does not fit, or FP8 on a GPU without FP8 tensor cores, is refused before launch with the
-recipes that fit (`bridge_recipes.runner.gpu_fit`).
+recipes that fit (`bridge_recipes.gpu_fit`).
 """

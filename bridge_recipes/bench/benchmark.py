@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -14,7 +15,7 @@ from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, compa
 from bridge_recipes.bench.result import CAP_NOTE
 from bridge_recipes.features import random_lora, te_wgrad
 from bridge_recipes.outputs import write_text_atomic
-from bridge_recipes.overrides import in_cli_terms
+from bridge_recipes.overrides import FLAG_KEYS, flag_option, in_cli_terms
 
 DESCRIPTION = """Benchmark a recipe (and, side by side, a second one) and write OpenRecipes-shaped result files.
 
@@ -27,8 +28,52 @@ Each run is a separate ``torchrun scripts/run_recipe.py`` process; its full log 
 the result file. With --against, both policies run back to back and a ratio file is written: the
 tokens/s ratio and, where the two runs train the same model on the same rows, whether their loss
 curves agree (validate_convergence rules).
-Exit status 0 on success, 2 on bad input, 1 when a run fails.
+Exit status 0 on success, 2 on bad input (a run that run_recipe.py refuses included: its errors are
+printed), 1 when a run fails.
 """
+
+
+# run_recipe.py's options that this command spells its own way; its other convenience flags are the
+# KEY=VALUE overrides they stand for (bridge_recipes.overrides.FLAG_KEYS)
+OWN_OPTIONS = {"--max-steps": "--steps", "--scale-down": "--proxy-layers", "--gpus": "--proxy-gpus"}
+_FLAG_OF = {flag_option(dest): flag for dest, flag in FLAG_KEYS.items()}
+_OPTION = re.compile(
+    r"(?<![\w-])("
+    + "|".join(re.escape(o) for o in sorted({*_FLAG_OF, *OWN_OPTIONS}, key=len, reverse=True))
+    + r")(?![\w-])(?: ([-+.\w]+))?"
+)
+_VALUE = re.compile(r"[-+]?(\d[\w.+-]*|[A-Z]+)")  # a number, or a placeholder such as N
+
+
+def in_benchmark_terms(message: str) -> str:
+    """``message`` (from the checks this command shares with run_recipe.py) with the library's keywords and
+    run_recipe.py's options spelt as this command takes them: its own option where it has one (``--steps``
+    for ``--max-steps``), else the override the option stands for (``--warmup-iters 2`` ->
+    ``scheduler.lr_warmup_iters=2``)."""
+
+    def spelt(m: re.Match) -> str:
+        option, value = m.group(1), m.group(2)
+        if option in OWN_OPTIONS:
+            return OWN_OPTIONS[option] + (f" {value}" if value else "")
+        keys = _FLAG_OF[option].keys
+        if value and _VALUE.fullmatch(value):
+            return " ".join(f"{k}={value}" for k in keys)
+        return " and ".join(keys) + (f" {value}" if value else "")
+
+    return _OPTION.sub(spelt, in_cli_terms(message))
+
+
+class RunRefused(RuntimeError):
+    """A run whose run_recipe.py refused its arguments (bad input, exit status 2 here too)."""
+
+
+def refusal(log_text: str) -> str | None:
+    """The errors a run's ``run_recipe.py`` printed before it refused to run (its ``[run_recipe] error:``
+    lines and its last ``run_recipe.py: error:`` line), or None when it printed none."""
+    final = re.findall(r"run_recipe\.py: error: (.*)", log_text)
+    if not final:
+        return None
+    return "; ".join([*dict.fromkeys(re.findall(r"\[run_recipe\] error: (.*)", log_text)), final[-1].strip()])
 
 
 def planned_run(name: str, opts, extra: Sequence[str] = ()) -> tuple[dict, object]:
@@ -112,6 +157,8 @@ def one(
     expect = f", ~{opts.steps * step_s / 60:.0f} min of steps at the published rate" if step_s else ""
     print(f"[benchmark] {name}: {nproc} GPU(s), {opts.steps} steps{expect}; log {log_path}", flush=True)
     run = launch(label or name, name, args, log_path, nproc=nproc)
+    if run.returncode != 0 and (why := refusal(run.log)):
+        raise RunRefused(f"{name}: run_recipe.py refused it (exit {run.returncode}): {why} (log: {log_path})")
     if run.returncode != 0:
         raise RuntimeError(f"{name} failed (exit {run.returncode}); see {log_path}")
     if cfg.model.gradient_accumulation_fusion and not te_wgrad.ran_fused(cfg, run.log):
@@ -212,6 +259,21 @@ def steps_problems(steps: int, window: Sequence[int]) -> list[str]:
     return out
 
 
+def gpu_problems(name: str, cfg, nproc: int, cap_gb: float | None) -> list[str]:
+    """Why recipe ``name``'s run ``cfg`` on ``nproc`` GPUs cannot run on the GPU here (within ``cap_gb``),
+    as its run_recipe.py would refuse it at launch (:func:`bridge_recipes.gpu_fit.problems`); none without
+    a GPU."""
+    from bridge_recipes import gpu_fit
+    from bridge_recipes.gpu_memory import cap_problem, current_device
+
+    device = current_device()
+    if device is None:
+        return []
+    if cap_gb is not None and (problem := cap_problem(cap_gb, device)):
+        return [problem]
+    return gpu_fit.problems(registry.find(name), cfg, device, cap_gb, nproc)
+
+
 def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[list[str], list[tuple[dict, object]]]:
     """Everything wrong with the arguments that can be known before a run starts: step counts,
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
@@ -250,6 +312,7 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
         out += [f"{label}: {p}" for p in value_problems(plans[-1][1], nproc)]
         if opts.lora_from_random_init:
             out += [f"{label}: {p}" for p in random_lora.problems(plans[-1][1])]
+        out += [f"{label}: {p}" for p in gpu_problems(name, plans[-1][1], nproc, opts.gpu_memory_gb)]
     if opts.rows:
         # the runner's own dry-run check of the rows against each run's model (once per distinct message)
         from bridge_recipes.data.packed_rows import dry_run_problems
@@ -278,10 +341,10 @@ def run_parsed(
     try:
         planned = runs(opts)
     except (registry.UnknownRecipe, ValueError) as exc:
-        ap.error(in_cli_terms(str(exc)))
+        ap.error(in_benchmark_terms(str(exc)))
     problems, plans = argument_problems(opts, planned)
     if problems:
-        ap.error(in_cli_terms("; ".join(problems)))
+        ap.error(in_benchmark_terms("; ".join(problems)))
     out = Path(opts.out)
     names = [label for label, _, _ in planned]
     try:
@@ -289,6 +352,9 @@ def run_parsed(
             one(name, opts, out if i == 0 else out.with_name(out.stem + "_against.yaml"), *plans[i], label=label)
             for i, (label, name, _) in enumerate(planned)
         ]
+    except RunRefused as exc:
+        print(f"benchmark.py: error: {in_benchmark_terms(str(exc))}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"benchmark.py: {exc}", file=sys.stderr)
         return 1

@@ -218,6 +218,10 @@ def _alpaca(record: dict, index: int) -> tuple[Any, Any]:
     for question, answer in history:
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     instruction, given = _text(record, "instruction", index), _text(record, "input", index)
+    if not (instruction.strip() or given.strip()):  # the reply would answer an empty user turn
+        raise MalformedConversation(
+            index, "alpaca_empty_prompt", "instruction and input are both empty: the output answers no prompt"
+        )
     prompt = f"{instruction}\n{given}" if instruction and given else instruction or given
     messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": _text(record, "output", index)}]
     return messages, None

@@ -378,6 +378,26 @@ def _check_file(folder: Path, manifest: dict) -> None:
         )
 
 
+def _count_problem(folder: Path, manifest: dict, rows: int) -> str | None:
+    """``rows`` (what the rows file holds) against the manifest's count, or None where they agree."""
+    if rows == manifest["rows"]:
+        return None
+    return f"{folder / ROWS_FILE} holds {rows} rows but {MANIFEST_FILE} records {manifest['rows']}; {_rebuild(folder)}"
+
+
+def file_rows_problem(folder: str | os.PathLike) -> str | None:
+    """Why a rows folder's file does not hold the rows its manifest records (read from the Parquet footer
+    alone, without reading the rows), or None; what a count of the rows, such as the steps of epochs,
+    rests on."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    try:
+        rows = pq.ParquetFile(folder / ROWS_FILE).metadata.num_rows
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError on a damaged file
+        return f"cannot read {folder / ROWS_FILE}: {e}; {_rebuild(folder)}"
+    return _count_problem(folder, manifest, rows)
+
+
 def _read_table(folder: Path, manifest: dict) -> Any:
     """The rows file as a table, readable, of the manifest's row count and with the columns' types."""
     import pyarrow as pa
@@ -387,10 +407,8 @@ def _read_table(folder: Path, manifest: dict) -> Any:
         table = pq.read_table(where)
     except Exception as e:  # pyarrow raises ArrowInvalid / OSError on a damaged file
         raise RowsIntegrityError(f"cannot read {where}: {e}; {_rebuild(folder)}") from None
-    if table.num_rows != manifest["rows"]:
-        raise RowsIntegrityError(
-            f"{where} holds {table.num_rows} rows but {MANIFEST_FILE} records {manifest['rows']}; {_rebuild(folder)}"
-        )
+    if problem := _count_problem(folder, manifest, table.num_rows):
+        raise RowsIntegrityError(problem)
     expected = {"input_ids": pa.list_(pa.int32()), "loss_mask": pa.list_(pa.uint8())}
     if manifest["packing"] == "boundaries":
         expected[CU_COLUMN] = pa.list_(pa.int32())

@@ -22,14 +22,18 @@ Importing this package imports neither torch nor Megatron.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge_recipes.features import chunked_loss, fp8_base, gdn_warmup, packed_attention, random_lora, te_wgrad
 from bridge_recipes.patches import dataset_helpers, warmup_rng
 from bridge_recipes.patches.contract import Patch, check
+
+FEATURES = "features"  # the run's section of the features: features.FEATURE.FIELD
 
 
 @dataclass
@@ -99,12 +103,59 @@ def replaced_env_problems(env_vars: Mapping[str, Any] | None, environ: Mapping[s
     return out
 
 
+# The settings that take one of a few values, each with its module's check of a value.
+CHOICES: dict[str, Callable[[Any], str | None]] = {
+    packed_attention.KEY: packed_attention.mode_problem,
+    fp8_base.KEY: fp8_base.gemms_problem,
+}
+# How a message names the values a field's type takes.
+_TAKES = {bool: "true or false", str: "a string", int: "an integer", float: "a number"}
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the setting ``key`` (``features.FEATURE.FIELD``, a field of :class:`Features`):
+    null, a type its field's annotation does not take (a number stands for a string, as an override reads
+    it), or a value outside its :data:`CHOICES`; with the fix. None when it can be."""
+    _, feature, name = key.split(".")
+    config = type(getattr(Features(), feature))
+    kind, default = typing.get_type_hints(config)[name], getattr(config(), name)
+    shown = str(default).lower() if isinstance(default, bool) else default
+    if isinstance(value, int | float) and not isinstance(value, bool) and kind is str:
+        value = str(value)
+    if check := CHOICES.get(key):
+        return check(value)
+    if not isinstance(kind, type):
+        return None  # an annotation this check cannot read: the override's own type check answers
+    if value is None or not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        given, takes = "null" if value is None else repr(value), _TAKES.get(kind, kind.__name__)
+        fix = f"{key}=true or {key}=false" if kind is bool else f"{key} to {takes}"
+        return f"{key}={given} is not {takes}; set {fix} (default {shown})"
+    return None
+
+
+def setting_problems(section: Any) -> list[str]:
+    """:func:`setting_problem` of every field of a built run's ``features`` section."""
+    out = []
+    for feature in dataclasses.fields(Features):
+        config = getattr(section, feature.name, None)
+        for f in dataclasses.fields(config) if dataclasses.is_dataclass(config) else ():
+            key = f"{FEATURES}.{feature.name}.{f.name}"
+            if problem := setting_problem(key, getattr(config, f.name)):
+                out.append(problem)
+    return out
+
+
 def problems(cfg: Any, capability: tuple[int, int] | None = None, gpu: str | None = None) -> list[str]:
     """Why the features ``cfg`` asks for cannot run on a GPU of ``capability`` (``gpu``: its name for the
-    messages; None: no GPU known, the GPU checks are skipped), each naming the key and the choices."""
+    messages; None: no GPU known, the GPU checks are skipped), each naming the key and the choices: first a
+    setting of the wrong type or outside its choices (:func:`setting_problems`), then what each feature
+    refuses of the run."""
     f = cfg.features
+    env = replaced_env_problems(getattr(cfg, "env_vars", None))
+    if bad := setting_problems(f):
+        return [*env, *bad]
     return [
-        *replaced_env_problems(getattr(cfg, "env_vars", None)),
+        *env,
         *packed_attention.problems(f.packed_attention, capability, gpu),
         *chunked_loss.problems(cfg),
         *fp8_base.problems(cfg, capability, gpu),

@@ -94,11 +94,19 @@ def describe(cfg: Any) -> str | None:
     return f"{storage}, FP8 forward GEMMs, backward on the dequantized FP8 base ({KEY}=fp8); adapters BF16"
 
 
+def gemms_problem(gemms: Any) -> str | None:
+    """Why ``gemms`` is not one of :data:`GEMMS`, with the choices; None when it is."""
+    if gemms in GEMMS:
+        return None
+    return f"{KEY}={gemms!r}: an FP8 base multiplies in one of {', '.join(GEMMS)}; set {KEY}=bf16 (the default) or fp8"
+
+
 def problems(cfg: Any, capability: tuple[int, int] | None = None, gpu: str | None = None) -> list[str]:
     """Why a run's FP8 cannot run, with the fix: FP8 on a GPU of ``capability`` without FP8 tensor cores
-    (``gpu``: its name; None when no GPU is known), and, for a LoRA run on an FP8 base, GEMMs of another
-    precision than :data:`GEMMS` or a scaling recipe without the dequantized backward (the upstream code is
-    checked with the patch's contract)."""
+    (``gpu``: its name; None when no GPU is known), GEMMs of another precision than :data:`GEMMS`, FP8
+    GEMMs asked of a run that holds nothing in FP8 (the setting would change nothing), and, for a LoRA run
+    on an FP8 base, a scaling recipe without the dequantized backward (the upstream code is checked with
+    the patch's contract)."""
     from bridge_recipes.gpus import FP8_CAPABILITY, has_fp8
 
     out = []
@@ -109,16 +117,19 @@ def problems(cfg: Any, capability: tuple[int, int] | None = None, gpu: str | Non
             f"{FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or later); set mixed_precision=bf16_mixed, or use a recipe "
             "written for an H100, H200 or 48 GB Ada card"
         )
+    gemms = cfg.features.fp8_base.gemms
+    if problem := gemms_problem(gemms):
+        return [*out, problem]
     if not applies(cfg):
+        if gemms != Config.gemms and not uses_fp8(cfg):
+            out.append(
+                f"{KEY}={gemms} sets how a LoRA base stored in FP8 multiplies, and this run stores and multiplies "
+                f"nothing in FP8 (its mixed precision has no FP8), so it would change nothing; drop it ({KEY}="
+                f"{Config.gemms}), or use a recipe with an FP8 base (run_recipe.py --list --filter fp8base)"
+            )
         return out
     from bridge_recipes.plan.precision import mixed_precision_config
 
-    gemms = cfg.features.fp8_base.gemms
-    if gemms not in GEMMS:
-        out.append(
-            f"{KEY}={gemms!r}: an FP8 base multiplies in one of {', '.join(GEMMS)}; set {KEY}=bf16 (the default) "
-            "or fp8"
-        )
     recipe = getattr(mixed_precision_config(cfg), "fp8_recipe", None)
     if recipe != "tensorwise":
         out.append(

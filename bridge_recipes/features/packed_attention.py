@@ -73,16 +73,25 @@ def proven_text() -> str:
     return "compute capability " + " or ".join(_capability_text(c) for c in FLASH_VARLEN_GPUS)
 
 
+def _choices() -> str:
+    return f"choose one of {', '.join(MODES)} (default {DEFAULT_MODE})"
+
+
+def mode_problem(mode: Any) -> str | None:
+    """Why ``mode`` is not one of :data:`MODES`, with the choices; None when it is."""
+    return None if mode in MODES else f"{KEY}={mode!r} is not a packed-attention mode; {_choices()}"
+
+
 def problems(config: Config, capability: tuple[int, int] | None = None, gpu: str | None = None) -> list[str]:
     """Why ``config`` cannot run on a GPU of ``capability`` (``gpu``: its name, for the message; None when
     no GPU is known), with the choices."""
-    choices = f"choose one of {', '.join(MODES)} (default {DEFAULT_MODE})"
-    if config.mode not in MODES:
-        return [f"{KEY}={config.mode!r} is not a packed-attention mode; {choices}"]
+    if problem := mode_problem(config.mode):
+        return [problem]
     if config.mode == "flash_varlen" and capability is not None and tuple(capability) not in FLASH_VARLEN_GPUS:
         on = f"compute capability {_capability_text(capability)}" + (f" ({gpu})" if gpu else "")
         return [
-            f"{KEY}=flash_varlen is proven on {proven_text()} only, not on {on}; set {KEY}={DEFAULT_MODE} ({choices})"
+            f"{KEY}=flash_varlen is proven on {proven_text()} only, not on {on}; set {KEY}={DEFAULT_MODE} "
+            f"({_choices()})"
         ]
     return []
 

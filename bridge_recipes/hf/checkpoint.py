@@ -887,7 +887,8 @@ def cache_root() -> Path:
 
 def cache_problem(folder: HfFolder | None = None, text_model: bool = False) -> str | None:
     """Why the conversion cache (:func:`cache_root`) cannot be created or written, or None: ``$QWEN35_RECIPES_CACHE``
-    (or a folder on the way to it) naming a file, or a folder without write access (no matter when
+    (or a folder on the way to it) naming a file, or a folder without write access (tried by making a
+    folder there: a pseudo file system such as /proc takes none, whatever its permissions say; no matter when
     ``folder``'s conversion is there already). Checked at the dry run; otherwise the launch stops at
     the conversion, on the GPU machine."""
     root, given = cache_root(), os.environ.get(CACHE_ENV)
@@ -902,9 +903,21 @@ def cache_problem(folder: HfFolder | None = None, text_model: bool = False) -> s
     if not existing.is_dir():
         what = "a file" if existing.is_file() else "not a folder"
         return f"{named}: {existing} is {what}, so the converted checkpoint cannot be kept in {root}; {fix}"
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not os.access(existing, os.W_OK | os.X_OK) or not _can_make_folder(existing):
         return f"{named}: {existing} cannot be written, so the converted checkpoint cannot be kept in {root}; {fix}"
     return None
+
+
+def _can_make_folder(parent: Path) -> bool:
+    """Whether a folder can be made in ``parent`` (one is made and removed): file permissions alone do not
+    tell, e.g. for root on a pseudo file system such as /proc, which takes no new folder."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=parent))
+    except OSError:
+        return False
+    return True
 
 
 def cache_key(folder: HfFolder, text_model: bool = False) -> str:

@@ -39,8 +39,6 @@ from bridge_recipes.hf.files import EXPORT_FAILED
 LOG = "[run_recipe]"
 WAIT_S = 3600  # longest wait of the other ranks for rank 0's conversion (a 397B import takes long)
 FAILED_SUFFIX = ".failed"
-# Where a Hugging Face folder keeps its image processor (transformers 5 saves it in processor_config.json).
-IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 _TORCHRUN_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -147,6 +145,8 @@ def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
     """Make the checked folder's tokenizer the run's (and, for a VL checkpoint with an image
     processor, its processor the VL dataset's)."""
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
+
+    from bridge_recipes.vl.vl_dataset import IMAGE_PROCESSOR_FILES
 
     cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(folder.path))
     cfg.checkpoint.hf_source_path = str(folder.path)

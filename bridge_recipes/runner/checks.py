@@ -22,6 +22,7 @@ from bridge_recipes.models.qwen35 import is_vlm
 class Problem:
     severity: str  # error | warning
     message: str
+    layout: bool = False  # the parallel layout over the GPUs breaks it (another GPU count or -tp/-pp/... fixes it)
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.message}"
@@ -38,7 +39,8 @@ def check(cfg: Any, world_size: int, recipe: str | None = None) -> list[Problem]
         return [Problem("error", msg) for msg in bad_values]
     m = cfg.model
     lay = layout_of(cfg, world_size)
-    problems = [Problem("error", msg) for msg in _layout_errors(cfg, lay)]
+    problems = [Problem("error", msg, layout=True) for msg in _layout_errors(cfg, lay)]
+    problems += [Problem("error", msg) for msg in _shape_errors(cfg)]
 
     def err(msg: str) -> None:
         problems.append(Problem("error", msg))
@@ -77,21 +79,21 @@ def check(cfg: Any, world_size: int, recipe: str | None = None) -> list[Problem]
 
         k = rows_per_sequence(cfg)
         if k > 1 and k == recipe_rows(cfg):  # the build joined the recipe's rows: its -gb counts rows
-            err(
+            msg = (
                 f"global batch {gbs} sequences of {k} rows is not divisible by micro batch x DP = {mbs} x "
                 f"{lay.dp}; use -gb (rows per step) as a multiple of {mbs * lay.dp * k}"
             )
         else:
-            err(
+            msg = (
                 f"global batch {gbs} is not divisible by micro batch x DP = {mbs} x {lay.dp}; "
                 f"use -gb as a multiple of {mbs * lay.dp} or change -mb"
             )
+        problems.append(Problem("error", msg, layout=True))
     return problems
 
 
 def _layout_errors(cfg: Any, lay: Any) -> list[str]:
-    """The layers over the stages, the per-layer patterns, the parallel sizes against the model, and the
-    sequence length and vocabulary the data and the tokenizer ask of the model."""
+    """The layers over the stages and the parallel sizes against the world, the model and the sequence."""
     m, out = cfg.model, []
     # Layers over pipeline stages: the split itself (first/last) is the recipe's to fix.
     stages = stage_layers(cfg)
@@ -102,13 +104,19 @@ def _layout_errors(cfg: Any, lay: Any) -> list[str]:
             f" last={m.num_layers_in_last_pipeline_stage}: the remaining layers must divide evenly over the middle "
             f"stages; change model.num_layers_in_first/last_pipeline_stage or -pp"
         )
-    out += layer_pattern_problems(m)
     if m.num_moe_experts and lay.etp is None:
         out.append(
             "model.expert_tensor_parallel_size is unset and would silently inherit TP; set -etp explicitly (usually 1)"
         )
     # The parallel sizes against the world, the stages, the heads, the experts and the sequence.
-    out += rule_problems(model_shape(m), lay, stages)
+    return out + rule_problems(model_shape(m), lay, stages)
+
+
+def _shape_errors(cfg: Any) -> list[str]:
+    """The per-layer patterns, and the sequence length and vocabulary the data and the tokenizer ask of the
+    model."""
+    m = cfg.model
+    out = layer_pattern_problems(m)
     # a packed sample may join several rows (dataset.rows_per_sample): its length is theirs together
     data_seq = getattr(cfg.dataset, "seq_length", m.seq_length) * rows_per_sequence(cfg)
     if data_seq != m.seq_length:

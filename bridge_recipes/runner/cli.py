@@ -16,7 +16,7 @@ from typing import Any
 
 import bridge_recipes
 from bridge_recipes import quiet, registry, watchdog
-from bridge_recipes.builder import PEFT_SCHEMES
+from bridge_recipes.builder import PEFT_SCHEMES, peft_problem
 from bridge_recipes.features import random_lora
 from bridge_recipes.overrides import (
     FLAG_KEYS,
@@ -553,8 +553,7 @@ def budgets_of(args: argparse.Namespace) -> watchdog.Budgets:
 def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, world: int) -> str | None:
     """Before launch (and before the re-exec, which imports the stack again): why the recipe cannot run
     on this GPU (or within ``--gpu-memory-gb``), naming the recipes that can; None when it can."""
-    from bridge_recipes import gpu_memory
-    from bridge_recipes.runner import gpu_fit
+    from bridge_recipes import gpu_fit, gpu_memory
 
     device = gpu_memory.current_device()
     if cap_gb is not None and (problem := gpu_memory.cap_problem(cap_gb, device)):
@@ -651,6 +650,8 @@ def request_problem(args: argparse.Namespace) -> str | None:
                 return problem
         except OverrideError as exc:
             return str(exc)
+    if args.peft is not None and (problem := peft_problem(args.peft)):
+        return problem
     if problem := cap_request_problem(args):
         return problem
     if problem := paths_problem(args):
@@ -761,7 +762,7 @@ def named_card_problem(name: str, entry: registry.RecipeEntry, cfg: Any, world: 
     naming the recipes it can; None when it can (its memory is the plan's to answer)."""
     from bridge_recipes.gpu_memory import Device
     from bridge_recipes.gpus import card_by_name
-    from bridge_recipes.runner import gpu_fit
+    from bridge_recipes import gpu_fit
 
     card = card_by_name(name)  # checked with the command line
     device = Device(card.name, card.usable_memory_gb, card.capability)
@@ -770,13 +771,16 @@ def named_card_problem(name: str, entry: registry.RecipeEntry, cfg: Any, world: 
 
 
 def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
-    """The layout checks (each printed) and the patches' refusals for ``world`` GPUs: why the run cannot go on."""
+    """The layout checks (each printed) and the patches' refusals for ``world`` GPUs: why the run cannot go on
+    (naming the GPU count only where the layout over the GPUs is among the errors)."""
     from bridge_recipes.runner import checks
 
     problems = checks.check(cfg, world, entry.name)
     for p in problems:
         print(f"[run_recipe] {p}", file=sys.stderr)
-    if checks.errors(problems):
+    if errors := checks.errors(problems):
+        if not any(p.layout for p in errors):  # nothing of the GPUs: the count is not the point
+            return f"{entry.name} as configured cannot run; fix the error(s) above"
         hint = ""
         if args.hf_checkpoint and args.scale_down is None and not args.config_file:  # a config file takes none
             from bridge_recipes.hf.training import layers_and_experts
@@ -800,8 +804,8 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
     if args.scale_down is None and world == entry.meta.gpus:  # the rate is of the recipe as written
         print(plan_speed(args, entry, cfg, world, fits))
     if not fits:
+        from bridge_recipes.gpu_fit import recipes_that_fit
         from bridge_recipes.gpus import class_memory_gb
-        from bridge_recipes.runner.gpu_fit import recipes_that_fit
 
         memory = args.gpu_memory_gb or class_memory_gb(entry.meta.gpu)
         if memory and (fitting := recipes_that_fit(entry, memory, world, build=_peer_builder(args))):
@@ -847,7 +851,7 @@ def _peer_builder(args: argparse.Namespace):
 def cap_fit_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
     """With a memory cap (--gpu-memory-gb, --gpu): why the memory plan says the run does not fit it, as
     --plan with the same options would refuse it; None when it fits."""
-    from bridge_recipes.runner.gpu_fit import plan_fits
+    from bridge_recipes.gpu_fit import plan_fits
 
     fits, peak = plan_fits(cfg, world, args.gpu_memory_gb)
     if fits:

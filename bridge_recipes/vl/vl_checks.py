@@ -25,6 +25,7 @@ from bridge_recipes.chat.message_text import VL_BUILDER
 from bridge_recipes.outputs import file_sha256
 from bridge_recipes.vl.vl_dataset import (
     DATASET_YAML,
+    IMAGE_PROCESSOR_FILES,
     META_DIR,
     SAMPLE_LOADER,
     SAMPLES_FILE,
@@ -136,6 +137,28 @@ def local_folder(path: str | None) -> Path | None:
     return folder if folder.is_dir() else None
 
 
+def _checkpoint_without_processor(cfg: Any, built: dict) -> str | None:
+    """The warning for a ``--hf-checkpoint`` folder (``checkpoint.hf_source_path``) that holds no image
+    processor, so the run keeps the recipe's processor (``built``: the manifest's processor); None for
+    another run."""
+    checkpoint = local_folder(getattr(cfg.checkpoint, "hf_source_path", None))
+    if checkpoint is None or any((checkpoint / name).is_file() for name in IMAGE_PROCESSOR_FILES):
+        return None
+    field = "dataset.task_encoder.hf_processor_path"
+    wanted = ", ".join(name for name in IMAGE_PROCESSOR_FILES if name in built["files"]) or "the release's file"
+    source = Path(built["path"])
+    fix = (
+        f"put back {wanted} (the dataset was built with it) into {checkpoint}"
+        if source.exists() and source.resolve() == checkpoint.resolve()
+        else f"copy {wanted} from {source} into {checkpoint}, or set {field}={source}"
+    )
+    return (
+        f"--hf-checkpoint {checkpoint} holds no image processor ({' or '.join(IMAGE_PROCESSOR_FILES)}), so the "
+        f"images go through {field}={cfg.dataset.task_encoder.hf_processor_path} instead, which is not compared "
+        f"with the processor the dataset was built with ({source}): {fix}"
+    )
+
+
 def _processor_problems(cfg: Any, root: Path, manifest: dict) -> tuple[list[str], list[str]]:
     errors, warnings = [], []
     built = manifest["processor"]
@@ -143,7 +166,9 @@ def _processor_problems(cfg: Any, root: Path, manifest: dict) -> tuple[list[str]
     proc_path = getattr(enc, "hf_processor_path", None)
     folder = local_folder(proc_path)
     field = "dataset.task_encoder.hf_processor_path"
-    if folder is None:
+    if folder is None and (missing := _checkpoint_without_processor(cfg, built)):
+        warnings.append(missing)
+    elif folder is None:
         warnings.append(
             f"{field}={proc_path} is not a local folder, so it is not compared with the processor {root} was built "
             f"with ({built['path']}); pass --hf-checkpoint with the checkpoint folder, or set {field}={built['path']}"

@@ -95,14 +95,15 @@ MAX_REPORTED = 20  # skipped conversations logged one by one (and kept in the ma
 # Conversations a worker prepares per task: images travel back to the writer with them, so a task
 # is smaller than the SFT rows' (what is in flight: this x CHUNKS_AHEAD x workers conversations).
 WORK_CHUNK = 8
+# Where a Hugging Face folder keeps its image processor (transformers 5 saves it in processor_config.json).
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 # The processor files a dataset is pinned to (those present in the folder are hashed).
 PROCESSOR_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
     "chat_template.json",
-    "processor_config.json",
-    "preprocessor_config.json",
+    *IMAGE_PROCESSOR_FILES,
     "video_preprocessor_config.json",
 )
 # Megatron-Bridge's Qwen-VL collate passes each image through qwen-vl-utils' fetch_image first
@@ -218,7 +219,7 @@ def load_processor(folder: str | os.PathLike) -> Processor:
     hint = "pass the model's Hugging Face folder (its tokenizer, chat template and image processor)"
     if not path.is_dir():
         raise VlDatasetError(f"--processor {folder} is not a folder; {hint}")
-    if not any((path / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
+    if not any((path / name).is_file() for name in IMAGE_PROCESSOR_FILES):
         raise VlDatasetError(
             f"--processor {path}: it has no image processor (preprocessor_config.json or processor_config.json); "
             f"{hint}. A toy made with "

@@ -85,7 +85,7 @@ def test_the_dry_run_refuses_a_cap_the_plan_refuses():
 
 def test_the_plan_lists_only_recipes_that_fit_with_the_overrides():
     import bridge_recipes
-    from bridge_recipes.runner.gpu_fit import plan_fits
+    from bridge_recipes.gpu_fit import plan_fits
 
     code, text = _run("--recipe", "qwen35_35b_a3b_peft_1gpu_h100_bf16_config", "--plan", "-sl", "16384")
     assert code == 2

@@ -7,13 +7,12 @@ import sys
 
 import pytest
 
-from bridge_recipes import gpu_memory, registry
+from bridge_recipes import gpu_fit, gpu_memory, registry
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
 from bridge_recipes.features import fp8_base
 from bridge_recipes.gpu_memory import Device
 from bridge_recipes.gpus import GPUS, class_memory_gb, class_names
 from bridge_recipes.plan import memory as M
-from bridge_recipes.runner import gpu_fit
 from bridge_recipes.runner.cli import main
 
 CLASSES = {

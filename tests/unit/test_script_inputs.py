@@ -86,7 +86,7 @@ def test_compare_losses_writes_its_result(tmp_path):
         (["--window", "9", "4"], "--window 9 4"),
         (["--gpu", "tpu"], "--gpu tpu: unknown"),
         (["--proxy-layers", "4", "optimizer.lr=nan"], "optimizer.lr=nan"),
-        (["--proxy-layers", "400"], "--scale-down 400"),
+        (["--proxy-layers", "400"], "--proxy-layers 400"),  # the library's scale_down, as this command spells it
         (["no.such.key=1"], "no.such.key"),
     ],
 )
