@@ -760,9 +760,9 @@ def cap_request_problem(args: argparse.Namespace) -> str | None:
 def named_card_problem(name: str, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
     """Why the card ``--gpu NAME`` names cannot run ``cfg`` for its architecture (FP8, MXFP8, packed attention),
     naming the recipes it can; None when it can (its memory is the plan's to answer)."""
+    from bridge_recipes import gpu_fit
     from bridge_recipes.gpu_memory import Device
     from bridge_recipes.gpus import card_by_name
-    from bridge_recipes import gpu_fit
 
     card = card_by_name(name)  # checked with the command line
     device = Device(card.name, card.usable_memory_gb, card.capability)
