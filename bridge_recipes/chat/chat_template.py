@@ -90,6 +90,7 @@ ROLES = ("system", "user", "assistant", "tool")
 ROLE_ALIASES = {"developer": "system"}
 END_OF_TURN = "<|im_end|>"  # Qwen3.5's end of a chat turn
 ASSISTANT_HEADER = "<|im_start|>assistant\n"  # ChatML's opening of an assistant turn
+USER_HEADER = "<|im_start|>user\n"  # and of a user turn
 SHORT_HEAD = 16  # characters: texts this short between an added token and a span boundary are cached
 
 

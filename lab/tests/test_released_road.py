@@ -160,23 +160,14 @@ def test_the_checks_of_the_exports_run_on_exports_shaped_as_megatron_writes_them
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from bridge_recipes.hf import checkpoint as ck
-    from bridge_recipes.hf import released
-    from bridge_recipes.hf.toy import make_toy
-    from tests.unit.test_lora_export_streams import CASES, FIXTURE_TOKENIZER, base_tensors, merged_of, rebuild
+    from tests.unit.conftest import LoraStreams
 
-    fixture = next(c for c in CASES if c["family"] == family)
+    streams = LoraStreams()
+    fixture = streams.case(family)
     case = next(c for c in road.CASES.values() if c.recipe == fixture["recipe"])
-    toy = tmp_path / "toy"
-    make_toy(toy, family, **{**fixture["toy"], "tokenizer_json": FIXTURE_TOKENIZER})
-    adapters = rebuild(fixture["adapter_stream"], seed=3)
-    merged = merged_of(fixture, base_tensors(toy), adapters)
+    toy = streams.make_toy(fixture, tmp_path / "toy")
     export = tmp_path / "export"
-    lora = fixture["lora"]
-    released.write_lora_exports(
-        iter(merged), lambda: iter(adapters), ck.inspect_folder(toy), export, released.adapter_folder(export),
-        rank=lora["dim"], alpha=lora["alpha"],
-    )  # fmt: skip
+    streams.write_exports(fixture, toy, export, seed=3)
     tokens = torch.randint(3, 1024, (2, 32), generator=torch.Generator().manual_seed(0))
     experts = json.loads((toy / "config.json").read_text())["text_config"].get("num_experts")
     with torch.no_grad():

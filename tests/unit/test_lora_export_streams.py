@@ -18,68 +18,25 @@ import pytest
 
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf import released
-from bridge_recipes.hf.toy import make_toy, toy_spec
+from bridge_recipes.hf.toy import toy_spec
 from bridge_recipes.models.dims import spec_dims
 from bridge_recipes.plan.params import adapter_folder_params
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "lora_export_structure.json"
-FIXTURE_TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer" / "tokenizer.json"
-CASES = json.loads(FIXTURE.read_text())["cases"]
+CASES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "lora_export_structure.json").read_text())[
+    "cases"
+]
 TOY_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "linear_num_key_heads")
 TOY_FIELDS += ("linear_num_value_heads", "vocab_size", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
 TOY_FIELDS += ("moe_shared_expert_ffn_hidden_size", "ffn_hidden_size", "mtp_num_layers")
 
 
 @pytest.fixture(scope="module")
-def toys(tmp_path_factory):
+def toys(tmp_path_factory, lora_streams):
     """The toys the fixture was recorded on (its ``toy`` arguments), one per family."""
     root = tmp_path_factory.mktemp("lora_streams")
     for family in {c["family"] for c in CASES}:
-        kw = next(c["toy"] for c in CASES if c["family"] == family)
-        make_toy(root / family, family, **{**kw, "tokenizer_json": FIXTURE_TOKENIZER})
+        lora_streams.make_toy(lora_streams.case(family), root / family)
     return root
-
-
-def rebuild(stream: list[dict], seed: int) -> list[tuple[str, object]]:
-    """The stream's (name, tensor) pairs, random, each group one buffer that its names view."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    buffers: dict[int, torch.Tensor] = {}
-    out = []
-    for e in stream:
-        if e["group"] not in buffers:
-            buffers[e["group"]] = (torch.randn(e["storage"], generator=g) * 0.1).to(getattr(torch, e["dtype"]))
-        out.append((e["name"], buffers[e["group"]].as_strided(e["shape"], e["stride"], e["offset"])))
-    return out
-
-
-def base_tensors(folder: Path) -> dict[str, object]:
-    from safetensors import safe_open
-
-    out = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                out[name] = f.get_tensor(name)
-    return out
-
-
-def merged_of(case: dict, base: dict, adapters: list) -> list[tuple[str, object]]:
-    """The merged stream of the fixture, in its order: each base weight plus alpha/r * B @ A."""
-    scale = case["lora"]["alpha"] / case["lora"]["dim"]
-    a = {n.removesuffix(".lora_A.weight"): t for n, t in adapters if n.endswith(".lora_A.weight")}
-    b = {n.removesuffix(".lora_B.weight"): t for n, t in adapters if n.endswith(".lora_B.weight")}
-    out = []
-    for e in case["merged_stream"]:
-        name = e["name"]
-        tensor = base[name].clone()
-        assert list(tensor.shape) == e["shape"], name  # the fixture was recorded on this toy
-        module = name.removesuffix(".weight")
-        if module in a:
-            tensor += scale * b[module] @ a[module]
-        out.append((name, tensor))
-    return out
 
 
 def test_the_fixture_has_megatrons_sharing():
@@ -100,15 +57,15 @@ def test_the_fixture_has_megatrons_sharing():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["recipe"] for c in CASES])
-def test_both_exports_are_written_from_megatrons_streams_and_the_adapter_serves(case, toys, tmp_path):
+def test_both_exports_are_written_from_megatrons_streams_and_the_adapter_serves(case, toys, tmp_path, lora_streams):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForImageTextToText
 
     src = toys / case["family"]
     folder = ck.inspect_folder(src)
-    adapters = rebuild(case["adapter_stream"], seed=1)
-    merged = merged_of(case, base_tensors(src), adapters)
+    adapters = lora_streams.rebuild(case["adapter_stream"], seed=1)
+    merged = lora_streams.merged_of(case, lora_streams.base_tensors(src), adapters)
     out, adapter_out = tmp_path / "export", tmp_path / "export-adapter"
     rank, alpha = case["lora"]["dim"], case["lora"]["alpha"]
     released.write_lora_exports(iter(merged), lambda: iter(adapters), folder, out, adapter_out, rank=rank, alpha=alpha)
@@ -145,13 +102,13 @@ def test_both_exports_are_written_from_megatrons_streams_and_the_adapter_serves(
     assert (plain - tuned).abs().max().item() > 1e-2  # the adapters are in both
 
 
-def test_an_adapter_failure_keeps_the_merged_export_and_says_so(toys, tmp_path):
+def test_an_adapter_failure_keeps_the_merged_export_and_says_so(toys, tmp_path, lora_streams):
     """Through the export's staging: the merged folder is complete and kept, the adapter folder
     absent, and the error names both."""
     case = next(c for c in CASES if c["family"] == "moe")
     src = toys / "moe"
-    adapters = rebuild(case["adapter_stream"], seed=2)
-    merged = merged_of(case, base_tensors(src), adapters)
+    adapters = lora_streams.rebuild(case["adapter_stream"], seed=2)
+    merged = lora_streams.merged_of(case, lora_streams.base_tensors(src), adapters)
     megatron = tmp_path / "ckpt"
     (megatron / "iter_0000002").mkdir(parents=True)
     (megatron / "latest_checkpointed_iteration.txt").write_text("2\n")
