@@ -49,6 +49,14 @@ class RecipeConfig(ConfigContainer):
         (:class:`bridge_recipes.save_interval.Derived`), or None when it was not (given, or the recipe's)."""
         return self._save_interval
 
+    def log_non_default_values(self) -> None:
+        """Megatron-Bridge's list of every value that differs from Megatron-Core's defaults (about a
+        thousand lines before the first step): with ``--verbose`` only; the run's summary says what runs."""
+        from bridge_recipes import quiet
+
+        if quiet.verbose():
+            super().log_non_default_values()
+
     def record_save_interval(self, derived: Any) -> None:
         """Record how the save interval was set from the run (:func:`bridge_recipes.save_interval.follow_run`)."""
         self._save_interval = derived

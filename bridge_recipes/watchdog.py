@@ -17,6 +17,10 @@ watch runs in every launch, whatever started the process.
 
 Both budgets are runner options (``--step-timeout``, ``--first-step-timeout``; 0 turns one off),
 shown in the run's summary and recorded in a saved config file.
+
+Each finished step prints one line a person reads (:class:`StepLine`): the step of the run and its
+share, the seconds it took, the useful (non-padding) tokens/s per GPU of the last steps, and the time
+left at their pace.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 FIRST_STEP_S = 1800.0  # the first micro-batch: kernel compiles (minutes on one GPU) and the first allocations
@@ -185,6 +189,54 @@ class Watchdog:
         self.end(EXIT_CODE)
 
 
+RECENT_STEPS = 10  # the steps whose pace the rate and the time left are read from
+
+
+@dataclass
+class StepLine:
+    """The line each finished step prints: ``[step] 12 of 140 (8.6%): 4.0 s, 4,317.8 useful tokens/s per
+    GPU, about 8 min 32 s left``. ``tokens_per_step``: the sequences x tokens a step reads; ``useful_share``:
+    the non-padding share of them (the rows' manifest; 1.0 for other data); the rate is per GPU of
+    ``world`` and read from the last :data:`RECENT_STEPS` steps, a step's time from its start to its end
+    (evaluation and saving after it are not in it)."""
+
+    total_steps: int
+    tokens_per_step: int
+    useful_share: float = 1.0
+    world: int = 1
+    clock: Callable[[], float] = time.monotonic
+    _began: float | None = None
+    _recent: list[float] = field(default_factory=list)
+
+    def started(self) -> None:
+        self._began = self.clock()
+
+    def finished(self, step: int) -> str | None:
+        """The line of step ``step`` (None when its start was not seen)."""
+        if self._began is None:
+            return None
+        took = self.clock() - self._began
+        self._began = None
+        self._recent = [*self._recent, took][-RECENT_STEPS:]
+        pace = sum(self._recent) / len(self._recent)
+        share = step / self.total_steps if self.total_steps else 0.0
+        unit = "useful tokens/s per GPU" if self.useful_share < 1.0 else "tokens/s per GPU"
+        rate = self.tokens_per_step * self.useful_share / (pace * self.world) if pace > 0 else 0.0
+        left = max(self.total_steps - step, 0) * pace
+        return (
+            f"[step] {step} of {self.total_steps} ({share:.1%}): {took:.1f} s, {rate:,.1f} {unit}, "
+            f"about {_left(left)} left"
+        )
+
+
+def _left(seconds: float) -> str:
+    """``2 h 05 min``, ``8 min 32 s`` or ``40 s``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
 def watched_forward_step(forward_step: Callable, dog: Watchdog) -> Callable:
     """``forward_step`` reporting each micro-batch's forward and backward to ``dog``. The signature
     is the one Megatron-Bridge inspects to hand the training state over (``state`` first)."""
@@ -218,9 +270,9 @@ def _micro_batches() -> int | None:
         return None
 
 
-def callbacks(dog: Watchdog) -> dict[str, Callable[[Any], None]]:
-    """Megatron-Bridge training-loop events -> what each tells ``dog`` (register them with a
-    ``CallbackManager``)."""
+def callbacks(dog: Watchdog, line: StepLine | None = None) -> dict[str, Callable[[Any], None]]:
+    """Megatron-Bridge training-loop events -> what each tells ``dog`` and, with ``line``, the line each
+    finished step prints (register them with a ``CallbackManager``)."""
 
     def train_start(context: Any) -> None:
         dog.step = context.state.train_state.step  # 0, or the step a resumed run continues after
@@ -228,9 +280,15 @@ def callbacks(dog: Watchdog) -> dict[str, Callable[[Any], None]]:
 
     def step_start(context: Any) -> None:
         dog.step_started(context.state.train_state.step + 1)
+        if line is not None:
+            line.started()
 
     def step_end(context: Any) -> None:
         dog.step_finished()
+        if line is not None and (text := line.finished(dog.step)):
+            from megatron.bridge.utils.common_utils import print_rank_0
+
+            print_rank_0(text)
 
     def eval_start(context: Any) -> None:
         dog.evaluation_started()

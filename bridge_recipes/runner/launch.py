@@ -10,6 +10,7 @@ megatron-core wheel ships compiled, docs/patches.md) and starts training, changi
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -96,16 +97,33 @@ def entry_point_for(cfg: Any, task: str) -> Callable:
     return pretrain
 
 
-def watched(step: Callable, budgets: watchdog.Budgets) -> tuple[Callable, Any]:
+def watched(step: Callable, budgets: watchdog.Budgets, line: watchdog.StepLine | None = None) -> tuple[Callable, Any]:
     """``step`` reporting its micro-batches to a :class:`watchdog.Watchdog` of ``budgets``, and the
-    Megatron-Bridge callbacks that start it with the training loop and tell it of each finished step."""
+    Megatron-Bridge callbacks that start it with the training loop, tell it of each finished step and
+    print ``line`` for it."""
     from megatron.bridge.training.callbacks import CallbackManager
 
     dog = watchdog.Watchdog(budgets)
     manager = CallbackManager()
-    for event, fn in watchdog.callbacks(dog).items():
+    for event, fn in watchdog.callbacks(dog, line).items():
         manager.register(event, fn)
     return watchdog.watched_forward_step(step, dog), manager
+
+
+def step_line(cfg: Any, world: int) -> watchdog.StepLine:
+    """The line of each step of ``cfg`` on ``world`` GPUs: its steps, the tokens a step reads and, on SFT
+    rows, their non-padding share (the rows' manifest)."""
+    from bridge_recipes.data.integrity import RowsIntegrityError, read_manifest
+
+    t = cfg.train
+    share = 1.0
+    if type(cfg.dataset).__name__ == "PackedSFTRowsConfig" and cfg.dataset.path:
+        try:
+            m = read_manifest(cfg.dataset.path)
+            share = 1.0 - m["padding_tokens"] / (m["rows"] * m["row_tokens"])
+        except (RowsIntegrityError, KeyError, TypeError, ValueError, ZeroDivisionError):
+            share = 1.0
+    return watchdog.StepLine(int(t.train_iters or 0), t.global_batch_size * cfg.model.seq_length, share, world)
 
 
 def run(cfg: Any, task: str, budgets: watchdog.Budgets | None = None) -> None:
@@ -118,5 +136,6 @@ def run(cfg: Any, task: str, budgets: watchdog.Budgets | None = None) -> None:
     entry = entry_point_for(cfg, task)
     _log(f"starting {entry.__name__}() with {step.__module__}.forward_step")
     _log(f"progress watch: {budgets.describe()}")
-    step, callbacks = watched(step, budgets)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    step, callbacks = watched(step, budgets, step_line(cfg, world))
     entry(cfg, step, callbacks=callbacks)

@@ -217,3 +217,76 @@ def test_the_forward_step_prints_the_progress_line_on_the_first_rank(capsys):
     step = watchdog.watched_forward_step(lambda *a: ("out", lambda out: 0.0), dog)
     step(None, None, None)
     assert "[progress] step 3: micro-batch 1 started" in capsys.readouterr().out
+
+
+def test_each_step_prints_its_share_its_time_the_rate_and_the_time_left():
+    now = [0.0]
+    line = watchdog.StepLine(total_steps=140, tokens_per_step=128 * 8192, useful_share=0.974, clock=lambda: now[0])
+    texts = []
+    for step, took in ((1, 300.0), (2, 240.0), (3, 240.0)):
+        line.started()
+        now[0] += took
+        texts.append(line.finished(step))
+    assert texts[0].startswith("[step] 1 of 140 (0.7%): 300.0 s, ")
+    pace = (300 + 240 + 240) / 3
+    assert f"{128 * 8192 * 0.974 / pace:,.1f} useful tokens/s per GPU" in texts[2]
+    assert texts[2].endswith(f"about {watchdog._left(137 * pace)} left") and "2 of 140" in texts[1]
+    assert watchdog.StepLine(10, 1000).finished(1) is None  # its start not seen: no line
+    plain = watchdog.StepLine(10, 1000, world=2, clock=lambda: now[0])
+    plain.started()
+    now[0] += 2.0
+    text = plain.finished(10)
+    assert "250.0 tokens/s per GPU" in text and "useful" not in text and text.endswith("about 0 s left")
+
+
+def test_the_callbacks_print_the_step_line_on_rank_zero(monkeypatch, capsys):
+    from megatron.bridge.utils import common_utils
+
+    printed = []
+    monkeypatch.setattr(common_utils, "print_rank_0", printed.append)
+    now = [0.0]
+    line = watchdog.StepLine(4, 100, clock=lambda: now[0])
+    dog = watchdog.Watchdog(watchdog.Budgets(0, 0))
+    events = watchdog.callbacks(dog, line)
+    context = SimpleNamespace(state=SimpleNamespace(train_state=SimpleNamespace(step=0)))
+    events["on_train_step_start"](context)
+    now[0] += 5.0
+    events["on_train_step_end"](context)
+    assert printed == ["[step] 1 of 4 (25.0%): 5.0 s, 20.0 tokens/s per GPU, about 15 s left"]
+
+
+def test_the_launch_reads_the_useful_share_from_the_rows(tmp_path):
+    import json
+
+    from bridge_recipes.data.sft_rows import build_sft_rows
+    from bridge_recipes.runner import launch
+
+    tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
+    m = build_sft_rows(
+        ROOT / "examples" / "conversations.jsonl", tokenizer, tmp_path / "rows", row_tokens=512, progress=False
+    )
+    assert json.loads((tmp_path / "rows" / "manifest.json").read_text())["padding_tokens"] == m["padding_tokens"] > 0
+    cfg = SimpleNamespace(
+        train=SimpleNamespace(train_iters=7, global_batch_size=4),
+        model=SimpleNamespace(seq_length=512),
+        dataset=type("PackedSFTRowsConfig", (), {"path": str(tmp_path / "rows")})(),
+    )
+    line = launch.step_line(cfg, world=2)
+    share = 1 - m["padding_tokens"] / (m["rows"] * 512)
+    assert (line.total_steps, line.tokens_per_step, line.world) == (7, 2048, 2) and line.useful_share == share < 1
+
+
+def test_megatron_bridges_list_of_non_default_values_waits_for_verbose(monkeypatch, capsys):
+    import bridge_recipes
+    from bridge_recipes import quiet
+
+    cfg = bridge_recipes.build("qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config")
+    printed = []
+    monkeypatch.setattr("megatron.bridge.training.config.print_rank_0", printed.append)
+    monkeypatch.delenv(quiet.VERBOSE_ENV, raising=False)
+    monkeypatch.setattr("sys.argv", ["run_recipe.py"])
+    cfg.log_non_default_values()
+    assert printed == []
+    monkeypatch.setattr("sys.argv", ["run_recipe.py", "--verbose"])
+    cfg.log_non_default_values()
+    assert printed and "Mcore default" in printed[0]
