@@ -2,7 +2,8 @@
 
 - :func:`inspect_folder` reads a local Hugging Face folder (``config.json``, the safetensors
   shards and their index, the tokenizer files) and checks that every shard the index lists is
-  there and whole (a safetensors file's header gives the byte length it must have).
+  there and whole (a safetensors file's header gives the byte length it must have), and that the
+  weights are the model its config declares, not a quantized release (:mod:`bridge_recipes.hf.declared`).
 - :func:`check_against` compares its architecture with what a recipe expects: the catalog spec
   of the recipe's model (:func:`expected_from_spec`), that spec with only the family fields
   kept (``scaled``: a toy or scaled-down checkpoint), or the recipe's Megatron model config
@@ -29,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bridge_recipes import outputs
+from bridge_recipes.hf import declared
 from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named here for the callers)
+    BIN_INDEX_FILE,
     CONFIG_FILE,
     INDEX_FILE,
     MAX_HEADER_BYTES,
@@ -143,20 +146,36 @@ _INT_FIELDS = tuple(
 )
 MAX_LAYERS = 10_000  # far above any Qwen3.5 model; a larger count is a damaged config
 
+LAYER_TYPES = ("linear_attention", "full_attention")
+# Whole-number fields of a vision_config (each >= 1; depth >= 0) the weights check derives shapes from.
+_VISION_INT_FIELDS = (
+    "depth",
+    "hidden_size",
+    "intermediate_size",
+    "num_heads",
+    "in_channels",
+    "patch_size",
+    "temporal_patch_size",
+    "spatial_merge_size",
+    "out_hidden_size",
+    "num_position_embeddings",
+)
+
 
 def _config_type_problem(file: Path, config: dict, vl: bool) -> str | None:
-    """Why the compared fields of a config.json cannot be read (a wrong type), or None."""
-    text = config.get("text_config") if vl else config
-    if vl and text is not None and not isinstance(text, dict):
-        return f"{file}: text_config is {type(text).__name__}, not an object"
-    text = text or config
+    """Why the fields of a config.json the checks read cannot be read (a wrong type, a section of a
+    VL model missing), or None."""
+    if problem := _sections_problem(file, config, vl):
+        return problem
+    text = config["text_config"] if vl else config
     for name in _INT_FIELDS:
         v = text.get(name)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             return f"{file}: {name} is {v!r}; it must be a whole number >= 0"
     layers, every = text.get("num_hidden_layers"), text.get("full_attention_interval")
-    if layers is not None and layers > MAX_LAYERS:
-        return f"{file}: num_hidden_layers is {layers}, over {MAX_LAYERS:,}; the config is damaged"
+    for name in ("num_hidden_layers", "mtp_num_hidden_layers"):
+        if (text.get(name) or 0) > MAX_LAYERS:
+            return f"{file}: {name} is {text[name]}, over {MAX_LAYERS:,}; the config is damaged"
     if every is not None and every < 1:
         return f"{file}: full_attention_interval is {every}; it must be >= 1"
     types = text.get("layer_types")
@@ -164,6 +183,12 @@ def _config_type_problem(file: Path, config: dict, vl: bool) -> str | None:
         not isinstance(types, list) or len(types) > MAX_LAYERS or not all(isinstance(t, str) for t in types)
     ):
         return f"{file}: layer_types must be a list of layer type names"
+    if types is not None and (odd := [t for t in types if t not in LAYER_TYPES]):
+        return f"{file}: layer_types holds {odd[0]!r}; each layer is one of {', '.join(LAYER_TYPES)}"
+    if types is not None and layers is not None and len(types) != layers:
+        return (
+            f"{file}: layer_types names {len(types)} layers but num_hidden_layers is {layers}; the config is damaged"
+        )
     rope = text.get("rope_parameters")
     if rope is not None and not isinstance(rope, dict):
         return f"{file}: rope_parameters is {type(rope).__name__}, not an object"
@@ -171,6 +196,47 @@ def _config_type_problem(file: Path, config: dict, vl: bool) -> str | None:
         factor = holder.get("partial_rotary_factor")
         if factor is not None and (not isinstance(factor, int | float) or isinstance(factor, bool)):
             return f"{file}: partial_rotary_factor is {factor!r}; it must be a number"
+    return _vision_type_problem(file, config) if vl else None
+
+
+def _sections_problem(file: Path, config: dict, vl: bool) -> str | None:
+    """The sections a config.json holds as objects (a VL model's text_config and vision_config, which
+    transformers would otherwise fill with its defaults), and its top-level flags' types."""
+    for name in ("text_config", "vision_config") if vl else ():
+        section = config.get(name)
+        if not isinstance(section, dict):
+            what = (
+                "is missing" if name not in config else f"is {type(section).__name__} {section!r:.60}, not an object"
+            )
+            part = "language model" if name == "text_config" else "vision tower"
+            return (
+                f"{file}: {name} {what}; model_type {config['model_type']!r} is a vision-language model, whose "
+                f"config.json gives its {part}'s settings there; download config.json again with the weights (a "
+                "text model's folder has model_type qwen3_5_text or qwen3_5_moe_text)"
+            )
+    holders = [(config, "")] + ([(config["text_config"], "text_config.")] if vl else [])
+    for holder, where in holders:
+        q = holder.get("quantization_config")
+        if q is not None and not isinstance(q, dict):
+            return f"{file}: {where}quantization_config is {q!r}, not an object"
+        tied = holder.get("tie_word_embeddings")
+        if tied is not None and not isinstance(tied, bool):
+            return f"{file}: {where}tie_word_embeddings is {tied!r}; it must be true or false"
+    names = config.get("architectures")
+    if names is not None and (not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names)):
+        return f'{file}: architectures is {names!r}; it must be a list of class names (["Qwen3_5MoeForCausalLM"])'
+    return None
+
+
+def _vision_type_problem(file: Path, config: dict) -> str | None:
+    vision = config["vision_config"]
+    for name in _VISION_INT_FIELDS:
+        v = vision.get(name)
+        least = 0 if name == "depth" else 1
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
+            return f"{file}: vision_config.{name} is {v!r}; it must be a whole number >= {least}"
+    if (vision.get("depth") or 0) > MAX_LAYERS:
+        return f"{file}: vision_config.depth is {vision['depth']}, over {MAX_LAYERS:,}; the config is damaged"
     return None
 
 
@@ -198,7 +264,9 @@ class HfFolder:
 
 
 def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolder:
-    """Read and check ``source``: config, known model type, every shard whole, tokenizer files."""
+    """Read and check ``source``: config, known model type, not a quantized release, every shard whole,
+    tokenizer files, and the weights the model its config declares (:mod:`bridge_recipes.hf.declared`:
+    every tensor there in its shape, the index listing what the shards hold), shard headers only."""
     path = resolve_source(source)
     config = _read_json(path / CONFIG_FILE, "a Hugging Face checkpoint folder holds config.json")
     model_type = config.get("model_type")
@@ -207,27 +275,74 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
             f"{path / CONFIG_FILE}: model_type {model_type!r} is not a Qwen3.5/3.6 model; "
             f"these recipes convert {', '.join(MODEL_TYPES)}"
         )
-    if problem := _config_type_problem(path / CONFIG_FILE, config, MODEL_TYPES[model_type][1]):
+    moe, vl = MODEL_TYPES[model_type]
+    if problem := _config_type_problem(path / CONFIG_FILE, config, vl):
         raise HfCheckpointError(problem)
-    index = None
+    text = config["text_config"] if vl else config
+    index, weight_map = _weight_files(path)
+    # a quantized release is named before its shards are read: downloading them again would not help
+    if weight_map and (problem := declared.quantized_problem(path, config, text, weight_map, {})):
+        raise HfCheckpointError(problem)
+    shards = [path / n for n in (sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE])]
+    entries, files = _read_shards(path, shards, weight_map, progress)
+    absent = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
+    if absent:
+        raise HfCheckpointError(
+            f"{path} lacks tokenizer file(s) {', '.join(absent)}: the checkpoint's own tokenizer is used for "
+            "training and copied into exports; save it beside the weights (tokenizer.save_pretrained)"
+        )
+    weights = declared.Folder(path, config, vl, moe, entries, files, weight_map)
+    if problem := declared.weights_problem(weights):
+        raise HfCheckpointError(problem)
+    return HfFolder(path=path, config=config, shards=shards, index=index, text_config=text)
+
+
+def _weight_files(path: Path) -> tuple[dict | None, dict[str, str] | None]:
+    """(the index, its weight_map) of the folder's safetensors, or (None, None) for a single
+    model.safetensors; a folder of PyTorch .bin weights, or of shards without their index, is named."""
     if (path / INDEX_FILE).exists():
         index = _read_json(path / INDEX_FILE, "the shard index")
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise HfCheckpointError(f"{path / INDEX_FILE} has no weight_map")
-        bad = [v for v in weight_map.values() if not isinstance(v, str) or Path(v).name != v or v in ("", ".", "..")]
+        files = {v if isinstance(v, str) else repr(v) for v in weight_map.values()}  # each shard named once
+        bad = [v for v in weight_map.values() if not isinstance(v, str)]
+        bad += [v for v in sorted(files) if Path(v).name != v or v in ("", ".", "..")]
         if bad:
             raise HfCheckpointError(
                 f"{path / INDEX_FILE}: weight_map names {bad[0]!r} as a shard; shards are file names in {path}"
             )
-        names = sorted(set(weight_map.values()))
-    elif (path / SINGLE_FILE).exists():
-        weight_map, names = None, [SINGLE_FILE]
-    else:
-        raise HfCheckpointError(f"{path} holds no weights: neither {INDEX_FILE} nor {SINGLE_FILE}")
-    shards = [path / n for n in names]
-    bar = _progress(shards, "checking shards", progress)
-    for shard in bar:
+        return index, weight_map
+    if (path / SINGLE_FILE).exists():
+        return None, None
+    bins = sorted(p.name for p in path.glob("pytorch_model*.bin"))
+    if bins or (path / BIN_INDEX_FILE).exists():
+        held = f"{len(bins)} file(s) {bins[0]}{' ...' if len(bins) > 1 else ''}" if bins else BIN_INDEX_FILE
+        raise HfCheckpointError(
+            f"{path} holds PyTorch .bin weights ({held}), no safetensors ({INDEX_FILE} or {SINGLE_FILE}), and the "
+            "conversion reads safetensors only; convert them, every tensor kept: python "
+            f"scripts/convert_checkpoint.py safetensors --hf {path} --out {path}-safetensors, then pass that folder"
+        )
+    loose = sorted(p.name for p in path.glob("*.safetensors"))
+    if loose:
+        raise HfCheckpointError(
+            f"{path} holds {len(loose)} safetensors shard(s) ({loose[0]}{' ...' if len(loose) > 1 else ''}) but not "
+            f"their index {INDEX_FILE}, which says which tensor is in which shard; download it again"
+        )
+    raise HfCheckpointError(f"{path} holds no weights: neither {INDEX_FILE} nor {SINGLE_FILE}")
+
+
+def _read_shards(
+    path: Path, shards: list[Path], weight_map: dict[str, str] | None, progress: bool
+) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every shard there and whole, holding what the index puts in it: (tensor name -> header entry,
+    tensor name -> shard file name), from the headers alone."""
+    listed: dict[str, list[str]] = {}
+    for name, file in (weight_map or {}).items():
+        listed.setdefault(file, []).append(name)
+    entries: dict[str, dict] = {}
+    files: dict[str, str] = {}
+    for shard in _progress(shards, "checking shards", progress):
         if not shard.is_file():
             raise HfCheckpointError(f"shard {shard.name} listed in {INDEX_FILE} is missing from {path}")
         header, size = safetensors_header(shard)
@@ -237,20 +352,15 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
                 f"shard {shard.name} is truncated or damaged: {actual} bytes, its header needs {size}; "
                 "download it again"
             )
-        if weight_map is not None:
-            missing = [k for k, v in weight_map.items() if v == shard.name and k not in header]
-            if missing:
-                raise HfCheckpointError(
-                    f"shard {shard.name} lacks {len(missing)} tensor(s) the index puts there (e.g. {missing[0]})"
-                )
-    absent = [f for f in TOKENIZER_FILES if not (path / f).is_file()]
-    if absent:
-        raise HfCheckpointError(
-            f"{path} lacks tokenizer file(s) {', '.join(absent)}: the checkpoint's own tokenizer is used for "
-            "training and copied into exports; save it beside the weights (tokenizer.save_pretrained)"
-        )
-    text = (config.get("text_config") or config) if MODEL_TYPES[model_type][1] else config
-    return HfFolder(path=path, config=config, shards=shards, index=index, text_config=text)
+        if missing := [k for k in listed.get(shard.name, []) if k not in header]:
+            raise HfCheckpointError(
+                f"shard {shard.name} lacks {len(missing)} tensor(s) the index puts there (e.g. {missing[0]}); "
+                "download it again"
+            )
+        for name, entry in header.items():
+            if name != "__metadata__":
+                entries[name], files[name] = entry, shard.name
+    return entries, files
 
 
 def _progress(items: list, desc: str, enabled: bool):

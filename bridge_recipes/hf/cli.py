@@ -4,6 +4,7 @@
     convert_checkpoint.py export --megatron DIR --hf-template DIR --recipe NAME --out DIR [--scaled] [--overwrite]
                                  [--export-text-only]
     convert_checkpoint.py toy --family moe|dense [--text-only] --out DIR
+    convert_checkpoint.py safetensors --hf DIR --out DIR [--overwrite]
 
 Runs offline (HF_HUB_OFFLINE=1; a hub id is used only when it is already in the local Hugging
 Face cache). Exit status 0 on success, 2 on bad input (the message names the field or file and
@@ -62,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a text recipe trained from a released (VL) folder: the text form (no vision tower) instead",
     )
     exp.add_argument("--no-progress", action="store_true")
+    st = sub.add_parser(
+        "safetensors",
+        help="a Hugging Face folder of PyTorch .bin weights -> the same folder with safetensors (every tensor kept)",
+    )
+    st.add_argument("--hf", required=True, metavar="DIR", help="local HF folder holding pytorch_model*.bin")
+    st.add_argument("--out", required=True, metavar="DIR", help="new Hugging Face folder")
+    st.add_argument("--overwrite", action="store_true", help="replace a non-empty --out this tool wrote")
     toy = sub.add_parser(
         "toy",
         help="save a small random-init HF checkpoint in the released form (VL with MTP; --text-only: the text form)",
@@ -126,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                 text_only=args.export_text_only,
             )
             print(f"exported {args.megatron} -> {out} (transformers' from_pretrained loads it)")
+        elif args.command == "safetensors":
+            from bridge_recipes.hf.from_bin import convert_folder
+
+            shards, tensors = convert_folder(args.hf, args.out, overwrite=args.overwrite)
+            print(f"wrote {args.out}: {tensors} tensors in {shards} safetensors shard(s) (pass it as --hf-checkpoint)")
         else:
             from bridge_recipes.hf.toy import make_toy
 

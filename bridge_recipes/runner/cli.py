@@ -702,6 +702,13 @@ def paths_problem(args: argparse.Namespace) -> str | None:
     for name, value in weights:
         if value and value.startswith(local) and not Path(value).expanduser().exists():
             return f"{name} {value}: no such folder; give the folder of the starting weights"
+    if args.hf_checkpoint:  # the folder's config and weights against each other need no Megatron
+        from bridge_recipes.hf.training import inspect
+
+        try:
+            inspect(args.hf_checkpoint)
+        except ValueError as exc:
+            return str(exc)
     data = _given(args, "dataset.path")
     if not data or args.dataset not in ("sft-rows", "energon"):
         return None

@@ -7,9 +7,11 @@ the family fields of the recipe's model). The conversions themselves need a GPU
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -43,25 +45,49 @@ def moe(toys, tmp_path):
 
 @pytest.fixture
 def full_size(toys, tmp_path):
-    """A folder with the full 35B-A3B config (from the catalog), one tiny shard and the toy tokenizer."""
+    """A folder with the full 35B-A3B config (from the catalog), its weights as one shard whose header
+    holds every tensor that config declares (the data a sparse file of zeros), and the toy tokenizer."""
     folder = tmp_path / "full"
     folder.mkdir()
     config = hf_text_config(QWEN35_35B_A3B).to_dict()
     config["architectures"] = ["Qwen3_5MoeForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
-    import torch
-    from safetensors.torch import save_file
-
-    save_file({"lm_head.weight": torch.zeros(2, 2)}, str(folder / "model.safetensors"))
+    weights_of_config(folder)
     for f in ck.TOKENIZER_FILES:
         shutil.copy(toys / "moe" / f, folder / f)
     return folder
+
+
+def weights_of_config(folder: Path) -> None:
+    """Replace the folder's weights by one shard holding every tensor its config.json declares, in the
+    shape it declares (zeros, written as a sparse file): a folder whose config and weights agree."""
+    from bridge_recipes.hf.declared import declared
+
+    config = json.loads((folder / "config.json").read_text())
+    moe, vl = ck.MODEL_TYPES[config["model_type"]]
+    for f in [*folder.glob("*.safetensors"), folder / ck.INDEX_FILE]:
+        f.unlink(missing_ok=True)
+    header, end = {}, 0
+    for name, tensor in declared(config, vl, moe, set()).items():
+        shape = [v for v, _ in tensor.shape]
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [end, end + 2 * math.prod(shape)]}
+        end += 2 * math.prod(shape)
+    raw = json.dumps(header).encode()
+    with open(folder / ck.SINGLE_FILE, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + end)
 
 
 def edit_config(folder: Path, **changes) -> None:
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(changes)
     (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def edit_model(folder: Path, **changes) -> None:
+    """Change config.json's fields and the weights with them: another model, whole."""
+    edit_config(folder, **changes)
+    weights_of_config(folder)
 
 
 def mismatch(field: str, checkpoint, recipe) -> re.Pattern:
@@ -97,7 +123,10 @@ def test_full_size_config_matches_the_catalog_exactly(full_size):
     ],
 )
 def test_each_mismatch_names_field_and_both_values(full_size, capsys, tmp_path, field, value, expected):
-    edit_config(full_size, **{field: value})
+    changes = {field: value}
+    if field == "num_hidden_layers":  # transformers refuses a layer_types list of another length
+        changes["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(value)]
+    edit_model(full_size, **changes)
     rc, _, err = run_cli(capsys, "import", "--hf", full_size, "--recipe", MOE_RECIPE, "--out", tmp_path / "o")
     assert rc == 2 and mismatch(field, value, expected).search(err) and "Traceback" not in err
     assert not (tmp_path / "o").exists()
@@ -107,7 +136,7 @@ def test_layer_pattern_mismatch_is_reported(full_size):
     cfg = json.loads((full_size / "config.json").read_text())
     types = cfg["layer_types"]
     types[1] = "full_attention"  # attention at layer 1 as well: not every 4th layer
-    edit_config(full_size, layer_types=types)
+    edit_model(full_size, layer_types=types)
     problems = ck.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE)
     assert any(re.match(r"full_attention_interval\b.*\bNone\b.*\b4$", p) for p in problems)
     assert any(re.match(r"layer_types\b.*\b40 layers\b.*\[1, 3, 7,", p) for p in problems)
@@ -121,7 +150,7 @@ def test_toy_fails_exact_check_but_passes_scaled(toys):
 
 
 def test_scaled_still_checks_family_fields(moe, toys):
-    edit_config(moe, head_dim=128)
+    edit_model(moe, head_dim=128)
     (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
     assert mismatch("head_dim", 128, 256).match(problem)
     dense = ck.inspect_folder(toys / "dense")
@@ -401,12 +430,13 @@ def test_conversion_children_leave_torchrun_rendezvous_behind(monkeypatch):
     assert env["KEEP_ME"] == "1" and env["HF_HUB_OFFLINE"] == "1"
 
 
-def test_a_vl_folder_without_a_vision_tower_is_refused_by_a_text_recipe(moe):
-    """A text recipe takes a released VL folder's language model, but only a whole released folder."""
+def test_a_vl_folder_without_a_vision_tower_is_refused(moe):
+    """A VL config without its vision_config is refused before any recipe takes it (transformers
+    would build its default tower)."""
     cfg = json.loads((moe / "config.json").read_text())
     (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": cfg}))
-    (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
-    assert "no vision tower weights" in problem
+    with pytest.raises(ck.HfCheckpointError, match=r"vision_config is missing.*'qwen3_5_moe'"):
+        ck.inspect_folder(moe)
 
 
 def test_hub_id_in_local_cache_resolves_offline(toys, tmp_path, monkeypatch):
