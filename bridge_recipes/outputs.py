@@ -28,24 +28,28 @@ from pathlib import Path
 Input = str | os.PathLike | tuple[str, str | os.PathLike]
 
 
-def overlap_problem(out: str | os.PathLike, *, option: str, inputs: Iterable[Input]) -> str | None:
-    """Why writing ``out`` (given as ``option``) would touch an input, or None.
+def overlap_problem(
+    out: str | os.PathLike, *, option: str, inputs: Iterable[Input], what: str | None = None
+) -> str | None:
+    """Why writing ``out`` (given as ``option``; named ``what`` in the message, default ``option out``)
+    would touch an input, or None.
 
     ``inputs`` are paths, or ``(name, path)`` pairs naming the flag that gave each. Refused:
     the same path (through links too), an output folder that holds an input (replacing the
     folder, e.g. with ``--overwrite``, would delete it), and an output inside an input folder."""
     target = Path(out).expanduser().resolve()
+    what = what or f"{option} {out}"
     for item in inputs:
         name, source = item if isinstance(item, tuple) else ("an input", item)
         if source is None or str(source) == "":
             continue
         src = Path(source).expanduser().resolve()
         if src == target:
-            return f"{option} {out} is the same path as {name} {source}; write the result elsewhere"
+            return f"{what} is the same path as {name} {source}; write the result elsewhere"
         if target in src.parents:
-            return f"{option} {out} holds {name} {source}; writing it would replace the input: choose another path"
+            return f"{what} holds {name} {source}; writing it would replace the input: choose another path"
         if src in target.parents:
-            return f"{option} {out} is inside {name} {source}; write the result outside it"
+            return f"{what} is inside {name} {source}; write the result outside it"
     return None
 
 
@@ -256,24 +260,32 @@ def written_here(folder: str | os.PathLike) -> bool:
 
 
 def folder_output_problem(
-    out: str | os.PathLike, overwrite: bool = False, *, inputs: Iterable[Input] = ()
+    out: str | os.PathLike,
+    overwrite: bool = False,
+    *,
+    inputs: Iterable[Input] = (),
+    option: str = "--out",
+    what: str | None = None,
 ) -> str | None:
-    """Why :func:`staged_output` would refuse ``out`` as ``--out``, or None: for a command to check
-    before it does any work."""
-    if problem := replace_problem(out) or overlap_problem(out, option="--out", inputs=inputs):
-        return problem
+    """Why :func:`staged_output` would refuse ``out`` as ``option``, or None: for a command to check
+    before it does any work. ``what`` names the folder in the message when it is not ``option`` itself
+    (a folder written beside it: "the adapter folder DIR beside --out"). A folder of the user's is
+    named as such at once: ``--overwrite`` is suggested only for a folder the tool wrote."""
     path = Path(out).expanduser().absolute()
+    what = what or f"{option} {path}"
+    if problem := replace_problem(out, option=option) or overlap_problem(out, option=option, inputs=inputs, what=what):
+        return problem
     if path.exists() and not path.is_dir():
-        return f"--out {path} is a file; pass a folder"
+        return f"{what} is a file; choose another {option} (a folder)"
     entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-    if entries and not overwrite:
-        return f"--out {path} exists and is not empty; pass --overwrite to replace it"
     if entries and not written_here(path):
         return (
-            f"--out {path} holds files this tool did not write ({', '.join(entries[:5])}; no {OUTPUT_MARKER} "
-            "inside); --overwrite replaces only a folder the tool wrote itself: move them away, or choose "
-            "another --out"
+            f"{what} is not empty: it holds files this tool did not write ({', '.join(entries[:5])}; no "
+            f"{OUTPUT_MARKER} inside), and --overwrite replaces only a folder the tool wrote itself: move them "
+            f"away, or choose another {option}"
         )
+    if entries and not overwrite:
+        return f"{what} is not empty (an earlier output of this tool); pass --overwrite to replace it"
     return None
 
 

@@ -5,8 +5,10 @@ iteration, as digits) and one ``iter_NNNNNNN`` folder per save, each with the ru
 config as ``run_config.yaml``. The runner's resume checks read the saved layout from it, and the
 Hugging Face export reads whether the run trained LoRA adapters (``peft``) and their settings.
 The launch also writes ``run_identity.json`` there (:func:`run_identity`): what the run is, so that
-a later run of another recipe, model, data, sequence length or LoRA setting is refused rather than
-resumed from it.
+a later run of another recipe, model, starting weights, data, sequence length or LoRA setting is
+refused rather than resumed from it. A tracker that names a step with no ``iter_*`` folder, or
+saved steps with no tracker, is refused (:func:`tracker_problem`) rather than read as "no LoRA" or
+"no checkpoint".
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 TRACKER = "latest_checkpointed_iteration.txt"
+TRAIN_STATE = "latest_train_state.pt"  # Megatron-Bridge's own tracker, read before TRACKER when present
 RUN_CONFIG = "run_config.yaml"
+ITERATION_PREFIX = "iter_"
+RELEASE = "release"  # a tracker naming Megatron's released form (its folder "release"), not a step
 
 
 class CheckpointMetadataError(ValueError):
@@ -25,7 +30,64 @@ class CheckpointMetadataError(ValueError):
 
 
 def iteration_folder(folder: str | Path, iteration: int) -> Path:
-    return Path(folder) / f"iter_{iteration:07d}"
+    return Path(folder) / f"{ITERATION_PREFIX}{iteration:07d}"
+
+
+def saved_steps(folder: str | Path) -> list[int]:
+    """The steps of the ``iter_NNNNNNN`` folders in ``folder``, in order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    names = [p.name[len(ITERATION_PREFIX) :] for p in folder.glob(f"{ITERATION_PREFIX}*") if p.is_dir()]
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def iteration_of(folder: str | Path) -> int | None:
+    """The step of ``folder`` when it is one iteration folder itself (``.../iter_0000100``; Megatron-Bridge
+    loads such a folder directly), else None."""
+    folder = Path(folder)
+    step = folder.name[len(ITERATION_PREFIX) :]
+    return int(step) if folder.name.startswith(ITERATION_PREFIX) and step.isdigit() and folder.is_dir() else None
+
+
+def holds_checkpoint(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a tracker file or an iteration folder (a checkpoint, or the start of one)."""
+    folder = Path(folder)
+    return (folder / TRACKER).is_file() or (folder / TRAIN_STATE).is_file() or bool(saved_steps(folder))
+
+
+def tracker_problem(folder: str | Path) -> str | None:
+    """Why ``folder``'s tracker and its iteration folders disagree, or None: a tracker that is not a step
+    number or names a step with no ``iter_*`` folder, or finished saves (``run_config.yaml`` inside) with
+    no tracker naming the newest (Megatron would start over and save onto them)."""
+    folder = Path(folder)
+    tracker, steps = folder / TRACKER, saved_steps(folder)
+    present = f"steps saved there: {', '.join(map(str, steps))}" if steps else "no iter_* folder is there"
+    fix = f"write the newest step into it (echo {steps[-1]} > {tracker})" if steps else f"remove {tracker}"
+    if (folder / TRAIN_STATE).is_file():  # Megatron-Bridge reads its own tracker first
+        own = f"copy {iteration_folder(folder, steps[-1]) / 'train_state.pt'} to" if steps else "remove"
+        fix += f" and {own} {folder / TRAIN_STATE}"
+    if not tracker.is_file():
+        finished = [s for s in steps if (iteration_folder(folder, s) / RUN_CONFIG).is_file()]
+        if finished and not (folder / TRAIN_STATE).is_file():
+            return (
+                f"{folder} holds saved steps ({', '.join(map(str, finished))}) but no {TRACKER} naming the newest "
+                f"(Megatron finds no checkpoint there without it, and a run would save onto them); write the step "
+                f"to load into it (echo {finished[-1]} > {tracker})"
+            )
+        return None
+    try:
+        text = tracker.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{tracker} cannot be read ({type(exc).__name__}; {present}); {fix}"
+    if text == RELEASE:
+        return None
+    if not text.isdigit():
+        return f"{tracker} holds {text[:40]!r}, not a step number ({present}); {fix}"
+    wanted = iteration_folder(folder, int(text))
+    if wanted.is_dir():
+        return None
+    return f"{tracker} names step {int(text)}, but {folder} holds no {wanted.name} ({present}); {fix}"
 
 
 def latest_iteration(folder: str | Path) -> int | None:
@@ -58,7 +120,13 @@ def read_run_config(path: Path) -> dict:
 
 def latest_run_config(folder: str | Path) -> tuple[int, dict] | None:
     """(iteration, run_config) of the newest checkpoint in ``folder``, or None when there is none;
-    ({}) when that iteration has no run_config.yaml."""
+    ({}) when that iteration has no run_config.yaml. CheckpointMetadataError when the tracker and the
+    iteration folders disagree (:func:`tracker_problem`)."""
+    if (step := iteration_of(folder)) is not None:
+        run_config = Path(folder) / RUN_CONFIG
+        return step, read_run_config(run_config) if run_config.is_file() else {}
+    if problem := tracker_problem(folder):
+        raise CheckpointMetadataError(problem)
     iteration = latest_iteration(folder)
     if iteration is None:
         return None
@@ -71,9 +139,9 @@ def latest_run_config(folder: str | Path) -> tuple[int, dict] | None:
 # --- the run a checkpoint folder belongs to --------------------------------------------------------
 # The launch writes IDENTITY into its save folder; a run that would resume a checkpoint (its load
 # folder) or save beside one compares its own identity with it first. A run is the recipe, the
-# model's architecture, the data (a rows folder by its content hash), the sequence length and the
-# LoRA settings; the parallel layout, the step count and the learning rate are not: they may change
-# between a run and its resumption.
+# model's architecture, the starting weights (by a key of their content), the data (a rows folder by
+# its content hash), the sequence length and the LoRA settings; the parallel layout, the step count
+# and the learning rate are not: they may change between a run and its resumption.
 
 IDENTITY = "run_identity.json"
 # Architecture fields a checkpoint's weights are shaped by: a run of another value cannot load them.
@@ -126,6 +194,73 @@ def data_identity(dataset: Any) -> dict:
     return {"kind": type(dataset).__name__, "path": str(where) if where is not None else None}
 
 
+# The weights key reads this many windows of this many bytes, spread evenly over each weight file: two
+# checkpoints of one shape but other weights (a Qwen3.5 and a Qwen3.6 folder) differ in every window,
+# and a folder copied elsewhere (new paths, new file times) keeps its key. A few MiB per checkpoint.
+KEY_WINDOWS = 32
+KEY_WINDOW_BYTES = 4096
+_KEYS: dict[tuple, str] = {}  # weights keys computed in this process, by the files' paths, sizes and times
+
+
+def weights_key(files: list[Path], root: Path) -> str | None:
+    """A key of the content of ``files`` (under ``root``): their names relative to ``root``, sizes and
+    :data:`KEY_WINDOWS` windows of bytes each; None when a file cannot be read."""
+    import hashlib
+
+    try:
+        stats = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    except OSError:
+        return None
+    if stats in _KEYS:
+        return _KEYS[stats]
+    h = hashlib.sha256()
+    try:
+        for file, size, _ in stats:
+            h.update(f"{Path(file).relative_to(root)} {size}\n".encode())
+            with open(file, "rb") as f:
+                span = max(size - KEY_WINDOW_BYTES, 0)
+                for i in range(KEY_WINDOWS):
+                    f.seek(span * i // (KEY_WINDOWS - 1))
+                    h.update(f.read(KEY_WINDOW_BYTES))
+    except OSError:
+        return None
+    _KEYS[stats] = h.hexdigest()[:32]
+    return _KEYS[stats]
+
+
+HF_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json")
+
+
+def is_hf_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is a Hugging Face checkpoint (config.json and weights) and no Megatron one."""
+    folder = Path(folder)
+    weights = any((folder / name).is_file() for name in HF_WEIGHT_FILES) or any(folder.glob("*.safetensors"))
+    return (folder / "config.json").is_file() and weights and not holds_checkpoint(folder)
+
+
+def starting_weights(cfg: Any) -> dict | None:
+    """The weights a run starts from: the ``--hf-checkpoint`` folder (``checkpoint.hf_source_path``) by
+    the key of its safetensors, else ``checkpoint.pretrained_checkpoint`` (a Megatron checkpoint) by the
+    key of its newest iteration's files; None when it names none (random initialization)."""
+    c = cfg.checkpoint
+    hf, megatron = getattr(c, "hf_source_path", None), getattr(c, "pretrained_checkpoint", None)
+    if isinstance(hf, str | os.PathLike) and is_hf_folder(hf):
+        root = Path(hf).expanduser().resolve()
+        files = sorted(root.glob("*.safetensors"))
+        return {"kind": "Hugging Face folder", "path": str(root), "weights_key": weights_key(files, root)}
+    if not isinstance(megatron, str | os.PathLike) or not str(megatron):
+        return None
+    root = Path(megatron).expanduser().resolve()
+    iteration = latest_iteration(root) if not tracker_problem(root) else None
+    where = iteration_folder(root, iteration) if iteration is not None else root
+    files = sorted(p for p in where.rglob("*") if p.is_file()) if where.is_dir() else []
+    return {
+        "kind": "Megatron checkpoint",
+        "path": str(root),
+        "weights_key": weights_key(files, root) if files else None,
+    }
+
+
 def run_identity(cfg: Any, recipe: str) -> dict:
     """What identifies the run ``cfg`` of recipe ``recipe`` (see :data:`IDENTITY`)."""
     m = cfg.model
@@ -135,6 +270,7 @@ def run_identity(cfg: Any, recipe: str) -> dict:
             "hf_model_id": getattr(m, "hf_model_id", None),
             **{f: getattr(m, f, None) for f in ARCHITECTURE_FIELDS},
         },
+        "start": starting_weights(cfg),
         "data": data_identity(cfg.dataset),
         "seq_length": m.seq_length,
         "lora": lora_settings(getattr(cfg, "peft", None)),
@@ -193,7 +329,7 @@ def _lora_differs(saved: dict | None, this: dict | None) -> bool:
     return any(saved[k] != this[k] for k in saved.keys() & this.keys())
 
 
-def _lora_words(lora: dict | None) -> str:
+def lora_words(lora: dict | None) -> str:
     if lora is None:
         return "full fine-tuning (no LoRA)"
     targets = ", ".join(lora.get("target_modules") or []) or "no targets"
@@ -201,6 +337,25 @@ def _lora_words(lora: dict | None) -> str:
         f"{lora.get('scheme', 'LoRA')} rank {lora.get('dim')} alpha {lora.get('alpha')} "
         f"dropout {lora.get('dropout')} on {targets}"
     )
+
+
+def _start_differs(saved: dict | None, this: dict | None) -> bool:
+    """Whether two runs start from other weights: by their keys when both have one, else by path."""
+    if saved is None or this is None:
+        return (saved is None) != (this is None)
+    if saved.get("kind") != this.get("kind"):
+        return True
+    if saved.get("weights_key") and this.get("weights_key"):
+        return saved["weights_key"] != this["weights_key"]
+    return saved.get("path") != this.get("path")
+
+
+def start_words(start: dict | None) -> str:
+    """How a run's starting weights (:func:`starting_weights`) are named in a message."""
+    if start is None:
+        return "no starting weights (random initialization)"
+    key = start.get("weights_key")
+    return f"{start.get('kind')} {start.get('path')}" + (f" (weights key {str(key)[:12]})" if key else "")
 
 
 def _data_words(data: dict) -> str:
@@ -219,6 +374,8 @@ def identity_differences(saved: dict, this: dict) -> list[str]:
     for field in ("hf_model_id", *ARCHITECTURE_FIELDS):
         if field in old_model and field in new_model and old_model[field] != new_model[field]:
             out.append(f"model.{field}: {old_model[field]} -> {new_model[field]}")
+    if "start" in saved and "start" in this and _start_differs(saved["start"], this["start"]):
+        out.append(f"starting weights: {start_words(saved['start'])} -> {start_words(this['start'])}")
     if "data" in saved and "data" in this:
         old, new = saved["data"] or {}, this["data"] or {}
         same = (
@@ -231,7 +388,7 @@ def identity_differences(saved: dict, this: dict) -> list[str]:
     if "seq_length" in saved and "seq_length" in this and saved["seq_length"] != this["seq_length"]:
         out.append(f"sequence length: {saved['seq_length']} -> {this['seq_length']}")
     if "lora" in saved and "lora" in this and _lora_differs(saved["lora"], this["lora"]):
-        out.append(f"LoRA: {_lora_words(saved['lora'])} -> {_lora_words(this['lora'])}")
+        out.append(f"LoRA: {lora_words(saved['lora'])} -> {lora_words(this['lora'])}")
     return out
 
 
@@ -242,7 +399,7 @@ def saved_identity(folder: str | Path) -> tuple[int, dict, bool] | None:
     if latest is None:
         return None
     iteration, run_config = latest
-    written = read_identity(folder)
+    written = read_identity(Path(folder).parent if iteration_of(folder) is not None else folder)
     if written is not None:
         return iteration, written, True
     return iteration, identity_of_run_config(run_config), False
@@ -253,7 +410,7 @@ def fresh_folder(save: str | Path) -> Path:
     checkpoint, else ``save/fresh_<N>`` for the first N whose path does not exist (nothing is moved,
     deleted or written over)."""
     save = Path(save)
-    if latest_iteration(save) is None:
+    if not holds_checkpoint(save):
         return save
     n = 1
     while (save / f"{FRESH_PREFIX}{n}").exists():

@@ -298,6 +298,8 @@ def dry_run_problems(cfg: Any) -> tuple[list[str], list[str]]:
         )
     except RowsIntegrityError as exc:
         return [str(exc)], []
+    if problem := checkpoint_tokenizer_problem(cfg, rows.manifest, tokenizer):
+        return [problem], []
     errors, warnings = [], []
     n_rows = len(rows.ids)
     k = getattr(d, "rows_per_sample", 1)
@@ -365,6 +367,24 @@ def _micro_batch_problems(cfg: Any) -> list[str]:
         f"dataset.rows_per_sample={k} model.seq_length={d.seq_length * k}{same_rows} "
         f"({gb * per_seq} rows per step, {k} per micro batch), or set -mb 1, or build --packing one_per_row rows"
     ]
+
+
+def checkpoint_tokenizer_problem(cfg: Any, manifest: dict, checked: str | None) -> str | None:
+    """The rows against the starting checkpoint's own tokenizer (``checkpoint.hf_source_path``, the
+    ``--hf-checkpoint`` folder) when they were checked against another (``checked``: a tokenizer
+    override): the checkpoint's weights know its ids and chat template, whatever the run's tokenizer."""
+    from bridge_recipes.data.integrity import check_tokenizer, tokenizer_json
+
+    own = getattr(getattr(cfg, "checkpoint", None), "hf_source_path", None)
+    if not isinstance(own, str) or not tokenizer_json(own).is_file():
+        return None
+    if checked is not None and tokenizer_json(checked).resolve() == tokenizer_json(own).resolve():
+        return None
+    try:
+        check_tokenizer(Path(cfg.dataset.path), manifest, own)
+    except RowsIntegrityError as exc:
+        return f"{exc} (checked against the --hf-checkpoint folder {own}, whose weights the run trains)"
+    return None
 
 
 def _local_tokenizer(cfg: Any) -> str | None:

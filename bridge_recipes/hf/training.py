@@ -148,7 +148,7 @@ def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
 
     from bridge_recipes.vl.vl_dataset import IMAGE_PROCESSOR_FILES
 
-    cfg.tokenizer = TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(folder.path))
+    cfg.tokenizer = TokenizerConfig(tokenizer_type=HF_TOKENIZER, tokenizer_model=str(folder.path))
     cfg.checkpoint.hf_source_path = str(folder.path)
     if folder.is_vl and any((folder.path / f).is_file() for f in IMAGE_PROCESSOR_FILES):
         # a VL checkpoint's images go through its own processor, as its text through its tokenizer
@@ -157,9 +157,57 @@ def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
                 holder.hf_processor_path = str(folder.path)
 
 
+HF_TOKENIZER = "HuggingFaceTokenizer"  # Megatron-Bridge's tokenizer type of a Hugging Face folder
+# The fields that name a tokenizer besides the checkpoint's own (use_checkpoint sets the first to the folder).
+TOKENIZER_FIELDS = (("tokenizer", "tokenizer_model"), ("dataset", "tokenizer_path"))
+
+
+def tokenizer_problem(cfg: Any, folder: ck.HfFolder) -> str | None:
+    """A tokenizer field (:data:`TOKENIZER_FIELDS`) set to another tokenizer than the folder's own: the
+    checkpoint's weights would train on another tokenizer's ids (its embedding rows mean its own
+    tokens). A folder or file whose tokenizer.json is the same bytes is the same tokenizer."""
+    from bridge_recipes.data.integrity import tokenizer_json
+    from bridge_recipes.outputs import file_sha256
+
+    own = folder.path / ck.TOKENIZER_FILES[0]
+    kind = getattr(getattr(cfg, "tokenizer", None), "tokenizer_type", None)
+    if kind not in (None, HF_TOKENIZER):
+        return (
+            f"tokenizer.tokenizer_type={kind}: the run's tokenizer is the --hf-checkpoint folder's own "
+            f"({HF_TOKENIZER} on {folder.path}), the one its weights were trained on; drop tokenizer.tokenizer_type"
+        )
+    for section, name in TOKENIZER_FIELDS:
+        value = getattr(getattr(cfg, section, None), name, None)
+        if value is None or not str(value):
+            continue
+        path = Path(str(value)).expanduser()
+        if path.exists() and path.resolve() in (folder.path, own):
+            continue
+        key = f"{section}.{name}={value}"
+        fix = (
+            f"drop {section}.{name} (the run reads the checkpoint's own tokenizer), or pass the checkpoint of that "
+            "tokenizer as --hf-checkpoint"
+        )
+        given = tokenizer_json(path) if path.exists() else None
+        if given is None or not given.is_file():
+            return (
+                f"{key} names no local tokenizer.json to compare with the one of --hf-checkpoint {folder.path}, "
+                f"whose weights were trained on its own tokenizer; {fix}"
+            )
+        if file_sha256(given) != file_sha256(own):
+            return (
+                f"{key}: its tokenizer.json differs from the one of --hf-checkpoint {folder.path}: the checkpoint's "
+                f"weights would train on another tokenizer's ids; {fix}"
+            )
+    return None
+
+
 def check_model(cfg: Any, folder: ck.HfFolder) -> None:
     """The folder's architecture against ``cfg.model`` after the overrides (the shape came from the
-    folder, so only a ``model.*`` override can differ); ValueError naming each differing field."""
+    folder, so only a ``model.*`` override can differ), and its tokenizer against a tokenizer override
+    (:func:`tokenizer_problem`); ValueError naming each differing field."""
+    if problem := tokenizer_problem(cfg, folder):
+        raise ValueError(f"hf_checkpoint: {problem}")
     problems = ck.check_against(found_for(cfg, folder), ck.expected_from_model(cfg.model, not text_model(cfg)))
     if problems:
         overridden = [
@@ -282,19 +330,23 @@ def check_export_target(cfg: Any, out: str, folder: ck.HfFolder | None = None, *
         ("hf_checkpoint", getattr(ckpt, "hf_source_path", None)),
         ("dataset.path (the rows)", data if isinstance(data, str) else None),
     ]
-    targets = [("export_hf", Path(out).expanduser())]
-    if getattr(cfg, "peft", None) is not None:
-        targets.append(("export_hf's adapter folder", adapter_folder(out)))
-    for option, path in targets:
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise ValueError(f"{option}={path} exists and is not empty; choose a new folder")
-        if problem := overlap_problem(path, option=option, inputs=[(n, p) for n, p in folders if p]):
+    targets = [(Path(out).expanduser(), f"export_hf {Path(out).expanduser()}")]
+    if getattr(cfg, "peft", None) is not None:  # a LoRA run's adapters go to a folder of their own beside it
+        targets.append((adapter_folder(out), f"the adapter folder {adapter_folder(out)} beside --export-hf"))
+    for path, what in targets:
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{what} is a file; choose a new folder (another --export-hf)")
+        if path.is_dir() and (held := sorted(p.name for p in path.iterdir())):
+            raise ValueError(
+                f"{what} exists and is not empty (it holds {', '.join(held[:5])}); the export writes a new folder "
+                "there and replaces none: move its files away, or choose another --export-hf"
+            )
+        inputs = [(n, p) for n, p in folders if p]
+        if problem := overlap_problem(path, option="export_hf", inputs=inputs, what=what):
             raise ValueError(problem)
         existing = next(p for p in (path, *path.absolute().parents) if p.exists())
         if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise ValueError(
-                f"{option}={str(path)!r}: {existing} is not a writable folder; choose a folder you can write"
-            )
+            raise ValueError(f"{what}: {existing} is not a writable folder; choose a folder you can write")
 
 
 def export_summary(cfg: Any, out: str, folder: ck.HfFolder, text_only: bool = False) -> str:

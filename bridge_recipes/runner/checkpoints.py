@@ -3,8 +3,10 @@
 - asynchronous saving with no save folder;
 - a pretrained checkpoint or an explicit resume folder that does not exist (an automatic
   resume from the save folder may find nothing: that is a fresh start, not an error);
-- resuming a checkpoint of another run, or saving beside one: another recipe, model, data (a rows
-  folder by its content hash), sequence length or LoRA setting (``bridge_recipes.saved_runs``:
+- a Hugging Face folder given as the resume, save or pretrained checkpoint folder (its weights are
+  started from with ``--hf-checkpoint``), and a tracker that disagrees with the iteration folders;
+- resuming a checkpoint of another run, or saving beside one: another recipe, model, starting
+  weights, data (a rows folder by its content hash), sequence length or LoRA setting (``bridge_recipes.saved_runs``:
   the launch records what identifies its run in its save folder); the error names each difference
   and ``--fresh`` starts a new run in a new subfolder instead;
 - resuming a checkpoint of another kind of run (LoRA against full fine-tuning);
@@ -30,10 +32,13 @@ from bridge_recipes.saved_runs import (
     CheckpointMetadataError,
     fresh_folder,
     identity_differences,
+    is_hf_folder,
     latest_iteration,
     latest_run_config,
     run_identity,
     saved_identity,
+    saved_steps,
+    tracker_problem,
 )
 
 LAYOUT_FIELDS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
@@ -74,6 +79,53 @@ def data_overlap(cfg: Any, key: str, folder: str) -> str | None:
     return f"{problem} (the run's files would be mixed with the data)" if problem else None
 
 
+# The flag that sets each checkpoint folder, named in a refusal beside the field.
+FOLDER_FLAGS = {
+    "checkpoint.load": "--load-dir",
+    "checkpoint.save": "--save-dir",
+    "checkpoint.pretrained_checkpoint": "--pretrained-checkpoint",
+}
+
+
+def hf_folder_problem(key: str, folder: str | os.PathLike | None) -> str | None:
+    """A Hugging Face folder (config.json and weights, no Megatron checkpoint) given as the checkpoint
+    folder ``key``: not a run's checkpoint to resume, save beside or load, but weights to start from."""
+    if not isinstance(folder, str | os.PathLike) or not str(folder) or not os.path.isdir(folder):
+        return None
+    if not is_hf_folder(Path(folder).expanduser()):
+        return None
+    what = {
+        "checkpoint.load": "not a checkpoint of a run to resume",
+        "checkpoint.save": "the run would write its checkpoints among its files",
+        "checkpoint.pretrained_checkpoint": "not a Megatron checkpoint",
+    }[key]
+    rest = (
+        "and give the run its own --save-dir" if key == "checkpoint.save" else f"and drop {FOLDER_FLAGS[key]} ({key})"
+    )
+    return (
+        f"{key}={folder} ({FOLDER_FLAGS[key]}) is a Hugging Face folder (config.json and its weights), {what}; "
+        f"to start from its weights pass --hf-checkpoint {folder} (converted once and cached) {rest}"
+    )
+
+
+def given_folder_problem(key: str, folder: str | os.PathLike | None, *, fresh: bool = False) -> str | None:
+    """What a look at the checkpoint folder ``key`` refutes before anything is built: a Hugging Face
+    folder (:func:`hf_folder_problem`), a file, or a tracker that disagrees with its iteration folders
+    (unless ``fresh`` for the run's own folders: ``--fresh`` leaves them alone)."""
+    if not isinstance(folder, str | os.PathLike) or not str(folder):
+        return None
+    if problem := hf_folder_problem(key, folder):
+        return problem
+    path = Path(folder).expanduser()
+    if key != "checkpoint.save" and path.is_file():  # the save folder's own check names a file
+        return f"{key}={folder} ({FOLDER_FLAGS[key]}) is a file, not a checkpoint folder; name the folder"
+    pretrained = key == "checkpoint.pretrained_checkpoint"
+    if path.is_dir() and (pretrained or not fresh) and (problem := tracker_problem(path)):
+        way = "" if pretrained else "; or give this run another folder (--save-dir DIR)"
+        return f"{key}={folder} ({FOLDER_FLAGS[key]}): {problem}{way}"
+    return None
+
+
 def is_megatron_checkpoint(folder: str) -> bool:
     """Megatron-Bridge's own test: a tracker file, or an iteration folder with its markers."""
     from megatron.bridge.training.utils.checkpoint_utils import checkpoint_exists
@@ -95,6 +147,9 @@ def problems(cfg: Any, world_size: int, recipe: str | None = None) -> list[str]:
             for msg in [folder_problem("checkpoint.save", c.save), data_overlap(cfg, "checkpoint.save", c.save)]
             if msg
         ]
+    keys = [k for k in FOLDER_FLAGS if not (k == "checkpoint.load" and c.load == c.save)]  # load follows save
+    if given := [p for k in keys if (p := given_folder_problem(k, getattr(c, k.split(".")[1], None)))]:
+        return [*out, *given]  # not a checkpoint folder, or one whose records disagree: nothing more to read
     if c.pretrained_checkpoint and not os.path.exists(c.pretrained_checkpoint):
         out.append(f"checkpoint.pretrained_checkpoint={c.pretrained_checkpoint} does not exist")
     elif c.pretrained_checkpoint and not is_megatron_checkpoint(c.pretrained_checkpoint):
@@ -112,7 +167,7 @@ def problems(cfg: Any, world_size: int, recipe: str | None = None) -> list[str]:
         if other_run := identity_problems(cfg, recipe):
             return [*out, *other_run]  # not this run's checkpoint: how it would reshard does not matter
     except CheckpointMetadataError as exc:
-        return [*out, f"{exc}; repair or remove that checkpoint, or give this run another folder (--save-dir DIR)"]
+        return [*out, f"{exc}; or give this run another folder (--save-dir DIR)"]
     if saved:
         out += reshard_problems(cfg, world_size, *saved)
     return out
@@ -225,9 +280,10 @@ def resume_line(cfg: Any) -> str:
         return f"unknown: {exc}"
     if saved is None:
         return f"no: {c.load} holds no checkpoint, the run starts at step 0 (a later launch resumes its own)"
-    iteration, _, complete = saved
+    iteration, identity, complete = saved
+    weights = "starting weights, " if "start" in identity else ""
     same = (
-        "the same recipe, model, data, sequence length and LoRA settings"
+        f"the same recipe, model, {weights}data, sequence length and LoRA settings"
         if complete
         else "saved without run_identity.json: its sequence length and LoRA settings match; recipe and data "
         "not compared"
@@ -258,7 +314,9 @@ def start_fresh(cfg: Any, recipe: str) -> str:
     if c.load:
         c.load = folder
     tracking.follow_save(cfg, before, [], recipe)
+    step = latest_iteration(old)
+    kept = f"step {step}" if step is not None else f"steps {', '.join(map(str, saved_steps(old)))}"
     return (
-        f"no (--fresh): a new run in {folder}; {old} keeps its checkpoint (step {latest_iteration(old)}); "
+        f"no (--fresh): a new run in {folder}; {old} keeps its checkpoint ({kept}); "
         f"to resume this run later: --save-dir {folder}"
     )

@@ -709,6 +709,12 @@ def paths_problem(args: argparse.Namespace) -> str | None:
             inspect(args.hf_checkpoint)
         except ValueError as exc:
             return str(exc)
+    from bridge_recipes.runner.checkpoints import FOLDER_FLAGS, given_folder_problem
+
+    for key, flag in FOLDER_FLAGS.items():  # a Hugging Face folder, or a tracker naming no saved step
+        value = getattr(args, flag[2:].replace("-", "_")) or _given(args, key)
+        if problem := given_folder_problem(key, value, fresh=bool(args.fresh)):
+            return problem
     data = _given(args, "dataset.path")
     if not data or args.dataset not in ("sft-rows", "energon"):
         return None
