@@ -9,13 +9,13 @@ The tuned model is the merged export or the base with the adapter folder on it; 
 (--prompt TEXT, or --prompts FILE of conversation records asked up to their first reply) or the first
 validation conversations of a rows folder (--rows DIR), cut where training's supervision starts, with the
 training data's reply beside the answers. A GPU when there is one (BF16), else the CPU (FP32: toys).
-Exit status 2 on bad input. The logic lives in bridge_recipes.hf.answers.
+Exit status 2 on bad input. The logic lives in bridge_recipes.evaluate.answers.
 """
 
 import sys
 
 from bridge_recipes import quiet
-from bridge_recipes.hf.answers import main
+from bridge_recipes.evaluate.answers import main
 
 if __name__ == "__main__":
     quiet.install()  # other libraries' start-up notices (shown with --verbose)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.hf import answers, released
+from bridge_recipes.evaluate import answers
+from bridge_recipes.hf import released
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERSATIONS = ROOT / "examples" / "conversations.jsonl"
