@@ -69,7 +69,8 @@ def build(
       overrides, which still win), and checked against the model after the overrides. Converting
       it is the launch's job (:mod:`bridge_recipes.hf.training`).
     - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
-      of calling the recipe; ``name`` is then the recipe it was written from. The file is already
+      of calling the recipe; ``name`` is then the recipe it was written from, whose features fill
+      those the file leaves out (``config file ... has no ...`` reported). The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
     - ``epochs``: the run's length in passes over its SFT rows: ``train.train_iters`` from the rows
       folder's row count and the rows per step, set last (``epochs: ...`` reported;
@@ -91,7 +92,7 @@ def build(
     _check_request(scale_down, scale_experts, gpus, peft, config_file, dataset)
     if epochs is not None and (problem := epochs_conflict(epochs, values, overrides)):
         raise ValueError(problem)
-    cfg = _base_config(name, config_file)
+    cfg = _base_config(name, config_file, report)
     folder = None
     if hf_checkpoint is not None:
         folder, scale_experts = _open_checkpoint(cfg, hf_checkpoint, scale_down, scale_experts)
@@ -207,14 +208,15 @@ def _check_request(
         )
 
 
-def _base_config(name: str, config_file: str | None) -> Any:
-    """The run before any change: the saved ``config_file`` (named after recipe ``name``), else recipe
-    ``name`` called; a :class:`bridge_recipes.recipe_config.RecipeConfig` either way."""
+def _base_config(name: str, config_file: str | None, report: Callable[[str], None] | None = None) -> Any:
+    """The run before any change: the saved ``config_file`` (named after recipe ``name``, whose features
+    fill those the file leaves out, ``report`` told), else recipe ``name`` called; a
+    :class:`bridge_recipes.recipe_config.RecipeConfig` either way."""
     if config_file is None:
         return registry.load(name)()
     from bridge_recipes import config_files
 
-    cfg = config_files.load(config_file)
+    cfg = config_files.load(config_file, name, report)
     cfg.name_recipe(name, registry.find(name).meta)
     return cfg
 

@@ -165,6 +165,13 @@ def container_fields() -> tuple[str, ...] | None:
     """The top-level sections of a recipe's run: Megatron-Bridge's ConfigContainer's, read from its source
     without importing Megatron (which takes many seconds), and ``features``; None where the source is not
     found."""
+    found = container_annotations()
+    return None if found is None else (*found, FEATURES)
+
+
+def container_annotations() -> dict[str, Any] | None:
+    """The annotation of each public field of Megatron-Bridge's ConfigContainer as an ``ast`` expression,
+    read from its source without importing Megatron; None where the source is not found."""
     import ast
     import importlib.util
     from pathlib import Path
@@ -176,16 +183,13 @@ def container_fields() -> tuple[str, ...] | None:
             continue
         for node in ast.parse(source.read_text()).body:
             if isinstance(node, ast.ClassDef) and node.name == "ConfigContainer":
-                return (
-                    *(
-                        n.target.id
-                        for n in node.body
-                        if isinstance(n, ast.AnnAssign)
-                        and isinstance(n.target, ast.Name)
-                        and not n.target.id.startswith("_")
-                    ),
-                    FEATURES,
-                )
+                return {
+                    n.target.id: n.annotation
+                    for n in node.body
+                    if isinstance(n, ast.AnnAssign)
+                    and isinstance(n.target, ast.Name)
+                    and not n.target.id.startswith("_")
+                }
     return None
 
 

@@ -62,14 +62,19 @@ class RecipeConfig(ConfigContainer):
         self._save_interval = derived
 
 
-def promote(cfg: Any) -> RecipeConfig:
-    """``cfg`` as a :class:`RecipeConfig`: itself when it is one, else a RecipeConfig holding the same
-    sections (the same objects) and the default features."""
+def promote(cfg: Any, features: Features | None) -> RecipeConfig:
+    """``cfg`` as a :class:`RecipeConfig` with ``features`` (None: its own): itself when it is one, else a
+    RecipeConfig holding the same sections (the same objects). A plain ConfigContainer holds no features,
+    so they are given, never the dataclass defaults (a config file's come from its recipe)."""
     if isinstance(cfg, RecipeConfig):
+        if features is not None:
+            cfg.features = features
         return cfg
+    if features is None:
+        raise ValueError("a plain ConfigContainer holds no features: give the run's (its recipe's)")
     out = RecipeConfig.__new__(RecipeConfig)
     for f in fields(ConfigContainer):
         setattr(out, f.name, getattr(cfg, f.name))
-    out.features = Features()
+    out.features = features
     out._recipe = out._meta = out._save_interval = None
     return out

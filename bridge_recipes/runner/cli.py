@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import sys
 import tempfile
@@ -301,15 +302,7 @@ def save_config_problem(args: argparse.Namespace) -> str | None:
 
 def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     if args.config_file:
-        from bridge_recipes.config_files import recipe_of, run_options
-
-        args.recipe = recipe_of(args.config_file, args.recipe)
-        # the saved run's weights and export folder, unless the command line names others
-        for option, value in run_options(args.config_file).items():
-            dest = option.replace("-", "_")
-            if getattr(args, dest) is None and not (dest == "gpu_memory_gb" and args.gpu):
-                setattr(args, dest, _run_option(option, value, args.config_file))
-                print(f"[run_recipe] --{option} {value} (from {args.config_file})")
+        take_run_options(args)
     if problem := budgets_problem(args):
         raise ValueError(f"{problem} (from {args.config_file})" if args.config_file else problem)
     entry = registry.find(args.recipe)
@@ -353,8 +346,42 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
     return entry, cfg
 
 
+def take_run_options(args: argparse.Namespace) -> None:
+    """The recipe a config file was written from (``args.recipe``) and the runner options it records (its
+    weights, export folder, epochs, ...), each unless the command line gives its own (a step count given
+    there replaces the file's epochs); each option taken is printed."""
+    from bridge_recipes.builder import STEP_KEYS
+    from bridge_recipes.config_files import recipe_of, run_options
+    from bridge_recipes.overrides import parse
+
+    args.recipe = recipe_of(args.config_file, args.recipe)
+    for option, value in run_options(args.config_file).items():
+        dest = option.replace("-", "_")
+        if getattr(args, dest) is not None or (dest == "gpu_memory_gb" and args.gpu):
+            continue
+        if dest == "epochs":
+            steps = [f"--max-steps {args.max_steps}"] if args.max_steps is not None else []
+            steps += [t for t in args.overrides if parse(t).key in STEP_KEYS]
+            if steps:
+                print(f"[run_recipe] '# epochs: {value}' of {args.config_file} not taken: {steps[0]} sets the steps")
+                continue
+        setattr(args, dest, _run_option(option, value, args.config_file))
+        print(f"[run_recipe] --{option} {value} (from {args.config_file})")
+
+
 def _run_option(option: str, value: str | bool, path: str) -> Any:
-    """A runner option as a config file records it: a folder, or the memory cap (a number, checked)."""
+    """A runner option as a config file records it: a folder, or the memory cap or the epochs (a number,
+    checked)."""
+    if option == "epochs":
+        from bridge_recipes.run_length import epochs_value_problem
+
+        try:
+            epochs = float(value)
+        except ValueError:
+            epochs = math.nan
+        if epochs_value_problem(epochs):
+            raise ValueError(f"config file {path}: '# epochs: {value}' is not a number of passes over the rows > 0")
+        return epochs
     if option != "gpu-memory-gb":
         return value
     from bridge_recipes.gpu_memory import cap_value_problem
@@ -660,12 +687,18 @@ def request_problem(args: argparse.Namespace) -> str | None:
 
     if replaced := replaced_env_problems(None):  # a process environment variable a config key replaced
         return "; ".join(replaced)
+    from bridge_recipes.config_files import recipe_of, run_options
+
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
         range_precheck(flag_overrides(vars(args)))
         if args.recipe:
             registry.find(args.recipe)
-    except (OverrideError, registry.UnknownRecipe) as exc:
+        if args.config_file:  # read, its sections checked, its recipe line held to its model and task
+            registry.find(recipe_of(args.config_file, args.recipe))
+            for option, value in run_options(args.config_file).items():
+                _run_option(option, value, args.config_file)
+    except (OverrideError, registry.UnknownRecipe, ValueError) as exc:
         return str(exc)
     from bridge_recipes.installed import training_stack_problem
 
@@ -917,7 +950,7 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
         budgets = budgets_of(args)
         run |= {"first-step-timeout": f"{budgets.first_step_s:g}", "step-timeout": f"{budgets.step_s:g}"}
         try:
-            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run))
+            write_text_atomic(args.save_config, config_files.to_text(cfg, entry.name, run, written_for=True))
         except OSError as exc:  # a full disk, a file-size limit, a folder gone read-only: the old file stays
             kept = "the file there is as it was" if os.path.exists(args.save_config) else "nothing was written"
             return fail(

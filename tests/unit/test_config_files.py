@@ -125,7 +125,7 @@ def test_the_container_target_is_a_megatron_bridge_config_container_with_feature
     assert config_files.CONTAINERS[1] == f"{ConfigContainer.__module__}.{ConfigContainer.__qualname__}"
 
 
-def test_the_features_go_through_the_file_and_a_plain_container_gets_the_default_ones(tmp_path):
+def test_the_features_go_through_the_file_and_a_plain_container_gets_the_recipes(tmp_path):
     name = "qwen35_27b_peft_1gpu_h100_fp8base_config"
     cfg = bridge_recipes.build(name, overrides=["features.gdn_warmup.enabled=true"])
     assert cfg.features.chunked_loss.enabled and cfg.features.gdn_warmup.enabled
@@ -136,10 +136,13 @@ def test_the_features_go_through_the_file_and_a_plain_container_gets_the_default
     assert config_files.to_text(again, name) == config_files.to_text(cfg, name)
     plain = tmp_path / "plain.yaml"
     text = path.read_text().replace(config_files.CONTAINER, config_files.CONTAINERS[1])
-    plain.write_text(text[: text.index("features:")] + text[text.index("\nlogger:") + 1 :])
+    plain.write_text(text[: text.index("features:")] + text[text.index("\nft:") + 1 :])
     from bridge_recipes.features import Features
 
-    assert bridge_recipes.build(name, config_file=str(plain)).features == Features()
+    said: list[str] = []
+    features = bridge_recipes.build(name, config_file=str(plain), report=said.append).features
+    assert features == registry.load(name)().features != Features()
+    assert [line for line in said if "has no features" in line and "chunked_loss.enabled=true" in line], said
 
 
 def test_overwrite_config_alone_is_refused(capsys):

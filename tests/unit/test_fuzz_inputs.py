@@ -270,7 +270,7 @@ def test_config_file_naming_any_callable_is_refused_and_runs_nothing(saved_confi
             parent = parent[part]
         parent[leaf[-1]] = {"_target_": target, "_call_": call, "_args_": [f"{tmp}/written"]}
         path = Path(tmp) / "cfg.yaml"
-        path.write_text(yaml.safe_dump(data))
+        path.write_text(f"# recipe: {RECIPE}\n" + yaml.safe_dump(data))  # with its recipe line, as saved
         code, err = _run(["--config-file", str(path), "--dry-run", "--world-size", "8"])
         assert code == 2 and "Traceback" not in err
         assert f"key {where}" in err, err
@@ -287,6 +287,88 @@ def test_damaged_config_file_is_refused_or_built_never_a_traceback(saved_config,
         code, err = _run(["--config-file", str(path), "--dry-run", "--world-size", "8"])
         assert code in (0, 2) and "Traceback" not in err
         assert code == 0 or str(path) in err or "error" in err, err
+
+
+def _config_places() -> list[str]:
+    """Every top-level section of a saved config and every block of its features section."""
+    import dataclasses
+
+    from bridge_recipes.features import Features
+    from bridge_recipes.recipe_config import RecipeConfig
+
+    sections = [f.name for f in dataclasses.fields(RecipeConfig) if not f.name.startswith("_")]
+    return sections + [f"features.{f.name}" for f in dataclasses.fields(Features)]
+
+
+def _field_takes(where: str, value) -> bool:
+    """Whether the field at ``where`` takes ``value`` as it is (null in an optional section, a preset name,
+    a mapping of names for env_vars): the test's oracle, from the real annotations."""
+    import typing
+
+    from bridge_recipes.recipe_config import RecipeConfig
+
+    if where.startswith("features"):
+        return False  # the section and its blocks take only their config class
+    hint = typing.get_type_hints(RecipeConfig)[where]
+    if typing.get_origin(hint) is dict:
+        return isinstance(value, dict) and all(isinstance(v, str | int | float) for v in value.values())
+    args = typing.get_args(hint) or (hint,)
+    return (value is None and type(None) in args) or (isinstance(value, str) and str in args)
+
+
+# One value of each wrong kind: a number, a list, null, a string, a mapping without _target_.
+WRONG_KINDS = {"int": 5, "list": [1, "a"], "null": None, "string": "flash_varlen", "no_target": {"enabled": True}}
+WRONG_VALUE = st.one_of(
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.lists(st.integers() | st.text(max_size=8), max_size=3),
+    st.none(),
+    st.text(max_size=20),
+    st.dictionaries(
+        st.text(alphabet="abcdefghij_", min_size=1, max_size=8).filter(lambda k: k != "_target_"),
+        st.integers() | st.text(max_size=8) | st.lists(st.integers(), max_size=2),
+        max_size=3,
+    ),
+)
+
+
+def _config_with(saved_config: str, tmp: str, where: str, value) -> Path:
+    import yaml
+
+    data = yaml.safe_load(saved_config)
+    parent, parts = data, where.split(".")
+    for part in parts[:-1]:
+        parent = parent[part]
+    parent[parts[-1]] = value
+    path = Path(tmp) / "cfg.yaml"
+    path.write_text(f"# recipe: {RECIPE}\n" + yaml.safe_dump(data))
+    return path
+
+
+def _refused_naming(path: Path, where: str) -> None:
+    code, err = _run(["--config-file", str(path), "--dry-run", "--world-size", "8"])
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert f"config file {path}: " in err and where in err, err[-2000:]
+    assert "loading Megatron-Bridge" not in err  # answered before Megatron is imported
+
+
+@pytest.mark.parametrize("kind", list(WRONG_KINDS))
+@pytest.mark.parametrize("where", _config_places())
+def test_config_file_section_of_a_wrong_kind_is_refused_naming_it(saved_config, where, kind):
+    value = WRONG_KINDS[kind]
+    if _field_takes(where, value):
+        pytest.skip(f"{where} takes {value!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        _refused_naming(_config_with(saved_config, tmp, where, value), where)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(where=st.sampled_from(_config_places()), value=WRONG_VALUE)
+def test_config_file_section_of_any_wrong_value_is_refused_naming_it(saved_config, where, value):
+    from hypothesis import assume
+
+    assume(not _field_takes(where, value))
+    with tempfile.TemporaryDirectory() as tmp:
+        _refused_naming(_config_with(saved_config, tmp, where, value), where)
 
 
 # Loss logs: whole runs cut short, steps repeated, runs of one name; each refused by name.
