@@ -131,6 +131,7 @@ def test_the_dry_run_shows_steps_epochs_tokens_validation_and_time(rows, tmp_pat
     base = tmp_path / "base"
     base.mkdir()
     (base / "latest_checkpointed_iteration.txt").write_text("1")
+    (base / "iter_0000001").mkdir()  # the step the tracker names
     n = _rows_in(rows)
     argv = [
         "--recipe",

@@ -45,6 +45,7 @@ def base(tmp_path) -> Path:
     folder = tmp_path / "base"
     folder.mkdir()
     (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    (folder / "iter_0000001").mkdir()  # the step the tracker names
     return folder
 
 

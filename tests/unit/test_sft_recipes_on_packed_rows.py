@@ -33,6 +33,7 @@ def base_weights(tmp_path_factory):
     """A folder Megatron-Bridge takes for a checkpoint (its tracker file): what a LoRA run starts from."""
     folder = tmp_path_factory.mktemp("base")
     (folder / "latest_checkpointed_iteration.txt").write_text("1")
+    (folder / "iter_0000001").mkdir()  # the step the tracker names
     return folder
 
 
