@@ -36,7 +36,7 @@ class RecipeConfig(ConfigContainer):
 
     @property
     def meta(self) -> Any:
-        """The recipe's :class:`bridge_recipes.recipe.RecipeMeta` (None when it is not known)."""
+        """The recipe's :class:`bridge_recipes.recipes.recipe.RecipeMeta` (None when it is not known)."""
         return self._meta
 
     def name_recipe(self, name: str, meta: Any) -> None:
@@ -46,19 +46,20 @@ class RecipeConfig(ConfigContainer):
     @property
     def derived_save_interval(self) -> Any:
         """How ``checkpoint.save_interval`` was set from the run's length and expected time
-        (:class:`bridge_recipes.save_interval.Derived`), or None when it was not (given, or the recipe's)."""
+        (:class:`bridge_recipes.config.save_interval.Derived`), or None when it was not (given, or the recipe's)."""
         return self._save_interval
 
     def log_non_default_values(self) -> None:
         """Megatron-Bridge's list of every value that differs from Megatron-Core's defaults (about a
         thousand lines before the first step): with ``--verbose`` only; the run's summary says what runs."""
-        from bridge_recipes import quiet
+        from bridge_recipes.utils import quiet
 
         if quiet.verbose():
             super().log_non_default_values()
 
     def record_save_interval(self, derived: Any) -> None:
-        """Record how the save interval was set from the run (:func:`bridge_recipes.save_interval.follow_run`)."""
+        """Record how the save interval was set from the run
+        (:func:`bridge_recipes.config.save_interval.follow_run`)."""
         self._save_interval = derived
 
 

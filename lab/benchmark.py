@@ -16,11 +16,11 @@ import json
 import math
 from pathlib import Path
 
-from bridge_recipes import registry
 from bridge_recipes.bench import benchmark as product
 from bridge_recipes.bench.harness import build_config
-from bridge_recipes.outputs import write_text_atomic
-from bridge_recipes.overrides import in_cli_terms
+from bridge_recipes.config.overrides import in_cli_terms
+from bridge_recipes.recipes import registry
+from bridge_recipes.utils.outputs import write_text_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,7 +84,7 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
 
 def predict_main(opts, ap: argparse.ArgumentParser) -> int:
     """--predict RECIPE --proxy-results A B: the full-scale prediction, printed (and written to --out)."""
-    from bridge_recipes.outputs import output_problem
+    from bridge_recipes.utils.outputs import output_problem
     from lab import predict as pr
 
     if not opts.proxy_results:
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from bridge_recipes import quiet
+    from bridge_recipes.utils import quiet
 
     quiet.install()
     raise SystemExit(main())

@@ -53,8 +53,8 @@ class Candidate:
         if not proxy_layers:
             return list(self.overrides)
         import bridge_recipes
-        from bridge_recipes.layout import stage_layers
-        from bridge_recipes.scaledown import scaled_block_recompute
+        from bridge_recipes.plan.layout import stage_layers
+        from bridge_recipes.recipes.scaledown import scaled_block_recompute
 
         stage = max(stage_layers(bridge_recipes.build(self.recipe)))
         out = []
@@ -98,7 +98,7 @@ def full_scale_verdict(candidate: Candidate) -> dict[str, Any]:
     from bridge_recipes.plan.memory import SELECTIVE_MODULES, plan_memory, selective_modules
 
     cfg = bridge_recipes.build(candidate.recipe, overrides=list(candidate.overrides))
-    gpus = bridge_recipes.registry.find(candidate.recipe).meta.gpus
+    gpus = bridge_recipes.recipes.registry.find(candidate.recipe).meta.gpus
     plan = plan_memory(cfg, gpus, gpu="h200")
     modules = selective_modules(cfg.model)
     return {

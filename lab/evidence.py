@@ -322,7 +322,7 @@ def _plan_of(recipe: str, request: dict[str, Any], world: int, log: str | None =
     run's ``log``, gradient-accumulation fusion as that run had it (``te_wgrad.ran_fused``)."""
     import bridge_recipes
     from bridge_recipes.features import te_wgrad
-    from bridge_recipes.layout import layout_of
+    from bridge_recipes.plan.layout import layout_of
     from bridge_recipes.plan.memory import plan_memory
 
     cfg = bridge_recipes.build(recipe, **request)

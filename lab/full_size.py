@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.outputs import write_text_atomic
+from bridge_recipes.utils.outputs import write_text_atomic
 from lab import ROOT
 
 QUEUE = ROOT / "lab/gpu/queues/one_gpu_full_size.txt"
@@ -63,7 +63,7 @@ _ATTENTION_LINE = re.compile(r"packed rows: attention runs (?P<how>[^(\n]+?)\s*(
 def one_gpu_recipes() -> list[str]:
     """The listed one-GPU recipes that train on SFT rows (no alias twins, no mock or smoke runs), the
     80 GB and 48 GB ones first: the cards most one-GPU users hold."""
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
 
     names = [
         e.name
@@ -77,8 +77,8 @@ def one_gpu_recipes() -> list[str]:
 def cap_gb(recipe: str) -> float | None:
     """The memory a run of ``recipe`` trains within: its card's, None for the H200's own (the largest
     card the queue runs on, where the line needs that card)."""
-    from bridge_recipes import registry
-    from bridge_recipes.gpus import class_memory_gb
+    from bridge_recipes.hardware.gpus import class_memory_gb
+    from bridge_recipes.recipes import registry
 
     gpu = registry.find(recipe).meta.gpu
     return None if gpu == "h200" else class_memory_gb(gpu)
@@ -88,7 +88,7 @@ def step_sequences(cfg) -> int:
     """The global batch of a run of ``cfg``: whole micro batches holding at least :data:`STEP_ROWS` rows,
     in place of the recipes' 128 rows (minutes a step on one card): 20 steps then fit a queue step, and a
     step's cost per row is the recipe's (the optimizer updates only adapters)."""
-    from bridge_recipes.datasets import rows_per_sequence
+    from bridge_recipes.config.datasets import rows_per_sequence
 
     micro = cfg.train.micro_batch_size
     return micro * max(1, math.ceil(STEP_ROWS / (micro * rows_per_sequence(cfg))))
@@ -127,7 +127,7 @@ def run_line(recipe: str, shape: str, tokens: int, sequences: int) -> str:
 def queue_lines() -> list[str]:
     """Each row length's build step, then both shapes of each recipe in :func:`one_gpu_recipes`' order."""
     from bridge_recipes import build
-    from bridge_recipes.datasets import row_tokens
+    from bridge_recipes.config.datasets import row_tokens
 
     lines, built = [], set()
     for recipe in one_gpu_recipes():
@@ -166,9 +166,9 @@ def _shown(path: Path) -> str:
 
 def entry(result: Path, plan=planner_gb) -> dict[str, Any]:
     """One run's entry from its result file ``result`` (``RECIPE__SHAPE.yaml``) and the log beside it."""
-    from bridge_recipes import registry
     from bridge_recipes.bench.result import memory_cap_gb, read_result
     from bridge_recipes.logs.megatron_log import parse_megatron_log
+    from bridge_recipes.recipes import registry
 
     recipe, shape, *_ = result.stem.split("__")
     log_path = result.with_suffix(".log")

@@ -83,7 +83,7 @@ class Log:
 def run_child(log: Log, cmd: list[str], what: str) -> None:
     """Run ``cmd`` (offline, no torchrun variables inherited), log it and its output's tail;
     RuntimeError naming ``what`` when it fails."""
-    from bridge_recipes.hf.training import child_env
+    from bridge_recipes.hf.run_hooks import child_env
 
     log(f"$ {' '.join(cmd[1:])}")
     p = subprocess.run(cmd, env=child_env(), capture_output=True, text=True)
@@ -385,7 +385,7 @@ def lora_arm(log: Log, out: Path, scratch: Path, toy: Path, spec: Any, tokens: A
     import torch
 
     from bridge_recipes.bench.runs import launch
-    from bridge_recipes.saved_runs import iteration_folder
+    from bridge_recipes.training.saved_runs import iteration_folder
     from lab.evidence import RESUME_KILL_AFTER, RESUME_SAVE_INTERVAL, check_resume
 
     os.environ["QWEN35_RECIPES_CACHE"] = str(scratch / "cache")

@@ -21,7 +21,7 @@ def with_lora(model):
     import torch
     from megatron.bridge.peft.lora import LoRA
 
-    from bridge_recipes.common import LORA_TARGETS
+    from bridge_recipes.recipes.base import LORA_TARGETS
 
     model = LoRA(target_modules=list(LORA_TARGETS), dim=32, alpha=32)(model, training=True)
     with torch.no_grad():

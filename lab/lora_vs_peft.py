@@ -49,8 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.datasets import row_tokens, rows_per_sequence, rows_per_step
-from bridge_recipes.outputs import write_text_atomic
+from bridge_recipes.config.datasets import row_tokens, rows_per_sequence, rows_per_step
+from bridge_recipes.utils.outputs import write_text_atomic
 from lab import ROOT
 from lab.peer_peft import BY_EXPECTED_SPEED
 
@@ -103,8 +103,8 @@ def memory_cap(recipe: str, opts: argparse.Namespace) -> float | None:
     if opts.gpu_memory_gb is None:
         return None
     if opts.gpu_memory_gb == "auto":
-        from bridge_recipes import registry
-        from bridge_recipes.gpus import class_memory_gb
+        from bridge_recipes.hardware.gpus import class_memory_gb
+        from bridge_recipes.recipes import registry
 
         return class_memory_gb(registry.find(recipe).meta.gpu)
     return float(opts.gpu_memory_gb)
@@ -201,16 +201,16 @@ def best_peer(tried: list[tuple[str, dict]]) -> tuple[str, dict] | None:
 def cap_problem(recipe: str, opts: argparse.Namespace) -> str | None:
     """Why ours cannot run ``recipe`` within the command's memory cap (the planner's peak over it),
     naming the recipes of its model and task planned to fit; None without a cap or when it fits."""
-    from bridge_recipes import registry
-    from bridge_recipes.gpu_fit import recipes_that_fit
     from bridge_recipes.plan.memory import plan_memory
+    from bridge_recipes.recipes import registry
+    from bridge_recipes.recipes.gpu_fit import recipes_that_fit
     from lab import peer_peft
 
     cap = memory_cap(recipe, opts)
     if cap is None:
         return None
     import bridge_recipes
-    from bridge_recipes.overrides import OverrideError
+    from bridge_recipes.config.overrides import OverrideError
 
     try:
         cfg = peer_peft.workload_config(recipe, opts.rows, overrides(recipe, opts))
@@ -410,9 +410,9 @@ def memory_class_fields(
     and how an FP8 base multiplied (``gemms``: ours' config's ``features.fp8_base.gemms``, the feature's
     default when not given), ours' useful tokens/s and whether a peer fit at all (False: none gave figures
     and one ran out of memory; ``tried``: every configuration tried, else ``peer`` alone)."""
-    from bridge_recipes import registry
     from bridge_recipes.bench.result import memory_cap_gb
     from bridge_recipes.features import fp8_base
+    from bridge_recipes.recipes import registry
 
     meta = registry.find(recipe).meta
     useful = (ours.get("result") or {}).get("useful_tokens_per_s_per_gpu")
@@ -530,8 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def argument_problems(opts: argparse.Namespace) -> list[str]:
-    from bridge_recipes import registry
-    from bridge_recipes.outputs import output_problem
+    from bridge_recipes.recipes import registry
+    from bridge_recipes.utils.outputs import output_problem
 
     out = []
     if not Path(opts.rows).is_dir():

@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from bridge_recipes import quiet
-from bridge_recipes.outputs import output_problem, write_text_atomic
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import output_problem, write_text_atomic
 from lab import EVIDENCE
 from lab.memory_table import DOC, render
 

@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-from bridge_recipes.gpus import GB
+from bridge_recipes.hardware.gpus import GB
 
 # frames from these packages name a site; torch's own and Python's plumbing above them do not
 SITE_PACKAGES = ("megatron/", "transformer_engine/", "fla/", "bridge_recipes/", "torch/utils/checkpoint.py")

@@ -431,8 +431,8 @@ kernel autotuning) is not modelled.
 `run_recipe.py --plan --gpu-memory-gb GB` plans for GB instead of the recipe's GPU and, when it does
 not fit, names the recipes of the same model and task planned to fit GB. At launch the same option
 caps PyTorch's caching allocator so that it, plus what the process holds outside it, stays within GB
-(`bridge_recipes.gpu_memory`): an allocation past the cap fails as on the card, and the run's log
+(`bridge_recipes.hardware.gpu_memory`): an allocation past the cap fails as on the card, and the run's log
 ends with its peak against the cap. A recipe started on a GPU with less memory than its own, where
 the plan does not fit, or FP8 on a GPU without FP8 tensor cores, is refused before launch with the
-recipes that fit (`bridge_recipes.gpu_fit`).
+recipes that fit (`bridge_recipes.recipes.gpu_fit`).
 """

@@ -80,10 +80,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.datasets import row_tokens as tokens_per_row
-from bridge_recipes.datasets import rows_per_step
+from bridge_recipes.config.datasets import row_tokens as tokens_per_row
+from bridge_recipes.config.datasets import rows_per_step
 from bridge_recipes.logs.stats import BYTES_PER_GB, DEFAULT_WINDOW, StepRecord, summarize
-from bridge_recipes.outputs import write_text_atomic
+from bridge_recipes.utils.outputs import write_text_atomic
 
 # Each LoRA target of the recipes (Megatron-Core module names, common.LORA_TARGETS) as the
 # transformers Qwen3.5 modules it covers: Megatron fuses what transformers keeps apart.
@@ -153,9 +153,9 @@ def workload_config(recipe: str, rows: str | Path, overrides: Sequence[str] = ()
     ``overrides``; PeerError for an unknown recipe, a bad override, a recipe without LoRA, or rows
     the recipe's data path refuses."""
     import bridge_recipes
-    from bridge_recipes import registry
+    from bridge_recipes.config.overrides import OverrideError
     from bridge_recipes.data.packed_rows import dry_run_problems
-    from bridge_recipes.overrides import OverrideError
+    from bridge_recipes.recipes import registry
 
     try:
         cfg = bridge_recipes.build(
@@ -676,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-gb",
         type=float,
         metavar="GB",
-        help="train within GB of the GPU's memory (as ours' runner: bridge_recipes.gpu_memory)",
+        help="train within GB of the GPU's memory (as ours' runner: bridge_recipes.hardware.gpu_memory)",
     )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dry-run", action="store_true", help="build on the meta device, check the rows, train nothing")
@@ -704,7 +704,7 @@ def sizes_of(items: Sequence[str]) -> dict[str, int]:
 
 def argument_problems(opts: argparse.Namespace) -> list[str]:
     from bridge_recipes.bench.benchmark import steps_problems
-    from bridge_recipes.outputs import output_problem
+    from bridge_recipes.utils.outputs import output_problem
 
     out = steps_problems(opts.steps, opts.window)
     if not opts.dry_run and not opts.out:
@@ -745,7 +745,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
         raise PeerError("--device cuda: torch sees no CUDA GPU")
     cap_gb = None if opts.dry_run else opts.gpu_memory_gb
     if cap_gb is not None:
-        from bridge_recipes import gpu_memory
+        from bridge_recipes.hardware import gpu_memory
 
         if problem := gpu_memory.cap_problem(cap_gb, gpu_memory.current_device() if device == "cuda" else None):
             raise PeerError(problem)
@@ -843,7 +843,7 @@ def run(opts: argparse.Namespace, command: str) -> int:
         return failed(doc, opts.out, f"a loss is not finite: {losses}")
     doc["result"] = measured(records, tuple(opts.window), rows["useful_token_share"])
     if cap_gb is not None:
-        from bridge_recipes import gpu_memory
+        from bridge_recipes.hardware import gpu_memory
 
         doc["gpu_memory_gb"] = cap_gb
         doc["gpu_memory"] = gpu_memory.summary(cap_gb)

@@ -193,7 +193,7 @@ def predict(
     a proxy with the recipe's real output layer and MTP when the two slope proxies shrank them
     (vocabulary, MTP) to fit more layers on one GPU: the slope is theirs, the fixed cost this
     proxy's time less its layers at that slope."""
-    from bridge_recipes.layout import layout_of, stage_layers
+    from bridge_recipes.plan.layout import layout_of, stage_layers
 
     lay = layout_of(cfg, gpus)
     if lay.dp is None:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes import registry
 from bridge_recipes.bench.result import read_result
+from bridge_recipes.recipes import registry
 from lab import EVIDENCE, LAB, RESULTS, ROOT, names, resolve
 
 PAGE = ROOT / "docs" / "performance.md"
@@ -81,7 +81,7 @@ def measured_record(entry: registry.RecipeEntry) -> dict[str, Any]:
     GPU's own memory to 0.1 GB), the day and the tokens per micro batch; and, for the pages, the peak
     memory."""
     from bridge_recipes.bench.result import memory_cap_gb
-    from bridge_recipes.gpus import GPUS
+    from bridge_recipes.hardware.gpus import GPUS
 
     assert entry.meta.measured is not None
     doc = read_result(_file(entry.meta.measured["result"]))
@@ -129,8 +129,8 @@ def measured_fingerprint(entry: registry.RecipeEntry) -> dict[str, str] | None:
 def recipe_statuses() -> dict[str, str]:
     """Every recipe's status: its metadata's, except a measured recipe whose fingerprint as it builds now
     is not the one of its result (:func:`measured_fingerprint`), which reads ``changed since measured``."""
-    from bridge_recipes.fingerprint import fingerprints
-    from bridge_recipes.recipe import CHANGED_SINCE_MEASURED
+    from bridge_recipes.config.fingerprint import fingerprints
+    from bridge_recipes.recipes.recipe import CHANGED_SINCE_MEASURED
 
     recipes = registry.discover()
     measured = [n for n, e in sorted(recipes.items()) if e.meta.status == "measured" and e.meta.measured]
@@ -143,7 +143,7 @@ def recipe_statuses() -> dict[str, str]:
 
 
 def measured_figures() -> str:
-    """bridge_recipes/measured_figures.json: each measured recipe's figure (:func:`measured_record`) and its
+    """bridge_recipes/recipes/measured_figures.json: each measured recipe's figure (:func:`measured_record`) and its
     status (:func:`recipe_statuses`), so the product never reads the evidence."""
     figures = {}
     status = recipe_statuses()
@@ -714,7 +714,7 @@ def convergence_table() -> str:
 
 def render() -> str:
     """The whole of docs/performance.md."""
-    from bridge_recipes.recipe import CHANGED_SINCE_MEASURED
+    from bridge_recipes.recipes.recipe import CHANGED_SINCE_MEASURED
     from lab.candidates import candidates_table
 
     return "\n".join(
@@ -728,7 +728,7 @@ def render() -> str:
             "it backs in `lab/evidence/MANIFEST.json`.",
             "",
             "A result file records the fingerprint of the recipe it measured (its config and features, as the",
-            "fingerprint test computes it: `bridge_recipes.fingerprint`). A measured recipe whose fingerprint",
+            "fingerprint test computes it: `bridge_recipes.config.fingerprint`). A measured recipe whose fingerprint",
             f"is no longer its result's reads `{CHANGED_SINCE_MEASURED}` here, in the README and in `--list`",
             "until a new result covers it. Results written before results recorded a fingerprint count with",
             f"the fingerprint at adoption (`{_rel(ADOPTED)}`:",
@@ -889,7 +889,7 @@ def readme_with_table(text: str, table: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bridge_recipes.outputs import write_text_atomic
+    from bridge_recipes.utils.outputs import write_text_atomic
 
     ap = argparse.ArgumentParser(prog="python -m lab.report", description=__doc__)
     ap.add_argument(
@@ -917,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from bridge_recipes import quiet
+    from bridge_recipes.utils import quiet
 
     quiet.install()  # other libraries' start-up notices (shown with --verbose)
     raise SystemExit(main())

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_recipes.layout import stage_layers
 from bridge_recipes.models import flops as F
 from bridge_recipes.models.qwen35 import Qwen35Spec
+from bridge_recipes.plan.layout import stage_layers
 from bridge_recipes.plan.memory import model_dims
 
 

@@ -4,7 +4,7 @@ A perf recipe is its real-data recipe (same execution policy, built by the same
 ``_apply_*_execution_config`` helper) with mock data and measurement settings: a fixed number
 of steps (20, so OpenRecipes' window of steps 5-19 fits), no evaluation, no checkpoints, every
 step logged, NaN checks off, resilience monitors off. Its metadata is the real-data recipe's too
-(``@benchmark_of(real.<recipe>, ...)``, :func:`bridge_recipes.recipe.twin_meta`).
+(``@benchmark_of(real.<recipe>, ...)``, :func:`bridge_recipes.recipes.recipe.twin_meta`).
 
 Numerics (the model's fields and the mixed-precision preset) are the real-data recipe's, so a
 benchmark measures the recipe users train with, with exactly these declared differences:
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.datasets import use_mock
-from bridge_recipes.resilience import disable_resilience
+from bridge_recipes.config.datasets import use_mock
+from bridge_recipes.recipes.resilience import disable_resilience
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

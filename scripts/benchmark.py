@@ -9,8 +9,8 @@ The logic lives in bridge_recipes.bench.benchmark (importable and tested); see -
 
 import sys
 
-from bridge_recipes import quiet
 from bridge_recipes.bench.benchmark import main
+from bridge_recipes.utils import quiet
 
 if __name__ == "__main__":
     quiet.install()  # other libraries' start-up notices (shown with --verbose)

@@ -27,10 +27,10 @@ import sys
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bridge_recipes import quiet
 from bridge_recipes.chat.chat_formats import DEFAULT_ROLE_MAP, ROLE_NOTE_PREFIX, parse_role_map
 from bridge_recipes.data import sft_rows
-from bridge_recipes.outputs import INTERRUPTED, add_build_options, exit_on_termination, interrupted
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import INTERRUPTED, add_build_options, exit_on_termination, interrupted
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import sys
 
-from bridge_recipes import quiet
-from bridge_recipes.outputs import exit_on_termination
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import exit_on_termination
 from bridge_recipes.vl.vl_cli import main
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ Exit status 2 on bad input. The logic lives in bridge_recipes.evaluate.answers.
 
 import sys
 
-from bridge_recipes import quiet
 from bridge_recipes.evaluate.answers import main
+from bridge_recipes.utils import quiet
 
 if __name__ == "__main__":
     quiet.install()  # other libraries' start-up notices (shown with --verbose)

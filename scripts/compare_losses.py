@@ -21,10 +21,10 @@ import math
 import sys
 from pathlib import Path
 
-from bridge_recipes import quiet
 from bridge_recipes.bench.convergence import compare, diverged
 from bridge_recipes.logs.run_log import complete_losses, plain_losses, run_names, split_runs
-from bridge_recipes.outputs import output_problem, write_text_atomic
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import output_problem, write_text_atomic
 
 
 def fail(msg: str) -> int:

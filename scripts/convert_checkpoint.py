@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sys
 
-from bridge_recipes import quiet
 from bridge_recipes.hf.cli import main
-from bridge_recipes.outputs import exit_on_termination
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import exit_on_termination
 
 if __name__ == "__main__":
     quiet.install()  # other libraries' start-up notices (shown with --verbose)

@@ -17,9 +17,9 @@ bridge_recipes.data.inspect_rows.
 import argparse
 import sys
 
-from bridge_recipes import quiet
 from bridge_recipes.data.inspect_rows import inspect_rows
 from bridge_recipes.data.integrity import RowsIntegrityError
+from bridge_recipes.utils import quiet
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@
 # --reuse-site-packages makes the packages PY already has (its own site-packages, also when PY
 # belongs to another virtual environment) visible in .venv, so pins they satisfy are kept and only
 # the rest is installed: a GPU machine with a preinstalled torch and CUDA stack and no registry
-# installs from a small wheelhouse (`python -m bridge_recipes.wheelhouse` builds one; PIP_NO_INDEX=1 keeps
+# installs from a small wheelhouse (`python -m bridge_recipes.hardware.wheelhouse` builds one; PIP_NO_INDEX=1 keeps
 # pip off the network).
 # --dry-run prints the commands instead of running them.
 # A failed step leaves .venv as far as it got; running the same command again resumes (pip keeps

@@ -10,12 +10,14 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bridge_recipes import quiet, registry, runner_args
+from bridge_recipes import runner_args
 from bridge_recipes.bench.harness import PROXY_GLOBAL_BATCH, build_config, comparison, different_training
 from bridge_recipes.bench.result import CAP_NOTE
+from bridge_recipes.config.overrides import FLAG_KEYS, flag_option, in_cli_terms
 from bridge_recipes.features import random_lora, te_wgrad
-from bridge_recipes.outputs import write_text_atomic
-from bridge_recipes.overrides import FLAG_KEYS, flag_option, in_cli_terms
+from bridge_recipes.recipes import registry
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import write_text_atomic
 
 DESCRIPTION = """Benchmark a recipe (and, side by side, a second one) and write OpenRecipes-shaped result files.
 
@@ -34,7 +36,7 @@ printed), 1 when a run fails.
 
 
 # run_recipe.py's options that this command spells its own way; its other convenience flags are the
-# KEY=VALUE overrides they stand for (bridge_recipes.overrides.FLAG_KEYS)
+# KEY=VALUE overrides they stand for (bridge_recipes.config.overrides.FLAG_KEYS)
 OWN_OPTIONS = {"--max-steps": "--steps", "--scale-down": "--proxy-layers", "--gpus": "--proxy-gpus"}
 _FLAG_OF = {flag_option(dest): flag for dest, flag in FLAG_KEYS.items()}
 _OPTION = re.compile(
@@ -121,8 +123,8 @@ def runs_of(opts) -> list[tuple[str, str, list[str]]]:
 def running_gpu() -> str:
     """The table type of the GPU this process sees (``"H100"`` for ``NVIDIA H100 80GB HBM3``), the one a
     result's runs ran on; RuntimeError naming ``--gpu`` when there is none or it is not in the table."""
-    from bridge_recipes.gpu_memory import current_device
-    from bridge_recipes.gpus import gpu_type_from_name
+    from bridge_recipes.hardware.gpu_memory import current_device
+    from bridge_recipes.hardware.gpus import gpu_type_from_name
 
     device = current_device()
     if device is None:
@@ -261,10 +263,10 @@ def steps_problems(steps: int, window: Sequence[int]) -> list[str]:
 
 def gpu_problems(name: str, cfg, nproc: int, cap_gb: float | None) -> list[str]:
     """Why recipe ``name``'s run ``cfg`` on ``nproc`` GPUs cannot run on the GPU here (within ``cap_gb``),
-    as its run_recipe.py would refuse it at launch (:func:`bridge_recipes.gpu_fit.problems`); none without
+    as its run_recipe.py would refuse it at launch (:func:`bridge_recipes.recipes.gpu_fit.problems`); none without
     a GPU."""
-    from bridge_recipes import gpu_fit
-    from bridge_recipes.gpu_memory import cap_problem, current_device
+    from bridge_recipes.hardware.gpu_memory import cap_problem, current_device
+    from bridge_recipes.recipes import gpu_fit
 
     device = current_device()
     if device is None:
@@ -279,11 +281,11 @@ def argument_problems(opts, runs: list[tuple[str, str, list[str]]]) -> tuple[lis
     the window, the GPU type, the proxy size, the output path, and each recipe's config as the
     run would build it (scale-down, overrides and value ranges); and each recipe's
     :func:`planned_run`, built once here for the run."""
-    from bridge_recipes.gpu_memory import cap_value_problem
-    from bridge_recipes.gpus import GPUS
-    from bridge_recipes.outputs import output_problem
-    from bridge_recipes.overrides import OverrideError
-    from bridge_recipes.values import value_problems
+    from bridge_recipes.config.overrides import OverrideError
+    from bridge_recipes.config.values import value_problems
+    from bridge_recipes.hardware.gpu_memory import cap_value_problem
+    from bridge_recipes.hardware.gpus import GPUS
+    from bridge_recipes.utils.outputs import output_problem
 
     out = steps_problems(opts.steps, opts.window)
     if opts.gpu_memory_gb is not None and (problem := cap_value_problem(opts.gpu_memory_gb)):

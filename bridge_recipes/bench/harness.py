@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes import registry
-from bridge_recipes.builder import runner_args
-from bridge_recipes.datasets import row_tokens, rows_per_step
+from bridge_recipes.config.builder import runner_args
+from bridge_recipes.config.datasets import row_tokens, rows_per_step
 from bridge_recipes.logs.megatron_log import phase_time_means, step_records_from_log
 from bridge_recipes.logs.stats import DEFAULT_WINDOW, summarize
 from bridge_recipes.models.flops import model_flops_per_token, six_n_flops_per_token
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec, is_vlm
+from bridge_recipes.recipes import registry
 
 BENCHMARK_OVERRIDES = [
     "checkpoint.save=null",
@@ -88,7 +88,7 @@ def run_args(cfg: Any, **kwargs: Any) -> list[str]:
 def published_step_seconds(cfg: Any, entry: registry.RecipeEntry) -> float | None:
     """Seconds one full-scale step of ``cfg`` takes at the registry ``entry``'s published tokens/s
     per GPU (its ``meta.reference``) or, without one, at its own measured rate
-    (:func:`bridge_recipes.registry.measured_rate`); None without either: what a step count costs in
+    (:func:`bridge_recipes.recipes.registry.measured_rate`); None without either: what a step count costs in
     device time before a run starts."""
     rate = (entry.meta.reference or {}).get("tokens_per_s_per_gpu") or registry.measured_rate(
         entry.alias_of or entry.name

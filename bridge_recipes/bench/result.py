@@ -2,7 +2,7 @@
 
 Top-level keys, in this order: ``schema_version``, ``recipe`` (our recipe function's name),
 ``fingerprint`` (the recipe's fingerprint as it stood when the run was measured,
-:mod:`bridge_recipes.fingerprint`: its config and features; the ``command`` says what the run added, such
+:mod:`bridge_recipes.config.fingerprint`: its config and features; the ``command`` says what the run added, such
 as its steps and data; null for a name that is no recipe; results written before it was recorded lack
 it), ``model``, ``gpu`` {type, count, memory_gb}, ``layout`` (parallel sizes, layer split, micro
 batch, recompute, offload, dispatcher), ``workload`` {row_tokens, global_batch, precision,
@@ -28,11 +28,11 @@ from typing import Any
 
 import yaml
 
-from bridge_recipes.datasets import row_tokens, rows_per_sequence, rows_per_step
-from bridge_recipes.gpus import GPUS, gpu_type_from_name
-from bridge_recipes.layout import layout_of
+from bridge_recipes.config.datasets import row_tokens, rows_per_sequence, rows_per_step
+from bridge_recipes.hardware.gpus import GPUS, gpu_type_from_name
 from bridge_recipes.logs.stats import WindowStats
 from bridge_recipes.models.flops import FlopsPerToken
+from bridge_recipes.plan.layout import layout_of
 
 SCHEMA_VERSION = 1
 TOP_LEVEL_KEYS = (
@@ -193,7 +193,7 @@ def stack_versions() -> dict[str, Any]:
 
 def gpu_block(gpu: str | None, count: int) -> dict[str, Any]:
     """``{type, count, memory_gb}``: the type from a table key or device name (``"NVIDIA H200"``
-    -> ``H200``), the datasheet memory where the type is in :data:`~bridge_recipes.gpus.GPUS`."""
+    -> ``H200``), the datasheet memory where the type is in :data:`~bridge_recipes.hardware.gpus.GPUS`."""
     try:
         gpu_type = gpu_type_from_name(gpu) if gpu else None
     except KeyError:
@@ -291,7 +291,8 @@ def build_result(
 
 def recipe_fingerprint(recipe: str) -> dict[str, str] | None:
     """The fingerprint of recipe ``recipe`` as it builds now, None for a name that is no recipe."""
-    from bridge_recipes import fingerprint, registry
+    from bridge_recipes.config import fingerprint
+    from bridge_recipes.recipes import registry
 
     if recipe not in registry.entries():
         return None

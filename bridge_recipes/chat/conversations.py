@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
-from bridge_recipes.outputs import file_sha256
+from bridge_recipes.utils.outputs import file_sha256
 
 DEFAULT_MESSAGES_KEY = "messages"
 READ_WINDOW = 4096  # conversations fetched per sorted random-access window

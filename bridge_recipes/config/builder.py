@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bridge_recipes import registry, tracking
-from bridge_recipes.overrides import FLAG_KEYS, apply_all, flag_option, flag_values
+from bridge_recipes.config import tracking
+from bridge_recipes.config.overrides import FLAG_KEYS, apply_all, flag_option, flag_values
+from bridge_recipes.recipes import registry
 
 
 def _lora(cfg: Any) -> None:
-    from bridge_recipes.common import use_lora
+    from bridge_recipes.recipes.base import use_lora
 
     use_lora(cfg)
 
@@ -51,11 +52,11 @@ def build(
     - ``scale_down``: shrink to one GPU with this many layers (a multiple of 4), keeping the
       execution policy; ``scale_experts``: with it, keep this many routed experts; ``gpus``:
       with it, shrink to this many GPUs instead, keeping as much of the recipe's parallel
-      layout as fits (:func:`bridge_recipes.scaledown.fit_layout`). The global
+      layout as fits (:func:`bridge_recipes.recipes.scaledown.fit_layout`). The global
       batch stays the recipe's (set ``flags={"gb": ...}`` to change it).
-    - ``dataset``: ``mock`` | ``sft-rows`` | ``energon`` (see :mod:`bridge_recipes.datasets`).
+    - ``dataset``: ``mock`` | ``sft-rows`` | ``energon`` (see :mod:`bridge_recipes.config.datasets`).
     - ``flags``: convenience-flag values by name (``tp``, ``pp``, ``gb``, ``max_steps``, ``lr``,
-      ``save_dir``, ...; :data:`bridge_recipes.overrides.FLAG_KEYS`), read as each flag's type.
+      ``save_dir``, ...; :data:`bridge_recipes.config.overrides.FLAG_KEYS`), read as each flag's type.
     - ``overrides``: Hydra ``KEY=VALUE`` tokens (``a.b=1``, ``+env_vars.X=1``, ``~peft``).
     - ``report``: called with each change the build makes beyond the recipe: scale-down
       (``scale-down: field: old -> new``), the checkpoint's shape (``hf checkpoint: field: old ->
@@ -67,25 +68,25 @@ def build(
       model family, its ``config.json`` made the model's shape (after the scale-down, whose LAYERS
       must be its layer count; its experts are kept), its tokenizer made the run's (before the
       overrides, which still win), and checked against the model after the overrides. Converting
-      it is the launch's job (:mod:`bridge_recipes.hf.training`).
-    - ``config_file``: build from this saved config (:mod:`bridge_recipes.config_files`) instead
+      it is the launch's job (:mod:`bridge_recipes.hf.run_hooks`).
+    - ``config_file``: build from this saved config (:mod:`bridge_recipes.config.files`) instead
       of calling the recipe; ``name`` is then the recipe it was written from, whose features fill
       those the file leaves out (``config file ... has no ...`` reported). The file is already
       resolved, so ``scale_down`` and ``dataset`` are refused with it; flags and overrides apply.
     - ``epochs``: the run's length in passes over its SFT rows: ``train.train_iters`` from the rows
       folder's row count and the rows per step, set last (``epochs: ...`` reported;
-      :mod:`bridge_recipes.run_length`). Refused with a step count (``max_steps``, ``train.train_iters=``),
+      :mod:`bridge_recipes.config.run_length`). Refused with a step count (``max_steps``, ``train.train_iters=``),
       with data other than SFT rows and with rows that cannot fill one step.
 
     Last, a run that saves and whose ``checkpoint.save_interval`` no flag, override or config file gives
     saves at an interval set from its length and the recipe's measured rate (``save interval: ...``
-    reported; :mod:`bridge_recipes.save_interval`).
+    reported; :mod:`bridge_recipes.config.save_interval`).
 
     A recipe that resumes from its save folder (load == save) keeps doing so when only the
     save folder moves; its TensorBoard folder and the W&B defaults follow the save folder
-    (:mod:`bridge_recipes.tracking`), and logging to W&B without the wandb package is a
-    ValueError. Raises :class:`bridge_recipes.registry.UnknownRecipe` for an unknown name,
-    :class:`bridge_recipes.overrides.OverrideError` (a ValueError) for a bad flag or override,
+    (:mod:`bridge_recipes.config.tracking`), and logging to W&B without the wandb package is a
+    ValueError. Raises :class:`bridge_recipes.recipes.registry.UnknownRecipe` for an unknown name,
+    :class:`bridge_recipes.config.overrides.OverrideError` (a ValueError) for a bad flag or override,
     ValueError for a bad scale-down or dataset.
     """
     values = flag_values(dict(flags or {}))
@@ -112,12 +113,12 @@ SAVE_INTERVAL_KEY = "checkpoint.save_interval"
 
 def _follow_run_length(cfg: Any, name: str, scaled: bool, report: Callable[[str], None]) -> None:
     """The save interval from the run's settled length and, where recipe ``name``'s measured rate times
-    the run on the recipe's own card and GPUs (``scaled``: shrunk; :func:`bridge_recipes.rates.run_rate`),
-    the seconds a step takes (:mod:`bridge_recipes.save_interval`); the change reported."""
-    from bridge_recipes.gpus import gpu_key
-    from bridge_recipes.rates import run_rate
-    from bridge_recipes.run_length import step_seconds
-    from bridge_recipes.save_interval import follow_run
+    the run on the recipe's own card and GPUs (``scaled``: shrunk; :func:`bridge_recipes.recipes.rates.run_rate`),
+    the seconds a step takes (:mod:`bridge_recipes.config.save_interval`); the change reported."""
+    from bridge_recipes.config.run_length import step_seconds
+    from bridge_recipes.config.save_interval import follow_run
+    from bridge_recipes.hardware.gpus import gpu_key
+    from bridge_recipes.recipes.rates import run_rate
 
     entry = registry.find(name)
     try:
@@ -138,7 +139,7 @@ def _settle(cfg: Any, folder: Any, epochs: float | None, report: Callable[[str],
     for change in expand_home(cfg):
         report(change)
     if folder is not None:
-        from bridge_recipes.hf import training as hf_training
+        from bridge_recipes.hf import run_hooks as hf_training
 
         hf_training.check_model(cfg, folder)  # after model.* overrides: the weights must fit the model
     from bridge_recipes.data.packed_rows import join_recipe_rows
@@ -146,7 +147,7 @@ def _settle(cfg: Any, folder: Any, epochs: float | None, report: Callable[[str],
     for change in join_recipe_rows(cfg):  # rows with boundaries: the recipe's rows per micro batch as one sequence
         report(f"packed rows: {change}")
     if epochs is not None:
-        from bridge_recipes.run_length import use_epochs
+        from bridge_recipes.config.run_length import use_epochs
 
         for change in use_epochs(cfg, epochs):
             report(f"epochs: {change}")
@@ -159,8 +160,8 @@ STEP_KEYS = ("train.train_iters", "train.train_samples")
 def epochs_conflict(epochs: float, flags: Mapping[str, Any], overrides: Sequence[str]) -> str | None:
     """Why ``epochs`` cannot be used with the rest of a request (a bad value, or a step count also given),
     or None; answered before anything is built."""
-    from bridge_recipes.overrides import parse
-    from bridge_recipes.run_length import epochs_value_problem
+    from bridge_recipes.config.overrides import parse
+    from bridge_recipes.config.run_length import epochs_value_problem
 
     if problem := epochs_value_problem(epochs):
         return problem
@@ -177,7 +178,7 @@ def epochs_conflict(epochs: float, flags: Mapping[str, Any], overrides: Sequence
 def peft_problem(peft: str) -> str | None:
     """Why ``peft`` names no scheme of :data:`PEFT_SCHEMES` (a word for "none" says how to train every weight);
     None when it names one."""
-    from bridge_recipes.overrides import WITHOUT_PEFT, means_none
+    from bridge_recipes.config.overrides import WITHOUT_PEFT, means_none
 
     if peft in PEFT_SCHEMES:
         return None
@@ -214,7 +215,7 @@ def _base_config(name: str, config_file: str | None, report: Callable[[str], Non
     :class:`bridge_recipes.recipe_config.RecipeConfig` either way."""
     if config_file is None:
         return registry.load(name)()
-    from bridge_recipes import config_files
+    from bridge_recipes.config import files as config_files
 
     cfg = config_files.load(config_file, name, report)
     cfg.name_recipe(name, registry.find(name).meta)
@@ -226,7 +227,7 @@ def _open_checkpoint(
 ) -> tuple[Any, int | None]:
     """The ``--hf-checkpoint`` folder, checked to be of the recipe's family, and the experts a
     scale-down keeps for it."""
-    from bridge_recipes.hf import training as hf_training
+    from bridge_recipes.hf import run_hooks as hf_training
 
     folder = hf_training.inspect(hf_checkpoint)
     hf_training.check_family(cfg, folder, sized=scale_down is None)  # no scale-down: the recipe's size too
@@ -239,7 +240,7 @@ def _shrink(
     cfg: Any, layers: int, experts: int | None, gpus: int | None, report: Callable[[str], None] | None
 ) -> None:
     """Scale ``cfg`` down to ``layers`` layers on ``gpus`` GPUs (one by default), keeping its global batch."""
-    from bridge_recipes.scaledown import scale_down as shrink
+    from bridge_recipes.recipes.scaledown import scale_down as shrink
 
     for change in shrink(
         cfg,
@@ -257,13 +258,13 @@ def _reshape(
 ) -> None:
     """The checkpoint's model shape, the data and the adapters, then the checkpoint's tokenizer and weights."""
     if folder is not None:
-        from bridge_recipes.hf import training as hf_training
+        from bridge_recipes.hf import run_hooks as hf_training
 
         for change in hf_training.take_shape(cfg, folder):  # the model's shape is the checkpoint's
             if report:
                 report(f"hf checkpoint: {change} (from its config.json)")
     if dataset:
-        from bridge_recipes import datasets
+        from bridge_recipes.config import datasets
 
         datasets.select(cfg, dataset)
     if peft is not None:
@@ -342,7 +343,7 @@ def _agree_ddp_and_optimizer(cfg: Any, overridden: set[str]) -> None:
 def _checkpoint_scale(cfg: Any, folder: Any, layers: int, experts: int | None) -> int | None:
     """The experts ``--scale-down`` keeps for a checkpoint: its own count where it has fewer than
     the recipe. LAYERS and ``--scale-experts`` must be the checkpoint's (its weights set the shape)."""
-    from bridge_recipes.hf.training import layers_and_experts
+    from bridge_recipes.hf.run_hooks import layers_and_experts
 
     have_layers, have_experts = layers_and_experts(folder)
     if layers != have_layers:

@@ -20,7 +20,7 @@ def _processor_of(cfg: Any) -> str | None:
 
 
 def use_mock(cfg: Any) -> None:
-    from bridge_recipes.common import mock_text_dataset, mock_vlm_dataset, null_tokenizer
+    from bridge_recipes.recipes.base import mock_text_dataset, mock_vlm_dataset, null_tokenizer
 
     seq = cfg.model.seq_length
     cfg.dataset = mock_vlm_dataset(seq, _processor_of(cfg)) if is_vlm(cfg) else mock_text_dataset(seq)
@@ -57,8 +57,8 @@ def use_sft_rows(cfg: Any) -> None:
     """Packed SFT rows from scripts/build_sft_rows.py (``dataset.path=DIR``); text models."""
     if is_vlm(cfg):
         raise ValueError("dataset='sft-rows' is for text recipes; VL recipes take dataset='energon'")
-    from bridge_recipes.common import null_tokenizer
     from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
+    from bridge_recipes.recipes.base import null_tokenizer
 
     cfg.dataset = PackedSFTRowsConfig(
         path=None, seq_length=cfg.model.seq_length, vocab_size=cfg.model.vocab_size, num_workers=1

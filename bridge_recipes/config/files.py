@@ -12,7 +12,7 @@ when it is loaded). A file the runner saves also records what its recipe was wri
 
 Every section is checked for its kind before Megatron is imported (a mapping naming its config class
 by ``_target_``, or null or a preset name where the field takes one;
-:func:`bridge_recipes.config_shape.shape_problem`), and every built field against its annotation. A
+:func:`bridge_recipes.config.shape.shape_problem`), and every built field against its annotation. A
 section or a field left out is refused, as it would be its dataclass default, not the run's; in
 ``features`` (which a plain ConfigContainer's file has none of) the blocks and settings left out take
 the values of the recipe the file names, said in one line. Loading goes through
@@ -20,7 +20,7 @@ the values of the recipe the file names, said in one line. Loading goes through
 strict mode: an unknown key anywhere is an error, and every ``_target_`` must be on Megatron's
 instantiation allow-list. This package's config classes are added to that list one class at a
 time (:data:`YAML_CLASSES`), not as a package prefix, so a file can name a dataset config but
-no other callable of the package. Before any of it, :mod:`bridge_recipes.config_safety` holds
+no other callable of the package. Before any of it, :mod:`bridge_recipes.config.safety` holds
 the file to what a config may ask for (config classes and a short list of named functions, a
 size and an alias-expansion limit), so a file received from someone else runs nothing of its
 choosing.
@@ -43,7 +43,7 @@ RECIPE_LINE = re.compile(r"^# recipe: (\S+)\s*$", re.MULTILINE)
 # Runner options a saved run needs that the ConfigContainer does not hold: the starting weights'
 # Hugging Face folder (converted at launch), the folder the trained model is exported to, the memory
 # cap, the run's length in passes over its rows (the steps derived again at load), and the progress watch's
-# budgets in seconds (bridge_recipes.watchdog).
+# budgets in seconds (bridge_recipes.training.watchdog).
 PATH_OPTIONS = ("hf-checkpoint", "export-hf")  # the run options that name a folder (kept absolute)
 WATCH_OPTIONS = ("first-step-timeout", "step-timeout")
 RUN_OPTIONS = (*PATH_OPTIONS, "export-text-only", "gpu-memory-gb", "epochs", *WATCH_OPTIONS)
@@ -83,7 +83,7 @@ def to_text(cfg: Any, recipe: str, run: dict[str, str] | None = None, written_fo
     import yaml
     from megatron.training.config.yaml_utils import safe_yaml_representers
 
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
 
     with safe_yaml_representers():
         body = yaml.safe_dump(_plain(cfg.to_dict()), default_flow_style=False)
@@ -117,7 +117,7 @@ def _plain(obj: Any) -> Any:
 def recipe_of(path: str | os.PathLike, recipe: str | None = None) -> str:
     """The recipe a config file was written from (its ``# recipe:`` line), checked against
     ``recipe`` when both are given; ``recipe`` alone for a file without the line. The file is read and
-    its sections checked (:mod:`bridge_recipes.config_shape`), and the recipe's model, task and GPUs held
+    its sections checked (:mod:`bridge_recipes.config.shape`), and the recipe's model, task and GPUs held
     against the file's, without importing Megatron."""
     text, data = _load_data(path)
     m = RECIPE_LINE.search(text)
@@ -144,7 +144,7 @@ def _task_problem(recipe: str, data: dict, text: str) -> str | None:
     """The recipe line's task and GPUs against the file's: against its ``# written for:`` line where it has
     one (a file saved with LoRA put on or taken off on purpose says so there), else its body's task (a
     ``peft`` section is a LoRA recipe's, ``peft: null`` one training every weight)."""
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
 
     try:
         entry = registry.find(recipe)
@@ -176,7 +176,7 @@ def _task_problem(recipe: str, data: dict, text: str) -> str | None:
 def _peers(entry: Any, task: str, gpus: int | None, gpu: str | None) -> str:
     """`` (this model's recipes of that kind: ...)``: the recipes of ``entry``'s model with ``task`` (and,
     where given, ``gpus`` and ``gpu``), or nothing when there are none."""
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
 
     names = sorted(
         e.name
@@ -194,8 +194,8 @@ def _model_kind_problem(recipe: str, data: dict, sized: bool = True) -> str | No
     """The recipe line's model against the file's: text or vision-language, dense or MoE, and (``sized``:
     the body's sizes are the recipe's own, not a checkpoint folder's) its width and heads (the runner
     takes the task and GPUs from the recipe, the model from the body)."""
-    from bridge_recipes import registry
     from bridge_recipes.models.qwen35 import SPECS
+    from bridge_recipes.recipes import registry
 
     try:
         spec = SPECS.get(registry.find(recipe).model or "")
@@ -229,7 +229,7 @@ def _model_kind_problem(recipe: str, data: dict, sized: bool = True) -> str | No
 
 
 def _read(path: str | os.PathLike) -> str:
-    from bridge_recipes.config_safety import MAX_BYTES
+    from bridge_recipes.config.safety import MAX_BYTES
 
     p = Path(path)
     if not p.is_file():
@@ -244,11 +244,11 @@ def _read(path: str | os.PathLike) -> str:
 
 def _load_data(path: str | os.PathLike) -> tuple[str, dict]:
     """The file's text and its YAML mapping, checked to be a saved ConfigContainer whose sections each have
-    their kind (:func:`bridge_recipes.config_shape.shape_problem`); imports no Megatron."""
+    their kind (:func:`bridge_recipes.config.shape.shape_problem`); imports no Megatron."""
     import yaml
 
-    from bridge_recipes.config_safety import UnsafeConfig, check_text
-    from bridge_recipes.config_shape import shape_problem
+    from bridge_recipes.config.safety import UnsafeConfig, check_text
+    from bridge_recipes.config.shape import shape_problem
 
     text = _read(path)
     try:
@@ -271,8 +271,8 @@ def _load_data(path: str | os.PathLike) -> tuple[str, dict]:
 
 
 def _parse(path: str | os.PathLike) -> tuple[str, dict]:
-    """:func:`_load_data`, and every ``_target_`` it names held to :mod:`bridge_recipes.config_safety`."""
-    from bridge_recipes.config_safety import UnsafeConfig, check_targets
+    """:func:`_load_data`, and every ``_target_`` it names held to :mod:`bridge_recipes.config.safety`."""
+    from bridge_recipes.config.safety import UnsafeConfig, check_targets
 
     text, data = _load_data(path)
     try:
@@ -316,7 +316,7 @@ def load(path: str | os.PathLike, recipe: str | None = None, report: Callable[[s
     from megatron.bridge.training.config import ConfigContainer
     from megatron.bridge.utils.instantiate_utils import InstantiationException, InstantiationMode
 
-    from bridge_recipes.config_shape import missing_features
+    from bridge_recipes.config.shape import missing_features
     from bridge_recipes.recipe_config import RecipeConfig, promote
 
     allow_package_classes()
@@ -339,8 +339,8 @@ def _missing_field(saved: dict, data: dict, prefix: str = "") -> str | None:
     """The first section of the file's mapping ``data`` that lacks some of the fields ``saved`` (what saving
     the built config writes) holds: they were built as their dataclass defaults, not as the run was saved.
     The features are not looked at: those left out are the recipe's."""
-    from bridge_recipes.config_shape import FIX
-    from bridge_recipes.overrides import FEATURES
+    from bridge_recipes.config.overrides import FEATURES
+    from bridge_recipes.config.shape import FIX
 
     if missing := [k for k in saved if k not in data and not (k == FEATURES and not prefix)]:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
@@ -364,9 +364,9 @@ def _recipe_features(
 ) -> Any:
     """``features`` (None: none) with the ``missing`` keys taken from recipe ``recipe``'s, and the line
     saying so reported."""
-    from bridge_recipes import registry
-    from bridge_recipes.config_shape import fill_features
+    from bridge_recipes.config.shape import fill_features
     from bridge_recipes.features import Features
+    from bridge_recipes.recipes import registry
 
     if recipe is None:
         raise ConfigFileError(
@@ -386,8 +386,8 @@ def _field_type_problem(obj: Any, prefix: str = "") -> str | None:
     without its ``_target_``, or as a scalar or a list)."""
     import dataclasses
 
-    from bridge_recipes.config_shape import FIX
-    from bridge_recipes.overrides import allowed_types
+    from bridge_recipes.config.overrides import allowed_types
+    from bridge_recipes.config.shape import FIX
 
     hints = _hints(type(obj))
     for f in dataclasses.fields(obj):

@@ -10,7 +10,7 @@ batch become one packed sequence. What depends on the machine is written as a pl
 folder as :data:`ROWS`, the working folder (where the default save folders lie) as ``.``.
 
 The save interval a run sets from its length and the recipe's measured rate
-(:mod:`bridge_recipes.save_interval`) is written as the recipe's own: how often a run saves is no
+(:mod:`bridge_recipes.config.save_interval`) is written as the recipe's own: how often a run saves is no
 execution policy (it changes nothing a step computes, and a benchmark saves nothing), and an interval
 taken from the measured rate would change the fingerprint whenever the recipe is measured again, the
 new result no longer matching the recipe it measured. An interval given by a flag, an override or a
@@ -34,8 +34,8 @@ ROW_TOKENS = 8  # the one row of the folder :func:`boundaries_rows` writes
 def config_text(cfg: Any, name: str, rows: str | Path | None = None) -> str:
     """The config file text of ``cfg`` (recipe ``name``) with the machine's paths as placeholders and a save
     interval set from the run's length written as the recipe's own (see the module)."""
-    from bridge_recipes import config_files
-    from bridge_recipes.save_interval import derived
+    from bridge_recipes.config import files as config_files
+    from bridge_recipes.config.save_interval import derived
 
     ckpt, record = cfg.checkpoint, derived(cfg)
     try:
@@ -57,7 +57,7 @@ def digest(text: str) -> str:
 def config_texts(name: str, rows: str | Path) -> dict[str, str]:
     """The texts of recipe ``name``: as built (``recipe``) and, for a text recipe, on the rows with
     boundaries in the folder ``rows`` (``rows``)."""
-    from bridge_recipes.builder import build
+    from bridge_recipes.config.builder import build
     from bridge_recipes.models.qwen35 import is_vlm
 
     cfg = build(name)
@@ -78,7 +78,7 @@ def boundaries_rows(folder: str | Path) -> Path:
     from bridge_recipes.data.integrity import MANIFEST_FILE, ROWS_FILE
     from bridge_recipes.data.row_writer import RowWriter
     from bridge_recipes.data.sft_rows import BUILDER_VERSION
-    from bridge_recipes.outputs import file_sha256
+    from bridge_recipes.utils.outputs import file_sha256
 
     folder = Path(folder)
     folder.mkdir(parents=True)

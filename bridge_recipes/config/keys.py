@@ -1,13 +1,13 @@
 """The keys an override may name, per section, without importing Megatron-Bridge.
 
-``config_keys.json`` lists, for each section of the ConfigContainer, every field of every config
+``keys.json`` lists, for each section of the ConfigContainer, every field of every config
 class that section can hold: the classes the section's annotation names and their subclasses, and
 the classes of every recipe built with every ``--dataset`` kind. A misspelt field (``train.trian_iters``)
 is then answered before Megatron is imported, in a fraction of a second; a key this
 catalogue holds still goes through the full check on the built config. Sections whose value is a
 mapping take any key.
 
-    python -m bridge_recipes.config_keys_generate --write   # after upgrading Megatron-Bridge
+    python -m bridge_recipes.config.keys_generate --write   # after upgrading Megatron-Bridge
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-CATALOGUE = Path(__file__).with_name("config_keys.json")
+CATALOGUE = Path(__file__).with_name("keys.json")
 OPEN = "*"  # a section (or a mapping-valued one) that takes any key
 
 

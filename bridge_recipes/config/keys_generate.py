@@ -1,8 +1,8 @@
-"""Regenerate or check ``bridge_recipes/config_keys.json`` from the installed Megatron-Bridge and every
-recipe (imports Megatron; :mod:`bridge_recipes.config_keys` reads the file without it).
+"""Regenerate or check ``bridge_recipes/config/keys.json`` from the installed Megatron-Bridge and every
+recipe (imports Megatron; :mod:`bridge_recipes.config.keys` reads the file without it).
 
-    python -m bridge_recipes.config_keys_generate --write   # after upgrading Megatron-Bridge
-    python -m bridge_recipes.config_keys_generate           # exit 1 when the file is stale
+    python -m bridge_recipes.config.keys_generate --write   # after upgrading Megatron-Bridge
+    python -m bridge_recipes.config.keys_generate           # exit 1 when the file is stale
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import types
 import typing
 from typing import Any
 
-from bridge_recipes import quiet
-from bridge_recipes.config_keys import CATALOGUE, OPEN
+from bridge_recipes.config.keys import CATALOGUE, OPEN
+from bridge_recipes.utils import quiet
 
 
 def _fields(cls: type) -> set[str]:
@@ -69,8 +69,9 @@ def generate() -> dict[str, list[str]]:
     import megatron.bridge.models
     from megatron.bridge.training.config import ConfigContainer
 
-    from bridge_recipes import builder, registry
-    from bridge_recipes.datasets import KINDS
+    from bridge_recipes.config import builder
+    from bridge_recipes.config.datasets import KINDS
+    from bridge_recipes.recipes import registry
 
     for mod in pkgutil.walk_packages(megatron.bridge.models.__path__, "megatron.bridge.models."):
         try:  # every model provider class, so that their subclasses are known
@@ -107,7 +108,7 @@ def generate() -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bridge_recipes.config_keys_generate", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bridge_recipes.config.keys_generate", description=__doc__)
     ap.add_argument("--write", action="store_true", help=f"write {CATALOGUE.name} (default: check it)")
     args = ap.parse_args(argv)
     quiet.install()
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {CATALOGUE}")
         return 0
     if (CATALOGUE.read_text() if CATALOGUE.exists() else "") != text:
-        print(f"{CATALOGUE} is stale: run python -m bridge_recipes.config_keys_generate --write", file=sys.stderr)
+        print(f"{CATALOGUE} is stale: run python -m bridge_recipes.config.keys_generate --write", file=sys.stderr)
         return 1
     return 0
 

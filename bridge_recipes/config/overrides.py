@@ -236,9 +236,9 @@ def replaced_env_problem(key: str) -> str | None:
 def precheck(tokens: list[str]) -> list[Override]:
     """The overrides parsed, and their sections and fields checked, before anything heavy is imported:
     a malformed token, a misspelt section or a field no config of its section has
-    (:mod:`bridge_recipes.config_keys`) is answered at once. The full check runs on the built config
+    (:mod:`bridge_recipes.config.keys`) is answered at once. The full check runs on the built config
     (:func:`apply_all`)."""
-    from bridge_recipes.config_keys import unknown_field
+    from bridge_recipes.config.keys import unknown_field
 
     parsed = [parse(t) for t in tokens]
     sections = container_fields() or ()
@@ -263,9 +263,9 @@ def precheck(tokens: list[str]) -> list[Override]:
 
 
 def range_precheck(overrides: list[Override]) -> None:
-    """A value given on the command line outside its :data:`bridge_recipes.values.RANGES` entry, answered
+    """A value given on the command line outside its :data:`bridge_recipes.config.values.RANGES` entry, answered
     before anything heavy is imported (the built config is checked again in full)."""
-    from bridge_recipes.values import RANGES
+    from bridge_recipes.config.values import RANGES
 
     ranges = {r.key: r for r in RANGES}
     for o in overrides:

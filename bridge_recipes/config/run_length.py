@@ -1,7 +1,7 @@
 """How long a run is: its steps set from epochs over SFT rows, and what its steps read, validate and take.
 
 A step reads ``train.global_batch_size`` sequences of ``model.seq_length`` tokens; on packed rows a
-sequence holds ``dataset.rows_per_sample`` rows (:func:`bridge_recipes.datasets.rows_per_step`). The
+sequence holds ``dataset.rows_per_sample`` rows (:func:`bridge_recipes.config.datasets.rows_per_step`). The
 rows are read in file order and cycle, so ``epochs=N`` (``--epochs N``) sets ``train.train_iters`` to
 the whole steps N passes over the rows fill, floor(N x rows / rows per step): no row is read more
 than N times (rounded up), and what is left of a pass (less than one step) is read in the next one.
@@ -13,7 +13,7 @@ training ends (``pretrain()`` after ``train()``), each time ``validation.eval_it
 shorter than the interval therefore validates once, at its end.
 
 Expected time: the tokens the steps read over the recipe's rate on the card
-(:func:`bridge_recipes.rates.rate_on`: its measured figure on the GPU type it was measured on, an
+(:func:`bridge_recipes.recipes.rates.rate_on`: its measured figure on the GPU type it was measured on, an
 estimate labelled as such on another card).
 """
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from bridge_recipes.datasets import real_data, rows_per_sequence, rows_per_step
+from bridge_recipes.config.datasets import real_data, rows_per_sequence, rows_per_step
 
 if TYPE_CHECKING:
-    from bridge_recipes.rates import Rate
+    from bridge_recipes.recipes.rates import Rate
 
 
 def epochs_value_problem(epochs: float) -> str | None:

@@ -9,7 +9,7 @@ before any ``_target_`` is resolved the file is held to these rules:
   :data:`MAX_NODES` nodes (a few lines of aliases can stand for billions of nodes);
 - a ``_target_`` that is called must be a config class: a dataclass, a Hugging Face
   ``PretrainedConfig`` or an enumeration, defined under :data:`CONFIG_MODULES` (or one of
-  :data:`bridge_recipes.config_files.YAML_CLASSES`); only an enumeration takes ``_args_``;
+  :data:`bridge_recipes.config.files.YAML_CLASSES`); only an enumeration takes ``_args_``;
 - a ``_target_`` that is only referenced (``_call_: false``) must be one of
   :data:`REFERENCES`: dtypes, activation functions and layer-spec builders;
 - ``_partial_`` is refused.

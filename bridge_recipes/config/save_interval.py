@@ -10,7 +10,7 @@ before then loses all of it. A run that saves, and whose interval nobody gave, s
 
 steps: about ten saves, the first before the end for a run of 2 steps or more, and no more than about
 30 minutes of training lost where the measured rate times the run
-(:func:`bridge_recipes.rates.run_rate`). An interval given with ``--save-interval``,
+(:func:`bridge_recipes.recipes.rates.run_rate`). An interval given with ``--save-interval``,
 ``checkpoint.save_interval=`` or a config file (which records the interval of the run it was saved
 from, so that a relaunch saves alike) is kept as given, and the summary warns when it is not shorter
 than the run.
@@ -45,7 +45,7 @@ def tenth(steps: int) -> int:
 def derive(steps: int, own: int, step_seconds: float | None) -> Derived:
     """The interval of a run of ``steps`` steps whose recipe saves every ``own`` steps, a step taking
     ``step_seconds`` at the measured rate (None: no rate applies); on a tie the run's reason is given."""
-    from bridge_recipes.run_length import duration
+    from bridge_recipes.config.run_length import duration
 
     choices = [(tenth(steps), f"a tenth of the run's {steps} step{'s' * (steps != 1)}, rounded up")]
     if step_seconds:
@@ -90,7 +90,7 @@ def saves_line(cfg: Any, source: str, step_seconds: float | None) -> list[str]:
     """The summary's account of the saves of ``cfg`` (which saves): the interval and why (derived, or
     ``source``, who set it), how many saves and, with ``step_seconds``, when the first comes; then a
     warning line when the interval is not shorter than the run (it saves only at its end)."""
-    from bridge_recipes.run_length import duration
+    from bridge_recipes.config.run_length import duration
 
     interval, steps = cfg.checkpoint.save_interval, cfg.train.train_iters
     record = derived(cfg)

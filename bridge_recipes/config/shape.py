@@ -4,7 +4,7 @@ A saved config holds every section of the run: Megatron-Bridge's ConfigContainer
 names its config class by ``_target_`` (or null, or a preset name, where the field takes one), and
 ``features``: a mapping naming :class:`bridge_recipes.features.Features`, with one block per feature
 naming that feature's ``Config``. What a section may hold comes from its field's annotation, read from
-Megatron-Bridge's source (:func:`bridge_recipes.overrides.container_annotations`), so a section of the
+Megatron-Bridge's source (:func:`bridge_recipes.config.overrides.container_annotations`), so a section of the
 wrong kind is named, with its key, before Megatron is imported instead of failing deep inside it.
 
 A section left out would be built as its dataclass default, not as the run was saved: it is refused,
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from bridge_recipes.config.overrides import FEATURES
 from bridge_recipes.features import Features
-from bridge_recipes.overrides import FEATURES
 
 # How a section that is wrong, or a part of it, is put right (a part of the features may also be left out).
 FIX = "put back what --save-config wrote there, or write the file again with --dry-run --save-config FILE"
@@ -130,7 +130,7 @@ def admits(node: Any) -> Admits | None:
 def section_admits() -> dict[str, Admits | None]:
     """Each ConfigContainer section and what it admits (None: not told); empty where Megatron-Bridge's
     source is not found."""
-    from bridge_recipes.overrides import container_annotations
+    from bridge_recipes.config.overrides import container_annotations
 
     return {name: admits(node) for name, node in (container_annotations() or {}).items()}
 

@@ -3,7 +3,7 @@
 Applied by :func:`bridge_recipes.build` after the flags and overrides:
 
 - TensorBoard. A recipe writes checkpoints to ``<run>/checkpoints`` and TensorBoard events to
-  ``<run>/tb`` (``bridge_recipes.common.run_dir``). When the save folder moves
+  ``<run>/tb`` (``bridge_recipes.recipes.base.run_dir``). When the save folder moves
   (``--save-dir`` or ``checkpoint.save=``) and the TensorBoard folder was laid out beside the old
   one (``<run>/tb``, or ``<save>/tensorboard`` from an earlier move, as a saved config file
   holds it; a recipe that does not save keeps its ``experiments/<run>/tb``), it moves to

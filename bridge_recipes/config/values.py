@@ -247,7 +247,7 @@ def lora_target_problems(cfg: Any) -> list[str]:
     """LoRA's ``target_modules``: at least one, each a linear the Qwen3.5 models have (or a pattern
     with ``*`` or ``.``, matched by Megatron-Bridge against module paths). An unknown name only
     draws Megatron-Bridge's warning and trains no adapter on it."""
-    from bridge_recipes.common import LORA_TARGETS
+    from bridge_recipes.recipes.base import LORA_TARGETS
 
     targets = getattr(getattr(cfg, "peft", None), "target_modules", None)
     if getattr(cfg, "peft", None) is None or targets is None:

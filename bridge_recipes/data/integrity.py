@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from bridge_recipes.chat.chat_template import TEMPLATE_FILES, template_files_sha256
 from bridge_recipes.data.packing import PACKING_MODES
-from bridge_recipes.outputs import file_sha256
+from bridge_recipes.utils.outputs import file_sha256
 
 ROWS_FILE = "rows.parquet"
 MANIFEST_FILE = "manifest.json"

@@ -20,7 +20,7 @@ positions and the MTP label shift all restart at each conversation (docs/sft_dat
 then reports itself as an offline-packed dataset (``enable_offline_packing``), so Megatron-Bridge
 takes one packed sequence per micro batch and hands the boundaries to middle pipeline stages too. A
 recipe that trains k rows per micro batch says so (:data:`RECIPE_ROWS`, set by
-``bridge_recipes.qwen.policy.rows_per_micro_batch``); on these rows the build makes them one packed
+``bridge_recipes.recipes.qwen.policy.rows_per_micro_batch``); on these rows the build makes them one packed
 sequence of the k joined (:func:`join_recipe_rows`), and the dry run refuses any other micro batch
 above 1.
 ``eos_joined`` rows (the benchmark workload) and ``one_per_row`` rows (one conversation, then padding) carry no
@@ -241,7 +241,7 @@ def epochs_warning(path: str, rows: int, samples: int, rows_per_step: int | None
     )
 
 
-# A recipe's rows per micro batch (``bridge_recipes.qwen.policy.rows_per_micro_batch``): an attribute of
+# A recipe's rows per micro batch (``bridge_recipes.recipes.qwen.policy.rows_per_micro_batch``): an attribute of
 # the config's ``train`` beside ``micro_batch_size``, outside its fields, so a saved config holds what
 # the build made of it. Unset: one row a micro batch, or rows side by side that boundaries rows refuse.
 RECIPE_ROWS = "recipe_rows_per_micro_batch"

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data.integrity import CU_COLUMN, MANIFEST_FILE, ROWS_FILE, VAL_DIR, update_rows_hash
-from bridge_recipes.outputs import held_signals, pid_alive, replace_problem
+from bridge_recipes.utils.outputs import held_signals, pid_alive, replace_problem
 
 PARQUET_COMPRESSION = "zstd"
 ROWS_PER_BATCH = 128  # rows per Parquet row group: ~5 MB in memory at 8,192 tokens

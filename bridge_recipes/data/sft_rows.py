@@ -116,7 +116,7 @@ from bridge_recipes.data.row_writer import (
     staged_build,
 )
 from bridge_recipes.models.qwen35 import SPECS
-from bridge_recipes.outputs import overlap_problem, worker_count, worker_processes
+from bridge_recipes.utils.outputs import overlap_problem, worker_count, worker_processes
 
 log = logging.getLogger(__name__)
 
@@ -796,7 +796,7 @@ def prepared(
     :data:`CHUNKS_AHEAD` per worker in flight (memory bounded whatever the input's size). The workers
     are forked: they inherit the tokenizer and template instead of loading them again. One worker, or a
     platform without fork, renders in this process. A Ctrl-C stops the workers quietly
-    (:func:`~bridge_recipes.outputs.worker_processes`)."""
+    (:func:`~bridge_recipes.utils.outputs.worker_processes`)."""
     global _WORK
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         for index, raw in records:

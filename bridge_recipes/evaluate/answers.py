@@ -205,7 +205,7 @@ def write_jsonl(prompts: list[Prompt], out: str | os.PathLike) -> None:
 def parser() -> Any:
     import argparse
 
-    from bridge_recipes import quiet
+    from bridge_recipes.utils import quiet
 
     p = argparse.ArgumentParser(
         prog="compare_answers.py",

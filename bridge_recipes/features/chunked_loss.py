@@ -18,7 +18,7 @@ needs the upstream gradient in its weight's sum, so its backward recomputes each
 It applies on one tensor-parallel rank only (the vocabulary whole on the rank), without MuP's output
 scaling and to text models; :func:`problem` names what stops it. ``features.chunked_loss.enabled``
 switches it on (:class:`Config`; the recipes' block is
-:func:`bridge_recipes.qwen.policy.chunked_cross_entropy`).
+:func:`bridge_recipes.recipes.qwen.policy.chunked_cross_entropy`).
 """
 
 from __future__ import annotations

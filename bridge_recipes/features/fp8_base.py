@@ -64,7 +64,7 @@ TE_NOTICE = "You are using quantized weights without quantized compute"
 class Config:
     """How a LoRA run's frozen base stored in FP8 multiplies: ``gemms`` ``bf16`` (on the weight dequantized
     for each GEMM) or ``fp8`` (FP8 forward GEMMs, the backward dequantized). The base is stored in FP8
-    where the mixed precision keeps the parameters in FP8 (``bridge_recipes.qwen.policy.fp8_frozen_base``)."""
+    where the mixed precision keeps the parameters in FP8 (``bridge_recipes.recipes.qwen.policy.fp8_frozen_base``)."""
 
     gemms: str = "bf16"
 
@@ -107,7 +107,7 @@ def problems(cfg: Any, capability: tuple[int, int] | None = None, gpu: str | Non
     GEMMs asked of a run that holds nothing in FP8 (the setting would change nothing), and, for a LoRA run
     on an FP8 base, a scaling recipe without the dequantized backward (the upstream code is checked with
     the patch's contract)."""
-    from bridge_recipes.gpus import FP8_CAPABILITY, has_fp8
+    from bridge_recipes.hardware.gpus import FP8_CAPABILITY, has_fp8
 
     out = []
     if capability is not None and uses_fp8(cfg) and not has_fp8(capability):

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes import installed
+from bridge_recipes.hardware import installed
 from bridge_recipes.patches.contract import Patch, check
 
 KEY = "features.te_wgrad.enabled"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridge_recipes.gpus import GB, has_fp8, has_mxfp8
+from bridge_recipes.hardware.gpus import GB, has_fp8, has_mxfp8
 
 # device memory a process takes outside the caching allocator after the cap is set (cuBLAS and
 # Transformer Engine handles, NCCL's communicators of a one-GPU run): kept free under the cap
@@ -46,10 +46,10 @@ def current_device() -> Device | None:
 
 def cap_value_problem(gb: float) -> str | None:
     """Why ``--gpu-memory-gb gb`` is no GPU's memory (not a positive finite number, or more than the
-    largest card of :data:`~bridge_recipes.gpus.GPUS` holds), or None."""
+    largest card of :data:`~bridge_recipes.hardware.gpus.GPUS` holds), or None."""
     import math
 
-    from bridge_recipes.gpus import GPUS
+    from bridge_recipes.hardware.gpus import GPUS
 
     largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
     if not math.isfinite(gb) or gb <= 0:
@@ -63,10 +63,10 @@ def cap_value_problem(gb: float) -> str | None:
 
 
 def nominal_note(gb: float, prefer: str | None = None) -> str | None:
-    """A note when ``--gpu-memory-gb`` is the size printed on cards of :data:`~bridge_recipes.gpus.GPUS`
+    """A note when ``--gpu-memory-gb`` is the size printed on cards of :data:`~bridge_recipes.hardware.gpus.GPUS`
     (80 for an H100): such a card holds more (GB of 1e9 bytes: an H100 has 85.0), and the cap keeps the
     figure as given; ``--gpu NAME`` plans for the whole card."""
-    from bridge_recipes.gpus import GPUS, gpu_names
+    from bridge_recipes.hardware.gpus import GPUS, gpu_names
 
     cards = [g for g in GPUS.values() if g.memory_gb == gb and g.usable_memory_gb > gb]
     if not cards:

@@ -1,10 +1,10 @@
 """A wheelhouse for a GPU machine without a package registry, carried in parts of a size limit.
 
     # on a machine with a registry: the pinned wheels the GPU machine lacks, in parts of 60 MiB
-    python3 -m bridge_recipes.wheelhouse build --host-freeze host_freeze.txt --out .wheelhouse \\
+    python3 -m bridge_recipes.hardware.wheelhouse build --host-freeze host_freeze.txt --out .wheelhouse \\
         --extra-wheel ../shared/wheelhouse/transformer_engine_torch-2.20.2-cp312-cp312-linux_x86_64.whl
     # on the GPU machine, once every part is there: one folder for `install.sh --wheelhouse`
-    python3 -m bridge_recipes.wheelhouse join .wheelhouse/part_* --out /tmp/wheelhouse
+    python3 -m bridge_recipes.hardware.wheelhouse join .wheelhouse/part_* --out /tmp/wheelhouse
 
 ``host_freeze.txt`` is ``python3 -m pip list --format=freeze`` as run on the GPU machine: a pin of
 requirements/cpu.lock or gpu.lock that it already satisfies (same public version; a local label
@@ -26,9 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bridge_recipes.outputs import file_sha256, staged_output
+from bridge_recipes.utils.outputs import file_sha256, staged_output
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOCKS = (ROOT / "requirements/cpu.lock", ROOT / "requirements/gpu.lock")
 MANIFEST = "MANIFEST.json"
 # CPython 3.12 on x86-64 Linux, newest glibc tag first (the H200 host has glibc 2.39)

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes import outputs, saved_runs
 from bridge_recipes.hf import declared
 from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named here for the callers)
     BIN_INDEX_FILE,
@@ -42,6 +41,8 @@ from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named 
     safetensors_header,
 )
 from bridge_recipes.models.qwen35 import SPECS, Qwen35Spec
+from bridge_recipes.training import saved_runs
+from bridge_recipes.utils import outputs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 CACHE_ENV = "QWEN35_RECIPES_CACHE"
@@ -581,10 +582,10 @@ def check_against(found: dict[str, Any], expected: dict[str, Any], *, scaled: bo
 
 def spec_for_recipe(recipe: str) -> Qwen35Spec:
     """The catalog model a recipe (or a catalog name) is for, as the runner finds it: a listed recipe or
-    ``qwen36_`` alias by its registry entry (:func:`bridge_recipes.registry.entries`), any other name by
+    ``qwen36_`` alias by its registry entry (:func:`bridge_recipes.recipes.registry.entries`), any other name by
     the longest catalog name it starts with (a ``qwen36_`` name read as its ``qwen35_`` twin, for a size
     with a Qwen3.6 checkpoint in the catalog)."""
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
 
     entry = registry.entries().get(recipe)
     if entry is not None and entry.model is not None:
@@ -635,7 +636,7 @@ def mismatch_error(folder: Path, problems: list[str], fix: str) -> HfCheckpointE
 
 # --------------------------------------------------------------------------- atomic output
 
-# a folder written whole or not at all (bridge_recipes.outputs), its refusals as conversion errors
+# a folder written whole or not at all (bridge_recipes.utils.outputs), its refusals as conversion errors
 staged_output = functools.partial(outputs.staged_output, error=HfCheckpointError)
 
 
@@ -685,7 +686,7 @@ def _conversion_context():
 def _no_apex_fusion(provider: Any) -> None:
     """gradient_accumulation_fusion needs APEX's fused kernel, also when the model is built only to
     convert: off when APEX is absent."""
-    from bridge_recipes.installed import apex_grad_fusion_available
+    from bridge_recipes.hardware.installed import apex_grad_fusion_available
 
     if not apex_grad_fusion_available():
         provider.gradient_accumulation_fusion = False
@@ -725,7 +726,7 @@ def convert_megatron_to_hf(megatron: Path, template: Path, out: Path) -> None:
 def lora_settings(megatron: Path) -> dict[str, Any] | None:
     """The ``peft`` section of the run config saved with ``megatron``'s newest checkpoint when that
     run trained LoRA adapters, else None (a full-parameter checkpoint)."""
-    from bridge_recipes.saved_runs import CheckpointMetadataError, latest_run_config
+    from bridge_recipes.training.saved_runs import CheckpointMetadataError, latest_run_config
 
     try:
         found = latest_run_config(megatron)
@@ -788,7 +789,7 @@ def build_lora_model(
     )
     from megatron.core import dist_checkpointing
 
-    from bridge_recipes.saved_runs import iteration_folder, latest_iteration
+    from bridge_recipes.training.saved_runs import iteration_folder, latest_iteration
 
     iteration = latest_iteration(megatron)
     if iteration is None:
@@ -884,7 +885,7 @@ def _fix_hint(scaled: bool) -> str:
 def saved_model_is_vl(megatron: Path) -> bool | None:
     """Whether the newest checkpoint of ``megatron`` holds a VL model (its saved model config has a
     vision tower), or None when no run config says."""
-    from bridge_recipes.saved_runs import CheckpointMetadataError, latest_run_config
+    from bridge_recipes.training.saved_runs import CheckpointMetadataError, latest_run_config
 
     try:
         found = latest_run_config(megatron)
@@ -914,7 +915,7 @@ def _export_released(megatron: Path, template: Path, out: Path, *, text_only: bo
 # --------------------------------------------------------------------------- the run a checkpoint records
 # An export names a recipe and a Hugging Face template; the checkpoint folder records the run that
 # saved it: run_identity.json (its recipe, model architecture, starting weights and LoRA settings;
-# bridge_recipes.saved_runs) or, in a folder saved without one, the newest run_config.yaml.
+# bridge_recipes.training.saved_runs) or, in a folder saved without one, the newest run_config.yaml.
 # saved_run_problem names each way the recipe and the template do not fit that run: a recipe of
 # another model family, a LoRA recipe for a full fine-tuning checkpoint or the reverse, a template of
 # another shape, and for a LoRA run a template holding other weights than those it started from (the
@@ -980,7 +981,7 @@ def _family_problem(saved_recipe: str, recipe: str) -> str | None:
 def _task_problem(record: dict, recipe: str) -> str | None:
     """A LoRA recipe given for the checkpoint of a full fine-tuning recipe's run, or the reverse (both
     recipes known; a run of a recipe given ``--peft`` keeps its recipe's name and is not compared)."""
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
 
     try:
         saved, given = registry.find(record["recipe"]).meta.task, registry.find(recipe).meta.task

@@ -19,8 +19,8 @@ import argparse
 import os
 import sys
 
-from bridge_recipes import quiet
 from bridge_recipes.hf.files import EXPORT_FAILED
+from bridge_recipes.utils import quiet
 
 USAGE_ERROR = 2
 RECIPE_HELP = "recipe name as run_recipe.py takes it, qwen36_ names included (or a catalog model, e.g. qwen35_35b_a3b)"
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from bridge_recipes.installed import training_stack_problem
+    from bridge_recipes.hardware.installed import training_stack_problem
 
     if problem := training_stack_problem(f"convert_checkpoint.py {args.command}"):
         print(f"convert_checkpoint.py: error: {problem}", file=sys.stderr)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"convert_checkpoint.py: error: {e}{_unchanged(args)}", file=sys.stderr)
         return EXPORT_FAILED
     except Exception as e:  # a failure inside Megatron-Bridge: one line, the partial output already removed
-        from bridge_recipes.hf.training import stack_file
+        from bridge_recipes.hf.run_hooks import stack_file
 
         print(
             f"convert_checkpoint.py: conversion failed: {type(e).__name__}: {e}{_unchanged(args)} "
@@ -186,7 +186,7 @@ def _unchanged(args: argparse.Namespace) -> str:
 
 
 if __name__ == "__main__":  # python -m bridge_recipes.hf.cli: scripts/convert_checkpoint.py from any folder
-    from bridge_recipes.outputs import exit_on_termination
+    from bridge_recipes.utils.outputs import exit_on_termination
 
     quiet.install()  # other libraries' start-up notices (shown with --verbose)
     exit_on_termination()  # a kill removes the staging folder beside --out

@@ -167,7 +167,7 @@ def tokenizer_problem(cfg: Any, folder: ck.HfFolder) -> str | None:
     checkpoint's weights would train on another tokenizer's ids (its embedding rows mean its own
     tokens). A folder or file whose tokenizer.json is the same bytes is the same tokenizer."""
     from bridge_recipes.data.integrity import tokenizer_json
-    from bridge_recipes.outputs import file_sha256
+    from bridge_recipes.utils.outputs import file_sha256
 
     own = folder.path / ck.TOKENIZER_FILES[0]
     kind = getattr(getattr(cfg, "tokenizer", None), "tokenizer_type", None)
@@ -282,7 +282,7 @@ def attach(cfg: Any, folder: ck.HfFolder) -> Path:
         if _rank() == 0:
             failed.unlink(missing_ok=True)
             _log(f"hf checkpoint: converting {folder.path} -> {target} (once; reused while the folder is unchanged)")
-            cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "import", str(folder.path), str(target)]
+            cmd = [sys.executable, "-m", "bridge_recipes.hf.run_hooks", "import", str(folder.path), str(target)]
             cmd += [TEXT_MODEL_FLAG] if text else []
             rc = subprocess.run(cmd, env=child_env()).returncode
             if rc != 0:
@@ -307,7 +307,7 @@ def check_export_target(cfg: Any, out: str, folder: ck.HfFolder | None = None, *
     included; a LoRA run's adapter folder beside it likewise; --export-text-only needs a text
     recipe trained from a released VL ``folder`` (checked at the dry run, not after training)."""
     from bridge_recipes.hf.released import TEXT_ONLY_OPTION, adapter_folder
-    from bridge_recipes.outputs import overlap_problem
+    from bridge_recipes.utils.outputs import overlap_problem
 
     ckpt = cfg.checkpoint
     if not ckpt.save:
@@ -393,13 +393,13 @@ def export_after_training(
     if _rank() != 0:
         return 0
     _log(f"export: {cfg.checkpoint.save} -> {out} (config and tokenizer from {template})")
-    cmd = [sys.executable, "-m", "bridge_recipes.hf.training", "export", cfg.checkpoint.save, template, out]
+    cmd = [sys.executable, "-m", "bridge_recipes.hf.run_hooks", "export", cfg.checkpoint.save, template, out]
     cmd += [TEXT_MODEL_FLAG] if text_model(cfg) else []
     cmd += [TEXT_ONLY_FLAG] if text_only else []
     rc = subprocess.run(cmd, env=child_env()).returncode
     if rc == 0:
         return 0
-    from bridge_recipes.saved_runs import latest_iteration
+    from bridge_recipes.training.saved_runs import latest_iteration
 
     step = latest_iteration(cfg.checkpoint.save)
     retry = retry_command(cfg, recipe, out, template, text_only=text_only, scaled=scaled)
@@ -418,7 +418,7 @@ TEXT_ONLY_FLAG = "--text-only"  # the child exports the text form
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bridge_recipes.hf.training import HF OUT [--text-model] | export MEGATRON TEMPLATE OUT
+    """``python -m bridge_recipes.hf.run_hooks import HF OUT [--text-model] | export MEGATRON TEMPLATE OUT
     [--text-model] [--text-only]`` (the runner's child processes; the checks ran before)."""
     argv = sys.argv[1:] if argv is None else argv
     flags = {a for a in argv if a.startswith("--")}
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             ck.export_checkpoint(args[1], args[2], args[3], text_model=text, text_only=TEXT_ONLY_FLAG in flags)
         else:
             print(
-                "usage: python -m bridge_recipes.hf.training import HF OUT [--text-model] | "
+                "usage: python -m bridge_recipes.hf.run_hooks import HF OUT [--text-model] | "
                 "export MEGATRON TEMPLATE OUT [--text-model] [--text-only]"
             )
             return 2

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from bridge_recipes.gpus import peak_bf16_flops
+from bridge_recipes.hardware.gpus import peak_bf16_flops
 
 DEFAULT_WINDOW = (5, 19)  # OpenRecipes: steps 5..19 of a 20-step run, 1-based, inclusive
 BYTES_PER_GB = 1e9  # Megatron-Bridge's report_memory divides bytes by 1e9

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.layout import Layout
 from bridge_recipes.models.dims import ModelDims
 from bridge_recipes.models.flops import FLA_CHUNK_SIZE
 from bridge_recipes.plan.dims import BF16, Tokens
+from bridge_recipes.plan.layout import Layout
 
 
 def gdn_activation_elems(d: ModelDims, par: Layout, tok: Tokens) -> float:

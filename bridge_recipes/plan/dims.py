@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.layout import Layout, layout_of
 from bridge_recipes.models.dims import ModelDims
+from bridge_recipes.plan.layout import Layout, layout_of
 
 BF16 = 2  # bytes per element
 FP32 = 4

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.gpus import GB
+from bridge_recipes.hardware.gpus import GB
 from bridge_recipes.models.dims import ModelDims
 from bridge_recipes.models.params import count_dims, vision_params
 from bridge_recipes.models.qwen35 import VisionSpec

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_recipes.layout import Layout
 from bridge_recipes.models.dims import ModelDims
 from bridge_recipes.plan.dims import BF16, FP32, Tokens
+from bridge_recipes.plan.layout import Layout
 from bridge_recipes.plan.params import padded_vocab
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_recipes.layout import Layout
 from bridge_recipes.plan.dims import FP32
+from bridge_recipes.plan.layout import Layout
 from bridge_recipes.plan.params import Params
 from bridge_recipes.plan.precision import _dtype_bytes, effective_precision
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.layout import Layout
 from bridge_recipes.models import params as counts
 from bridge_recipes.models.dims import ModelDims
+from bridge_recipes.plan.layout import Layout
 
 ONE_RANK = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, vpp=None, dp=1, world=1)  # the whole model on one GPU
 

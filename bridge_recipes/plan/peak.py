@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.gpus import GB, GPUS
-from bridge_recipes.layout import Layout
+from bridge_recipes.hardware.gpus import GB, GPUS
 from bridge_recipes.models.dims import ModelDims
 from bridge_recipes.models.qwen35 import is_vlm
 from bridge_recipes.plan.activations import (
@@ -22,6 +21,7 @@ from bridge_recipes.plan.activations import (
     selective_modules,
 )
 from bridge_recipes.plan.dims import BF16, FP32, Tokens, micro_batch_tokens, model_dims, parallel_layout
+from bridge_recipes.plan.layout import Layout
 from bridge_recipes.plan.logits import cross_entropy_kind, logits_peak_bytes
 from bridge_recipes.plan.optimizer import (
     moment_bytes_per_param,
@@ -47,7 +47,7 @@ from bridge_recipes.plan.weights import (
 )
 
 # Device memory in GB (1e9 bytes) of the GPU types the recipes are written for, from the one
-# GPU table (bridge_recipes.gpus: the H200's is the test host's measured figure); the H200
+# GPU table (bridge_recipes.hardware.gpus: the H200's is the test host's measured figure); the H200
 # first, the planner's default.
 DEFAULT_GPU = "h200"
 GPU_MEMORY_GB = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge_recipes.layout import Layout, stage_layers
+from bridge_recipes.plan.layout import Layout, stage_layers
 
 
 def stage_chunks(cfg: Any, par: Layout) -> list[list[list[int]]]:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from bridge_recipes.layout import Layout
 from bridge_recipes.models.dims import ModelDims
 from bridge_recipes.plan.activations import ChunkActivations, mtp_recomputed, recompute_groups
 from bridge_recipes.plan.dims import BF16
+from bridge_recipes.plan.layout import Layout
 from bridge_recipes.plan.params import (
     layer_linears,
     layer_params,

@@ -15,7 +15,7 @@ Defaults and where they come from:
   projections and lr 1e-4, as Megatron-Bridge's PEFT recipes do.
 - VL forms: the same, with the VL provider, the mock VLM conversation dataset, and no
   gradient/parameter-gather overlap (Megatron-Bridge's VLM defaults).
-Every base builder switches on the resilience defaults of :mod:`bridge_recipes.resilience`
+Every base builder switches on the resilience defaults of :mod:`bridge_recipes.recipes.resilience`
 (async torch_dist checkpoints with automatic resume, NVRx fault tolerance and straggler
 detection). Nothing here opens a network connection; tokenizers and processors named by HF id are only
 loaded by the training process.
@@ -27,7 +27,7 @@ import os
 from typing import TYPE_CHECKING
 
 from bridge_recipes.models.qwen35 import Qwen35Spec, build_provider, get_spec, is_vlm
-from bridge_recipes.resilience import enable_resilience
+from bridge_recipes.recipes.resilience import enable_resilience
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bridge_recipes import registry
-from bridge_recipes.gpu_memory import Device
-from bridge_recipes.gpus import class_memory_gb
+from bridge_recipes.hardware.gpu_memory import Device
+from bridge_recipes.hardware.gpus import class_memory_gb
+from bridge_recipes.recipes import registry
 
 # a GPU within 1% of a recipe's GPU memory is of its class (the devices of one card report a little
 # more or less than its table figure)

@@ -2,14 +2,14 @@
 estimate on another card, nothing where the figure does not carry over.
 
 A measured recipe has one figure, the useful (non-padding) tokens/s per GPU of its result file on the
-GPU that run used (:func:`bridge_recipes.registry.measured`); a step's time is costed at the same run's
+GPU that run used (:func:`bridge_recipes.recipes.registry.measured`); a step's time is costed at the same run's
 tokens/s padding included (a step reads its rows' padding too). A recipe for a smaller card is measured on a
 larger GPU capped at the card's memory: its memory is the card's, its speed the GPU's. So:
 
 - on a card of the measured GPU's type, the figure, named with the GPU, its cap and the day;
 - on another card of the GPU table, an estimate: the figure times the smallest of the card's ratios to
   the measured GPU in dense BF16 tensor FLOP/s, dense FP8 tensor FLOP/s (when the run multiplies in
-  FP8) and memory bandwidth (:func:`bridge_recipes.gpus.speed_ratio`: the conservative end), labelled
+  FP8) and memory bandwidth (:func:`bridge_recipes.hardware.gpus.speed_ratio`: the conservative end), labelled
   as such with that basis;
 - at another micro batch x sequence length (``-sl``, ``-mb``) the figure does not carry over: nothing,
   with the reason; nor on a card outside the GPU table.
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes import registry
-from bridge_recipes.gpus import GPUS, speed_ratio
+from bridge_recipes.hardware.gpus import GPUS, speed_ratio
+from bridge_recipes.recipes import registry
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def tokens_per_micro_batch(cfg: Any) -> int:
 
 
 def rate_on(name: str, card: str, cfg: Any) -> Rate:
-    """Recipe ``name``'s rate for ``cfg`` on ``card`` (a key of :data:`~bridge_recipes.gpus.GPUS`, or
+    """Recipe ``name``'s rate for ``cfg`` on ``card`` (a key of :data:`~bridge_recipes.hardware.gpus.GPUS`, or
     another card's name): see the module."""
     m = registry.measured(name)
     if m is None:

@@ -11,7 +11,7 @@ Fields:
 - layout: short layout label, e.g. ``"TP1 PP1 EP8 DP8"`` (tests check it against the config)
 - status: ``measured`` (a result file backs the figure), ``functional`` (trained on a GPU at
   reduced scale, log committed), ``unmeasured``. A ``measured`` recipe whose fingerprint
-  (:mod:`bridge_recipes.fingerprint`) is no longer the one its result file records is shown as
+  (:mod:`bridge_recipes.config.fingerprint`) is no longer the one its result file records is shown as
   :data:`CHANGED_SINCE_MEASURED` until a new result covers it (the lab's report finds it)
 - reference: the published figure the recipe is compared with:
   ``{"tokens_per_s_per_gpu": 4663.1, "source": "..."}``
@@ -105,7 +105,7 @@ def _attach(info: RecipeMeta) -> Callable:
         def build(*args: Any, **kwargs: Any) -> Any:
             cfg = fn(*args, **kwargs)
             own_run_folder(cfg, name)
-            cfg.name_recipe(fn.__name__, info)  # a RecipeConfig (bridge_recipes.common builds every recipe's)
+            cfg.name_recipe(fn.__name__, info)  # a RecipeConfig (bridge_recipes.recipes.base builds every recipe's)
             return cfg
 
         build.recipe_meta = info

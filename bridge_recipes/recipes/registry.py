@@ -3,7 +3,7 @@
 Nothing is imported to list recipes: each module under ``bridge_recipes`` and
 ``perf_recipes`` is parsed with :mod:`ast`, and the literal arguments of its ``@recipe``
 decorators give the table; a benchmark twin's ``@benchmark_of(real.<recipe>, ...)`` takes the
-metadata of the recipe it names (found earlier in the scan) as :func:`bridge_recipes.recipe.twin_meta`
+metadata of the recipe it names (found earlier in the scan) as :func:`bridge_recipes.recipes.recipe.twin_meta`
 does at run time. Only :func:`load` imports the one module a recipe lives in.
 
 Qwen3.6 names: Qwen3.6 checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
@@ -25,9 +25,9 @@ from functools import lru_cache, wraps
 from pathlib import Path
 
 from bridge_recipes.models.qwen35 import SPECS, Checkpoint
-from bridge_recipes.recipe import STATUSES, RecipeMeta, own_run_folder, twin_meta
+from bridge_recipes.recipes.recipe import STATUSES, RecipeMeta, own_run_folder, twin_meta
 
-PACKAGE_ROOT = Path(__file__).resolve().parent  # bridge_recipes/
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # bridge_recipes/
 TREES = {"bridge_recipes": PACKAGE_ROOT, "perf_recipes": PACKAGE_ROOT.parent / "perf_recipes"}
 SKIP_DIRS = {"runner", "models", "__pycache__"}
 
@@ -217,7 +217,7 @@ def matches(entry: RecipeEntry, terms: list[str]) -> bool:
     """Every term (case-insensitive) appears in the name, tree, task, GPU, precision or family, or is the
     status word (the PEFT recipes' scheme, LoRA, counts as part of their task; a GPU's class names the
     other cards it serves and its memory, e.g. ``rtx6000ada`` and ``48gb`` for an L40S recipe)."""
-    from bridge_recipes.gpus import class_names
+    from bridge_recipes.hardware.gpus import class_names
 
     m = entry.meta
     task = f"{m.task} lora" if m.task == "peft" else m.task
@@ -313,7 +313,7 @@ def _measured(entry: RecipeEntry) -> str:
 
 def status(entry: RecipeEntry) -> str:
     """The status ``--list`` shows: the metadata's, or for a measured recipe whose config or features changed
-    since its result was measured, :data:`~bridge_recipes.recipe.CHANGED_SINCE_MEASURED`."""
+    since its result was measured, :data:`~bridge_recipes.recipes.recipe.CHANGED_SINCE_MEASURED`."""
     if entry.meta.status != "measured":
         return entry.meta.status
     return _measured_figures().get(entry.alias_of or entry.name, {}).get("status", entry.meta.status)

@@ -1,7 +1,7 @@
 """Resilience defaults of the real-data recipes (the benchmark recipes turn them off).
 
 What Megatron-Bridge and nvidia-resiliency-ext (NVRx) already provide, switched on:
-- periodic torch_dist checkpoints (about ten a run: :mod:`bridge_recipes.save_interval`), saved
+- periodic torch_dist checkpoints (about ten a run: :mod:`bridge_recipes.config.save_interval`), saved
   asynchronously by a persistent worker (torch_dist is the format Megatron-Core supports async
   saving for), and automatic resume: ``checkpoint.load``
   is the save folder, so a restarted job continues from the latest checkpoint there when one
@@ -19,7 +19,7 @@ What Megatron-Bridge and nvidia-resiliency-ext (NVRx) already provide, switched 
 from __future__ import annotations
 
 # The real-data recipes' checkpoint interval in steps, the longest a run gets: unless one is given, the
-# builder shortens it to the run's length and expected time (bridge_recipes.save_interval).
+# builder shortens it to the run's length and expected time (bridge_recipes.config.save_interval).
 SAVE_INTERVAL_STEPS = 100
 
 

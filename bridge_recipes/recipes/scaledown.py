@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.layout import Layout, model_shape, rule_problems, stage_layers
+from bridge_recipes.plan.layout import Layout, model_shape, rule_problems, stage_layers
 
 # What a smaller layout keeps first when not all of the recipe's fits: expert parallelism (the
 # dispatch the MoE policies are built around), then pipeline stages, tensor parallelism (with
@@ -81,7 +81,7 @@ def fit_layout(
     """The largest part of ``cfg``'s parallel layout that runs ``num_layers`` layers on ``gpus``
     GPUs, preferring the dimensions in :data:`LAYOUT_PRIORITY` order. Each size is a divisor of
     the recipe's own (1 when the recipe does not use the dimension) that the layout rules allow
-    (:func:`bridge_recipes.layout.rule_problems`, the runner's checks too); VPP is kept where it
+    (:func:`bridge_recipes.plan.layout.rule_problems`, the runner's checks too); VPP is kept where it
     divides every stage's layers. Raises ValueError when even the one-GPU layout cannot be placed."""
     m = cfg.model
     shape = model_shape(m, num_experts)

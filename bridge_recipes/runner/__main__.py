@@ -10,8 +10,8 @@ import sys
 
 START_STATE = {"transformer_engine_imported": "transformer_engine" in sys.modules, "environ": dict(os.environ)}
 
-from bridge_recipes import quiet  # noqa: E402 (imported after START_STATE is recorded)
 from bridge_recipes.runner.cli import main  # noqa: E402
+from bridge_recipes.utils import quiet  # noqa: E402 (imported after START_STATE is recorded)
 
 
 def run() -> int:

@@ -6,9 +6,9 @@
 - a Hugging Face folder given as the resume, save or pretrained checkpoint folder (its weights are
   started from with ``--hf-checkpoint``), and a tracker that disagrees with the iteration folders;
 - resuming a checkpoint of another run, or saving beside one: another recipe, model, starting
-  weights, data (a rows folder by its content hash), sequence length or LoRA setting (``bridge_recipes.saved_runs``:
-  the launch records what identifies its run in its save folder); the error names each difference
-  and ``--fresh`` starts a new run in a new subfolder instead;
+  weights, data (a rows folder by its content hash), sequence length or LoRA setting
+  (``bridge_recipes.training.saved_runs``: the launch records what identifies its run in its save
+  folder); the error names each difference and ``--fresh`` starts a new run in a new subfolder instead;
 - resuming a checkpoint of another kind of run (LoRA against full fine-tuning);
 - resuming from a checkpoint whose saved run differs in a way the format cannot reshard:
   the architecture (layers, hidden size, heads, experts, vocabulary) never; with the legacy
@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.saved_runs import (
+from bridge_recipes.training.saved_runs import (
     ARCHITECTURE_FIELDS,
     CheckpointMetadataError,
     fresh_folder,
@@ -70,7 +70,7 @@ def folder_problem(key: str, folder: str) -> str | None:
 def data_overlap(cfg: Any, key: str, folder: str) -> str | None:
     """An output folder (``key``) that is the dataset folder, inside it or holding it: the run's files would
     be mixed with the data (and a rebuild of the data with --overwrite would delete them)."""
-    from bridge_recipes.outputs import overlap_problem
+    from bridge_recipes.utils.outputs import overlap_problem
 
     data = getattr(getattr(cfg, "dataset", None), "path", None)
     if not isinstance(data, (str, os.PathLike)) or not str(data):
@@ -136,7 +136,7 @@ def is_megatron_checkpoint(folder: str) -> bool:
 def problems(cfg: Any, world_size: int, recipe: str | None = None) -> list[str]:
     """Why the checkpoint settings cannot work; ``recipe``, when given, is compared with the recipe
     of a checkpoint the run would resume or save beside."""
-    c, out = cfg.checkpoint, []  # a save interval below 1 is refused earlier, by bridge_recipes.values
+    c, out = cfg.checkpoint, []  # a save interval below 1 is refused earlier, by bridge_recipes.config.values
     if getattr(c, "async_save", False) and not c.save:
         out.append(
             "checkpoint.async_save needs checkpoint.save; give a save folder or set checkpoint.async_save=false"
@@ -296,7 +296,7 @@ def start_fresh(cfg: Any, recipe: str) -> str:
     checkpoint, the save (and the resume folder that follows it) and the log folders laid out beside it
     move to ``<save>/fresh_<N>``, the first N not taken; nothing is moved, deleted or written over.
     Returns the summary's resume line; ValueError when a load folder of its own is named (a resume)."""
-    from bridge_recipes import tracking
+    from bridge_recipes.config import tracking
 
     c = cfg.checkpoint
     if c.load and c.load != c.save:

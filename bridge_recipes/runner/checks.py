@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge_recipes.datasets import rows_per_sequence
-from bridge_recipes.layout import divides, layout_of, model_shape, rule_problems, stage_layers
+from bridge_recipes.config.datasets import rows_per_sequence
 from bridge_recipes.models.qwen35 import is_vlm
+from bridge_recipes.plan.layout import divides, layout_of, model_shape, rule_problems, stage_layers
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Problem:
 def check(cfg: Any, world_size: int, recipe: str | None = None) -> list[Problem]:
     """The problems of ``cfg`` on ``world_size`` GPUs; ``recipe`` (its name), when given, is compared
     with that of a checkpoint the run would resume."""
-    from bridge_recipes.values import value_problems
+    from bridge_recipes.config.values import value_problems
 
     # The layout arithmetic below divides by the parallel sizes: out-of-range values stop here.
     bad_values = value_problems(cfg, world_size)
@@ -214,7 +214,7 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
     activation, and, for SwiGLU, the environment (the recipe's ``env_vars`` or the process's) opts in to
     Transformer Engine's fused grouped MLP. That fused kernel runs on Blackwell (compute capability 10);
     on other GPUs the chain's ops run one by one."""
-    from bridge_recipes.installed import OP_FUSER_ENV
+    from bridge_recipes.hardware.installed import OP_FUSER_ENV
 
     m = cfg.model
     if not getattr(m, "use_transformer_engine_op_fuser", False) or not m.num_moe_experts:
@@ -232,7 +232,7 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
             f"chain scales by the routing probabilities after the activation; set model.moe_apply_probs_on_input="
             f"false {fix}"
         )
-    from bridge_recipes.env_settings import env_advice, setting
+    from bridge_recipes.runner.env_settings import env_advice, setting
 
     try:
         opted_in = int(setting(OP_FUSER_ENV, getattr(cfg, "env_vars", None), environ, default="0")) > 0
@@ -250,7 +250,7 @@ def op_fuser_problems(cfg: Any, environ: dict[str, str] | None = None) -> list[s
 def recipe_gpu(cfg: Any) -> tuple[tuple[int, int] | None, str | None]:
     """The compute capability and name of the GPU the config's recipe is written for (None, None where the
     recipe or its GPU is not known): what a dry run checks the features against."""
-    from bridge_recipes.gpus import GPUS
+    from bridge_recipes.hardware.gpus import GPUS
 
     meta = getattr(cfg, "meta", None)
     gpu = GPUS.get(str(getattr(meta, "gpu", "")).upper())

@@ -16,10 +16,8 @@ import tempfile
 from typing import Any
 
 import bridge_recipes
-from bridge_recipes import quiet, registry, watchdog
-from bridge_recipes.builder import PEFT_SCHEMES, peft_problem
-from bridge_recipes.features import random_lora
-from bridge_recipes.overrides import (
+from bridge_recipes.config.builder import PEFT_SCHEMES, peft_problem
+from bridge_recipes.config.overrides import (
     FLAG_KEYS,
     OverrideError,
     flag_option,
@@ -28,6 +26,10 @@ from bridge_recipes.overrides import (
     precheck,
     range_precheck,
 )
+from bridge_recipes.features import random_lora
+from bridge_recipes.recipes import registry
+from bridge_recipes.training import watchdog
+from bridge_recipes.utils import quiet
 
 USAGE_ERROR = 2
 
@@ -289,7 +291,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
 
 def save_config_problem(args: argparse.Namespace) -> str | None:
     """Why --save-config cannot be written (checked before any work), or None."""
-    from bridge_recipes.outputs import output_problem
+    from bridge_recipes.utils.outputs import output_problem
 
     if not args.dry_run:
         return "--save-config needs --dry-run (it writes the resolved config instead of launching)"
@@ -317,7 +319,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
 
         args.fresh_note = start_fresh(cfg, entry.name)
     if args.hf_checkpoint:
-        from bridge_recipes.hf import training as hf_training
+        from bridge_recipes.hf import run_hooks as hf_training
         from bridge_recipes.runner.checks import fp8_parameter_problems
 
         args.hf_folder = hf_training.inspect(args.hf_checkpoint)
@@ -325,7 +327,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
 
         if problem := cache_problem(args.hf_folder, hf_training.text_model(cfg)):  # the launch converts into it
             raise ValueError(problem)
-        from bridge_recipes.outputs import overlap_problem
+        from bridge_recipes.utils.outputs import overlap_problem
 
         inputs = [("--hf-checkpoint", args.hf_checkpoint)]
         if cfg.checkpoint.save and (
@@ -336,7 +338,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         if problems := fp8_parameter_problems(cfg, weights=str(args.hf_checkpoint)):
             raise ValueError(problems[0])
     if args.export_hf:
-        from bridge_recipes.hf import training as hf_training
+        from bridge_recipes.hf import run_hooks as hf_training
 
         if not args.hf_checkpoint:
             raise ValueError("--export-hf needs --hf-checkpoint (its config and tokenizer template the export)")
@@ -350,9 +352,9 @@ def take_run_options(args: argparse.Namespace) -> None:
     """The recipe a config file was written from (``args.recipe``) and the runner options it records (its
     weights, export folder, epochs, ...), each unless the command line gives its own (a step count given
     there replaces the file's epochs); each option taken is printed."""
-    from bridge_recipes.builder import STEP_KEYS
-    from bridge_recipes.config_files import recipe_of, run_options
-    from bridge_recipes.overrides import parse
+    from bridge_recipes.config.builder import STEP_KEYS
+    from bridge_recipes.config.files import recipe_of, run_options
+    from bridge_recipes.config.overrides import parse
 
     args.recipe = recipe_of(args.config_file, args.recipe)
     for option, value in run_options(args.config_file).items():
@@ -373,7 +375,7 @@ def _run_option(option: str, value: str | bool, path: str) -> Any:
     """A runner option as a config file records it: a folder, or the memory cap or the epochs (a number,
     checked)."""
     if option == "epochs":
-        from bridge_recipes.run_length import epochs_value_problem
+        from bridge_recipes.config.run_length import epochs_value_problem
 
         try:
             epochs = float(value)
@@ -384,7 +386,7 @@ def _run_option(option: str, value: str | bool, path: str) -> Any:
         return epochs
     if option != "gpu-memory-gb":
         return value
-    from bridge_recipes.gpu_memory import cap_value_problem
+    from bridge_recipes.hardware.gpu_memory import cap_value_problem
 
     try:
         gb = float(value)
@@ -397,7 +399,7 @@ def _run_option(option: str, value: str | bool, path: str) -> Any:
 
 def mock_data_warning(cfg: Any, task: str) -> str | None:
     """The warning for a fine-tuning run (SFT, or any with PEFT) that would read mock data."""
-    from bridge_recipes.datasets import is_mock, real_data
+    from bridge_recipes.config.datasets import is_mock, real_data
 
     if (task in ("sft", "peft") or cfg.peft is not None) and is_mock(cfg):
         return (
@@ -410,7 +412,7 @@ def mock_data_warning(cfg: Any, task: str) -> str | None:
 def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace, world: int) -> str:
     """What the run reads and writes and how long it is: data, steps, epochs and tokens, validation, the
     expected time, PEFT, the starting weights, whether it resumes, the save and export folders."""
-    from bridge_recipes.datasets import describe
+    from bridge_recipes.config.datasets import describe
 
     peft = cfg.peft
     if peft is None:
@@ -424,7 +426,7 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
     if cfg.features.random_lora.enabled:
         weights = random_lora.NOTE.removeprefix("base weights: ")
     elif args.hf_checkpoint:
-        from bridge_recipes.hf.training import cache_folder, released_summary, text_model
+        from bridge_recipes.hf.run_hooks import cache_folder, released_summary, text_model
 
         weights = (
             f"{args.hf_folder.path} (Hugging Face; converted at launch into "
@@ -442,16 +444,16 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
     expected, step_seconds = timing(cfg, entry, world, args)
     save = "none (nothing is saved)"
     if ckpt.save:
-        from bridge_recipes.save_interval import saves_line
+        from bridge_recipes.config.save_interval import saves_line
 
         first, *more = saves_line(cfg, save_interval_source(args), step_seconds)
         save = "".join([f"{ckpt.save} {first}", *(f"\n{' ' * 18}{line}" for line in more)])
     export = "none"
     if args.export_hf:
-        from bridge_recipes.hf.training import export_summary
+        from bridge_recipes.hf.run_hooks import export_summary
 
         export = export_summary(cfg, args.export_hf, args.hf_folder, bool(args.export_text_only))
-    from bridge_recipes import run_length
+    from bridge_recipes.config import run_length
     from bridge_recipes.runner.checkpoints import resume_line
 
     return "\n".join(
@@ -474,7 +476,7 @@ def run_summary(cfg: Any, entry: registry.RecipeEntry, args: argparse.Namespace,
 def save_interval_source(args: argparse.Namespace) -> str:
     """Who set a save interval the build did not set from the run: an override, the flag, the config
     file, else the recipe."""
-    from bridge_recipes.builder import SAVE_INTERVAL_KEY
+    from bridge_recipes.config.builder import SAVE_INTERVAL_KEY
 
     if any(t.partition("=")[0].lstrip("+~") == SAVE_INTERVAL_KEY for t in args.overrides):
         return f"set by {SAVE_INTERVAL_KEY}="
@@ -496,7 +498,7 @@ def disk_line(cfg: Any, args: argparse.Namespace) -> str:
     vision = 0
     if folder is not None:
         from bridge_recipes.hf.checkpoint import is_megatron_checkpoint
-        from bridge_recipes.hf.training import cache_folder, text_model
+        from bridge_recipes.hf.run_hooks import cache_folder, text_model
 
         text = text_model(cfg)
         vision = folder_vision_params(folder.config)
@@ -514,15 +516,15 @@ def disk_line(cfg: Any, args: argparse.Namespace) -> str:
 def time_line(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> str:
     """The expected time of the training steps at the recipe's rate on the card the run is for
     (:func:`run_card`): measured, an estimate labelled as such, or why there is none
-    (:func:`bridge_recipes.rates.run_rate`)."""
+    (:func:`bridge_recipes.recipes.rates.run_rate`)."""
     return timing(cfg, entry, world, args)[0]
 
 
 def timing(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Namespace) -> tuple[str, float | None]:
     """:func:`time_line`'s line, and the seconds a step takes where it gives a rate (else None)."""
-    from bridge_recipes.gpu_memory import current_device
-    from bridge_recipes.rates import run_rate
-    from bridge_recipes.run_length import duration, expected_seconds, step_seconds
+    from bridge_recipes.config.run_length import duration, expected_seconds, step_seconds
+    from bridge_recipes.hardware.gpu_memory import current_device
+    from bridge_recipes.recipes.rates import run_rate
 
     name = entry.alias_of or entry.name
     if registry.measured(name) is None:
@@ -542,7 +544,7 @@ def timing(cfg: Any, entry: registry.RecipeEntry, world: int, args: argparse.Nam
 def run_card(args: argparse.Namespace, entry: registry.RecipeEntry, device: Any = None) -> tuple[str, str]:
     """The card a run's rate is for, as a key of the GPU table (another card: its name), and whence: the
     GPU here (``device``), else the card ``--gpu`` names, else the recipe's own."""
-    from bridge_recipes.gpus import card_by_name, gpu_key, gpu_type_from_name
+    from bridge_recipes.hardware.gpus import card_by_name, gpu_key, gpu_type_from_name
 
     if device is not None:
         try:
@@ -580,7 +582,8 @@ def budgets_of(args: argparse.Namespace) -> watchdog.Budgets:
 def fit_this_gpu(entry: registry.RecipeEntry, cfg: Any, cap_gb: float | None, world: int) -> str | None:
     """Before launch (and before the re-exec, which imports the stack again): why the recipe cannot run
     on this GPU (or within ``--gpu-memory-gb``), naming the recipes that can; None when it can."""
-    from bridge_recipes import gpu_fit, gpu_memory
+    from bridge_recipes.hardware import gpu_memory
+    from bridge_recipes.recipes import gpu_fit
 
     device = gpu_memory.current_device()
     if cap_gb is not None and (problem := gpu_memory.cap_problem(cap_gb, device)):
@@ -597,7 +600,7 @@ def cap_this_gpu(cap_gb: float | None) -> None:
     the peak against it are logged)."""
     import atexit
 
-    from bridge_recipes import gpu_memory
+    from bridge_recipes.hardware import gpu_memory
 
     if gpu_memory.current_device() is None:
         return  # the launch names the missing GPU
@@ -645,7 +648,7 @@ def main(argv: list[str] | None = None, start_state: dict | None = None) -> int:
         return fail(card_problem) if card_problem else status
     if card_problem:
         return fail(card_problem)
-    from bridge_recipes.hf.training import random_init_warning
+    from bridge_recipes.hf.run_hooks import random_init_warning
 
     warning = None if random_init else random_init_warning(cfg, entry.meta.task, args.hf_checkpoint)
     if warning and entry.meta.task == "peft" and cfg.peft is not None:
@@ -670,7 +673,7 @@ def request_problem(args: argparse.Namespace) -> str | None:
     if problem := budgets_problem(args):
         return problem
     if args.epochs is not None:
-        from bridge_recipes.builder import epochs_conflict
+        from bridge_recipes.config.builder import epochs_conflict
 
         try:
             if problem := epochs_conflict(args.epochs, {"max_steps": args.max_steps}, args.overrides):
@@ -687,7 +690,7 @@ def request_problem(args: argparse.Namespace) -> str | None:
 
     if replaced := replaced_env_problems(None):  # a process environment variable a config key replaced
         return "; ".join(replaced)
-    from bridge_recipes.config_files import recipe_of, run_options
+    from bridge_recipes.config.files import recipe_of, run_options
 
     try:  # what needs no Megatron import is answered before it
         precheck(args.overrides)
@@ -700,7 +703,7 @@ def request_problem(args: argparse.Namespace) -> str | None:
                 _run_option(option, value, args.config_file)
     except (OverrideError, registry.UnknownRecipe, ValueError) as exc:
         return str(exc)
-    from bridge_recipes.installed import training_stack_problem
+    from bridge_recipes.hardware.installed import training_stack_problem
 
     return training_stack_problem("a dry run, --plan or a launch")
 
@@ -720,7 +723,7 @@ def paths_problem(args: argparse.Namespace) -> str | None:
     --dataset, a starting checkpoint folder that is not there, a data path that is a file or missing."""
     from pathlib import Path
 
-    from bridge_recipes.datasets import KINDS
+    from bridge_recipes.config.datasets import KINDS
 
     if args.dataset is not None and args.dataset not in KINDS:
         return f"--dataset {args.dataset!r} is not known; choose one of {', '.join(KINDS)}"
@@ -736,7 +739,7 @@ def paths_problem(args: argparse.Namespace) -> str | None:
         if value and value.startswith(local) and not Path(value).expanduser().exists():
             return f"{name} {value}: no such folder; give the folder of the starting weights"
     if args.hf_checkpoint:  # the folder's config and weights against each other need no Megatron
-        from bridge_recipes.hf.training import inspect
+        from bridge_recipes.hf.run_hooks import inspect
 
         try:
             inspect(args.hf_checkpoint)
@@ -772,10 +775,10 @@ def paths_problem(args: argparse.Namespace) -> str | None:
 def cap_request_problem(args: argparse.Namespace) -> str | None:
     """--gpu NAME turned into the card's memory (``args.gpu_memory_gb``), a cap checked for being a GPU's
     memory at all, and a note when the cap is the size printed on a card rather than what it holds."""
-    from bridge_recipes.gpu_memory import cap_value_problem, nominal_note
+    from bridge_recipes.hardware.gpu_memory import cap_value_problem, nominal_note
 
     if args.gpu is not None:
-        from bridge_recipes.gpus import card_by_name
+        from bridge_recipes.hardware.gpus import card_by_name
 
         if args.gpu_memory_gb is not None:
             return f"--gpu {args.gpu} and --gpu-memory-gb {args.gpu_memory_gb:g} both set the memory; pass one"
@@ -806,9 +809,9 @@ def cap_request_problem(args: argparse.Namespace) -> str | None:
 def named_card_problem(name: str, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
     """Why the card ``--gpu NAME`` names cannot run ``cfg`` for its architecture (FP8, MXFP8, packed attention),
     naming the recipes it can; None when it can (its memory is the plan's to answer)."""
-    from bridge_recipes import gpu_fit
-    from bridge_recipes.gpu_memory import Device
-    from bridge_recipes.gpus import card_by_name
+    from bridge_recipes.hardware.gpu_memory import Device
+    from bridge_recipes.hardware.gpus import card_by_name
+    from bridge_recipes.recipes import gpu_fit
 
     card = card_by_name(name)  # checked with the command line
     device = Device(card.name, card.usable_memory_gb, card.capability)
@@ -829,7 +832,7 @@ def checks_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: A
             return f"{entry.name} as configured cannot run; fix the error(s) above"
         hint = ""
         if args.hf_checkpoint and args.scale_down is None and not args.config_file:  # a config file takes none
-            from bridge_recipes.hf.training import layers_and_experts
+            from bridge_recipes.hf.run_hooks import layers_and_experts
 
             layers, _ = layers_and_experts(args.hf_folder)
             hint = f" (for this checkpoint on fewer GPUs, add --scale-down {layers}: its layer count)"
@@ -850,8 +853,8 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
     if args.scale_down is None and world == entry.meta.gpus:  # the rate is of the recipe as written
         print(plan_speed(args, entry, cfg, world, fits))
     if not fits:
-        from bridge_recipes.gpu_fit import recipes_that_fit
-        from bridge_recipes.gpus import class_memory_gb
+        from bridge_recipes.hardware.gpus import class_memory_gb
+        from bridge_recipes.recipes.gpu_fit import recipes_that_fit
 
         memory = args.gpu_memory_gb or class_memory_gb(entry.meta.gpu)
         if memory and (fitting := recipes_that_fit(entry, memory, world, build=_peer_builder(args))):
@@ -867,8 +870,8 @@ def print_plan(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, 
 def plan_speed(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int, fits: bool) -> str:
     """--plan's speed line: none for a configuration that does not fit; else the recipe's rate on the card
     planned for (--gpu's, else the recipe's own), measured or an estimate, and an epoch's time on rows."""
-    from bridge_recipes.rates import rate_on
-    from bridge_recipes.run_length import speed_line
+    from bridge_recipes.config.run_length import speed_line
+    from bridge_recipes.recipes.rates import rate_on
 
     if not fits:
         return "speed: not estimated: this configuration does not fit (the plan above); no rate or epoch time"
@@ -897,7 +900,7 @@ def _peer_builder(args: argparse.Namespace):
 def cap_fit_problem(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, world: int) -> str | None:
     """With a memory cap (--gpu-memory-gb, --gpu): why the memory plan says the run does not fit it, as
     --plan with the same options would refuse it; None when it fits."""
-    from bridge_recipes.gpu_fit import plan_fits
+    from bridge_recipes.recipes.gpu_fit import plan_fits
 
     fits, peak = plan_fits(cfg, world, args.gpu_memory_gb)
     if fits:
@@ -935,8 +938,8 @@ def dry_run(args: argparse.Namespace, entry: registry.RecipeEntry, cfg: Any, wor
     if args.show_yaml:
         cfg.print_yaml()
     if args.save_config:
-        from bridge_recipes import config_files
-        from bridge_recipes.outputs import write_text_atomic
+        from bridge_recipes.config import files as config_files
+        from bridge_recipes.utils.outputs import write_text_atomic
 
         run = {
             o: "true"
@@ -993,7 +996,7 @@ def launch_run(
     from bridge_recipes.runner import launch
 
     if args.hf_checkpoint:
-        from bridge_recipes.hf.training import attach
+        from bridge_recipes.hf.run_hooks import attach
 
         attach(cfg, args.hf_folder)  # checkpoint.pretrained_checkpoint: the run goes through finetune()
     for change in launch.prepare(cfg):  # what this machine changes, made and said before what runs is printed
@@ -1001,12 +1004,12 @@ def launch_run(
     print(checks.summary(cfg, world))
     print(run_summary(cfg, entry, args, world), flush=True)
     if cfg.checkpoint.save and os.environ.get("RANK", "0") == "0":
-        from bridge_recipes.saved_runs import run_identity, write_identity
+        from bridge_recipes.training.saved_runs import run_identity, write_identity
 
         write_identity(cfg.checkpoint.save, run_identity(cfg, entry.name))  # what a later run is checked against
     launch.run(cfg, entry.meta.task, budgets_of(args))
     if args.export_hf:
-        from bridge_recipes.hf.training import export_after_training
+        from bridge_recipes.hf.run_hooks import export_after_training
 
         return export_after_training(
             cfg,

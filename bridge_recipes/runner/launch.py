@@ -14,8 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from bridge_recipes import features, watchdog
+from bridge_recipes import features
 from bridge_recipes.models.qwen35 import is_vlm
+from bridge_recipes.training import watchdog
 
 LOG = "[run_recipe]"
 
@@ -40,7 +41,7 @@ def attention_backend_change(cfg: Any) -> str | None:
 def fault_tolerance_change(cfg: Any) -> str | None:
     """NVRx fault tolerance talks to the rank monitors ft_launcher starts; under plain torchrun there are
     none, so it is turned off rather than failing at setup: the change made, in words, or None."""
-    from bridge_recipes.resilience import launched_by_ft_launcher
+    from bridge_recipes.recipes.resilience import launched_by_ft_launcher
 
     if not (cfg.ft and cfg.ft.enable_ft_package) or launched_by_ft_launcher():
         return None
@@ -66,11 +67,11 @@ def flash_attn_available() -> bool:
 
 def forward_step_for(cfg: Any) -> Callable:
     """VL models feed images through vlm_step; text models use gpt_step's step with the loss mask
-    also given to the model, so their MTP loss counts only supervised tokens (bridge_recipes.train_step)."""
+    also given to the model, so their MTP loss counts only supervised tokens (bridge_recipes.training.train_step)."""
     if is_vlm(cfg):
         from megatron.bridge.training.vlm_step import forward_step
     else:
-        from bridge_recipes.train_step import forward_step
+        from bridge_recipes.training.train_step import forward_step
     return forward_step
 
 
@@ -128,7 +129,7 @@ def step_line(cfg: Any, world: int) -> watchdog.StepLine:
 
 def run(cfg: Any, task: str, budgets: watchdog.Budgets | None = None) -> None:
     """Install the run-time patches ``cfg`` asks for (after :func:`prepare`) and start training under the
-    progress watch of ``budgets`` (:mod:`bridge_recipes.watchdog`)."""
+    progress watch of ``budgets`` (:mod:`bridge_recipes.training.watchdog`)."""
     budgets = budgets or watchdog.Budgets()
     for line in features.apply(cfg):
         _log(line)

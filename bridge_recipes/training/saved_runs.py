@@ -293,7 +293,7 @@ def read_identity(folder: str | Path) -> dict | None:
 
 def write_identity(folder: str | Path, identity: dict) -> Path:
     """Write ``identity`` into ``folder`` (created if need be); returns the file."""
-    from bridge_recipes.outputs import write_text_atomic
+    from bridge_recipes.utils.outputs import write_text_atomic
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     path = Path(folder) / IDENTITY

@@ -109,7 +109,7 @@ class Watchdog:
         """Start the budgets from now and the watching thread (once)."""
         self._since = self.clock()
         if self._thread is None and (self.budgets.first_step_s or self.budgets.step_s):
-            self._thread = threading.Thread(target=self._watch, name="bridge_recipes.watchdog", daemon=True)
+            self._thread = threading.Thread(target=self._watch, name="bridge_recipes.training.watchdog", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:

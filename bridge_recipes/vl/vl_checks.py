@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from bridge_recipes.chat.message_text import VL_BUILDER
-from bridge_recipes.outputs import file_sha256
+from bridge_recipes.utils.outputs import file_sha256
 from bridge_recipes.vl.vl_dataset import (
     DATASET_YAML,
     IMAGE_PROCESSOR_FILES,

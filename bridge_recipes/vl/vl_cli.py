@@ -13,8 +13,8 @@ import argparse
 import logging
 import sys
 
-from bridge_recipes import quiet
-from bridge_recipes.outputs import INTERRUPTED, add_build_options, interrupted
+from bridge_recipes.utils import quiet
+from bridge_recipes.utils.outputs import INTERRUPTED, add_build_options, interrupted
 from bridge_recipes.vl import vl_dataset
 from bridge_recipes.vl.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from bridge_recipes.outputs import exit_on_termination
+    from bridge_recipes.utils.outputs import exit_on_termination
 
     exit_on_termination()  # a kill removes the staging folder beside --out
     sys.exit(main())

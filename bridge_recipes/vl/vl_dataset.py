@@ -57,7 +57,7 @@ from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and 
     default_workers,  # noqa: F401 - the command line's default
     prepared,
 )
-from bridge_recipes.outputs import file_sha256, overlap_problem, worker_count, worker_processes
+from bridge_recipes.utils.outputs import file_sha256, overlap_problem, worker_count, worker_processes
 from bridge_recipes.vl.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,

@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"needs_memory.py: GB {argv[0]!r}: a number of GB (1e9 bytes)", file=sys.stderr)
         return 2
-    from bridge_recipes.gpu_memory import current_device
+    from bridge_recipes.hardware.gpu_memory import current_device
 
     device = current_device()
     if device is None:

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script from the checkout
     sys.path.insert(0, str(ROOT))
 
-from bridge_recipes.wheelhouse import LOCKS, normalize, read_pins  # noqa: E402
+from bridge_recipes.hardware.wheelhouse import LOCKS, normalize, read_pins  # noqa: E402
 
 # (part, distribution, version, why the peer needs it)
 PINS: tuple[tuple[str, str, str, str], ...] = (

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_candidates_load_from_their_history_and_name_a_published_recipe():
     """lab/results/candidates/candidates.json is the candidates' record; each names a published recipe,
     overrides that parse, and a positive prediction."""
-    from bridge_recipes import overrides, registry
+    from bridge_recipes.config import overrides
+    from bridge_recipes.recipes import registry
     from lab.candidates import HISTORY, _load
 
     assert _load(HISTORY) == CANDIDATES and len({c.name for c in CANDIDATES}) == len(CANDIDATES)

@@ -74,7 +74,7 @@ def test_committed_queues_name_existing_recipes_and_scripts():
     import re
     import shlex
 
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
     from lab.candidates import find
 
     queues = sorted((ROOT / "lab/gpu/queues").glob("*.txt"))
@@ -152,8 +152,8 @@ def test_full_scale_benchmarks_in_a_queue_fit_a_lease():
     overrides set) take at most 10 minutes at the published or measured rates, so 30 minutes of device time holds two
     with their start-ups; each measures a window of 2+ steps after step 2; a pair trains one model
     on the same rows, so that its loss curves are compared."""
-    from bridge_recipes import registry
     from bridge_recipes.bench.harness import build_config, different_training, published_step_seconds
+    from bridge_recipes.recipes import registry
     from lab.benchmark import runs_of
 
     checked = 0

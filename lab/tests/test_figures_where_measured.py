@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge_recipes import registry
 from bridge_recipes.bench.result import CAP_NOTE
-from bridge_recipes.gpus import GPUS
+from bridge_recipes.hardware.gpus import GPUS
+from bridge_recipes.recipes import registry
 from lab import report
 
 

@@ -37,8 +37,8 @@ def test_queue_runs_every_one_gpu_recipe_on_both_shapes(lines):
 
 
 def test_queue_caps_smaller_cards_and_keeps_h200_lines_on_an_h200(lines):
-    from bridge_recipes import registry
-    from bridge_recipes.gpus import class_memory_gb
+    from bridge_recipes.hardware.gpus import class_memory_gb
+    from bridge_recipes.recipes import registry
 
     for line in (line for line in lines if "scripts/benchmark.py" in line):
         recipe = line.split("--recipe ")[1].split()[0]

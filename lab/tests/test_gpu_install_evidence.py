@@ -7,7 +7,7 @@ the host already had."""
 import re
 from pathlib import Path
 
-from bridge_recipes.wheelhouse import needed, normalize, public, read_pins
+from bridge_recipes.hardware.wheelhouse import needed, normalize, public, read_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "lab/evidence/gpu_install"

@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from bridge_recipes import registry
 from bridge_recipes.bench import harness
 from bridge_recipes.bench.result import read_result
 from bridge_recipes.logs.run_log import split_runs
-from bridge_recipes.scaledown import scale_down
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.scaledown import scale_down
 
 ROOT = Path(__file__).resolve().parents[2]
 

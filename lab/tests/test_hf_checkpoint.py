@@ -33,7 +33,7 @@ def test_lora_change_report_fails_on_a_changed_frozen_tensor():
 def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(tmp_path, capsys, monkeypatch):
     """--save-config records the HF checkpoint and the export folder beside the config (which holds
     PEFT and the dataset); --config-file builds the same config and starts from the same weights."""
-    from bridge_recipes import config_files
+    from bridge_recipes.config import files as config_files
     from bridge_recipes.runner.cli import build, build_parser
     from lab.hf_evidence import ROWS, ROWS_TOKENIZER
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from bridge_recipes import registry
+from bridge_recipes.recipes import registry
 from lab import ROOT
 
 PLAN = ROOT / "lab/results/lora_host_plan.json"

@@ -21,11 +21,11 @@ import pytest
 
 import bridge_recipes
 from bridge_recipes.bench import benchmark
-from bridge_recipes.common import LORA_TARGETS
 from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.data.synthetic_chat import build_lognormal_rows, conversations_jsonl
 from bridge_recipes.features import random_lora
-from bridge_recipes.gpus import class_memory_gb
+from bridge_recipes.hardware.gpus import class_memory_gb
+from bridge_recipes.recipes.base import LORA_TARGETS
 from lab import lora_vs_peft, peer_peft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -495,7 +495,7 @@ def test_a_variant_joining_its_rows_trains_the_peer_on_the_same_rows(short_rows)
     four joined: by default both runs train one such micro batch per step (its base, one row per micro
     batch, two rows); the peer trains the same rows, of the same length, and at the same rows per step
     shares its base's run."""
-    from bridge_recipes.datasets import row_tokens, rows_per_step
+    from bridge_recipes.config.datasets import row_tokens, rows_per_step
 
     def rows_and_tokens(cfg):
         return rows_per_step(cfg), row_tokens(cfg)

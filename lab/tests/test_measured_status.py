@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from bridge_recipes import registry
-from bridge_recipes.builder import build
-from bridge_recipes.fingerprint import recipe_fingerprint
-from bridge_recipes.qwen import policy
-from bridge_recipes.recipe import CHANGED_SINCE_MEASURED
+from bridge_recipes.config.builder import build
+from bridge_recipes.config.fingerprint import recipe_fingerprint
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.qwen import policy
+from bridge_recipes.recipes.recipe import CHANGED_SINCE_MEASURED
 from lab import report
 
 

@@ -12,7 +12,7 @@ def test_both_runs_of_a_comparison_take_the_cap_of_the_recipes_card(tmp_path):
         rows=str(tmp_path), steps=20, window=[5, 19], overrides=[], global_batch=2, gpu_memory_gb="auto"
     )
     name = "qwen35_35b_a3b_peft_1gpu_l40s_fp8base_config"
-    from bridge_recipes.gpus import class_memory_gb
+    from bridge_recipes.hardware.gpus import class_memory_gb
 
     card = class_memory_gb("l40s")  # what an L40S reports, below its name's 48 GB
     assert lora_vs_peft.memory_cap(name, opts) == card < 48.0

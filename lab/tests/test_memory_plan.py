@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
 from bridge_recipes.plan import memory as M
-from bridge_recipes.scaledown import scale_down
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.scaledown import scale_down
 from lab import memory_table as TABLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def test_over_budget_the_report_names_changes_that_fit_and_they_do():
     import copy
     import re
 
-    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.config.overrides import apply_all
 
     cfg = TABLE.build(SFT_27B, TABLE.pp2("block", 32))
     text, fits = M.plan_report(cfg, 8, "h200")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.wheelhouse import LOCKS, normalize, read_pins
+from bridge_recipes.hardware.wheelhouse import LOCKS, normalize, read_pins
 from lab.gpu import peer_wheels
 
 

@@ -79,7 +79,7 @@ def test_pipeline_recipes_pay_the_bubble_on_the_slowest_stage(tmp_path):
         d["layout"] = dict(doc["layout"], recompute=dict(doc["layout"]["recompute"], num_layers=3 * layers // 4))
         (tmp_path / f"{layers}.yaml").write_text(yaml.safe_dump(d))
         points.append(proxy_point(tmp_path / f"{layers}.yaml"))
-    from bridge_recipes.layout import stage_layers
+    from bridge_recipes.plan.layout import stage_layers
 
     cfg = bridge_recipes.build(name)
     p = predict(cfg, 8, points, recipe=name)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bridge_recipes import registry
+from bridge_recipes.recipes import registry
 from lab import names, resolve
 
 RECIPES = sorted(registry.discover())
@@ -20,7 +20,7 @@ def test_evidence_files_exist(name):
             assert doc["recipe"] == name and doc["passed"] is True
     if meta.status == "measured":  # a benchmark result of this recipe, at its own GPU count and type
         from bridge_recipes.bench.result import memory_cap_gb, read_result
-        from bridge_recipes.gpus import class_memory_gb
+        from bridge_recipes.hardware.gpus import class_memory_gb
 
         doc = read_result(resolve(meta.measured["result"]))
         assert names.current(doc["recipe"], doc["result"]["measured"]) == name

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bridge_recipes import registry
+from bridge_recipes.recipes import registry
 from lab import report, resolve
 
 

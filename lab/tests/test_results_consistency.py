@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import overrides, registry
 from bridge_recipes.bench.convergence import compare
 from bridge_recipes.bench.harness import comparison, different_training, proxy_config
 from bridge_recipes.bench.result import read_result
+from bridge_recipes.config import overrides
 from bridge_recipes.hf.parity import cases_in_log, gate_failures
 from bridge_recipes.logs.megatron_log import parse_megatron_log, step_records_from_log, validation_losses
 from bridge_recipes.logs.run_log import log_losses, split_runs
 from bridge_recipes.logs.stats import summarize
+from bridge_recipes.recipes import registry
 from lab import benchmark as bench
 from lab import resolve
 from lab.candidates import find, parse_stem
@@ -346,7 +347,7 @@ MEMORY_CLASSES = EVIDENCE / "lora_memory_classes"
 def test_memory_class_lines_are_their_runs(line):
     """Each line's figures are its runs' (ours' benchmark result, the peer's result or its out-of-memory
     end) under the card's cap, as ``lora_vs_peft --assemble --gpu-memory-gb auto`` reads them."""
-    from bridge_recipes.gpus import class_memory_gb
+    from bridge_recipes.hardware.gpus import class_memory_gb
     from lab.lora_vs_peft import ours_document, peer_document, peer_out, peer_outcome
     from lab.peer_peft import DEFAULT_STACK
 

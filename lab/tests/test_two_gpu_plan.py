@@ -6,7 +6,7 @@ import pytest
 
 import bridge_recipes
 from bridge_recipes.bench.harness import different_training
-from bridge_recipes.layout import layout_of
+from bridge_recipes.plan.layout import layout_of
 from bridge_recipes.runner import checks
 from lab.evidence import (
     GPU_FAMILIES,
@@ -110,7 +110,7 @@ def test_two_gpu_results_report_a_curve_that_differs(tmp_path):
 
 def _saved_by(cfg, folder, iteration, world):
     """A checkpoint folder as a run of ``cfg`` on ``world`` GPUs leaves it (tracker + run config)."""
-    from bridge_recipes.config_files import to_text
+    from bridge_recipes.config.files import to_text
 
     it = folder / f"iter_{iteration:07d}"
     it.mkdir(parents=True)

@@ -22,9 +22,9 @@ FAMILIES = {
 def model_config(family: str, changes: dict, fp32: bool = False):
     import torch
 
-    from bridge_recipes import registry
+    from bridge_recipes.recipes import registry
+    from bridge_recipes.recipes.scaledown import scale_down
     from bridge_recipes.runner.launch import prepare
-    from bridge_recipes.scaledown import scale_down
 
     recipe, experts = FAMILIES[family]
     cfg = registry.load(recipe)()

@@ -82,7 +82,7 @@ def model():
     from megatron.core import parallel_state, tensor_parallel
 
     from bridge_recipes.models.qwen35 import build_provider
-    from bridge_recipes.scaledown import hybrid_pattern
+    from bridge_recipes.recipes.scaledown import hybrid_pattern
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")

@@ -16,8 +16,8 @@ import pytest
 
 from bridge_recipes.chat.chat_template import TemplateRenderer
 from bridge_recipes.data import sft_rows
-from bridge_recipes.outputs import overlap_problem, staged_output, write_text_atomic
 from bridge_recipes.runner.cli import main
+from bridge_recipes.utils.outputs import overlap_problem, staged_output, write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
@@ -117,7 +117,7 @@ def test_save_config_is_kept_apart_from_the_hf_folder(tmp_path, capsys):
 
 
 def test_export_hf_is_checked_at_the_dry_run(tmp_path, capsys, monkeypatch):
-    from bridge_recipes.hf import training as hf_training
+    from bridge_recipes.hf import run_hooks as hf_training
 
     class Ckpt:
         save, load, pretrained_checkpoint, hf_source_path = str(tmp_path / "run"), None, None, str(tmp_path / "hf")

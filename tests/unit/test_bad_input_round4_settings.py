@@ -208,7 +208,7 @@ def test_a_save_folder_in_the_rows_folder_is_refused(rows, where):
 def test_an_export_folder_in_the_rows_folder_is_refused(rows):
     from types import SimpleNamespace
 
-    from bridge_recipes.hf.training import check_export_target
+    from bridge_recipes.hf.run_hooks import check_export_target
 
     cfg = SimpleNamespace(
         checkpoint=SimpleNamespace(save=str(rows.parent / "save"), load=None, pretrained_checkpoint=None),
@@ -225,7 +225,7 @@ def test_an_export_folder_in_the_rows_folder_is_refused(rows):
 @pytest.fixture(scope="module")
 def saved_text():
     import bridge_recipes
-    from bridge_recipes import config_files
+    from bridge_recipes.config import files as config_files
 
     return config_files.to_text(bridge_recipes.build(RECIPE), RECIPE)
 

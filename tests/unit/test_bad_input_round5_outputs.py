@@ -1,6 +1,6 @@
 """--overwrite replaces only a folder a command wrote itself: never a folder of the user's, the
 current folder, a folder above it, or one holding an input; every command that writes a folder
-goes through the one staging step (bridge_recipes.outputs.staged_output)."""
+goes through the one staging step (bridge_recipes.utils.outputs.staged_output)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.outputs import OUTPUT_MARKER, staged_output, written_here
+from bridge_recipes.utils.outputs import OUTPUT_MARKER, staged_output, written_here
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:

@@ -46,7 +46,7 @@ def test_a_cap_that_is_no_gpus_memory_is_refused_before_loading(cap):
 
 
 def test_a_card_is_named_and_its_real_memory_taken():
-    from bridge_recipes.gpus import GPUS, card_by_name
+    from bridge_recipes.hardware.gpus import GPUS, card_by_name
 
     assert card_by_name("h100") is GPUS["H100"] and card_by_name("rtx6000ada") is GPUS["L40S"]
     assert card_by_name("A100-80") is GPUS["A100"] and card_by_name("nvidia-h200") is GPUS["H200"]
@@ -67,7 +67,7 @@ def test_a_card_not_in_the_table_or_two_memories_are_refused(argv, words):
 
 
 def test_the_size_printed_on_a_card_is_explained():
-    from bridge_recipes.gpu_memory import nominal_note
+    from bridge_recipes.hardware.gpu_memory import nominal_note
 
     note = nominal_note(80, "h100")
     assert note is not None and "--gpu h100" in note and "85.0" in note
@@ -85,7 +85,7 @@ def test_the_dry_run_refuses_a_cap_the_plan_refuses():
 
 def test_the_plan_lists_only_recipes_that_fit_with_the_overrides():
     import bridge_recipes
-    from bridge_recipes.gpu_fit import plan_fits
+    from bridge_recipes.recipes.gpu_fit import plan_fits
 
     code, text = _run("--recipe", "qwen35_35b_a3b_peft_1gpu_h100_bf16_config", "--plan", "-sl", "16384")
     assert code == 2
@@ -108,7 +108,7 @@ def test_save_config_keeps_the_cap_and_the_file_brings_it_back(tmp_path):
 
 
 def test_save_config_on_a_full_disk_is_one_error_and_keeps_the_old_file(tmp_path, monkeypatch):
-    from bridge_recipes import outputs
+    from bridge_recipes.utils import outputs
 
     saved = tmp_path / "cfg.yaml"
     saved.write_text("the user's old config\n")
@@ -156,7 +156,7 @@ def test_the_row_build_on_a_file_size_limit_is_one_error_and_leaves_nothing(tmp_
 @pytest.fixture(scope="module")
 def saved_rows_text():
     import bridge_recipes
-    from bridge_recipes import config_files
+    from bridge_recipes.config import files as config_files
 
     cfg = bridge_recipes.build(RECIPE, dataset="sft-rows", overrides=["dataset.path=/nowhere/rows"])
     return config_files.to_text(cfg, RECIPE)
@@ -213,7 +213,7 @@ def test_a_jsonl_file_given_as_the_rows_folder_points_at_the_builder(tmp_path):
 
 
 def test_env_advice_says_an_exported_variable_wins():
-    from bridge_recipes.env_settings import env_advice
+    from bridge_recipes.runner.env_settings import env_advice
 
     assert env_advice("X_MODE", "1", {}) == "+env_vars.X_MODE=1"
     said = env_advice("X_MODE", "1", {"X_MODE": "0"})

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import bridge_recipes
-from bridge_recipes import config_files, registry
+from bridge_recipes.config import files as config_files
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner.cli import main
 
 LORA = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"  # flash_varlen attention and the chunked loss

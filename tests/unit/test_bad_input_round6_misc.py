@@ -19,9 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bridge_recipes.config.overrides import FEATURES, OverrideError, precheck
 from bridge_recipes.features import Features
 from bridge_recipes.features import problems as feature_problems
-from bridge_recipes.overrides import FEATURES, OverrideError, precheck
 from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,7 +259,7 @@ def test_the_benchmark_names_its_own_flags_for_a_warm_up_too_long(tmp_path):
 
 def test_every_runner_flag_a_shared_message_names_becomes_one_the_benchmark_takes():
     from bridge_recipes.bench.benchmark import build_parser, in_benchmark_terms
-    from bridge_recipes.overrides import FLAG_KEYS, flag_option
+    from bridge_recipes.config.overrides import FLAG_KEYS, flag_option
 
     taken = {o for a in build_parser()._actions for o in a.option_strings}
     for dest in FLAG_KEYS:
@@ -280,8 +280,8 @@ def no_launch(monkeypatch):
 
 
 def test_the_benchmark_checks_the_gpu_before_it_launches(monkeypatch, no_launch, tmp_path):
-    from bridge_recipes import gpu_memory
     from bridge_recipes.bench.benchmark import main as bench
+    from bridge_recipes.hardware import gpu_memory
 
     a100 = gpu_memory.Device("NVIDIA A100-SXM4-80GB", 79.15 * 2**30 / 1e9, (8, 0))
     monkeypatch.setattr(gpu_memory, "current_device", lambda: a100)

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from bridge_recipes import saved_runs
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
+from bridge_recipes.training import saved_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE_TOKENIZER = ROOT / "tests/fixtures/qwen35_chat_tokenizer/tokenizer.json"
@@ -357,7 +357,7 @@ def test_an_adapter_folder_of_the_users_is_named_as_such_and_overwrite_not_offer
 
 def test_run_recipe_names_the_adapter_folder_beside_export_hf(tmp_path):
     from bridge_recipes.hf.released import adapter_folder
-    from bridge_recipes.hf.training import check_export_target
+    from bridge_recipes.hf.run_hooks import check_export_target
 
     cfg = SimpleNamespace(
         checkpoint=SimpleNamespace(save=str(tmp_path / "run"), load=None, pretrained_checkpoint=None),

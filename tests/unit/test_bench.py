@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from bridge_recipes.bench import result as R
-from bridge_recipes.gpus import GPUS, peak_bf16_flops
+from bridge_recipes.hardware.gpus import GPUS, peak_bf16_flops
 from bridge_recipes.logs import megatron_log as L
 from bridge_recipes.logs import stats as S
 from bridge_recipes.models import flops as F
@@ -422,13 +422,13 @@ def test_layout_of_a_stand_in_config():
 
 @pytest.fixture(scope="module")
 def cfg_27b():
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
 
     return qwen35_27b_sft_8gpu_h200_bf16_config()
 
 
 def test_layout_and_workload_of_the_real_27b_recipe(cfg_27b):
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
 
     lay = R.layout_from_config(cfg_27b, world_size=8)
     assert lay["label"] == qwen35_27b_sft_8gpu_h200_bf16_config.recipe_meta.layout == "TP1 PP4 DP2"
@@ -551,8 +551,8 @@ def test_read_result_rejects_other_files(tmp_path):
 def test_published_step_seconds_of_the_27b_recipes(cfg_27b):
     """128 rows of 8,192 tokens on 8 GPUs at the openrecipes-27b-h200 rates: 52.4 s tuned, 138.2 s reference;
     without a published rate, the recipe's measured one; without either, None."""
-    from bridge_recipes import registry
     from bridge_recipes.bench.harness import published_step_seconds
+    from bridge_recipes.recipes import registry
 
     tuned = published_step_seconds(cfg_27b, registry.find("qwen35_27b_sft_8gpu_h200_bf16_config"))
     assert tuned == pytest.approx(128 * 8192 / (2499.5 * 8)) and round(tuned, 1) == 52.4

@@ -6,8 +6,8 @@ import warnings
 import pytest
 
 import bridge_recipes
-from bridge_recipes.overrides import FLAG_KEYS, OverrideError, flag_option, flag_values
-from bridge_recipes.registry import UnknownRecipe
+from bridge_recipes.config.overrides import FLAG_KEYS, OverrideError, flag_option, flag_values
+from bridge_recipes.recipes.registry import UnknownRecipe
 from bridge_recipes.runner.cli import build_parser, build_request
 
 SFT_35B = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
@@ -86,7 +86,7 @@ def test_bad_flags_and_names_are_errors_naming_them():
 
 
 def test_peft_lora_switches_an_sft_recipe_to_common_lora_and_keeps_its_layout():
-    from bridge_recipes.common import LORA_TARGETS
+    from bridge_recipes.recipes.base import LORA_TARGETS
 
     sft = bridge_recipes.build(SFT_35B)
     cfg = bridge_recipes.build(SFT_35B, peft="lora", overrides=["peft.dim=16"])

@@ -9,14 +9,14 @@ from bridge_recipes.runner import checks
 
 @pytest.fixture
 def moe():
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
 
     return qwen35_35b_a3b_sft_8gpu_h200_bf16_config()
 
 
 @pytest.fixture
 def dense():
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
 
     return qwen35_27b_sft_8gpu_h200_bf16_config()
 
@@ -112,7 +112,7 @@ def test_per_token_loss_cannot_average_in_collective(moe):
 
 
 def test_fp8_parameters_are_refused_for_a_fine_tune_from_weights(dense, tmp_path):
-    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.config.overrides import apply_all
 
     apply_all(dense, {}, ["mixed_precision=bf16_with_fp8_current_scaling_mixed"])
     assert not checks.fp8_parameter_problems(dense)  # from random init: the master weights are its own
@@ -125,8 +125,8 @@ def test_fp8_parameters_are_refused_for_a_fine_tune_from_weights(dense, tmp_path
 
 
 def test_summary_names_the_precision(dense):
-    from bridge_recipes.overrides import apply_all
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
+    from bridge_recipes.config.overrides import apply_all
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
 
     assert "precision         bf16_mixed\n" in checks.summary(dense, 8)
     apply_all(dense, {}, ["mixed_precision=bf16_with_fp8_current_scaling_mixed"])
@@ -138,7 +138,7 @@ def test_summary_names_the_precision(dense):
 
 
 def test_the_fp8_fast_recipe_may_fine_tune_from_weights(tmp_path):
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_fp8cs_fast_config
 
     cfg = qwen35_27b_sft_8gpu_h200_fp8cs_fast_config()
     cfg.checkpoint.pretrained_checkpoint = str(tmp_path)
@@ -168,8 +168,8 @@ def test_the_op_fuser_needs_the_environments_opt_in(moe, monkeypatch):
     """Megatron-Core 0.19.2 builds SwiGLU experts as one op-fuser chain only with the fused grouped MLP
     opted in by the environment, and stops at model build otherwise (the first H200 attempt did, after
     81 s): the check names the setting and the fix before launch."""
-    from bridge_recipes.installed import OP_FUSER_ENV
-    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.config.overrides import apply_all
+    from bridge_recipes.hardware.installed import OP_FUSER_ENV
 
     monkeypatch.delenv(OP_FUSER_ENV, raising=False)
     apply_all(moe, {}, ["model.use_transformer_engine_op_fuser=true"])
@@ -198,8 +198,8 @@ def test_the_op_fuser_rules_are_megatron_cores():
 
     from megatron.core.transformer.moe.experts import TEGroupedMLP
 
-    from bridge_recipes.installed import OP_FUSER_ENV
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.hardware.installed import OP_FUSER_ENV
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config
 
     source = inspect.getsource(TEGroupedMLP._is_fused_impl_supported)
     assert f'os.environ.get("{OP_FUSER_ENV}", "0")) <= 0' in source
@@ -210,7 +210,7 @@ def test_the_op_fuser_rules_are_megatron_cores():
 
 
 def test_an_op_fuser_run_without_the_opt_in_stops_before_launch(capsys, monkeypatch):
-    from bridge_recipes.installed import OP_FUSER_ENV
+    from bridge_recipes.hardware.installed import OP_FUSER_ENV
     from bridge_recipes.runner.cli import main
 
     monkeypatch.delenv(OP_FUSER_ENV, raising=False)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bridge_recipes import common
+from bridge_recipes.recipes import base as common
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import re
 import pytest
 
 import bridge_recipes
-from bridge_recipes import config_files, registry
+from bridge_recipes.config import files as config_files
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner.cli import main
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config"
@@ -85,7 +86,7 @@ def _saved(tmp_path) -> str:
         (lambda t: t.replace("\ntrain:\n", "\ntrain:\n  bogus_iters: 1\n"), "Unexpected config keys"),
         (
             lambda t: t.replace(
-                "bridge_recipes.data.packed_rows.PackedSFTRowsConfig", "bridge_recipes.outputs.os.system"
+                "bridge_recipes.data.packed_rows.PackedSFTRowsConfig", "bridge_recipes.utils.outputs.os.system"
             ),
             r"key dataset\._target_",
         ),

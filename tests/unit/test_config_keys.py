@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import config_keys, config_keys_generate
-from bridge_recipes.overrides import OverrideError, precheck
+from bridge_recipes.config import keys as config_keys
+from bridge_recipes.config import keys_generate as config_keys_generate
+from bridge_recipes.config.overrides import OverrideError, precheck
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_catalogue_is_what_the_installed_megatron_bridge_and_the_recipes_give():
     """Fails when Megatron-Bridge adds, renames or drops a config field, or a recipe uses a new config
-    class: regenerate with python -m bridge_recipes.config_keys_generate --write."""
+    class: regenerate with python -m bridge_recipes.config.keys_generate --write."""
     assert config_keys_generate.generate() == json.loads(config_keys.CATALOGUE.read_text())
 
 

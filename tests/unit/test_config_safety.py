@@ -5,7 +5,8 @@ config classes and the named list, partial calls, oversized files and alias bomb
 import pytest
 
 import bridge_recipes
-from bridge_recipes import config_files, config_safety
+from bridge_recipes.config import files as config_files
+from bridge_recipes.config import safety as config_safety
 from bridge_recipes.runner.cli import main
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_mock_config"

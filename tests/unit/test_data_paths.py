@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import datasets
+from bridge_recipes.config import datasets
 from bridge_recipes.data.packed_rows import PackedRowsDataset, PackedRowsError, PackedSFTRowsConfig
 from bridge_recipes.runner.cli import main
 
@@ -106,7 +106,9 @@ def test_dataset_kinds_refuse_the_wrong_model_kind(capsys):
 
 
 def test_energon_selection_keeps_the_execution_policy():
-    from bridge_recipes.qwen_vl.gb300.qwen35_vl import qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config as build
+    from bridge_recipes.recipes.qwen_vl.gb300.qwen35_vl import (
+        qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config as build,
+    )
 
     cfg = build()
     before = (cfg.model.expert_model_parallel_size, cfg.train.micro_batch_size, dict(cfg.env_vars))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge_recipes.env_settings import setting, switched_on
+from bridge_recipes.runner.env_settings import setting, switched_on
 
 
 def test_the_process_wins_over_the_recipe_and_values_are_normalised():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
 from bridge_recipes.features import random_lora
+from bridge_recipes.recipes import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = "DRY_RUNS "

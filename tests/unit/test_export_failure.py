@@ -1,7 +1,7 @@
 """An export that fails after training: one message, the checkpoint kept, a retry command that runs.
 
 The export at the end of ``run_recipe.py --export-hf`` runs in a child process
-(``python -m bridge_recipes.hf.training export``); here that child fails in each way it can
+(``python -m bridge_recipes.hf.run_hooks export``); here that child fails in each way it can
 (bad input, the adapter folder after the merged one, anything inside the conversion), and the
 parent's message and exit status are checked, as is ``convert_checkpoint.py export``, the retry.
 """
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from bridge_recipes.hf import checkpoint as ck
-from bridge_recipes.hf import training
+from bridge_recipes.hf import run_hooks as training
 from bridge_recipes.hf.cli import build_parser
 from bridge_recipes.hf.cli import main as convert_main
 from bridge_recipes.hf.files import EXPORT_FAILED

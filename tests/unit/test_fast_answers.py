@@ -46,7 +46,7 @@ def test_the_sections_come_from_megatron_bridges_source():
 
     from megatron.bridge.training.config import ConfigContainer
 
-    from bridge_recipes.overrides import FEATURES, container_fields
+    from bridge_recipes.config.overrides import FEATURES, container_fields
     from bridge_recipes.recipe_config import RecipeConfig
 
     fields = {f.name for f in dataclasses.fields(ConfigContainer) if not f.name.startswith("_")}

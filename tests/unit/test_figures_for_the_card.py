@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
+from bridge_recipes.config.run_length import duration
 from bridge_recipes.data.sft_rows import build_sft_rows
-from bridge_recipes.gpus import GPUS, speed_ratio
-from bridge_recipes.rates import rate_on
-from bridge_recipes.run_length import duration
+from bridge_recipes.hardware.gpus import GPUS, speed_ratio
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.rates import rate_on
 from bridge_recipes.runner.cli import USAGE_ERROR, main, time_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,9 +111,9 @@ def test_the_running_docs_example_time_is_the_figures():
     assert f"steps costed at {m.tokens_per_s_per_gpu:,.1f} tokens/s per GPU" in time.group(2)
     steps, batch, seq = (int(g) for g in length.groups())
     assert time.group(1) == duration(steps * batch * seq / m.tokens_per_s_per_gpu)
-    # and its save line follows the same rate (bridge_recipes.save_interval)
-    from bridge_recipes.resilience import SAVE_INTERVAL_STEPS
-    from bridge_recipes.save_interval import derive, save_count
+    # and its save line follows the same rate (bridge_recipes.config.save_interval)
+    from bridge_recipes.config.save_interval import derive, save_count
+    from bridge_recipes.recipes.resilience import SAVE_INTERVAL_STEPS
 
     save = re.search(r"^\s+save\s+\S+ \(every (\d+) steps: .*?\); (\d+) saves, the first after step", text, re.M)
     rule = derive(steps, SAVE_INTERVAL_STEPS, batch * seq / m.tokens_per_s_per_gpu)
@@ -208,7 +208,7 @@ def test_plan_at_another_row_length_on_another_card_gives_no_rate(capsys):
 
 
 def test_the_dry_runs_time_is_for_the_card_it_runs_on(monkeypatch):
-    from bridge_recipes import gpu_memory
+    from bridge_recipes.hardware import gpu_memory
 
     cfg, entry = registry.load(L40S_35B)(), registry.find(L40S_35B)
     m = registry.measured(L40S_35B)

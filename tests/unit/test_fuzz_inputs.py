@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bridge_recipes.config.overrides import FLAG_KEYS
 from bridge_recipes.data import sft_rows
-from bridge_recipes.overrides import FLAG_KEYS
 from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,7 +230,7 @@ def test_hf_folder_with_a_damaged_shard_header_is_refused(hf_toy, length, body):
 @pytest.fixture(scope="module")
 def saved_config():
     import bridge_recipes
-    from bridge_recipes import config_files
+    from bridge_recipes.config import files as config_files
 
     return config_files.to_text(bridge_recipes.build(RECIPE), RECIPE)
 
@@ -755,7 +755,7 @@ def test_row_builder_reads_odd_records_per_record_and_accounts_for_each(odd, lat
     overwrite=st.booleans(),
 )
 def test_staged_output_never_replaces_a_folder_it_did_not_write(entries, overwrite):
-    from bridge_recipes.outputs import staged_output
+    from bridge_recipes.utils.outputs import staged_output
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"

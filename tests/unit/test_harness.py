@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bridge_recipes import registry
 from bridge_recipes.bench import harness
+from bridge_recipes.recipes import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,8 +196,8 @@ def test_a_result_names_the_gpu_it_ran_on(monkeypatch):
     without a known GPU is stopped before it launches, naming --gpu."""
     import pytest
 
-    from bridge_recipes import gpu_memory
     from bridge_recipes.bench import benchmark as bench
+    from bridge_recipes.hardware import gpu_memory
 
     def seen(name):
         return lambda: gpu_memory.Device(name, 85.0, (9, 0))

@@ -421,7 +421,7 @@ def test_runner_export_flag_needs_hf_checkpoint(capsys, tmp_path):
 
 
 def test_conversion_children_leave_torchrun_rendezvous_behind(monkeypatch):
-    from bridge_recipes.hf.training import child_env
+    from bridge_recipes.hf.run_hooks import child_env
 
     for k, v in {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_PORT": "29500", "RANK": "0", "KEEP_ME": "1"}.items():
         monkeypatch.setenv(k, v)
@@ -560,8 +560,8 @@ def test_identical_names_compares_across_dtypes(tmp_path):
 def test_lora_settings_read_back_from_a_peft_recipes_saved_config(tmp_path):
     """The run config of a LoRA recipe, written as Megatron-Bridge's YAML, gives back its LoRA."""
     import bridge_recipes
-    from bridge_recipes.common import LORA_TARGETS
-    from bridge_recipes.config_files import to_text
+    from bridge_recipes.config.files import to_text
+    from bridge_recipes.recipes.base import LORA_TARGETS
 
     cfg = bridge_recipes.build("qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config", scale_down=4, scale_experts=16)
     it = tmp_path / "iter_0000010"

@@ -15,7 +15,7 @@ from bridge_recipes.runner import launch
 
 @pytest.fixture
 def smoke():
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config
 
     return qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config()
 
@@ -70,7 +70,7 @@ def test_grad_fusion_kept_without_apex_through_transformer_engine(smoke, monkeyp
     # nothing stands in for APEX's module in the import system
     assert te_wgrad.APEX_MODULE not in sys.modules
     # the stand-in is not APEX: the probe still says so (the export's model build turns fusion off)
-    from bridge_recipes.installed import apex_grad_fusion_available
+    from bridge_recipes.hardware.installed import apex_grad_fusion_available
 
     assert not apex_grad_fusion_available()
 
@@ -174,7 +174,7 @@ def test_the_stand_in_makes_transformer_engines_fused_wgrad_call(monkeypatch):
 def test_flash_attention_falls_back_without_flash_attn_before_the_summary(smoke, monkeypatch):
     from megatron.core.transformer.enums import AttnBackend
 
-    from bridge_recipes.resilience import launched_by_ft_launcher
+    from bridge_recipes.recipes.resilience import launched_by_ft_launcher
 
     assert smoke.model.attention_backend == AttnBackend.flash
     monkeypatch.setattr(launch, "flash_attn_available", lambda: False)
@@ -188,9 +188,9 @@ def test_flash_attention_falls_back_without_flash_attn_before_the_summary(smoke,
 
 
 def test_forward_step_by_model_kind(smoke):
-    from bridge_recipes.common import vlm_pretrain_config
+    from bridge_recipes.recipes.base import vlm_pretrain_config
 
-    assert launch.forward_step_for(smoke).__module__ == "bridge_recipes.train_step"
+    assert launch.forward_step_for(smoke).__module__ == "bridge_recipes.training.train_step"
     vl = vlm_pretrain_config("qwen35_vl_35b_a3b")
     assert launch.forward_step_for(vl).__module__ == "megatron.bridge.training.vlm_step"
 

@@ -43,7 +43,7 @@ def _is_runner(module: str) -> bool:
 
 def test_library_modules_never_import_the_runner():
     modules = _library_modules()
-    assert len(modules) > 20 and ROOT / "bridge_recipes/builder.py" in modules
+    assert len(modules) > 20 and ROOT / "bridge_recipes/config/builder.py" in modules
     offenders = {str(p.relative_to(ROOT)): m for p in modules for m in _imports(p) if _is_runner(m)}
     assert offenders == {}, "library modules import bridge_recipes.runner: move what they need into the library"
 
@@ -60,7 +60,7 @@ def test_the_check_sees_a_runner_import(tmp_path):
         path = tmp_path / "m.py"
         path.write_text(line + "\n")
         assert any(_is_runner(m) for m in _imports(path)), line
-    path.write_text("from bridge_recipes import registry\nimport bridge_recipes.layout\n")
+    path.write_text("from bridge_recipes import registry\nimport bridge_recipes.plan.layout\n")
     assert not any(_is_runner(m) for m in _imports(path))
 
 
@@ -130,17 +130,46 @@ def test_scripts_run_from_outside_the_checkout(tmp_path, script):
 
 # --- packages import one way ---------------------------------------------------------------------
 # A unit is a subpackage of bridge_recipes (bench, plan, logs, hf, ...) or one of its top-level modules.
-RECIPE_UNITS = {"qwen", "qwen_vl"}  # recipe definitions: reached through bridge_recipes.registry
-LOWER = {  # what a low package may import from the library
-    "logs": {"logs", "models", "gpus"},
-    "models": {"models"},
+# The floors: what each unit may import from the library, besides itself. A unit imports only units
+# listed below it here, so the list reads bottom-up: helpers and hardware facts, the model and what
+# changes how it runs, the data, the training process's pieces, the recipes, the Hugging Face road,
+# a run's config, and the command line and the tools above all of them.
+FLOORS = {
+    "utils": set(),
+    "models": set(),
+    "hardware": {"utils"},
+    "patches": set(),
+    "logs": {"models", "hardware"},
     # the plan reads the run's features from the config it is given, never from their modules
-    "plan": {"plan", "models", "logs", "gpus", "layout", "values", "recipe", "registry", "builder"},
+    "plan": {"models", "hardware"},
+    "features": {"hardware", "models", "patches", "plan"},
     # conversations and their rendering below the rows built from them, both below image datasets
-    "chat": {"chat", "outputs", "patches"},
-    "data": {"data", "chat", "models", "outputs"},
-    "vl": {"vl", "chat", "data", "outputs", "quiet"},
+    "chat": {"utils", "patches"},
+    "data": {"chat", "models", "utils"},
+    "vl": {"chat", "data", "utils"},
+    "training": {"data", "utils"},
+    "recipe_config": {"features", "utils"},
+    "recipes": {"data", "features", "hardware", "models", "plan", "recipe_config"},
+    "hf": {"data", "hardware", "models", "recipes", "training", "utils", "vl"},
+    "config": {"data", "features", "hardware", "hf", "models", "recipe_config", "recipes", "utils"},
+    "evaluate": {"chat", "data", "hf", "utils"},
+    "bench": {"config", "data", "features", "hardware", "logs", "models", "plan", "recipes", "utils"},
+    "runner": {
+        "config",
+        "data",
+        "features",
+        "hardware",
+        "hf",
+        "models",
+        "patches",
+        "plan",
+        "recipes",
+        "training",
+        "utils",
+        "vl",
+    },
 }
+RECIPE_DEFINITIONS = ("bridge_recipes.recipes.qwen", "bridge_recipes.recipes.qwen_vl", "perf_recipes")
 
 
 def _unit(module: str, root: Path) -> str | None:
@@ -205,21 +234,33 @@ def test_no_import_cycle_between_packages():
     assert _cycles(graph) == []
 
 
-@pytest.mark.parametrize("unit", sorted(LOWER))
-def test_lower_packages_import_nothing_above_them(unit):
-    above = _unit_graph(ROOT / "bridge_recipes").get(unit, set()) - LOWER[unit]
+def test_every_unit_has_its_floor():
+    """A new package or root module states what it may import: the floors list every unit."""
+    units = {p.stem for p in (ROOT / "bridge_recipes").iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert units - {"__init__"} == set(FLOORS)
+
+
+@pytest.mark.parametrize("unit", sorted(FLOORS))
+def test_units_import_nothing_above_their_floor(unit):
+    above = _unit_graph(ROOT / "bridge_recipes").get(unit, set()) - FLOORS[unit]
     assert above == set(), f"bridge_recipes.{unit} imports {sorted(above)}"
 
 
-def test_bench_and_runner_reach_recipes_through_the_registry():
+def _is_definition(module: str) -> bool:
+    return any(module == d or module.startswith(d + ".") for d in RECIPE_DEFINITIONS)
+
+
+def test_the_library_reaches_recipe_definitions_through_the_registry():
     offenders = {}
-    for unit in ("bench", "runner", "plan", "logs", "hf"):
-        for path in sorted((ROOT / "bridge_recipes" / unit).rglob("*.py")):
-            bad = [m for m in _imports(path) if _unit(m, ROOT / "bridge_recipes") in RECIPE_UNITS]
-            bad += [m for m in _imports(path) if m.split(".")[0] == "perf_recipes"]
-            if bad:
-                offenders[str(path.relative_to(ROOT))] = bad
-    assert offenders == {}, "import recipes through bridge_recipes.registry; move shared facts below the recipes"
+    for path in _library_modules():
+        if path.is_relative_to(ROOT / "bridge_recipes/recipes") or path.is_relative_to(ROOT / "perf_recipes"):
+            continue
+        bad = [m for m in _imports(path) if _is_definition(m)]
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}, (
+        "import recipes through bridge_recipes.recipes.registry; move shared facts below the recipes"
+    )
 
 
 def _script_paths(path: Path) -> list[str]:
@@ -264,15 +305,18 @@ def test_the_layer_checks_see_a_cycle_a_recipe_import_and_a_script_path(tmp_path
     root = tmp_path / "bridge_recipes"
     for pkg, body in {
         "plan": "from bridge_recipes.bench import x\n",
-        "bench": "from bridge_recipes.plan import y\nfrom bridge_recipes.qwen.policy import Z\n",
-        "qwen": "",
+        "bench": "from bridge_recipes.plan import y\nfrom bridge_recipes.recipes.qwen.policy import Z\n",
+        "recipes": "",
     }.items():
         (root / pkg).mkdir(parents=True)
         (root / pkg / "__init__.py").write_text("")
         (root / pkg / "m.py").write_text(body)
     graph = _unit_graph(root)
     assert _cycles(graph) == [["bench", "plan"]]
-    assert RECIPE_UNITS & graph["bench"] == {"qwen"}
+    assert graph["bench"] == {"plan", "recipes"}
+    assert _is_definition("bridge_recipes.recipes.qwen.policy") and not _is_definition(
+        "bridge_recipes.recipes.registry"
+    )
     script = tmp_path / "s.py"
     script.write_text('"""Runs scripts/run_recipe.py."""\nimport subprocess\nsubprocess.run(["scripts/x.py"])\n')
     assert _script_paths(script) == ["scripts/x.py"]

@@ -1,11 +1,11 @@
-"""bridge_recipes.layout: the one definition of the parallel layout rules."""
+"""bridge_recipes.plan.layout: the one definition of the parallel layout rules."""
 
 import re
 from types import SimpleNamespace
 
 import pytest
 
-from bridge_recipes.layout import Layout, layout_of, stage_layers
+from bridge_recipes.plan.layout import Layout, layout_of, stage_layers
 
 
 def _cfg(**model):
@@ -56,7 +56,7 @@ def test_stage_layers(first, last, expected):
 
 
 def test_rule_problems_name_each_broken_rule():
-    from bridge_recipes.layout import ModelShape, rule_problems
+    from bridge_recipes.plan.layout import ModelShape, rule_problems
 
     moe = ModelShape(heads=(("attention heads", 16), ("GDN value heads", 32)), experts=256, seq_length=8192)
     ok = Layout(tp=2, pp=2, cp=2, ep=4, etp=1, vpp=2, dp=2, world=16, sp=True)

@@ -7,12 +7,13 @@ import sys
 
 import pytest
 
-from bridge_recipes import gpu_fit, gpu_memory, registry
 from bridge_recipes.bench.harness import BENCHMARK_OVERRIDES
 from bridge_recipes.features import fp8_base
-from bridge_recipes.gpu_memory import Device
-from bridge_recipes.gpus import GPUS, class_memory_gb, class_names
+from bridge_recipes.hardware import gpu_memory
+from bridge_recipes.hardware.gpu_memory import Device
+from bridge_recipes.hardware.gpus import GPUS, class_memory_gb, class_names
 from bridge_recipes.plan import memory as M
+from bridge_recipes.recipes import gpu_fit, registry
 from bridge_recipes.runner.cli import main
 
 CLASSES = {
@@ -335,7 +336,7 @@ def test_plan_at_a_card_memory_names_the_recipes_that_fit(capsys):
 def test_a_recipe_chooses_how_its_fp8_base_multiplies():
     """``fp8_frozen_base(cfg, gemms=...)``: BF16 GEMMs unless a recipe asks for FP8 (the 35B-A3B's 48 GB
     recipe, whose BF16 GEMMs do not fit the card); a value that is neither is refused, naming it."""
-    from bridge_recipes.qwen.policy import fp8_frozen_base
+    from bridge_recipes.recipes.qwen.policy import fp8_frozen_base
 
     cfg = build("qwen35_27b_peft_1gpu_a100_bf16_config")
     fp8_frozen_base(cfg)

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bridge_recipes import registry
-from bridge_recipes.layout import Layout
 from bridge_recipes.plan import memory as M
-from bridge_recipes.scaledown import scale_down
+from bridge_recipes.plan.layout import Layout
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.scaledown import scale_down
 
 REPO = Path(__file__).resolve().parents[2]
 H200_GB = 139.79 * 2**30 / 1e9  # what the test host's H200 reports to torch (139.80 GiB), a printed step below
@@ -238,7 +238,7 @@ def test_planner_and_catalog_count_the_same_parameters(name):
 
 
 def test_lora_plan_keeps_frozen_weights_without_gradients_or_optimizer_state():
-    from bridge_recipes.common import use_lora
+    from bridge_recipes.recipes.base import use_lora
 
     sft = build(SFT_35B)
     lora = build(SFT_35B)
@@ -262,7 +262,7 @@ def test_lora_plan_keeps_frozen_weights_without_gradients_or_optimizer_state():
 
 
 def test_lora_lets_a_model_fit_one_gpu_where_its_sft_does_not():
-    from bridge_recipes.common import use_lora
+    from bridge_recipes.recipes.base import use_lora
 
     cfg = build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config")
     assert M.plan_memory(cfg, 1).fits

@@ -35,8 +35,8 @@ def test_mock_vlm_batch_has_qwen35_patches_and_matching_image_tokens(folder):
 
 
 def test_overrides_point_the_model_at_the_processor_tokens(folder):
-    from bridge_recipes.common import vlm_pretrain_config
-    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.config.overrides import apply_all
+    from bridge_recipes.recipes.base import vlm_pretrain_config
 
     cfg = vlm_pretrain_config("qwen35_vl_35b_a3b")
     apply_all(cfg, {}, vision_token_overrides(folder))

@@ -5,12 +5,12 @@ import re
 import pytest
 import torch
 
-from bridge_recipes.overrides import OverrideError, apply_all, parse
+from bridge_recipes.config.overrides import OverrideError, apply_all, parse
 
 
 @pytest.fixture(scope="module")
 def build():
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_35b_a3b_sft_8gpu_h200_bf16_config
 
     return qwen35_35b_a3b_sft_8gpu_h200_bf16_config
 
@@ -167,7 +167,7 @@ def test_unquoted_non_ascii_value_names_the_quoting_fix():
 def test_library_errors_name_keywords_and_the_command_line_names_options(capsys):
     """The library speaks its own keywords (``scale_experts=...``); the runner turns them into its options."""
     import bridge_recipes
-    from bridge_recipes.overrides import in_cli_terms
+    from bridge_recipes.config.overrides import in_cli_terms
     from bridge_recipes.runner.cli import main
 
     assert (

@@ -86,4 +86,4 @@ def test_the_wheel_holds_the_product_and_no_lab_module(wheel):
     shipped = {n for n in wheel.namelist() if n.endswith(".py")}
     assert product and shipped == product, sorted(shipped ^ product)
     assert not any(n.startswith("lab/") for n in wheel.namelist())
-    assert {"bridge_recipes/measured_figures.json", "bridge_recipes/config_keys.json"} <= set(wheel.namelist())
+    assert {"bridge_recipes/recipes/measured_figures.json", "bridge_recipes/config/keys.json"} <= set(wheel.namelist())

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import quiet
+from bridge_recipes.utils import quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 

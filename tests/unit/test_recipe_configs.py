@@ -1,9 +1,9 @@
 """Every recipe's built config, byte for byte, against the committed fingerprints.
 
 A refactor of the library must leave what each recipe builds unchanged: the config file text
-(:func:`bridge_recipes.config_files.to_text`) of every recipe as the runner builds it, and of each
+(:func:`bridge_recipes.config.files.to_text`) of every recipe as the runner builds it, and of each
 text recipe on packed rows with conversation boundaries (where the rows per micro batch a recipe
-declares become one packed sequence), hashed (:mod:`bridge_recipes.fingerprint`, the definition a
+declares become one packed sequence), hashed (:mod:`bridge_recipes.config.fingerprint`, the definition a
 result file and the measured status use too) and compared with ``recipe_configs.json``. A change that is
 meant rewrites the file: ``python tests/unit/test_recipe_configs.py --write`` (``--show NAME [rows]``
 prints one config's text).
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
-from bridge_recipes.builder import build
-from bridge_recipes.fingerprint import boundaries_rows, config_text, config_texts, digest
-from bridge_recipes.fingerprint import fingerprints as fingerprints_of
+from bridge_recipes.config.builder import build
+from bridge_recipes.config.fingerprint import boundaries_rows, config_text, config_texts, digest
+from bridge_recipes.config.fingerprint import fingerprints as fingerprints_of
+from bridge_recipes.recipes import registry
 
 FINGERPRINTS = Path(__file__).with_name("recipe_configs.json")
 

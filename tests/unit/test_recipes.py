@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
-from bridge_recipes.layout import layout_of, stage_layers
 from bridge_recipes.models.qwen35 import SPECS, is_vlm
-from bridge_recipes.recipe import RecipeMeta
+from bridge_recipes.plan.layout import layout_of, stage_layers
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.recipe import RecipeMeta
 from bridge_recipes.runner import checks
 from bridge_recipes.runner.cli import megatron_validation
 
@@ -301,7 +301,7 @@ GB300_PRIVATE = {
 
 
 def test_gb300_module_has_exactly_the_functions_of_its_page():
-    mod = importlib.import_module("bridge_recipes.qwen_vl.gb300.qwen35_vl")
+    mod = importlib.import_module("bridge_recipes.recipes.qwen_vl.gb300.qwen35_vl")
     own = {n for n, f in inspect.getmembers(mod, inspect.isfunction) if f.__module__ == mod.__name__}
     assert own == GB300_PUBLIC | GB300_PRIVATE
     assert set(mod.__all__) == GB300_PUBLIC
@@ -326,7 +326,7 @@ def test_gb300_library_recipe_keeps_the_16gpu_policy_and_adds_mxfp8():
     assert lib.env_vars["NVTE_CUTEDSL_FUSED_GROUPED_MLP"] == 1
     assert (lib.model.moe_token_dispatcher_type, lib.model.moe_flex_dispatcher_backend) == ("flex", "hybridep")
     assert lib.env_vars["NVTE_NORM_FWD_USE_CUDNN"] == 1
-    from bridge_recipes.qwen_vl.policy import gdn_kernel_backend_declared
+    from bridge_recipes.recipes.qwen_vl.policy import gdn_kernel_backend_declared
 
     assert hasattr(lib.model, "gdn_kernel_backend") == gdn_kernel_backend_declared()
     assert layout_of(lib, 8).dp == 8
@@ -350,8 +350,8 @@ def _energon_metadata(folder: Path) -> Path:
 
 
 def test_gb300_image_budget_above_the_vision_graph_cap_is_refused(tmp_path):
-    from bridge_recipes import datasets
-    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.config import datasets
+    from bridge_recipes.config.overrides import apply_all
 
     cfg = build("qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_library_config")
     datasets.select(cfg, "energon")
@@ -389,7 +389,7 @@ def test_recipe_environment_is_assigned_whole_in_one_place():
     environment reads in one statement."""
     import ast
 
-    trees = [ROOT / "perf_recipes", ROOT / "bridge_recipes" / "qwen", ROOT / "bridge_recipes" / "qwen_vl"]
+    trees = [ROOT / "perf_recipes", ROOT / "bridge_recipes/recipes/qwen", ROOT / "bridge_recipes/recipes/qwen_vl"]
     problems = []
     for path in sorted(p for tree in trees for p in tree.rglob("*.py")):
         for fn in ast.walk(ast.parse(path.read_text())):
@@ -427,7 +427,7 @@ def test_each_gpus_recipes_stand_on_the_shared_policy_not_on_another_gpus_recipe
     import ast
 
     out = []
-    for tree in ("bridge_recipes", "perf_recipes"):
+    for tree in ("bridge_recipes/recipes", "perf_recipes"):
         for path in sorted((ROOT / tree).glob("qwen*/*/*.py")):
             gpu = path.parent.name
             for node in ast.walk(ast.parse(path.read_text())):
@@ -435,9 +435,13 @@ def test_each_gpus_recipes_stand_on_the_shared_policy_not_on_another_gpus_recipe
                 if isinstance(node, ast.ImportFrom) and node.module:
                     names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
                 for name in names:
-                    parts = name.split(".")
-                    if parts[0] == "bridge_recipes" and len(parts) > 2 and parts[1] in ("qwen", "qwen_vl"):
-                        if parts[2] not in ("policy", gpu):
+                    parts = name.removeprefix("bridge_recipes.recipes.").split(".")
+                    if (
+                        name.startswith("bridge_recipes.recipes.")
+                        and len(parts) > 1
+                        and parts[0] in ("qwen", "qwen_vl")
+                    ):
+                        if parts[1] not in ("policy", gpu):
                             out.append(f"{path.relative_to(ROOT)} imports {name}")
     assert out == []
 
@@ -493,7 +497,7 @@ def test_multi_node_sft_layouts_are_the_planned_ones():
 
 
 def test_lora_recipes_train_adapters_on_attention_gdn_and_mlp_projections():
-    from bridge_recipes.common import LORA_TARGETS
+    from bridge_recipes.recipes.base import LORA_TARGETS
 
     assert set(LORA_TARGETS) == {"linear_qkv", "linear_proj", "in_proj", "out_proj", "linear_fc1", "linear_fc2"}
     peft = [n for n in RECIPES if registry.find(n).meta.task == "peft"]
@@ -510,7 +514,7 @@ def test_lora_recipes_train_adapters_on_attention_gdn_and_mlp_projections():
 
 
 def test_vl_sft_recipes_train_every_part_and_take_energon_data(tmp_path):
-    from bridge_recipes import datasets
+    from bridge_recipes.config import datasets
 
     for name in ("qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config", "qwen35_vl_397b_a17b_sft_64gpu_h200_bf16_config"):
         cfg = build(name)
@@ -529,7 +533,7 @@ def test_vl_sft_recipes_train_every_part_and_take_energon_data(tmp_path):
 def test_vl_image_budget_must_leave_room_in_the_sequence(tmp_path):
     """784 patches of 16 x 16 are 196 tokens after the 2 x 2 merge; an image of 8,192 x 8,192
     pixels (65,536 tokens) cannot fit an 8,192-token sample."""
-    from bridge_recipes import datasets
+    from bridge_recipes.config import datasets
 
     cfg = build("qwen35_vl_35b_a3b_sft_8gpu_h200_bf16_config")
     datasets.select(cfg, "energon")
@@ -543,7 +547,11 @@ def test_vl_image_budget_must_leave_room_in_the_sequence(tmp_path):
 def test_the_fast_one_gpu_35b_lora_recipe_runs_its_experts_as_one_cutlass_grouped_gemm():
     """The fast recipe opts in through its environment, the shared one with the switch, without changing
     the shared one; the base recipe keeps Transformer Engine's default (a cuBLAS GEMM an expert)."""
-    from bridge_recipes.qwen.policy import CUTLASS_GROUPED_GEMM_ENV, OPENRECIPES_ENV, OPENRECIPES_GROUPED_GEMM_ENV
+    from bridge_recipes.recipes.qwen.policy import (
+        CUTLASS_GROUPED_GEMM_ENV,
+        OPENRECIPES_ENV,
+        OPENRECIPES_GROUPED_GEMM_ENV,
+    )
 
     shared = dict(OPENRECIPES_ENV)
     fast = build("qwen35_35b_a3b_peft_1gpu_h200_bf16_config").env_vars

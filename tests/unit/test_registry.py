@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_duplicate_recipe_names_are_rejected(tmp_path, monkeypatch):
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "r.py").write_text(
-            "from bridge_recipes.recipe import recipe\n"
+            "from bridge_recipes.recipes.recipe import recipe\n"
             "@recipe(task='sft', gpus=8, gpu='h200', precision='bf16', layout='TP1')\n"
             "def same_config():\n    pass\n"
         )

@@ -111,7 +111,7 @@ def test_the_summary_says_what_is_taken_and_what_is_carried_through(toys, capsys
         rf"^export\s+{re.escape(str(export))} .*released form of Qwen3_5MoeForConditionalGeneration", out, re.M
     )
     assert str(released.adapter_folder(export)) in out
-    from bridge_recipes.config_files import run_options
+    from bridge_recipes.config.files import run_options
 
     assert "export-text-only" not in run_options(saved)
     assert runner([*argv, "--export-text-only", "--overwrite-config"]) == 0
@@ -155,7 +155,7 @@ def test_a_released_folder_of_another_family_or_size_is_refused(toys, capsys):
 
 
 def test_an_export_into_the_checkpoint_or_rows_folder_is_refused(toys, tmp_path):
-    from bridge_recipes.hf.training import check_export_target
+    from bridge_recipes.hf.run_hooks import check_export_target
 
     save, rows = tmp_path / "ckpt", tmp_path / "rows"
     cfg = SimpleNamespace(

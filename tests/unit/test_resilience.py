@@ -5,8 +5,9 @@ import re
 import pytest
 import yaml
 
-from bridge_recipes import registry, saved_runs
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner import checks, launch
+from bridge_recipes.training import saved_runs
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 
@@ -36,7 +37,7 @@ def test_benchmarks_keep_resilience_off(name):
 
 
 def test_in_process_restart_can_be_switched_on_by_override():
-    from bridge_recipes.overrides import apply_all
+    from bridge_recipes.config.overrides import apply_all
 
     cfg = build()
     apply_all(cfg, {}, ["inprocess_restart.enabled=true", "nvrx_straggler.stop_if_detected=true"])
@@ -143,7 +144,7 @@ def test_each_recipe_saves_and_resumes_in_its_own_folder(tmp_path, monkeypatch):
 
 
 def test_a_folder_the_recipe_sets_is_kept(tmp_path):
-    from bridge_recipes.recipe import own_run_folder
+    from bridge_recipes.recipes.recipe import own_run_folder
 
     cfg = build()
     cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "mine")

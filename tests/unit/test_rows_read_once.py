@@ -68,11 +68,11 @@ def test_a_dry_run_and_the_launch_after_it_read_the_rows_once(tmp_path, reads, c
     from megatron.bridge.data.base import DatasetBuildContext
 
     import bridge_recipes
-    from bridge_recipes import run_length
     from bridge_recipes.bench.harness import rows_workload
-    from bridge_recipes.datasets import describe
+    from bridge_recipes.config import run_length
+    from bridge_recipes.config.datasets import describe
     from bridge_recipes.runner.cli import main
-    from bridge_recipes.saved_runs import run_identity
+    from bridge_recipes.training.saved_runs import run_identity
 
     rows = build(tmp_path, 40).resolve()
     val = rows / "val"

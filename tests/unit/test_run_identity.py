@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge_recipes import registry, saved_runs
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner import checks
 from bridge_recipes.runner.checkpoints import resume_line, start_fresh
 from bridge_recipes.runner.cli import main
+from bridge_recipes.training import saved_runs
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 LORA = "qwen35_35b_a3b_peft_1gpu_h200_bf16_config"

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import bridge_recipes
-from bridge_recipes import registry, run_length
+from bridge_recipes.config import run_length
+from bridge_recipes.config.datasets import rows_per_step
 from bridge_recipes.data.sft_rows import build_sft_rows
-from bridge_recipes.datasets import rows_per_step
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner.cli import build_parser, build_request, main
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"

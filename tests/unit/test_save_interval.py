@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 import bridge_recipes
-from bridge_recipes import registry
-from bridge_recipes.fingerprint import config_text, digest
-from bridge_recipes.run_length import duration
+from bridge_recipes.config.fingerprint import config_text, digest
+from bridge_recipes.config.run_length import duration
+from bridge_recipes.config.save_interval import MINUTES_APART, SAVES_PER_RUN, save_count
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner.cli import main
-from bridge_recipes.save_interval import MINUTES_APART, SAVES_PER_RUN, save_count
 
 LORA_H100 = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"  # a recipe with a measured rate
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"  # one without
@@ -85,7 +85,7 @@ def test_a_long_run_without_a_rate_keeps_the_recipes_interval():
 
 def test_the_interval_follows_the_steps_epochs_set(tmp_path):
     """--epochs sets the steps last; the interval follows them."""
-    from bridge_recipes.fingerprint import boundaries_rows
+    from bridge_recipes.config.fingerprint import boundaries_rows
 
     rows = boundaries_rows(tmp_path / "rows")  # one row: with -gb 1, N epochs are N steps
     cfg = bridge_recipes.build(SFT, dataset="sft-rows", flags={"gb": 1}, overrides=[f"dataset.path={rows}"], epochs=59)

@@ -2,9 +2,9 @@
 
 import re
 
-from bridge_recipes import registry
+from bridge_recipes.recipes import registry
+from bridge_recipes.recipes.scaledown import hybrid_pattern, scale_down
 from bridge_recipes.runner import checks
-from bridge_recipes.scaledown import hybrid_pattern, scale_down
 
 
 def _changed(changes: list[str]) -> dict[str, str]:
@@ -69,8 +69,8 @@ def test_flex_dispatcher_falls_back_to_alltoall_on_one_gpu():
 
 import pytest  # noqa: E402
 
-from bridge_recipes.layout import layout_of, stage_layers  # noqa: E402
-from bridge_recipes.scaledown import fit_layout  # noqa: E402
+from bridge_recipes.plan.layout import layout_of, stage_layers  # noqa: E402
+from bridge_recipes.recipes.scaledown import fit_layout  # noqa: E402
 
 
 def _sizes(cfg):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
 from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
+from bridge_recipes.recipes import registry
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
 RECIPES = sorted(

@@ -128,8 +128,8 @@ def test_rows_build_after_megatron_bridge_hands_the_dataset_its_tokenizer(tmp_pa
 
 
 def test_sft_rows_selection_turns_validation_on():
-    from bridge_recipes import datasets
-    from bridge_recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config as recipe
+    from bridge_recipes.config import datasets
+    from bridge_recipes.recipes.qwen.h200.qwen35 import qwen35_27b_sft_8gpu_h200_bf16_config as recipe
 
     cfg = recipe()
     assert cfg.validation.eval_iters == 0

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import registry
 from bridge_recipes.chat import chat_formats
 from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data import sft_rows
 from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
+from bridge_recipes.recipes import registry
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "tests/fixtures/qwen35_chat_tokenizer"
@@ -228,7 +228,7 @@ NEW_CARDS = {  # spellings users type or torch prints -> (table key, sold as GB,
 
 @pytest.mark.parametrize("spellings", sorted(NEW_CARDS))
 def test_gpu_knows_the_cards_by_the_names_users_type(spellings):
-    from bridge_recipes.gpus import GIB, GPUS, card_by_name
+    from bridge_recipes.hardware.gpus import GIB, GPUS, card_by_name
 
     key, sold_gb, fp8 = NEW_CARDS[spellings]
     for name in spellings:
@@ -240,7 +240,7 @@ def test_gpu_knows_the_cards_by_the_names_users_type(spellings):
 
 
 def test_fp8_and_mxfp8_follow_the_architecture():
-    from bridge_recipes.gpus import GPUS, has_mxfp8
+    from bridge_recipes.hardware.gpus import GPUS, has_mxfp8
 
     assert [GPUS[k].fp8 for k in ("A100", "A6000")] == [False, False]  # Ampere
     assert all(GPUS[k].fp8 for k in ("L40", "RTX4090", "H100-PCIE", "H100-NVL", "RTX5090", "B200"))
@@ -250,7 +250,7 @@ def test_fp8_and_mxfp8_follow_the_architecture():
 
 
 def test_the_card_table_in_the_docs_is_the_code_s():
-    from bridge_recipes.gpus import GPUS, card_by_name
+    from bridge_recipes.hardware.gpus import GPUS, card_by_name
 
     text = (ROOT / "docs/memory_plan.md").read_text()
     rows = re.findall(r"^\| (`[^|]+`) \| (\d+) \| ([\d.]+) \| ([\d.]+) \| (yes|no) \|$", text, re.M)
@@ -266,7 +266,7 @@ def test_the_card_table_in_the_docs_is_the_code_s():
 
 @pytest.mark.parametrize("gpu", ["h100-pcie", "h100 nvl", "rtx-6000-ada", "l40", "rtx4090", "rtx5090"])
 def test_plan_for_each_card_takes_its_memory(gpu, capsys):
-    from bridge_recipes.gpus import card_by_name
+    from bridge_recipes.hardware.gpus import card_by_name
     from bridge_recipes.runner.cli import main
 
     card = card_by_name(gpu)
@@ -343,7 +343,7 @@ def test_the_disk_table_of_the_lora_page_is_the_code_s():
 
 
 def test_the_disk_line_of_running_md_is_what_the_dry_run_prints_for_its_run():
-    from bridge_recipes.builder import build
+    from bridge_recipes.config.builder import build
     from bridge_recipes.models.params import count_parameters
     from bridge_recipes.models.qwen35 import SPECS
     from bridge_recipes.plan import disk
@@ -422,8 +422,8 @@ def test_the_toy_dry_run_prints_the_disk_it_writes(tmp_path):
 
 
 def test_the_rows_per_step_and_learning_rate_on_the_lora_page_are_the_recipes():
-    from bridge_recipes.builder import build
-    from bridge_recipes.datasets import row_tokens, rows_per_step
+    from bridge_recipes.config.builder import build
+    from bridge_recipes.config.datasets import row_tokens, rows_per_step
 
     text = (ROOT / "docs/lora.md").read_text().split("## Rows per step", 1)[1].split("\n## ", 1)[0]
     settings = set()

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import bridge_recipes
-from bridge_recipes import features, registry
+from bridge_recipes import features
 from bridge_recipes.features import chunked_loss, packed_attention
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner import checks, launch
 
 ONE_GPU = sorted(
@@ -29,7 +30,7 @@ CASES = [(n, []) for n in ONE_GPU] + [
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> Path:
     """Rows with conversation boundaries, on which packed attention applies."""
-    from bridge_recipes.fingerprint import boundaries_rows
+    from bridge_recipes.config.fingerprint import boundaries_rows
 
     return boundaries_rows(tmp_path_factory.mktemp("rows") / "rows")
 

@@ -266,8 +266,8 @@ def test_inspect_marks_the_untrained_empty_block_and_the_trained_one(tmp_path):
 
 
 def test_the_runs_data_line_says_what_thinking_rows_train(tmp_path):
+    from bridge_recipes.config.datasets import describe
     from bridge_recipes.data.packed_rows import PackedSFTRowsConfig
-    from bridge_recipes.datasets import describe
 
     _build(tmp_path, "default")
     cfg = SimpleNamespace(dataset=PackedSFTRowsConfig(path=str(tmp_path / "default"), seq_length=256))

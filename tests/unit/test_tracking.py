@@ -7,7 +7,8 @@ import os
 import pytest
 
 import bridge_recipes
-from bridge_recipes import config_files, tracking
+from bridge_recipes.config import files as config_files
+from bridge_recipes.config import tracking
 from bridge_recipes.runner.cli import main
 
 SFT = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"

@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from bridge_recipes.train_step import forward_step
+from bridge_recipes.training.train_step import forward_step
 
 
 class _Group:

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from bridge_recipes import registry
-from bridge_recipes.overrides import apply_all
+from bridge_recipes.config.overrides import apply_all
+from bridge_recipes.config.values import value_problems
+from bridge_recipes.recipes import registry
 from bridge_recipes.runner.cli import main
-from bridge_recipes.values import value_problems
 
 MOE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 DENSE = "qwen35_27b_sft_8gpu_h200_bf16_config"
@@ -195,7 +195,7 @@ def test_energon_path_must_exist(tmp_path, capsys):
 )
 def test_lora_settings_out_of_range_are_refused(override, message):
     import bridge_recipes
-    from bridge_recipes.values import value_problems
+    from bridge_recipes.config.values import value_problems
 
     cfg = bridge_recipes.build("qwen35_27b_peft_1gpu_h200_bf16_lowmem_config", overrides=[override])
     assert any(message in p for p in value_problems(cfg, 1)), value_problems(cfg, 1)

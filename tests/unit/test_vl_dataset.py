@@ -170,7 +170,7 @@ def test_the_validation_split_is_the_head_of_the_seeded_permutation(built):
 
 def test_manifest_pins_the_files(built, toy):
     _, out, manifest = built
-    from bridge_recipes.outputs import file_sha256
+    from bridge_recipes.utils.outputs import file_sha256
 
     for info in manifest["splits"].values():
         for shard in info["shards"]:

@@ -1,4 +1,4 @@
-"""The progress watch (bridge_recipes.watchdog): a training loop that stops making progress ends with
+"""The progress watch (bridge_recipes.training.watchdog): a training loop that stops making progress ends with
 its last stage, every thread's stack and a non-zero exit; one that keeps going is left alone."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_recipes import watchdog
 from bridge_recipes.runner.cli import main
+from bridge_recipes.training import watchdog
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ LOOP = textwrap.dedent(
     """
     import sys, time
     from types import SimpleNamespace
-    from bridge_recipes import watchdog
+    from bridge_recipes.training import watchdog
 
     FIRST, STEP, STEPS, HANG = {first}, {step}, {steps}, {hang!r}
     dog = watchdog.Watchdog(watchdog.Budgets(first_step_s=FIRST, step_s=STEP), poll_s=0.05)
@@ -140,7 +140,7 @@ def test_the_launch_hands_megatron_bridge_a_step_it_gives_the_state_to():
     from megatron.bridge.training.utils.train_utils import needs_global_state_injection
 
     from bridge_recipes.runner import launch
-    from bridge_recipes.train_step import forward_step
+    from bridge_recipes.training.train_step import forward_step
 
     step, manager = launch.watched(forward_step, watchdog.Budgets())
     assert needs_global_state_injection(step)
@@ -278,7 +278,7 @@ def test_the_launch_reads_the_useful_share_from_the_rows(tmp_path):
 
 def test_megatron_bridges_list_of_non_default_values_waits_for_verbose(monkeypatch, capsys):
     import bridge_recipes
-    from bridge_recipes import quiet
+    from bridge_recipes.utils import quiet
 
     cfg = bridge_recipes.build("qwen35_35b_a3b_pretrain_1gpu_h200_bf16_smoke_config")
     printed = []

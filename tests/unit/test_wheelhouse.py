@@ -1,4 +1,4 @@
-"""bridge_recipes.wheelhouse: which pins a GPU machine lacks, packing wheels into parts under a
+"""bridge_recipes.hardware.wheelhouse: which pins a GPU machine lacks, packing wheels into parts under a
 carry limit (a wheel larger than a part cut into chunks) and joining them back with checksums;
 scripts/install.sh --reuse-site-packages and several --wheelhouse folders (dry run)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes import wheelhouse as wh
+from bridge_recipes.hardware import wheelhouse as wh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,11 +192,20 @@ def test_install_reuses_site_packages_and_reads_several_wheelhouses(tmp_path):
 
 def test_join_runs_on_a_bare_interpreter_from_the_checkout(tmp_path):
     """The GPU machine joins the parts before anything is installed: `python3 -m
-    bridge_recipes.wheelhouse join` from the checkout's root with the standard library only."""
+    bridge_recipes.hardware.wheelhouse join` from the checkout's root with the standard library only."""
     files = _files(tmp_path, [3000, 10])
     wh.pack(files, tmp_path / "wh", 2048)
     parts = [str(p) for p in sorted((tmp_path / "wh").iterdir())]
-    cmd = [sys.executable, "-S", "-m", "bridge_recipes.wheelhouse", "join", *parts, "--out", str(tmp_path / "j")]
+    cmd = [
+        sys.executable,
+        "-S",
+        "-m",
+        "bridge_recipes.hardware.wheelhouse",
+        "join",
+        *parts,
+        "--out",
+        str(tmp_path / "j"),
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert re.search(rf"\b2 file\(s\) checked\b.*{re.escape(str(tmp_path / 'j'))}", p.stdout), p.stdout

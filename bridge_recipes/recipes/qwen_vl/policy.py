@@ -2,7 +2,7 @@
 
 Each block sets one kind of thing: the parallel layout, the fused kernels, the MoE dispatcher,
 CUDA graphs. None of them touches ``cfg.env_vars``: the environment is composed from the dicts
-here and in ``bridge_recipes.qwen.policy`` (:data:`GB300_ENV`, :func:`hybridep_env`, ...) in one
+here and in ``bridge_recipes.recipes.qwen.policy`` (:data:`GB300_ENV`, :func:`hybridep_env`, ...) in one
 ``cfg.env_vars = {...}`` statement at the end of each ``_apply_*`` helper or recipe that sets it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen.policy import fused_router, fused_swiglu
+from bridge_recipes.recipes.qwen.policy import fused_router, fused_swiglu
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -1,11 +1,11 @@
-"""B200 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.qwen.b200."""
+"""B200 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.recipes.qwen.b200."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen.b200 import qwen35 as real
-from bridge_recipes.recipe import benchmark_of
+from bridge_recipes.recipes.qwen.b200 import qwen35 as real
+from bridge_recipes.recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:

@@ -1,11 +1,11 @@
-"""GB300 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.qwen.gb300."""
+"""GB300 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.recipes.qwen.gb300."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen.gb300 import qwen35 as real
-from bridge_recipes.recipe import benchmark_of
+from bridge_recipes.recipes.qwen.gb300 import qwen35 as real
+from bridge_recipes.recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:

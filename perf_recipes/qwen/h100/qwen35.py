@@ -1,11 +1,11 @@
-"""H100 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.qwen.h100."""
+"""H100 benchmark recipes (mock data) sharing the execution policy of bridge_recipes.recipes.qwen.h100."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen.h100 import qwen35 as real
-from bridge_recipes.recipe import benchmark_of
+from bridge_recipes.recipes.qwen.h100 import qwen35 as real
+from bridge_recipes.recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:

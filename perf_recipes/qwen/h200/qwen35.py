@@ -1,4 +1,4 @@
-"""H200 benchmark recipes: the real-data recipes of ``bridge_recipes.qwen.h200.qwen35`` on mock
+"""H200 benchmark recipes: the real-data recipes of ``bridge_recipes.recipes.qwen.h200.qwen35`` on mock
 SFT-shaped data (8,192-token rows, global batch 128, BF16), with benchmark settings.
 
 A LoRA benchmark (``*_peft_*``) still needs base weights: Megatron-Bridge's fine-tuning refuses
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen.h200 import qwen35 as real
-from bridge_recipes.recipe import benchmark_of
+from bridge_recipes.recipes.qwen.h200 import qwen35 as real
+from bridge_recipes.recipes.recipe import benchmark_of
 from perf_recipes._common import benchmark_settings
 
 if TYPE_CHECKING:

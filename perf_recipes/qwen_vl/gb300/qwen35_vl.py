@@ -1,5 +1,5 @@
 """GB300 Qwen3.5/3.6-VL benchmark recipes, sharing the execution policies of
-``bridge_recipes.qwen_vl.gb300.qwen35_vl``.
+``bridge_recipes.recipes.qwen_vl.gb300.qwen35_vl``.
 
 Mock image conversations and :func:`perf_recipes._common.vl_benchmark_settings`: the numerics of
 the real-data recipe except the VL benchmark family's forced load-balanced routing and TE fused
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
-from bridge_recipes.qwen_vl.gb300 import qwen35_vl as real
-from bridge_recipes.qwen_vl.policy import (
+from bridge_recipes.recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
+from bridge_recipes.recipes.qwen_vl.gb300 import qwen35_vl as real
+from bridge_recipes.recipes.qwen_vl.policy import (
     set_batch,
     set_vl_fused_kernels,
     set_vl_layout,
 )
-from bridge_recipes.recipe import benchmark_of
+from bridge_recipes.recipes.recipe import benchmark_of
 from perf_recipes._common import vl_benchmark_settings
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def qwen35_vl_35b_a3b_pretrain_8gpu_gb300_fp8mx_config() -> ConfigContainer:
     fused grouped MLP and cuDNN normalization environment."""
     from megatron.bridge.training.mixed_precision import bf16_with_mxfp8_mixed
 
-    from bridge_recipes.common import vlm_pretrain_config
+    from bridge_recipes.recipes.base import vlm_pretrain_config
 
     cfg = vlm_pretrain_config("qwen35_vl_35b_a3b")
     _apply_qwen35_vl_35b_a3b_8gpu_gb300_execution_config(cfg)

@@ -1,13 +1,13 @@
 """H200 Qwen3.5/3.6-VL SFT benchmark recipes, sharing the execution policies of
-``bridge_recipes.qwen_vl.h200.qwen35_vl`` (mock image conversations and
+``bridge_recipes.recipes.qwen_vl.h200.qwen35_vl`` (mock image conversations and
 :func:`perf_recipes._common.vl_benchmark_settings`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.qwen_vl.h200 import qwen35_vl as real
-from bridge_recipes.recipe import benchmark_of
+from bridge_recipes.recipes.qwen_vl.h200 import qwen35_vl as real
+from bridge_recipes.recipes.recipe import benchmark_of
 from perf_recipes._common import vl_benchmark_settings
 
 if TYPE_CHECKING:

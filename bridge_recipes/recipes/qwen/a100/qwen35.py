@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import peft_config
-from bridge_recipes.qwen.policy import chunked_cross_entropy, lora_one_gpu
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.base import peft_config
+from bridge_recipes.recipes.qwen.policy import chunked_cross_entropy, lora_one_gpu
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import sft_config
-from bridge_recipes.qwen.policy import (
+from bridge_recipes.recipes.base import sft_config
+from bridge_recipes.recipes.qwen.policy import (
     full_recompute,
     openrecipes_execution,
     set_layout,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

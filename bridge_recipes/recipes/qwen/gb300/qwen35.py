@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import sft_config
-from bridge_recipes.qwen.policy import (
+from bridge_recipes.recipes.base import sft_config
+from bridge_recipes.recipes.qwen.policy import (
     GB300_ENV,
     cuda_graphs_off,
     full_recompute,
@@ -36,7 +36,7 @@ from bridge_recipes.qwen.policy import (
     shard_optimizer_precision_aware,
     use_hybridep_dispatcher,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

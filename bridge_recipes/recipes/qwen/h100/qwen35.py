@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import peft_config, sft_config
-from bridge_recipes.qwen.policy import (
+from bridge_recipes.recipes.base import peft_config, sft_config
+from bridge_recipes.recipes.qwen.policy import (
     OPENRECIPES_GROUPED_GEMM_ENV,
     chunked_cross_entropy,
     cpu_optimizer_offload,
@@ -32,7 +32,7 @@ from bridge_recipes.qwen.policy import (
     rows_per_micro_batch,
     set_layout,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

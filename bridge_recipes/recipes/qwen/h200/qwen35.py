@@ -11,7 +11,7 @@ figures, when there are any, are the result files named by ``measured=``.
 The 122B-A10B and 397B-A17B SFT layouts and every LoRA layout are this project's, sized by the
 memory planner (``run_recipe.py --recipe NAME --plan``, bridge_recipes/plan/memory.py) at the
 same workload; their docstrings give the planner's per-stage peaks. LoRA recipes put adapters on
-:data:`bridge_recipes.common.LORA_TARGETS` through Megatron-Bridge's PEFT (bridge-qwen35-recipes
+:data:`bridge_recipes.recipes.base.LORA_TARGETS` through Megatron-Bridge's PEFT (bridge-qwen35-recipes
 in docs/sources.md) and need starting weights (``--hf-checkpoint DIR`` or
 ``checkpoint.pretrained_checkpoint=DIR``): Megatron-Bridge refuses LoRA from random init.
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import peft_config, pretrain_config, sft_config
-from bridge_recipes.qwen.policy import (
+from bridge_recipes.recipes.base import peft_config, pretrain_config, sft_config
+from bridge_recipes.recipes.qwen.policy import (
     OPENRECIPES_GROUPED_GEMM_ENV,
     bf16_adam_moments,
     chunked_cross_entropy,
@@ -41,9 +41,9 @@ from bridge_recipes.qwen.policy import (
     set_layout,
     te_cross_entropy,
 )
-from bridge_recipes.recipe import recipe
-from bridge_recipes.resilience import disable_resilience
-from bridge_recipes.scaledown import scale_down
+from bridge_recipes.recipes.recipe import recipe
+from bridge_recipes.recipes.resilience import disable_resilience
+from bridge_recipes.recipes.scaledown import scale_down
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

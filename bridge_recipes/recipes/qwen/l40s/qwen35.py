@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import peft_config
-from bridge_recipes.qwen.policy import (
+from bridge_recipes.recipes.base import peft_config
+from bridge_recipes.recipes.qwen.policy import (
     OPENRECIPES_GROUPED_GEMM_ENV,
     chunked_cross_entropy,
     fast_lora_kernels,
@@ -20,7 +20,7 @@ from bridge_recipes.qwen.policy import (
     lora_one_gpu,
     rows_per_micro_batch,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

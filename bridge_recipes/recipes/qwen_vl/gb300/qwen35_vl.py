@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import vlm_pretrain_config
-from bridge_recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
-from bridge_recipes.qwen_vl.policy import (
+from bridge_recipes.recipes.base import vlm_pretrain_config
+from bridge_recipes.recipes.qwen.policy import GB300_ENV, cuda_graphs_off, hybridep_env, use_hybridep_dispatcher
+from bridge_recipes.recipes.qwen_vl.policy import (
     CUDNN_NORM_ENV,
     CUTEDSL_FUSED_GROUPED_MLP_ENV,
     gdn_kernel_backend_declared,
@@ -21,7 +21,7 @@ from bridge_recipes.qwen_vl.policy import (
     set_vl_fused_kernels,
     set_vl_layout,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer

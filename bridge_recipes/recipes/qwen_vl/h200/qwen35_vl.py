@@ -1,8 +1,8 @@
 """H200 SFT recipes for Qwen3.5 / Qwen3.6-VL: the text recipes' H200 layouts on the VL models.
 
 The language model of a VL checkpoint is the text model of its size, so the VL SFT recipes
-apply the text recipes' execution policies (``bridge_recipes.qwen.h200.qwen35``) to
-:func:`bridge_recipes.common.vlm_sft_config` (every part trained, no gradient/parameter-gather
+apply the text recipes' execution policies (``bridge_recipes.recipes.qwen.h200.qwen35``) to
+:func:`bridge_recipes.recipes.base.vlm_sft_config` (every part trained, no gradient/parameter-gather
 overlap as in Megatron-Bridge's VLM defaults). The 27-layer vision tower (about 0.4e9
 parameters) sits on the first pipeline stage and is not counted by the memory planner.
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bridge_recipes.common import vlm_sft_config
-from bridge_recipes.qwen.h200.qwen35 import (
+from bridge_recipes.recipes.base import vlm_sft_config
+from bridge_recipes.recipes.qwen.h200.qwen35 import (
     _apply_qwen35_35b_a3b_8gpu_h200_execution_config,
     _apply_qwen35_397b_a17b_64gpu_h200_execution_config,
 )
-from bridge_recipes.recipe import recipe
+from bridge_recipes.recipes.recipe import recipe
 
 if TYPE_CHECKING:
     from megatron.bridge.training.config import ConfigContainer
