@@ -401,3 +401,17 @@ def test_no_package_holds_more_than_15_percent_of_the_product():
         if (p / "__init__.py").is_file()
     }
     assert len(shares) > 5 and {k: round(v, 3) for k, v in shares.items() if v > 0.15} == {}
+
+
+def test_the_readme_names_where_a_recipe_function_is_imported_from():
+    """The README's import of a recipe function is the module the registry finds it in, and it imports."""
+    import importlib
+    import re
+
+    from bridge_recipes.recipes import registry
+
+    found = re.search(r"`from (bridge_recipes\.recipes\.[\w.]+) import (\w+)`", (ROOT / "README.md").read_text())
+    assert found, "README.md shows no import of a recipe function"
+    module, name = found.groups()
+    assert registry.find(name).module == module
+    assert callable(getattr(importlib.import_module(module), name))
