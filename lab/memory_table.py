@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any
 
 import bridge_recipes
+from bridge_recipes.hardware.gpus import GPUS
 from bridge_recipes.logs.megatron_log import peak_allocated_gb
 from bridge_recipes.logs.run_log import split_runs
 from bridge_recipes.plan.memory import (
@@ -298,6 +299,21 @@ def _facts_table(fps: list[tuple[Fact, MemoryPlan]]) -> str:
     return "\n".join(lines)
 
 
+def card_table() -> str:
+    """The cards ``--gpu`` plans for, smallest memory first: the names it takes, the memory sold and
+    reported, the compute capability and whether the card has FP8 tensor cores."""
+    lines = [
+        "| `--gpu` | sold as, GB | CUDA reports, GB (1e9 bytes) | compute capability | FP8 |",
+        "|---|---|---|---|---|",
+    ]
+    for gpu in sorted(GPUS.values(), key=lambda g: (g.usable_memory_gb, g.name)):
+        names = ", ".join(f"`{n}`" for n in (gpu.name.lower(), *(c.lower() for c in gpu.same_class)))
+        major, minor = gpu.capability
+        fp8 = "yes" if gpu.fp8 else "no"
+        lines.append(f"| {names} | {gpu.memory_gb} | {gpu.usable_memory_gb:.1f} | {major}.{minor} | {fp8} |")
+    return "\n".join(lines)
+
+
 def render(rs: list[Row] | None = None, fps: list[tuple[Fact, MemoryPlan]] | None = None) -> str:
     rs = rows() if rs is None else rs
     fps = fact_plans() if fps is None else fps
@@ -435,4 +451,12 @@ caps PyTorch's caching allocator so that it, plus what the process holds outside
 ends with its peak against the cap. A recipe started on a GPU with less memory than its own, where
 the plan does not fit, or FP8 on a GPU without FP8 tensor cores, is refused before launch with the
 recipes that fit (`bridge_recipes.recipes.gpu_fit`).
+
+`--gpu NAME` plans for a card by name instead: the memory its CUDA runtime reports (what torch's
+out-of-memory message prints as its total, below the size it is sold as), and, at `--plan` and the dry
+run, its architecture: an FP8 recipe on a card without FP8 (Ampere: A100, A6000) exits 2 naming the
+recipes the card can run. Case, spaces, hyphens and a leading `nvidia` are ignored (`"RTX 6000 Ada"`,
+`NVIDIA-H100-PCIe`, `4090`); `bridge_recipes/hardware/gpus.py` says where each figure comes from.
+
+{card_table()}
 """
