@@ -104,10 +104,11 @@ def capture(toy: Path, settings: dict[str, Any], seed: int = 0) -> dict[str, Any
     import torch
 
     from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf.adapters import lora_from_settings
     from bridge_recipes.hf.released_bridge import released_text_bridge
 
     bridge = released_text_bridge(ck.inspect_folder(toy))
-    lora = ck.lora_from_settings(settings)
+    lora = lora_from_settings(settings)
     with ck._conversion_context():
         provider = bridge.to_megatron_provider(load_weights=True)
         ck._no_apex_fusion(provider)

@@ -193,7 +193,7 @@ def _index(folder: Path) -> dict[str, str]:
 
 
 def _raw(folder: Path, file: str, names: list[str]) -> dict[str, tuple[str, bytes]]:
-    from bridge_recipes.hf.checkpoint import safetensors_header
+    from bridge_recipes.hf.files import safetensors_header
 
     header, _ = safetensors_header(folder / file)
     out = {}
@@ -272,6 +272,7 @@ def _megatron(ckpt: Path, template: Path, experts: int | None) -> Any:
     """The trained text model (a LoRA run: the toy's base with its adapters) in FP32 on the GPU."""
     import torch
 
+    from bridge_recipes.hf import adapters
     from bridge_recipes.hf import checkpoint as ck
     from bridge_recipes.hf.parity import _unwrap
     from bridge_recipes.hf.released_bridge import released_text_bridge
@@ -280,11 +281,11 @@ def _megatron(ckpt: Path, template: Path, experts: int | None) -> Any:
     if experts:
         overrides["moe_router_topk"] = experts
     bridge = released_text_bridge(ck.inspect_folder(template))
-    settings = ck.lora_settings(ckpt)
+    settings = adapters.lora_settings(ckpt)
     if settings is None:
         models = bridge.load_megatron_model(str(ckpt), mp_overrides=overrides, wrap_with_ddp=False)
     else:
-        models, _ = ck.build_lora_model(bridge, ckpt, settings, overrides=overrides)
+        models, _ = adapters.build_lora_model(bridge, ckpt, settings, overrides=overrides)
     return _unwrap(models[0]).to(torch.float32).cuda().eval()
 
 

@@ -110,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf import exporter, importer
+    from bridge_recipes.hf.files import AdapterExportError, HfCheckpointError
 
     try:
         if args.command == "import":
-            out = ck.import_checkpoint(
+            out = importer.import_checkpoint(
                 args.hf,
                 args.out,
                 recipe=args.recipe,
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"imported {args.hf} -> {out} (use as checkpoint.pretrained_checkpoint={out})")
         elif args.command == "export":
-            out = ck.export_checkpoint(
+            out = exporter.export_checkpoint(
                 args.megatron,
                 args.hf_template,
                 args.out,
@@ -162,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                     "the offline Qwen-VL processor, image tokens included)",
                     file=sys.stderr,
                 )
-    except ck.HfCheckpointError as e:
+    except HfCheckpointError as e:
         print(f"convert_checkpoint.py: error: {e}", file=sys.stderr)
         return USAGE_ERROR
-    except ck.AdapterExportError as e:
+    except AdapterExportError as e:
         print(f"convert_checkpoint.py: error: {e}{_unchanged(args)}", file=sys.stderr)
         return EXPORT_FAILED
     except Exception as e:  # a failure inside Megatron-Bridge: one line, the partial output already removed

@@ -15,8 +15,9 @@ tokenizer, chat template, generation and processor files, so the export is the f
 - :func:`write_adapter`: a LoRA run's adapter weights (Hugging Face names) as a PEFT folder.
 - :func:`write_lora_exports`: both folders of a LoRA run, the merged one first.
 
-Standard library at import; torch and safetensors inside the writers. The folder checks and the
-conversions (:mod:`bridge_recipes.hf.checkpoint`) build on this module.
+Standard library at import; torch and safetensors inside the writers. The folder checks
+(:mod:`bridge_recipes.hf.checkpoint`) and the conversions (:mod:`bridge_recipes.hf.importer`,
+:mod:`bridge_recipes.hf.exporter`) build on this module.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ with the language model's Hugging Face prefix that of the VL form, as its VL bri
 and the vision mappings left out: the vision tower is never built, read or trained.
 :class:`ReleasedTextBridge` is ``AutoBridge`` over such a folder, its config the folder's
 ``text_config`` (:func:`bridge_recipes.hf.released.text_config`), so import, provider and export
-run through Megatron-Bridge's own code (the conversions of :mod:`bridge_recipes.hf.checkpoint`
-call these with their distributed context and LoRA loading). Not registered with Megatron-Bridge's dispatch: the VL
-recipes keep its VL bridges for the same architecture.
+run through Megatron-Bridge's own code (the conversions of :mod:`bridge_recipes.hf.importer` and
+:mod:`bridge_recipes.hf.exporter` call these with their distributed context and LoRA loading).
+Not registered with Megatron-Bridge's dispatch: the VL recipes keep its VL bridges for the same
+architecture.
 
 Importing this module imports Megatron-Bridge; the runner imports it only to convert.
 """

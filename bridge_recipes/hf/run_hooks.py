@@ -2,7 +2,7 @@
 
 - :func:`check_family` and :func:`take_shape` (before the scale-down and the overrides): the
   folder must be a checkpoint of the recipe's model family, and its ``config.json`` (read by
-  Megatron-Bridge's ``AutoBridge``) decides the model's shape (:data:`checkpoint.SHAPE_FIELDS`),
+  Megatron-Bridge's ``AutoBridge``) decides the model's shape (:data:`architecture.SHAPE_FIELDS`),
   so a toy or scaled checkpoint needs no ``model.*`` overrides; the recipe keeps its policy.
 - :func:`use_checkpoint` (before the KEY=VALUE overrides): makes the folder's
   tokenizer the run's (Megatron-Bridge ``HuggingFaceTokenizer`` with ``tokenizer_model=DIR``,
@@ -14,7 +14,7 @@
   tower kept out of training memory and carried into the export unchanged (:func:`released_summary`).
 - :func:`check_model` (after the overrides): the folder's architecture must be the recipe's
   model as configured (``model.*`` overrides included), or its weights cannot load.
-- :func:`attach` (at launch): converts once into the cache (:func:`checkpoint.cached_import`;
+- :func:`attach` (at launch): converts once into the cache (:func:`importer.cached_import`;
   rank 0 converts in a child process, the other ranks wait for the folder to appear) and sets
   ``checkpoint.pretrained_checkpoint``, so an SFT/PEFT recipe runs through ``finetune()``.
 - :func:`export_after_training` (rank 0, after training): the newest checkpoint of
@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bridge_recipes.hf import architecture, exporter, importer
 from bridge_recipes.hf import checkpoint as ck
-from bridge_recipes.hf.files import EXPORT_FAILED
+from bridge_recipes.hf.files import EXPORT_FAILED, AdapterExportError, HfCheckpointError
 
 LOG = "[run_recipe]"
 WAIT_S = 3600  # longest wait of the other ranks for rank 0's conversion (a 397B import takes long)
@@ -62,7 +63,7 @@ def inspect(hf_dir: str) -> ck.HfFolder:
     """The checked Hugging Face folder ``hf_dir``. Raises ValueError (exit 2) on bad input."""
     try:
         return ck.inspect_folder(hf_dir)
-    except ck.HfCheckpointError as e:
+    except HfCheckpointError as e:
         raise ValueError(f"hf_checkpoint: {e}") from None
 
 
@@ -75,7 +76,7 @@ def text_model(cfg: Any) -> bool:
 
 def found_for(cfg: Any, folder: ck.HfFolder) -> dict[str, Any]:
     """The folder's compared fields as the recipe takes it (a text recipe: a VL folder's language model)."""
-    return ck.found_fields(folder, as_text=ck.takes_language_model(folder, not text_model(cfg)))
+    return architecture.found_fields(folder, as_text=architecture.takes_language_model(folder, not text_model(cfg)))
 
 
 def check_family(cfg: Any, folder: ck.HfFolder, *, sized: bool = False) -> None:
@@ -83,18 +84,18 @@ def check_family(cfg: Any, folder: ck.HfFolder, *, sized: bool = False) -> None:
     class, attention interval, head dimensions, ...), and with ``sized`` (no scale-down) the size
     of the recipe's model too; a released VL folder given to a text recipe must hold its vision
     tower and MTP layer. ValueError naming each differing field and the fix."""
-    found, expected = found_for(cfg, folder), ck.expected_from_model(cfg.model, not text_model(cfg))
-    if problems := ck.check_against(found, expected, scaled=True):
+    found, expected = found_for(cfg, folder), architecture.expected_from_model(cfg.model, not text_model(cfg))
+    if problems := architecture.check_against(found, expected, scaled=True):
         raise ValueError(
             f"hf_checkpoint={folder.path} is not of this recipe's model family: {'; '.join(problems)}. "
             "Choose a recipe of its family (run_recipe.py --list) or a checkpoint of the recipe's"
         )
-    if ck.takes_language_model(folder, not text_model(cfg)):
+    if architecture.takes_language_model(folder, not text_model(cfg)):
         from bridge_recipes.hf.released import released_problem
 
         if problem := released_problem(folder):
             raise ValueError(f"hf_checkpoint: {problem}")
-    if sized and (problems := ck.check_against(found, expected)):
+    if sized and (problems := architecture.check_against(found, expected)):
         layers = found["num_hidden_layers"]
         raise ValueError(
             f"hf_checkpoint={folder.path} is not the size of this recipe's model: {'; '.join(problems)}. "
@@ -105,17 +106,17 @@ def check_family(cfg: Any, folder: ck.HfFolder, *, sized: bool = False) -> None:
 
 def layers_and_experts(folder: ck.HfFolder) -> tuple[int, int | None]:
     """The checkpoint's decoder layers and routed experts (None for a dense model)."""
-    found = ck.found_fields(folder)
+    found = architecture.found_fields(folder)
     return found["num_hidden_layers"], found["num_experts"]
 
 
 def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
-    """Set ``cfg.model``'s architecture fields (:data:`checkpoint.SHAPE_FIELDS`) to what Megatron-Bridge's
+    """Set ``cfg.model``'s architecture fields (:data:`architecture.SHAPE_FIELDS`) to what Megatron-Bridge's
     provider for the folder has, and a VL model's vision token ids to the folder's config.json (top level
     or text_config); returns the changes as ``model.FIELD: old -> new``."""
-    provider = ck.provider_of(folder, text_model(cfg))
+    provider = architecture.provider_of(folder, text_model(cfg))
     changes = []
-    for name in ck.SHAPE_FIELDS:
+    for name in architecture.SHAPE_FIELDS:
         if not hasattr(cfg.model, name) or not hasattr(provider, name):
             continue
         old, new = getattr(cfg.model, name), getattr(provider, name)
@@ -131,8 +132,8 @@ def take_shape(cfg: Any, folder: ck.HfFolder) -> list[str]:
         else:
             changes.append(f"model.{name}: {old!r} -> {new!r}")
     try:
-        token_ids = ck.vision_token_ids(folder)
-    except ck.HfCheckpointError as e:
+        token_ids = architecture.vision_token_ids(folder)
+    except HfCheckpointError as e:
         raise ValueError(f"hf_checkpoint: {e}") from None
     for name, new in token_ids.items():  # a VL dataset built with the folder's processor writes these ids
         if hasattr(cfg.model, name) and getattr(cfg.model, name) != new:
@@ -208,10 +209,14 @@ def check_model(cfg: Any, folder: ck.HfFolder) -> None:
     (:func:`tokenizer_problem`); ValueError naming each differing field."""
     if problem := tokenizer_problem(cfg, folder):
         raise ValueError(f"hf_checkpoint: {problem}")
-    problems = ck.check_against(found_for(cfg, folder), ck.expected_from_model(cfg.model, not text_model(cfg)))
+    problems = architecture.check_against(
+        found_for(cfg, folder), architecture.expected_from_model(cfg.model, not text_model(cfg))
+    )
     if problems:
         overridden = [
-            f"model.{ck.MODEL_FIELD_OF[p.split(':')[0]]}" for p in problems if p.split(":")[0] in ck.MODEL_FIELD_OF
+            f"model.{architecture.MODEL_FIELD_OF[p.split(':')[0]]}"
+            for p in problems
+            if p.split(":")[0] in architecture.MODEL_FIELD_OF
         ]
         hint = f"; drop the override(s) of {', '.join(overridden)}" if overridden else ""
         raise ValueError(
@@ -223,13 +228,13 @@ def check_model(cfg: Any, folder: ck.HfFolder) -> None:
 
 def cache_folder(folder: ck.HfFolder, text: bool = False) -> Path:
     """Where the launch converts ``folder`` to (``text``: for a text recipe)."""
-    return ck.cache_root() / ck.cache_key(folder, text)
+    return importer.cache_root() / importer.cache_key(folder, text)
 
 
 def released_summary(cfg: Any, folder: ck.HfFolder) -> str | None:
     """What a text recipe takes from a released VL folder and what its export carries through
     unchanged, or None when the recipe takes the whole folder."""
-    if not ck.takes_language_model(folder, not text_model(cfg)):
+    if not architecture.takes_language_model(folder, not text_model(cfg)):
         return None
     from bridge_recipes.hf.released import parts
 
@@ -312,7 +317,7 @@ def check_export_target(cfg: Any, out: str, folder: ck.HfFolder | None = None, *
     ckpt = cfg.checkpoint
     if not ckpt.save:
         raise ValueError("export_hf needs checkpoint.save (the export reads the run's final checkpoint)")
-    if text_only and not (folder is not None and ck.takes_language_model(folder, not text_model(cfg))):
+    if text_only and not (folder is not None and architecture.takes_language_model(folder, not text_model(cfg))):
         what = (
             "a VL recipe exports the VL form"
             if not text_model(cfg)
@@ -353,7 +358,7 @@ def export_summary(cfg: Any, out: str, folder: ck.HfFolder, text_only: bool = Fa
     """The summary's export line: the form the export takes, and a LoRA run's adapter folder."""
     from bridge_recipes.hf.released import adapter_folder
 
-    if ck.takes_language_model(folder, not text_model(cfg)):
+    if architecture.takes_language_model(folder, not text_model(cfg)):
         form = (
             "the text form (--export-text-only)"
             if text_only
@@ -426,19 +431,19 @@ def main(argv: list[str] | None = None) -> int:
     text = TEXT_MODEL_FLAG in flags
     try:
         if args[:1] == ["import"] and len(args) == 3 and flags <= {TEXT_MODEL_FLAG}:
-            ck.import_checkpoint(args[1], args[2], overwrite=True, text_model=text)
+            importer.import_checkpoint(args[1], args[2], overwrite=True, text_model=text)
         elif args[:1] == ["export"] and len(args) == 4 and flags <= {TEXT_MODEL_FLAG, TEXT_ONLY_FLAG}:
-            ck.export_checkpoint(args[1], args[2], args[3], text_model=text, text_only=TEXT_ONLY_FLAG in flags)
+            exporter.export_checkpoint(args[1], args[2], args[3], text_model=text, text_only=TEXT_ONLY_FLAG in flags)
         else:
             print(
                 "usage: python -m bridge_recipes.hf.run_hooks import HF OUT [--text-model] | "
                 "export MEGATRON TEMPLATE OUT [--text-model] [--text-only]"
             )
             return 2
-    except ck.HfCheckpointError as e:
+    except HfCheckpointError as e:
         print(f"{LOG} error: {e}", file=sys.stderr)
         return 2
-    except ck.AdapterExportError as e:
+    except AdapterExportError as e:
         print(f"{LOG} export: {e}", file=sys.stderr)
         return EXPORT_FAILED
     except Exception as e:  # inside Megatron-Bridge, transformers or the disk: one line, the stack in a file

@@ -323,7 +323,7 @@ def build(args: argparse.Namespace) -> tuple[registry.RecipeEntry, Any]:
         from bridge_recipes.runner.checks import fp8_parameter_problems
 
         args.hf_folder = hf_training.inspect(args.hf_checkpoint)
-        from bridge_recipes.hf.checkpoint import cache_problem
+        from bridge_recipes.hf.importer import cache_problem
 
         if problem := cache_problem(args.hf_folder, hf_training.text_model(cfg)):  # the launch converts into it
             raise ValueError(problem)

@@ -3,7 +3,7 @@ saved config relaunches the same run on the evidence rows."""
 
 from __future__ import annotations
 
-from bridge_recipes.hf import checkpoint as ck
+from bridge_recipes.hf import importer
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 
 MOE_RECIPE = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
@@ -37,7 +37,7 @@ def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(
     from bridge_recipes.runner.cli import build, build_parser
     from lab.hf_evidence import ROWS, ROWS_TOKENIZER
 
-    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
     toy = tmp_path / "toy"
     make_toy(toy, "moe", tokenizer_json=ROWS_TOKENIZER, **TINY, **TINY_MOE)
     saved, export = tmp_path / "run.yaml", tmp_path / "export"

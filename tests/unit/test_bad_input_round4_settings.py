@@ -80,18 +80,20 @@ def test_the_vl_checkpoint_token_ids_become_the_models(vl_setup):
 
 
 def test_token_ids_are_read_from_text_config_and_checked(tmp_path):
+    from bridge_recipes.hf import architecture
     from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf.files import HfCheckpointError
 
     config = {"model_type": "qwen3_5_moe", "text_config": {"image_token_id": 7, "video_token_id": 8}}
     folder = ck.HfFolder(path=tmp_path, config=config, shards=[])
-    assert ck.vision_token_ids(folder) == {"image_token_id": 7, "video_token_id": 8}
+    assert architecture.vision_token_ids(folder) == {"image_token_id": 7, "video_token_id": 8}
     config["image_token_id"] = 9  # the top level wins, as in transformers' VL configs
-    assert ck.vision_token_ids(folder)["image_token_id"] == 9
+    assert architecture.vision_token_ids(folder)["image_token_id"] == 9
     config["video_token_id"] = "8"
-    with pytest.raises(ck.HfCheckpointError, match="video_token_id is '8'"):
-        ck.vision_token_ids(folder)
+    with pytest.raises(HfCheckpointError, match="video_token_id is '8'"):
+        architecture.vision_token_ids(folder)
     text = ck.HfFolder(path=tmp_path, config={"model_type": "qwen3_5_moe_text", "image_token_id": 1}, shards=[])
-    assert ck.vision_token_ids(text) == {}
+    assert architecture.vision_token_ids(text) == {}
 
 
 # ----------------------------------------------------------------- layer count against the layer patterns
@@ -174,7 +176,7 @@ def test_rows_per_sample_below_one_names_its_range(rows, value):
 
 
 def test_a_cache_variable_naming_a_file_is_refused_at_the_dry_run(vl_setup, tmp_path, monkeypatch):
-    from bridge_recipes.hf.checkpoint import CACHE_ENV
+    from bridge_recipes.hf.importer import CACHE_ENV
 
     blocker = tmp_path / "cache_file"
     blocker.write_text("not a folder")
@@ -187,7 +189,7 @@ def test_a_cache_variable_naming_a_file_is_refused_at_the_dry_run(vl_setup, tmp_
 
 
 def test_the_cache_check_passes_a_folder_and_names_a_file_on_the_way(tmp_path, monkeypatch):
-    from bridge_recipes.hf.checkpoint import CACHE_ENV, cache_problem
+    from bridge_recipes.hf.importer import CACHE_ENV, cache_problem
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "new" / "cache"))
     assert cache_problem() is None  # created at launch
@@ -395,7 +397,8 @@ def test_a_vl_recipe_on_mock_data_is_pointed_at_energon():
 
 @pytest.mark.parametrize("var", ["HF_HOME", "HF_HUB_CACHE"])
 def test_a_hugging_face_cache_variable_naming_a_file_is_named(var, tmp_path, monkeypatch):
-    from bridge_recipes.hf.checkpoint import HfCheckpointError, resolve_source
+    from bridge_recipes.hf.checkpoint import resolve_source
+    from bridge_recipes.hf.files import HfCheckpointError
 
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv(var, str(tmp_path / "file"))

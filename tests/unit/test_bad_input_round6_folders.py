@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.declared import declared
+from bridge_recipes.hf.files import INDEX_FILE, HfCheckpointError, safetensors_header
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,11 +51,11 @@ def copy(toys: Path, dest: Path, name: str = "moe") -> Path:
 
 
 def index_of(folder: Path) -> dict:
-    return json.loads((folder / ck.INDEX_FILE).read_text())
+    return json.loads((folder / INDEX_FILE).read_text())
 
 
 def write_index(folder: Path, doc: dict) -> None:
-    (folder / ck.INDEX_FILE).write_text(json.dumps(doc))
+    (folder / INDEX_FILE).write_text(json.dumps(doc))
 
 
 def rewrite_shards(folder: Path, change) -> None:
@@ -150,7 +151,7 @@ def test_the_declared_tensors_are_those_transformers_saves(toys, name):
     folder = ck.inspect_folder(toys / name)
     held = {}
     for shard in folder.shards:
-        header, _ = ck.safetensors_header(shard)
+        header, _ = safetensors_header(shard)
         held |= {n: e["shape"] for n, e in header.items() if n != "__metadata__"}
     want = declared(folder.config, folder.is_vl, folder.is_moe, held)
     assert {n: [v for v, _ in t.shape] for n, t in want.items()} == held
@@ -180,7 +181,7 @@ def test_routed_experts_stacked_per_layer_are_taken_and_their_shapes_checked(toy
     ck.inspect_folder(good)
     bad = copy(toys, tmp_path / "bad")
     rewrite_shards(bad, stack(3))
-    with pytest.raises(ck.HfCheckpointError, match=re.escape(f"{layer}gate_up_proj has shape")):
+    with pytest.raises(HfCheckpointError, match=re.escape(f"{layer}gate_up_proj has shape")):
         ck.inspect_folder(bad)
 
 
@@ -205,7 +206,7 @@ def test_fp8_weights_are_refused_whatever_else_was_lost(toys, tmp_path, form):
     folder = copy(toys, tmp_path / "fp8")
     to_fp8(folder, with_config=False, with_scales=form == "no quantization_config")
     with pytest.raises(
-        ck.HfCheckpointError, match=r"is an FP8 release .*(scale tensor|F8_E4M3).*download the BF16 release"
+        HfCheckpointError, match=r"is an FP8 release .*(scale tensor|F8_E4M3).*download the BF16 release"
     ):
         ck.inspect_folder(folder)
 
@@ -279,7 +280,7 @@ def test_bin_weights_are_named_with_a_conversion_that_keeps_every_tensor(toys, t
         torch.save(part, folder / name)
         (folder / shard).unlink()
     (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (folder / ck.INDEX_FILE).unlink()
+    (folder / INDEX_FILE).unlink()
     rc, err = dry_run(capsys, folder)
     assert rc == 2 and "PyTorch .bin weights" in err and "holds no weights" not in err
     command = re.search(r"python (scripts/convert_checkpoint\.py safetensors --hf \S+ --out \S+)", err)
@@ -320,7 +321,7 @@ def test_a_tokenizer_beyond_the_embedding_is_named(toys, tmp_path):
     tok = json.loads((folder / "tokenizer.json").read_text())
     tok["added_tokens"].append({**tok["added_tokens"][-1], "id": 5000, "content": "<|far|>"})
     (folder / "tokenizer.json").write_text(json.dumps(tok))
-    with pytest.raises(ck.HfCheckpointError, match=r"token ids up to 5000, but the embedding .* 1024 rows"):
+    with pytest.raises(HfCheckpointError, match=r"token ids up to 5000, but the embedding .* 1024 rows"):
         ck.inspect_folder(folder)
 
 

@@ -235,7 +235,7 @@ def test_an_alpaca_record_with_no_instruction_or_input_is_skipped_and_counted(tm
 
 
 def test_a_cache_where_no_folder_can_be_made_is_refused(monkeypatch, tmp_path):
-    from bridge_recipes.hf.checkpoint import CACHE_ENV, cache_problem
+    from bridge_recipes.hf.importer import CACHE_ENV, cache_problem
 
     monkeypatch.setenv(CACHE_ENV, "/proc/bridge_recipes_cache")
     problem = cache_problem()

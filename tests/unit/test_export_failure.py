@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge_recipes.hf import checkpoint as ck
+from bridge_recipes.hf import exporter
 from bridge_recipes.hf import run_hooks as training
 from bridge_recipes.hf.cli import build_parser
 from bridge_recipes.hf.cli import main as convert_main
-from bridge_recipes.hf.files import EXPORT_FAILED
+from bridge_recipes.hf.files import EXPORT_FAILED, AdapterExportError, HfCheckpointError
 
 RECIPE = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
 
@@ -67,8 +67,8 @@ def test_the_run_ends_with_the_exports_status_only_when_the_export_fails(tmp_pat
 @pytest.mark.parametrize(
     ("error", "status"),
     [
-        (ck.HfCheckpointError("bad folder"), 2),
-        (ck.AdapterExportError("merged written, adapter not (OSError: disk full)"), EXPORT_FAILED),
+        (HfCheckpointError("bad folder"), 2),
+        (AdapterExportError("merged written, adapter not (OSError: disk full)"), EXPORT_FAILED),
         (RuntimeError("CUDA error: out of memory"), 1),
     ],
 )
@@ -76,7 +76,7 @@ def test_the_export_child_reports_one_line_and_no_traceback(error, status, monke
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(ck, "export_checkpoint", fail)
+    monkeypatch.setattr(exporter, "export_checkpoint", fail)
     assert training.main(["export", "ckpt", "template", "out", "--text-model"]) == status
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and str(error) in err
@@ -88,7 +88,7 @@ def test_the_export_child_reports_one_line_and_no_traceback(error, status, monke
 
 @pytest.mark.parametrize(
     ("error", "status"),
-    [(ck.AdapterExportError("adapter folder not written"), EXPORT_FAILED), (MemoryError("host memory"), 1)],
+    [(AdapterExportError("adapter folder not written"), EXPORT_FAILED), (MemoryError("host memory"), 1)],
 )
 def test_convert_checkpoint_export_fails_the_same_way(error, status, monkeypatch, capsys, tmp_path):
     seen = {}
@@ -97,7 +97,7 @@ def test_convert_checkpoint_export_fails_the_same_way(error, status, monkeypatch
         seen.update(kwargs)
         raise error
 
-    monkeypatch.setattr(ck, "export_checkpoint", fail)
+    monkeypatch.setattr(exporter, "export_checkpoint", fail)
     megatron = tmp_path / "ckpt"
     argv = ["export", "--megatron", str(megatron), "--hf-template", str(tmp_path), "--recipe", RECIPE]
     assert convert_main([*argv, "--out", str(tmp_path / "o"), "--export-text-only", "--no-progress"]) == status

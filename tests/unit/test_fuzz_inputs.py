@@ -189,13 +189,15 @@ def _copy(toy: Path, tmp: str, own: str) -> Path:
 
 def _hf_outcome(folder: Path) -> None:
     """The folder is read and compared, or refused by HfCheckpointError; nothing else may escape."""
+    from bridge_recipes.hf import architecture
     from bridge_recipes.hf import checkpoint as ck
+    from bridge_recipes.hf.files import HfCheckpointError
 
     try:
         found = ck.inspect_folder(folder)
-        ck.check_folder_for_recipe(found, RECIPE, scaled=True)
-        ck.check_folder_for_recipe(found, RECIPE)
-    except ck.HfCheckpointError as exc:
+        architecture.check_folder_for_recipe(found, RECIPE, scaled=True)
+        architecture.check_folder_for_recipe(found, RECIPE)
+    except HfCheckpointError as exc:
         assert str(exc)
 
 
@@ -413,7 +415,7 @@ def test_compare_losses_refuses_incomplete_or_repeated_runs(total, data):
 def _tree_state() -> tuple[str, list[str]]:
     """What the checkout holds beyond its commits (changed, new and ignored files) and the runner's
     conversion cache: a command that wrote anywhere but its temporary folder changes one of them."""
-    from bridge_recipes.hf.checkpoint import cache_root
+    from bridge_recipes.hf.importer import cache_root
 
     status = subprocess.run(
         ["git", "status", "--porcelain", "--ignored"], cwd=ROOT, capture_output=True, text=True

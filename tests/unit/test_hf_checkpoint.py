@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 import bridge_recipes
+from bridge_recipes.hf import adapters, architecture, exporter, importer
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.cli import main as convert_main
+from bridge_recipes.hf.files import INDEX_FILE, SINGLE_FILE, HfCheckpointError
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 from bridge_recipes.models.qwen35 import QWEN35_35B_A3B, hf_text_config
 
@@ -65,7 +67,7 @@ def weights_of_config(folder: Path) -> None:
 
     config = json.loads((folder / "config.json").read_text())
     moe, vl = ck.MODEL_TYPES[config["model_type"]]
-    for f in [*folder.glob("*.safetensors"), folder / ck.INDEX_FILE]:
+    for f in [*folder.glob("*.safetensors"), folder / INDEX_FILE]:
         f.unlink(missing_ok=True)
     header, end = {}, 0
     for name, tensor in declared(config, vl, moe, set()).items():
@@ -73,7 +75,7 @@ def weights_of_config(folder: Path) -> None:
         header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [end, end + 2 * math.prod(shape)]}
         end += 2 * math.prod(shape)
     raw = json.dumps(header).encode()
-    with open(folder / ck.SINGLE_FILE, "wb") as f:
+    with open(folder / SINGLE_FILE, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         f.truncate(8 + len(raw) + end)
 
@@ -105,7 +107,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 def test_full_size_config_matches_the_catalog_exactly(full_size):
-    assert ck.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE) == []
+    assert architecture.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE) == []
 
 
 @pytest.mark.parametrize(
@@ -137,32 +139,34 @@ def test_layer_pattern_mismatch_is_reported(full_size):
     types = cfg["layer_types"]
     types[1] = "full_attention"  # attention at layer 1 as well: not every 4th layer
     edit_model(full_size, layer_types=types)
-    problems = ck.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE)
+    problems = architecture.check_folder_for_recipe(ck.inspect_folder(full_size), MOE_RECIPE)
     assert any(re.match(r"full_attention_interval\b.*\bNone\b.*\b4$", p) for p in problems)
     assert any(re.match(r"layer_types\b.*\b40 layers\b.*\[1, 3, 7,", p) for p in problems)
 
 
 def test_toy_fails_exact_check_but_passes_scaled(toys):
     folder = ck.inspect_folder(toys / "moe")
-    exact = ck.check_folder_for_recipe(folder, MOE_RECIPE)
+    exact = architecture.check_folder_for_recipe(folder, MOE_RECIPE)
     assert any(mismatch("hidden_size", 64, 2048).match(p) for p in exact)
-    assert ck.check_folder_for_recipe(folder, MOE_RECIPE, scaled=True) == []
+    assert architecture.check_folder_for_recipe(folder, MOE_RECIPE, scaled=True) == []
 
 
 def test_scaled_still_checks_family_fields(moe, toys):
     edit_model(moe, head_dim=128)
-    (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
+    (problem,) = architecture.check_folder_for_recipe(ck.inspect_folder(moe), MOE_RECIPE, scaled=True)
     assert mismatch("head_dim", 128, 256).match(problem)
     dense = ck.inspect_folder(toys / "dense")
-    (problem,) = ck.check_folder_for_recipe(dense, MOE_RECIPE, scaled=True)
+    (problem,) = architecture.check_folder_for_recipe(dense, MOE_RECIPE, scaled=True)
     assert re.match(r"architecture\b.*'dense text \(Qwen3_5ForCausalLM\)'.*'MoE text", problem)
 
 
 def test_recipe_model_is_found_by_name_prefix():
-    assert ck.spec_for_recipe(MOE_RECIPE).name == "qwen35_35b_a3b"
-    assert ck.spec_for_recipe("qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config").name == "qwen35_vl_35b_a3b"
-    with pytest.raises(ck.HfCheckpointError, match=r"'llama3_8b_sft'.*--list"):
-        ck.spec_for_recipe("llama3_8b_sft")
+    assert architecture.spec_for_recipe(MOE_RECIPE).name == "qwen35_35b_a3b"
+    assert (
+        architecture.spec_for_recipe("qwen35_vl_35b_a3b_pretrain_16gpu_gb300_bf16_config").name == "qwen35_vl_35b_a3b"
+    )
+    with pytest.raises(HfCheckpointError, match=r"'llama3_8b_sft'.*--list"):
+        architecture.spec_for_recipe("llama3_8b_sft")
 
 
 # ----------------------------------------------------------------- input errors
@@ -228,7 +232,7 @@ def test_existing_out_refused_without_overwrite(toys, capsys, tmp_path):
 
 def test_read_only_out_refused(toys, capsys, tmp_path, monkeypatch):
     real = os.access
-    monkeypatch.setattr(ck.os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode))
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode))
     rc, _, err = run_cli(
         capsys, "import", "--hf", toys / "moe", "--recipe", MOE_RECIPE, "--out", tmp_path / "o", "--scaled"
     )
@@ -268,25 +272,25 @@ def failing_convert(src: Path, out: Path) -> None:
 
 def test_output_appears_only_when_complete(toys, tmp_path):
     out = tmp_path / "o"
-    ck.import_checkpoint(toys / "moe", out, recipe=MOE_RECIPE, scaled=True, convert=fake_convert, progress=False)
+    importer.import_checkpoint(toys / "moe", out, recipe=MOE_RECIPE, scaled=True, convert=fake_convert, progress=False)
     assert (out / "latest_checkpointed_iteration.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
 def test_failed_conversion_leaves_nothing(toys, tmp_path):
     with pytest.raises(RuntimeError):
-        ck.import_checkpoint(toys / "moe", tmp_path / "o", convert=failing_convert, progress=False)
+        importer.import_checkpoint(toys / "moe", tmp_path / "o", convert=failing_convert, progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_overwrite_keeps_old_until_new_is_complete(toys, tmp_path):
     out = tmp_path / "o"
-    ck.import_checkpoint(toys / "moe", out, convert=fake_convert, progress=False)
+    importer.import_checkpoint(toys / "moe", out, convert=fake_convert, progress=False)
     (out / "old.txt").write_text("old")  # inside a folder the conversion wrote: it goes with the folder
     with pytest.raises(RuntimeError):
-        ck.import_checkpoint(toys / "moe", out, overwrite=True, convert=failing_convert, progress=False)
+        importer.import_checkpoint(toys / "moe", out, overwrite=True, convert=failing_convert, progress=False)
     assert (out / "old.txt").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
-    ck.import_checkpoint(toys / "moe", out, overwrite=True, convert=fake_convert, progress=False)
+    importer.import_checkpoint(toys / "moe", out, overwrite=True, convert=fake_convert, progress=False)
     assert not (out / "old.txt").exists() and (out / "latest_checkpointed_iteration.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
@@ -295,19 +299,19 @@ def test_overwrite_keeps_old_until_new_is_complete(toys, tmp_path):
 
 
 def test_cache_key_follows_content(moe, tmp_path):
-    key = ck.cache_key(ck.inspect_folder(moe))
+    key = importer.cache_key(ck.inspect_folder(moe))
     copy = Path(shutil.copytree(moe, tmp_path / "copy"))  # same bytes and mtimes elsewhere: same key
-    assert ck.cache_key(ck.inspect_folder(copy)) == key
+    assert importer.cache_key(ck.inspect_folder(copy)) == key
     shard = sorted(copy.glob("*.safetensors"))[0]
     st = shard.stat()
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a re-written shard
-    assert ck.cache_key(ck.inspect_folder(copy)) != key
+    assert importer.cache_key(ck.inspect_folder(copy)) != key
     edit_config(moe, rms_norm_eps=1e-5)
-    assert ck.cache_key(ck.inspect_folder(moe)) != key
+    assert importer.cache_key(ck.inspect_folder(moe)) != key
 
 
 def test_cached_import_converts_once(moe, tmp_path, monkeypatch):
-    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
     calls = []
 
     def counting(src, out):
@@ -315,9 +319,9 @@ def test_cached_import_converts_once(moe, tmp_path, monkeypatch):
         fake_convert(src, out)
 
     folder = ck.inspect_folder(moe)
-    first, converted = ck.cached_import(folder, convert=counting, progress=False)
-    again, converted_again = ck.cached_import(folder, convert=counting, progress=False)
-    assert first == again == tmp_path / "cache" / "hf_import" / ck.cache_key(folder)
+    first, converted = importer.cached_import(folder, convert=counting, progress=False)
+    again, converted_again = importer.cached_import(folder, convert=counting, progress=False)
+    assert first == again == tmp_path / "cache" / "hf_import" / importer.cache_key(folder)
     assert (converted, converted_again, len(calls)) == (True, False, 1)
 
 
@@ -335,7 +339,7 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
 ):
     """A toy checkpoint needs --scale-down (its layer count) and nothing else: hidden size, heads,
     experts, vocabulary and MTP depth come from its config.json; the recipe's policy stays."""
-    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
     from bridge_recipes.runner.cli import build, build_parser
 
     argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")]
@@ -363,7 +367,7 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
     assert cfg.tokenizer.tokenizer_type == "HuggingFaceTokenizer" and cfg.tokenizer.tokenizer_model == str(
         toys / "moe"
     )
-    key = ck.cache_key(ck.inspect_folder(toys / "moe"))
+    key = importer.cache_key(ck.inspect_folder(toys / "moe"))
     cached = tmp_path / "cache" / "hf_import" / key
     assert re.search(rf"^weights\s+{re.escape(str(toys / 'moe'))}\b.* {re.escape(str(cached))}\b", cap.out, re.M)
     assert "random initialization" not in cap.err
@@ -395,7 +399,7 @@ def test_runner_without_scale_down_says_how_to_fit_a_small_checkpoint(toys, caps
 def test_runner_refuses_fp8_parameters_for_a_fine_tune_from_hf_weights(toys, capsys, tmp_path, monkeypatch):
     """The launch attaches the converted weights after the layout checks, so --hf-checkpoint is checked for
     FP8 parameters when it is read; BF16 parameters with FP8 GEMMs pass."""
-    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
     argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4"]
     argv += [
         "--hf-checkpoint",
@@ -435,7 +439,7 @@ def test_a_vl_folder_without_a_vision_tower_is_refused(moe):
     would build its default tower)."""
     cfg = json.loads((moe / "config.json").read_text())
     (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe", "text_config": cfg}))
-    with pytest.raises(ck.HfCheckpointError, match=r"vision_config is missing.*'qwen3_5_moe'"):
+    with pytest.raises(HfCheckpointError, match=r"vision_config is missing.*'qwen3_5_moe'"):
         ck.inspect_folder(moe)
 
 
@@ -451,7 +455,7 @@ def test_hub_id_in_local_cache_resolves_offline(toys, tmp_path, monkeypatch):
 
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
     assert ck.resolve_source("Qwen/Toy") == snapshot
-    assert ck.check_folder_for_recipe(ck.inspect_folder("Qwen/Toy"), MOE_RECIPE, scaled=True) == []
+    assert architecture.check_folder_for_recipe(ck.inspect_folder("Qwen/Toy"), MOE_RECIPE, scaled=True) == []
 
 
 def test_runner_refuses_two_sources_of_weights(toys, capsys, tmp_path):
@@ -481,9 +485,9 @@ LORA = {"_target_": "megatron.bridge.peft.lora.LoRA", "dim": 8, "alpha": 16, "ta
 
 
 def test_lora_settings_tell_adapter_runs_from_full_ones(tmp_path):
-    assert ck.lora_settings(saved_run(tmp_path / "lora", LORA))["dim"] == 8
-    assert ck.lora_settings(saved_run(tmp_path / "full", None)) is None
-    assert ck.lora_settings(tmp_path) is None  # nothing saved yet
+    assert adapters.lora_settings(saved_run(tmp_path / "lora", LORA))["dim"] == 8
+    assert adapters.lora_settings(saved_run(tmp_path / "full", None)) is None
+    assert adapters.lora_settings(tmp_path) is None  # nothing saved yet
 
 
 def test_lora_checkpoint_export_merges_into_the_template(toys, tmp_path):
@@ -497,14 +501,14 @@ def test_lora_checkpoint_export_merges_into_the_template(toys, tmp_path):
         return convert
 
     kw = dict(recipe=MOE_RECIPE, scaled=True, progress=False, convert=record("full"), lora_convert=record("lora"))
-    ck.export_checkpoint(saved_run(tmp_path / "lora", LORA), toys / "moe", tmp_path / "o1", **kw)
-    ck.export_checkpoint(saved_run(tmp_path / "full", None), toys / "moe", tmp_path / "o2", **kw)
+    exporter.export_checkpoint(saved_run(tmp_path / "lora", LORA), toys / "moe", tmp_path / "o1", **kw)
+    exporter.export_checkpoint(saved_run(tmp_path / "full", None), toys / "moe", tmp_path / "o2", **kw)
     assert [c[:2] for c in calls] == [("lora", "lora"), ("full", "full")]
 
 
 def test_lora_from_settings_keeps_the_saved_fields():
     pytest.importorskip("megatron.bridge")
-    lora = ck.lora_from_settings({**LORA, "unknown_field": 1, "dropout": None})
+    lora = adapters.lora_from_settings({**LORA, "unknown_field": 1, "dropout": None})
     assert (lora.dim, lora.alpha, list(lora.target_modules)) == (8, 16, ["linear_qkv"])
 
 
@@ -532,15 +536,15 @@ def test_load_adapters_loads_through_a_wrapper_and_keeps_the_base():
 
     model = _adapter_model()
     base = model.base.weight.detach().clone()
-    ck.load_adapters(_Float16ModuleLike(model), {"adapter.weight": torch.full((1, 2), 3.0)})
+    adapters.load_adapters(_Float16ModuleLike(model), {"adapter.weight": torch.full((1, 2), 3.0)})
     assert torch.equal(model.adapter.weight, torch.full((1, 2), 3.0)) and torch.equal(model.base.weight, base)
 
 
 def test_load_adapters_refuses_weights_with_no_place_in_the_model():
     import torch
 
-    with pytest.raises(ck.HfCheckpointError, match="no place in the model: \\['decoder.lora.weight'\\]"):
-        ck.load_adapters(_Float16ModuleLike(_adapter_model()), {"decoder.lora.weight": torch.zeros(1)})
+    with pytest.raises(HfCheckpointError, match="no place in the model: \\['decoder.lora.weight'\\]"):
+        adapters.load_adapters(_Float16ModuleLike(_adapter_model()), {"decoder.lora.weight": torch.zeros(1)})
 
 
 def test_identical_names_compares_across_dtypes(tmp_path):
@@ -568,7 +572,7 @@ def test_lora_settings_read_back_from_a_peft_recipes_saved_config(tmp_path):
     it.mkdir()
     (it / "run_config.yaml").write_text(to_text(cfg, "qwen35_35b_a3b_peft_1gpu_h200_bf16_lowmem_config"))
     (tmp_path / "latest_checkpointed_iteration.txt").write_text("10")
-    lora = ck.lora_from_settings(ck.lora_settings(tmp_path))
+    lora = adapters.lora_from_settings(adapters.lora_settings(tmp_path))
     assert (lora.dim, lora.alpha, list(lora.target_modules)) == (cfg.peft.dim, cfg.peft.alpha, list(LORA_TARGETS))
 
 

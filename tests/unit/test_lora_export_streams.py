@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.hf import checkpoint as ck
-from bridge_recipes.hf import released
+from bridge_recipes.hf import exporter, released
 from bridge_recipes.hf.toy import toy_spec
 from bridge_recipes.models.dims import spec_dims
 from bridge_recipes.plan.params import adapter_folder_params
@@ -126,7 +126,7 @@ def test_an_adapter_failure_keeps_the_merged_export_and_says_so(toys, tmp_path, 
 
     out = tmp_path / "export"
     with pytest.raises(released.AdapterExportError, match="No space left") as err:
-        ck.export_checkpoint(megatron, src, out, text_model=True, released_convert=convert, progress=False)
+        exporter.export_checkpoint(megatron, src, out, text_model=True, released_convert=convert, progress=False)
     assert str(out) in str(err.value) and str(released.adapter_folder(out)) in str(err.value)
     assert (out / "config.json").is_file() and list(out.glob("*.safetensors"))
     assert not released.adapter_folder(out).exists()

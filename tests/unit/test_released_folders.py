@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from bridge_recipes.hf import architecture, exporter, importer, released
 from bridge_recipes.hf import checkpoint as ck
-from bridge_recipes.hf import released
+from bridge_recipes.hf.files import INDEX_FILE, HfCheckpointError, safetensors_header
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 
 MOE_LORA = "qwen35_35b_a3b_peft_1gpu_h100_bf16_config"
@@ -41,7 +42,7 @@ def drop_tensors(folder: Path, prefix: str) -> None:
     """Remove the tensors named ``prefix``* from the folder's shards and index."""
     from safetensors.torch import load_file, save_file
 
-    index = folder / ck.INDEX_FILE
+    index = folder / INDEX_FILE
     doc = json.loads(index.read_text())
     for shard in {v for k, v in doc["weight_map"].items() if k.startswith(prefix)}:
         tensors = load_file(str(folder / shard))
@@ -51,7 +52,7 @@ def drop_tensors(folder: Path, prefix: str) -> None:
 
 
 def names(folder: Path) -> dict[str, str]:
-    return json.loads((folder / ck.INDEX_FILE).read_text())["weight_map"]
+    return json.loads((folder / INDEX_FILE).read_text())["weight_map"]
 
 
 def runner(argv):
@@ -85,7 +86,7 @@ def test_toy_command_makes_the_released_form_unless_text_only_is_asked(tmp_path)
 
 @pytest.mark.parametrize(("recipe", "family"), [(MOE_LORA, "moe"), (DENSE_SFT, "dense")])
 def test_text_recipes_take_the_released_folder_as_its_language_model(toys, recipe, family, tmp_path, monkeypatch):
-    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
     from bridge_recipes.runner.cli import build, build_parser
 
     argv = ["--recipe", recipe, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / family)]
@@ -93,11 +94,11 @@ def test_text_recipes_take_the_released_folder_as_its_language_model(toys, recip
     assert not hasattr(cfg.model, "vision_config")  # a text model: the vision tower is never built
     assert cfg.model.mtp_num_layers == 1 and cfg.model.hidden_size == TINY["hidden_size"]
     folder = ck.inspect_folder(toys / family)
-    assert ck.cache_key(folder, True) != ck.cache_key(folder, False)  # never the VL recipes' conversion
+    assert importer.cache_key(folder, True) != importer.cache_key(folder, False)  # never the VL recipes' conversion
 
 
 def test_the_summary_says_what_is_taken_and_what_is_carried_through(toys, capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv(ck.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
     export, saved = tmp_path / "export", tmp_path / "run.yaml"
     argv = ["--recipe", MOE_LORA, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")]
     argv += ["--save-dir", str(tmp_path / "ckpt"), "--export-hf", str(export), "--save-config", str(saved)]
@@ -133,14 +134,14 @@ def test_a_released_folder_without_its_vision_tower_is_refused(toys, capsys, tmp
 def test_a_released_folder_without_its_mtp_layer_is_refused(toys, tmp_path):
     folder = copy(toys, "moe", tmp_path)
     drop_tensors(folder, released.MTP_PREFIX)
-    with pytest.raises(ck.HfCheckpointError) as refused:  # its config declares the layer: refused for any recipe
+    with pytest.raises(HfCheckpointError) as refused:  # its config declares the layer: refused for any recipe
         ck.inspect_folder(folder)
     assert "mtp_num_hidden_layers is 1" in str(refused.value) and "lack MTP layer(s) [0]" in str(refused.value)
     config = json.loads((folder / "config.json").read_text())
     config["text_config"]["mtp_num_hidden_layers"] = 0
     (folder / "config.json").write_text(json.dumps(config))
     assert "mtp_num_hidden_layers is 0" in released.released_problem(ck.inspect_folder(folder))
-    (problem,) = ck.check_folder_for_recipe(ck.inspect_folder(folder), MOE_SFT, scaled=True)
+    (problem,) = architecture.check_folder_for_recipe(ck.inspect_folder(folder), MOE_SFT, scaled=True)
     assert "MTP layer" in problem
 
 
@@ -221,11 +222,11 @@ def test_the_export_of_a_text_model_of_a_released_folder_takes_the_released_rout
 
     kw = dict(progress=False, convert=fake("full"), lora_convert=fake("lora"), released_convert=fake("released"))
     template = toys / "moe"
-    ck.export_checkpoint(saved_run(tmp_path / "text_lora", vl=False, peft=LORA), template, tmp_path / "o1", **kw)
-    ck.export_checkpoint(
+    exporter.export_checkpoint(saved_run(tmp_path / "text_lora", vl=False, peft=LORA), template, tmp_path / "o1", **kw)
+    exporter.export_checkpoint(
         saved_run(tmp_path / "text_full", vl=False, peft=None), template, tmp_path / "o2", text_only=True, **kw
     )
-    ck.export_checkpoint(saved_run(tmp_path / "vl_lora", vl=True, peft=LORA), template, tmp_path / "o3", **kw)
+    exporter.export_checkpoint(saved_run(tmp_path / "vl_lora", vl=True, peft=LORA), template, tmp_path / "o3", **kw)
     assert [c[:3] for c in calls] == [
         ("released", "text_lora", False),
         ("released", "text_full", True),
@@ -233,8 +234,8 @@ def test_the_export_of_a_text_model_of_a_released_folder_takes_the_released_rout
     ]
     assert calls[0][3] is not None and calls[1][3] is None  # a LoRA run's adapters go beside the export
     assert (released.adapter_folder(tmp_path / "o1") / released.ADAPTER_WEIGHTS).is_file()
-    with pytest.raises(ck.HfCheckpointError, match="--export-text-only"):
-        ck.export_checkpoint(tmp_path / "vl_lora", template, tmp_path / "o4", text_only=True, **kw)
+    with pytest.raises(HfCheckpointError, match="--export-text-only"):
+        exporter.export_checkpoint(tmp_path / "vl_lora", template, tmp_path / "o4", text_only=True, **kw)
 
 
 # ----------------------------------------------------------------- the export's content (CPU, FP32)
@@ -254,7 +255,7 @@ def source_tensors(folder: Path) -> dict:
 def raw_bytes(folder: Path, name: str) -> tuple[str, bytes]:
     """A tensor's dtype and bytes as its shard stores them."""
     file = folder / names(folder)[name]
-    header, _ = ck.safetensors_header(file)
+    header, _ = safetensors_header(file)
     import struct
 
     with open(file, "rb") as f:
@@ -356,10 +357,10 @@ def test_an_export_missing_its_mtp_layer_or_with_foreign_tensors_is_refused(toys
     folder = ck.inspect_folder(toys / "moe")
     tensors = source_tensors(toys / "moe")
     without_mtp = {k: v for k, v in tensors.items() if released.kind_of(k) != "mtp"}
-    with pytest.raises(ck.HfCheckpointError, match=r"lacks \d+ tensor\(s\).*mtp\."):
+    with pytest.raises(HfCheckpointError, match=r"lacks \d+ tensor\(s\).*mtp\."):
         released.write_export(iter(without_mtp.items()), folder, tmp_path / "a")
     foreign = {**tensors, "model.language_model.layers.99.mlp.gate.weight": torch.zeros(1)}
-    with pytest.raises(ck.HfCheckpointError, match="layers.99"):
+    with pytest.raises(HfCheckpointError, match="layers.99"):
         released.write_export(iter(foreign.items()), folder, tmp_path / "b")
 
 
@@ -372,5 +373,5 @@ def test_adapters_of_one_expert_with_different_a_matrices_are_refused(tmp_path):
         ("m.experts.0.up_proj.lora_A.weight", torch.zeros(2, 4)),
         ("m.experts.0.up_proj.lora_B.weight", torch.ones(3, 2)),
     ]
-    with pytest.raises(ck.HfCheckpointError, match="different A matrices"):
+    with pytest.raises(HfCheckpointError, match="different A matrices"):
         released.write_adapter(a, tmp_path, rank=2, alpha=2, base_model="x")

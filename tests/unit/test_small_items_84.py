@@ -18,7 +18,9 @@ from bridge_recipes.chat import chat_formats
 from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data import sft_rows
 from bridge_recipes.data.sft_rows import build_sft_rows
+from bridge_recipes.hf import architecture, importer
 from bridge_recipes.hf import checkpoint as ck
+from bridge_recipes.hf.files import HfCheckpointError
 from bridge_recipes.hf.toy import CPU_MOE_SIZES, CPU_SIZES, make_toy
 from bridge_recipes.recipes import registry
 
@@ -65,16 +67,18 @@ def _fake_convert(src: Path, out: Path) -> None:
 @pytest.mark.parametrize("name", sorted(n for n in registry.aliases() if "_35b_a3b_" in n)[:3])
 def test_the_converter_takes_every_qwen36_name_the_runner_lists(name):
     entry = registry.find(name)
-    assert ck.spec_for_recipe(name).name == entry.model == registry.find(entry.alias_of).model
+    assert architecture.spec_for_recipe(name).name == entry.model == registry.find(entry.alias_of).model
 
 
 def test_a_qwen36_recipe_imports_and_checks_like_its_qwen35_twin(moe_toy, tmp_path):
     name = "qwen36_35b_a3b_peft_1gpu_l40s_fp8base_config"
-    out = ck.import_checkpoint(moe_toy, tmp_path / "mcore", recipe=name, scaled=True, convert=_fake_convert)
+    out = importer.import_checkpoint(moe_toy, tmp_path / "mcore", recipe=name, scaled=True, convert=_fake_convert)
     assert ck.is_megatron_checkpoint(out)
     folder = ck.inspect_folder(moe_toy)
-    assert ck.check_folder_for_recipe(folder, name) == ck.check_folder_for_recipe(folder, registry.find(name).alias_of)
-    assert ck.check_folder_for_recipe(folder, name)  # a toy is not the full-size model: still checked
+    assert architecture.check_folder_for_recipe(folder, name) == architecture.check_folder_for_recipe(
+        folder, registry.find(name).alias_of
+    )
+    assert architecture.check_folder_for_recipe(folder, name)  # a toy is not the full-size model: still checked
 
 
 def test_the_converter_command_reaches_the_conversion_with_a_qwen36_name(moe_toy, capsys, tmp_path):
@@ -89,9 +93,10 @@ def test_the_converter_command_reaches_the_conversion_with_a_qwen36_name(moe_toy
 
 
 def test_a_qwen36_name_of_a_size_without_a_qwen36_checkpoint_names_the_sizes():
-    with pytest.raises(ck.HfCheckpointError, match=r"'qwen36_122b_a10b_sft_config'.*qwen35_35b_a3b"):
-        ck.spec_for_recipe("qwen36_122b_a10b_sft_config")
-    assert ck.spec_for_recipe("qwen36_35b_a3b").name == "qwen35_35b_a3b"  # a catalog name, as qwen35_35b_a3b is
+    with pytest.raises(HfCheckpointError, match=r"'qwen36_122b_a10b_sft_config'.*qwen35_35b_a3b"):
+        architecture.spec_for_recipe("qwen36_122b_a10b_sft_config")
+    # a catalog name, as qwen35_35b_a3b is
+    assert architecture.spec_for_recipe("qwen36_35b_a3b").name == "qwen35_35b_a3b"
 
 
 # ----------------------------------------------------------------- b. --dedupe across the splits
