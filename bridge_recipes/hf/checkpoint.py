@@ -3,7 +3,7 @@
 - :func:`inspect_folder` reads a local Hugging Face folder (``config.json``, the safetensors
   shards and their index, the tokenizer files) and checks that every shard the index lists is
   there and whole (a safetensors file's header gives the byte length it must have), and that the
-  weights are the model its config declares, not a quantized release (:mod:`bridge_recipes.hf.declared`).
+  weights are the model its config declares, not a quantized release (:mod:`bridge_recipes.hf.weights_check`).
 - :func:`check_against` compares its architecture with what a recipe expects: the catalog spec
   of the recipe's model (:func:`expected_from_spec`), that spec with only the family fields
   kept (``scaled``: a toy or scaled-down checkpoint), or the recipe's Megatron model config
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.hf import declared
+from bridge_recipes.hf import weights_check
 from bridge_recipes.hf.files import (  # noqa: F401  (the folder's files, named here for the callers)
     BIN_INDEX_FILE,
     CONFIG_FILE,
@@ -266,7 +266,7 @@ class HfFolder:
 
 def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolder:
     """Read and check ``source``: config, known model type, not a quantized release, every shard whole,
-    tokenizer files, and the weights the model its config declares (:mod:`bridge_recipes.hf.declared`:
+    tokenizer files, and the weights the model its config declares (:mod:`bridge_recipes.hf.weights_check`:
     every tensor there in its shape, the index listing what the shards hold), shard headers only."""
     path = resolve_source(source)
     config = _read_json(path / CONFIG_FILE, "a Hugging Face checkpoint folder holds config.json")
@@ -282,7 +282,7 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
     text = config["text_config"] if vl else config
     index, weight_map = _weight_files(path)
     # a quantized release is named before its shards are read: downloading them again would not help
-    if weight_map and (problem := declared.quantized_problem(path, config, text, weight_map, {})):
+    if weight_map and (problem := weights_check.quantized_problem(path, config, text, weight_map, {})):
         raise HfCheckpointError(problem)
     shards = [path / n for n in (sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE])]
     entries, files = _read_shards(path, shards, weight_map, progress)
@@ -292,8 +292,8 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
             f"{path} lacks tokenizer file(s) {', '.join(absent)}: the checkpoint's own tokenizer is used for "
             "training and copied into exports; save it beside the weights (tokenizer.save_pretrained)"
         )
-    weights = declared.Folder(path, config, vl, moe, entries, files, weight_map)
-    if problem := declared.weights_problem(weights):
+    weights = weights_check.Folder(path, config, vl, moe, entries, files, weight_map)
+    if problem := weights_check.weights_problem(weights):
         raise HfCheckpointError(problem)
     return HfFolder(path=path, config=config, shards=shards, index=index, text_config=text)
 
