@@ -3,7 +3,7 @@
 - :func:`inspect_folder` reads a local Hugging Face folder (``config.json``, the safetensors
   shards and their index, the tokenizer files) and checks that every shard the index lists is
   there and whole (a safetensors file's header gives the byte length it must have), and that the
-  weights are the model its config declares, not a quantized release (:mod:`bridge_recipes.hf.declared`);
+  weights are the model its config declares, not a quantized release (:mod:`bridge_recipes.hf.weights_check`);
   :class:`HfFolder` is the folder it checked.
 - :func:`staged_output` / :func:`refuse_overlap`: an output folder written whole or not at all;
   :func:`is_megatron_checkpoint` and the GPU, distributed-context and APEX helpers every conversion uses.
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge_recipes.hf import declared
+from bridge_recipes.hf import weights_check
 from bridge_recipes.hf.files import (
     BIN_INDEX_FILE,
     CONFIG_FILE,
@@ -256,7 +256,7 @@ class HfFolder:
 
 def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolder:
     """Read and check ``source``: config, known model type, not a quantized release, every shard whole,
-    tokenizer files, and the weights the model its config declares (:mod:`bridge_recipes.hf.declared`:
+    tokenizer files, and the weights the model its config declares (:mod:`bridge_recipes.hf.weights_check`:
     every tensor there in its shape, the index listing what the shards hold), shard headers only."""
     path = resolve_source(source)
     config = _read_json(path / CONFIG_FILE, "a Hugging Face checkpoint folder holds config.json")
@@ -272,7 +272,7 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
     text = config["text_config"] if vl else config
     index, weight_map = _weight_files(path)
     # a quantized release is named before its shards are read: downloading them again would not help
-    if weight_map and (problem := declared.quantized_problem(path, config, text, weight_map, {})):
+    if weight_map and (problem := weights_check.quantized_problem(path, config, text, weight_map, {})):
         raise HfCheckpointError(problem)
     shards = [path / n for n in (sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_FILE])]
     entries, files = _read_shards(path, shards, weight_map, progress)
@@ -282,8 +282,8 @@ def inspect_folder(source: str | os.PathLike, progress: bool = False) -> HfFolde
             f"{path} lacks tokenizer file(s) {', '.join(absent)}: the checkpoint's own tokenizer is used for "
             "training and copied into exports; save it beside the weights (tokenizer.save_pretrained)"
         )
-    weights = declared.Folder(path, config, vl, moe, entries, files, weight_map)
-    if problem := declared.weights_problem(weights):
+    weights = weights_check.Folder(path, config, vl, moe, entries, files, weight_map)
+    if problem := weights_check.weights_problem(weights):
         raise HfCheckpointError(problem)
     return HfFolder(path=path, config=config, shards=shards, index=index, text_config=text)
 

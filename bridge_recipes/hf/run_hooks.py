@@ -147,7 +147,7 @@ def use_checkpoint(cfg: Any, folder: ck.HfFolder) -> None:
     processor, its processor the VL dataset's)."""
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
 
-    from bridge_recipes.vl.vl_dataset import IMAGE_PROCESSOR_FILES
+    from bridge_recipes.vl.vl_processor import IMAGE_PROCESSOR_FILES
 
     cfg.tokenizer = TokenizerConfig(tokenizer_type=HF_TOKENIZER, tokenizer_model=str(folder.path))
     cfg.checkpoint.hf_source_path = str(folder.path)

@@ -9,7 +9,7 @@ the run renders with (``dataset.task_encoder.hf_processor_path``) and the run's 
 they are local folders, holding the files the dataset was built with (sha256); the model's vision
 token ids and the task encoder's patch geometry those of that processor; and the image budget:
 every sample's length under the task encoder's ``min_pixels`` / ``max_pixels``
-(:func:`bridge_recipes.vl.vl_dataset.sequence_tokens`) within the sequence, with the samples
+(:func:`bridge_recipes.vl.vl_samples.sequence_tokens`) within the sequence, with the samples
 the task encoder would drop (``max_visual_tokens``, ``max_num_images``) counted.
 """
 
@@ -23,18 +23,9 @@ import numpy as np
 
 from bridge_recipes.chat.message_text import VL_BUILDER
 from bridge_recipes.utils.outputs import file_sha256
-from bridge_recipes.vl.vl_dataset import (
-    DATASET_YAML,
-    IMAGE_PROCESSOR_FILES,
-    META_DIR,
-    SAMPLE_LOADER,
-    SAMPLES_FILE,
-    VlDatasetError,
-    processor_files,
-    read_manifest,
-    sequence_tokens,
-    visual_tokens,
-)
+from bridge_recipes.vl.vl_dataset import DATASET_YAML, META_DIR, SAMPLE_LOADER, SAMPLES_FILE, read_manifest
+from bridge_recipes.vl.vl_processor import IMAGE_PROCESSOR_FILES, VlDatasetError, processor_files
+from bridge_recipes.vl.vl_samples import sequence_tokens, visual_tokens
 
 META_FILES = (DATASET_YAML, "split.yaml", "index.sqlite")
 INFO_FILES = (".info.json", ".info.yaml")  # Energon 7.4 writes the first, earlier 7.x the second

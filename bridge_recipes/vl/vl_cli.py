@@ -15,7 +15,7 @@ import sys
 
 from bridge_recipes.utils import quiet
 from bridge_recipes.utils.outputs import INTERRUPTED, add_build_options, interrupted
-from bridge_recipes.vl import vl_dataset
+from bridge_recipes.vl import vl_dataset, vl_processor
 from bridge_recipes.vl.vl_conversations import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 
 USAGE_ERROR = 2
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress=not args.no_progress,
                 workers=vl_dataset.default_workers() if args.workers is None else args.workers,
             )
-    except vl_dataset.VlDatasetError as e:
+    except vl_processor.VlDatasetError as e:
         print(f"build_vl_dataset.py: error: {e}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:

@@ -11,7 +11,8 @@ encoder reads:
   ``prepare_webdataset``, and the ``dataset.yaml`` that names the sample loader;
 - ``samples.parquet``: per sample, its text tokens (one image token an image, as the chat
   template writes it) and each image's height and width, so that the dry run works out every
-  sample's length under any image budget (:func:`sequence_tokens`) without reading the shards;
+  sample's length under any image budget (:func:`bridge_recipes.vl.vl_samples.sequence_tokens`)
+  without reading the shards;
 - ``manifest.json``: counts, conversations skipped by reason, the processor's files (sha256) and
   fields, and each shard's size and sha256.
 
@@ -21,6 +22,11 @@ the processor's own chat template and tokenizer: a conversation the template can
 whose text would pass for vision tokens, is skipped and counted like a missing, unreadable or
 oversized image. Everything is written in a staging folder beside ``out`` and renamed into place
 when complete (:mod:`bridge_recipes.data.row_writer`).
+
+This module holds the folder's layout, the shard writer and the build; the processor each
+conversation is rendered with and the dataset is pinned to is loaded by
+:mod:`bridge_recipes.vl.vl_processor` (with :class:`VlDatasetError`), and ``samples.parquet``'s
+schema, its writer and the image budget are in :mod:`bridge_recipes.vl.vl_samples`.
 """
 
 from __future__ import annotations
@@ -37,8 +43,7 @@ import sys
 import tarfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +67,12 @@ from bridge_recipes.vl.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     Image,
-    VlConversation,
     load_image,
     parse_record,
     relative_base,
 )
+from bridge_recipes.vl.vl_processor import Processor, VlDatasetError, load_processor
+from bridge_recipes.vl.vl_samples import SamplesWriter, sequence_tokens
 
 log = logging.getLogger(__name__)
 
@@ -90,183 +96,15 @@ SHARD_NAME = "{split}-{number:06d}.tar"
 _SHARD = re.compile(r"^(train|val)-\d{6}\.tar(\.idx)?$")
 DEFAULT_SAMPLES_PER_SHARD = 1000
 SHARD_BYTES = 2**30  # a shard is closed once it holds this much
-SAMPLES_PER_BATCH = 65536  # samples.parquet rows per row group
 MAX_REPORTED = 20  # skipped conversations logged one by one (and kept in the manifest)
 # Conversations a worker prepares per task: images travel back to the writer with them, so a task
 # is smaller than the SFT rows' (what is in flight: this x CHUNKS_AHEAD x workers conversations).
 WORK_CHUNK = 8
-# Where a Hugging Face folder keeps its image processor (transformers 5 saves it in processor_config.json).
-IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
-# The processor files a dataset is pinned to (those present in the folder are hashed).
-PROCESSOR_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    *IMAGE_PROCESSOR_FILES,
-    "video_preprocessor_config.json",
-)
-# Megatron-Bridge's Qwen-VL collate passes each image through qwen-vl-utils' fetch_image first
-# (its defaults: 14-pixel patches merged 2 x 2, 4 to 16,384 tokens), then the processor resizes
-# the result to multiples of patch x merge within [min_pixels, max_pixels].
-FETCH_FACTOR = 28
-FETCH_MIN_PIXELS = 4 * FETCH_FACTOR**2
-FETCH_MAX_PIXELS = 16384 * FETCH_FACTOR**2
-
-
-class VlDatasetError(Exception):
-    """Bad input to a VL dataset build; the message names the flag or file and the fix."""
 
 
 def is_dataset_entry(name: str) -> bool:
     """Whether ``name`` in an output folder is something a build writes."""
     return name in (MANIFEST_FILE, SAMPLES_FILE, META_DIR) or bool(_SHARD.match(name))
-
-
-# --------------------------------------------------------------------------- image budget
-
-
-@lru_cache(maxsize=65536)
-def image_tokens(height: int, width: int, *, patch: int, merge: int, min_pixels: int, max_pixels: int) -> int:
-    """Tokens one ``height`` x ``width`` image takes in a sample: qwen-vl-utils' resize (multiples of
-    28), then the processor's (multiples of ``patch`` x ``merge`` within [``min_pixels``,
-    ``max_pixels``]), one token a ``merge`` x ``merge`` block of patches."""
-    f = FETCH_FACTOR
-    h, w = max(f, round(height / f) * f), max(f, round(width / f) * f)
-    if h * w > FETCH_MAX_PIXELS:
-        beta = math.sqrt(height * width / FETCH_MAX_PIXELS)
-        h, w = math.floor(height / beta / f) * f, math.floor(width / beta / f) * f
-    elif h * w < FETCH_MIN_PIXELS:
-        beta = math.sqrt(FETCH_MIN_PIXELS / (height * width))
-        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
-    f = patch * merge
-    h2, w2 = round(h / f) * f, round(w / f) * f
-    if h2 * w2 > max_pixels:
-        beta = math.sqrt(h * w / max_pixels)
-        h2, w2 = max(f, math.floor(h / beta / f) * f), max(f, math.floor(w / beta / f) * f)
-    elif h2 * w2 < min_pixels:
-        beta = math.sqrt(min_pixels / (h * w))
-        h2, w2 = math.ceil(h * beta / f) * f, math.ceil(w * beta / f) * f
-    return (h2 // patch) * (w2 // patch) // (merge * merge)
-
-
-def sequence_tokens(samples: pa.Table, *, patch: int, merge: int, min_pixels: int, max_pixels: int) -> np.ndarray:
-    """Each sample's length in tokens under an image budget: its text tokens with each image's one
-    token replaced by the tokens :func:`image_tokens` gives it."""
-    budget = dict(patch=patch, merge=merge, min_pixels=min_pixels, max_pixels=max_pixels)
-    text = samples.column("text_tokens").to_numpy().astype(np.int64)
-    heights = samples.column("image_heights").to_pylist()
-    widths = samples.column("image_widths").to_pylist()
-    extra = [sum(image_tokens(h, w, **budget) - 1 for h, w in zip(hs, ws)) for hs, ws in zip(heights, widths)]
-    return text + np.asarray(extra, dtype=np.int64)
-
-
-def visual_tokens(samples: pa.Table, *, patch: int, merge: int, min_pixels: int, max_pixels: int) -> np.ndarray:
-    """Each sample's image tokens under an image budget (the task encoder's ``max_visual_tokens`` counts these)."""
-    budget = dict(patch=patch, merge=merge, min_pixels=min_pixels, max_pixels=max_pixels)
-    heights = samples.column("image_heights").to_pylist()
-    widths = samples.column("image_widths").to_pylist()
-    return np.asarray(
-        [sum(image_tokens(h, w, **budget) for h, w in zip(hs, ws)) for hs, ws in zip(heights, widths)], dtype=np.int64
-    )
-
-
-# --------------------------------------------------------------------------- processor
-
-
-@dataclass
-class Processor:
-    """A checkpoint's processor, loaded, with what pins a dataset to it."""
-
-    folder: Path
-    processor: Any
-    files: dict[str, str]  # file name -> sha256
-    fields: dict[str, Any]
-    vision_texts: tuple[str, ...]  # special-token texts no conversation may carry
-
-    def render(self, conversation: VlConversation, index: int) -> int:
-        """Tokens of ``conversation`` through the chat template (one image token an image)."""
-        for message in conversation.messages:
-            for part in message["content"]:
-                found = [t for t in self.vision_texts if part["type"] == "text" and t in part["text"]]
-                if found:
-                    raise MalformedConversation(
-                        index, "vision_token_in_text", f"text holds {found[0]!r}, which would pass for an image token"
-                    )
-        try:
-            text = self.processor.apply_chat_template(conversation.messages, tokenize=False)
-            ids = self.processor.tokenizer(text)["input_ids"]
-        except Exception as e:  # a template or tokenizer error on one conversation: counted, never fatal
-            raise MalformedConversation(index, "render_failed", f"{type(e).__name__}: {e}") from None
-        pads = ids.count(self.fields["image_token_id"])
-        if pads != len(conversation.images):
-            raise MalformedConversation(
-                index,
-                "render_failed",
-                f"the chat template wrote {pads} image token(s) for {len(conversation.images)} image(s)",
-            )
-        return len(ids)
-
-
-def processor_files(folder: Path) -> dict[str, str]:
-    """sha256 of each of :data:`PROCESSOR_FILES` present in ``folder``."""
-    return {name: file_sha256(folder / name) for name in PROCESSOR_FILES if (folder / name).is_file()}
-
-
-def load_processor(folder: str | os.PathLike) -> Processor:
-    """The Qwen-VL processor of a checkpoint folder (tokenizer, chat template, image processor)."""
-    path = Path(folder).expanduser()
-    hint = "pass the model's Hugging Face folder (its tokenizer, chat template and image processor)"
-    if not path.is_dir():
-        raise VlDatasetError(f"--processor {folder} is not a folder; {hint}")
-    if not any((path / name).is_file() for name in IMAGE_PROCESSOR_FILES):
-        raise VlDatasetError(
-            f"--processor {path}: it has no image processor (preprocessor_config.json or processor_config.json); "
-            f"{hint}. A toy made with "
-            "--tokenizer-json has none: make it without (scripts/convert_checkpoint.py toy --out DIR)"
-        )
-    try:
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:  # transformers raises OSError, ValueError, KeyError ... on an unusable folder
-        raise VlDatasetError(
-            f"--processor {path}: no processor loads from it ({type(e).__name__}: {e}); {hint}"
-        ) from None
-    image_processor = getattr(processor, "image_processor", None)
-    tokenizer = getattr(processor, "tokenizer", None)
-    image_token = getattr(processor, "image_token", None)
-    if image_processor is None or tokenizer is None or not image_token:
-        raise VlDatasetError(
-            f"--processor {path}: {type(processor).__name__} is not a vision-language processor; {hint}"
-        )
-    if not getattr(processor, "chat_template", None):
-        raise VlDatasetError(f"--processor {path} has no chat template (chat_template.jinja); {hint}")
-    size = image_processor.size
-
-    def token_id(text: str | None) -> int | None:
-        return None if text is None else tokenizer.convert_tokens_to_ids(text)
-
-    texts = {
-        name: getattr(processor, name, None)
-        for name in ("image_token", "video_token", "vision_start_token", "vision_end_token")
-    }
-    fields = {
-        "class": type(processor).__name__,
-        "patch_size": image_processor.patch_size,
-        "merge_size": image_processor.merge_size,
-        "temporal_patch_size": image_processor.temporal_patch_size,
-        "min_pixels": size["shortest_edge"],
-        "max_pixels": size["longest_edge"],
-        "image_token": image_token,
-        "image_token_id": token_id(image_token),
-        "video_token_id": token_id(texts["video_token"]),
-        "vision_start_token_id": token_id(texts["vision_start_token"]),
-        "vision_end_token_id": token_id(texts["vision_end_token"]),
-        "vocab_size": len(tokenizer),
-    }
-    vision_texts = tuple(t for t in texts.values() if t)
-    return Processor(path.resolve(), processor, processor_files(path), fields, vision_texts)
 
 
 # --------------------------------------------------------------------------- shards
@@ -555,44 +393,6 @@ def _merge_counts(counts: dict, indexed: int, blank_lines: int) -> dict:
         "skipped_examples": [e for c in counts.values() for e in c["examples"]][:MAX_REPORTED],
         "blank_lines": blank_lines,
     }
-
-
-SAMPLES_SCHEMA = pa.schema(
-    [
-        ("split", pa.string()),
-        ("key", pa.string()),
-        ("shard", pa.string()),
-        ("source_row", pa.int64()),
-        ("text_tokens", pa.int32()),
-        ("image_heights", pa.list_(pa.int32())),
-        ("image_widths", pa.list_(pa.int32())),
-    ]
-)
-
-
-class SamplesWriter:
-    """``samples.parquet``, written :data:`SAMPLES_PER_BATCH` rows at a time (memory stays bounded)."""
-
-    def __init__(self, path: Path):
-        self._writer = pq.ParquetWriter(path, SAMPLES_SCHEMA, compression="zstd")
-        self._rows: list[dict] = []
-
-    def add(self, row: dict) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= SAMPLES_PER_BATCH:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._rows:
-            self._writer.write_table(pa.Table.from_pylist(self._rows, schema=SAMPLES_SCHEMA))
-            self._rows = []
-
-    def __enter__(self) -> SamplesWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._flush()
-        self._writer.close()
 
 
 def _prepare_energon(folder: Path, splits: list[str]) -> None:

@@ -301,7 +301,7 @@ def test_a_vl_toy_with_a_tokenizer_json_says_it_has_no_image_processor_and_the_v
     tmp_path, capsys
 ):
     from bridge_recipes.hf.cli import main
-    from bridge_recipes.vl.vl_dataset import VlDatasetError, load_processor
+    from bridge_recipes.vl.vl_processor import VlDatasetError, load_processor
 
     code = main(["toy", "--vl", "--tokenizer-json", str(CHATML), "--out", str(tmp_path / "toy")])
     err = capsys.readouterr().err

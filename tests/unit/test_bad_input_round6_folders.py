@@ -2,8 +2,9 @@
 releases, folders half there (a section of the config, vision or MTP tensors, index entries
 missing, an embedding of another vocabulary), .bin weights, sections of the wrong type, a
 vocabulary below the tokenizer's ids. Every tensor the config declares is derived from it
-(:mod:`bridge_recipes.hf.declared`) and compared with the shard headers, for text and VL recipes
-alike and in ``convert_checkpoint.py import``; a fuzz test damages a released folder many ways."""
+(:mod:`bridge_recipes.hf.declared`) and compared with the shard headers
+(:mod:`bridge_recipes.hf.weights_check`), for text and VL recipes alike and in
+``convert_checkpoint.py import``; a fuzz test damages a released folder many ways."""
 
 from __future__ import annotations
 

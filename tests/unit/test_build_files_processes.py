@@ -20,7 +20,7 @@ import pytest
 
 from bridge_recipes.data import row_writer, sft_rows
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
-from bridge_recipes.vl import vl_dataset
+from bridge_recipes.vl import vl_dataset, vl_processor
 from bridge_recipes.vl.synthetic_images import write_conversations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def builder(request, chats, images, capsys):
         code = main([str(a) for a in ("--input", images, "--processor", toy, "--out", out, "--workers", 1, *extra)])
         return code, capsys.readouterr().err
 
-    return "vl", build, cli, images, vl_dataset.VlDatasetError
+    return "vl", build, cli, images, vl_processor.VlDatasetError
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -311,7 +311,7 @@ def test_the_vl_dataset_is_the_same_whatever_the_workers(toy, tmp_path, monkeypa
 
 @pytest.mark.parametrize("workers", [0, -1, True])
 def test_a_vl_worker_count_below_one_is_refused(toy, images, tmp_path, workers):
-    with pytest.raises(vl_dataset.VlDatasetError, match="--workers .*at least 1"):
+    with pytest.raises(vl_processor.VlDatasetError, match="--workers .*at least 1"):
         vl_dataset.build_vl_dataset(images, toy, tmp_path / "ds", progress=False, workers=workers)
 
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bridge_recipes.chat.conversations import MalformedConversation
-from bridge_recipes.vl import vl_dataset
+from bridge_recipes.vl import vl_dataset, vl_samples
 from bridge_recipes.vl.synthetic_images import QUESTION, answer, draw, write_conversations
 from bridge_recipes.vl.vl_conversations import load_image, parse_record
 
@@ -223,8 +223,8 @@ def test_megatron_bridge_reads_every_sample_as_the_manifest_measures_it(built, t
     src, out, manifest = built
     table = pq.read_table(out / vl_dataset.SAMPLES_FILE)
     budget = dict(patch=16, merge=2, min_pixels=pixels["min_pixels"], max_pixels=pixels.get("max_pixels", 1003520))
-    predicted = dict(zip(table.column("key").to_pylist(), vl_dataset.sequence_tokens(table, **budget).tolist()))
-    images = dict(zip(table.column("key").to_pylist(), vl_dataset.visual_tokens(table, **budget).tolist()))
+    predicted = dict(zip(table.column("key").to_pylist(), vl_samples.sequence_tokens(table, **budget).tolist()))
+    images = dict(zip(table.column("key").to_pylist(), vl_samples.visual_tokens(table, **budget).tolist()))
     replies = {}
     for i, line in enumerate(Path(src).read_text().splitlines()):
         record = json.loads(line) if line.startswith('{"') else None
@@ -260,7 +260,7 @@ def test_image_tokens_follow_the_collates_two_resizes(toy):
                 images=[image], min_pixels=min_pixels, max_pixels=max_pixels, return_tensors="pt"
             )["image_grid_thw"]
             want = int(grid.prod()) // 4
-            got = vl_dataset.image_tokens(h, w, patch=16, merge=2, min_pixels=min_pixels, max_pixels=max_pixels)
+            got = vl_samples.image_tokens(h, w, patch=16, merge=2, min_pixels=min_pixels, max_pixels=max_pixels)
             assert got == want, (h, w, min_pixels, max_pixels)
 
 
