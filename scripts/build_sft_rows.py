@@ -15,7 +15,7 @@ conversation in each padded row; ``--packing eos_joined`` builds the OpenRecipes
 OUT/manifest.json and, with a validation split, OUT/val/; all of it appears at once when the
 build completes. Bad input exits with status 2; Ctrl-C stops the build (and its workers) with
 status 130 and leaves --out as it was; one build at a time into an --out. The logic lives in
-bridge_recipes.data.sft_rows (importable and tested).
+bridge_recipes.data.sft_rows and the modules it calls beside it (importable and tested).
 """
 
 from __future__ import annotations
@@ -28,7 +28,16 @@ import sys
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bridge_recipes.chat.chat_formats import DEFAULT_ROLE_MAP, ROLE_NOTE_PREFIX, parse_role_map
+from bridge_recipes.chat.chat_render import DEFAULT_EOS_TOKEN
+from bridge_recipes.chat.conversations import DEFAULT_MESSAGES_KEY
+from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data import sft_rows
+from bridge_recipes.data.conversation_rendering import reasoning_share, thinking_warning
+from bridge_recipes.data.integrity import MANIFEST_FILE, ROWS_FILE, VAL_DIR
+from bridge_recipes.data.long_conversations import DEFAULT_LONG, LONG_MODES
+from bridge_recipes.data.packing import PACKING_MODES
+from bridge_recipes.data.render_workers import default_workers
+from bridge_recipes.data.split_packing import DEFAULT_MAX_DROPPED_SHARE
 from bridge_recipes.utils import quiet
 from bridge_recipes.utils.outputs import INTERRUPTED, add_build_options, exit_on_termination, interrupted
 
@@ -55,15 +64,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--packing",
-        choices=sft_rows.PACKING_MODES,
+        choices=PACKING_MODES,
         default=sft_rows.DEFAULT_PACKING,
         help="boundaries: whole conversations packed with their boundaries (default); one_per_row: one "
         "conversation per padded row; eos_joined: the benchmark workload (conversations see the ones before them)",
     )
     p.add_argument(
         "--long",
-        choices=sft_rows.LONG_MODES,
-        default=sft_rows.DEFAULT_LONG,
+        choices=LONG_MODES,
+        default=DEFAULT_LONG,
         help="a conversation longer than a row: skip it (default: rows hold whole conversations, each token "
         "trained with all its context), split it at turn boundaries into pieces that each begin with the "
         "system prompt, or truncate it to its first row of tokens",
@@ -71,10 +80,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-dropped-share",
         type=float,
-        default=sft_rows.DEFAULT_MAX_DROPPED_SHARE,
+        default=DEFAULT_MAX_DROPPED_SHARE,
         help="the largest share of the tokens the build may leave out of rows of whole conversations (long "
         f"conversations skipped or cut); above it the build stops and writes nothing (default "
-        f"{sft_rows.DEFAULT_MAX_DROPPED_SHARE:g}; 1 allows any)",
+        f"{DEFAULT_MAX_DROPPED_SHARE:g}; 1 allows any)",
     )
     p.add_argument(
         "--dedupe",
@@ -101,10 +110,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=sft_rows.DEFAULT_SEED)
     p.add_argument(
         "--messages-key",
-        default=sft_rows.DEFAULT_MESSAGES_KEY,
+        default=DEFAULT_MESSAGES_KEY,
         help="the key of an OpenAI-format record's message list (default: messages)",
     )
-    p.add_argument("--eos-token", default=sft_rows.DEFAULT_EOS_TOKEN, help="token placed between conversations")
+    p.add_argument("--eos-token", default=DEFAULT_EOS_TOKEN, help="token placed between conversations")
     p.add_argument("--supervise-eos", action="store_true", help="put the EOS separators in the loss (default: not)")
     p.add_argument("--max-rows", type=int, default=None)
     p.add_argument("--revision", default=None, help="dataset revision (passed to the Hub; recorded in the manifest)")
@@ -186,7 +195,7 @@ def thinking_lines(m: dict) -> list[str]:
     """How many conversations end on a reply with reasoning, what becomes of the empty think blocks of a
     thinking template, and the warning when too few carry reasoning."""
     c, thinking = m["conversations"], m.get("thinking") or {}
-    share = sft_rows.reasoning_share(c)
+    share = reasoning_share(c)
     if share is None or not (thinking.get("template") or c["with_reasoning"]):
         return []
     counts = f"{c['with_reasoning']:,} of {c['used']:,} conversations ({share:.1%}) end on a reply with reasoning"
@@ -201,7 +210,7 @@ def thinking_lines(m: dict) -> list[str]:
         f"thinking template: {counts}, {c['without_reasoning']:,} without",
         f"  empty think blocks {c['replies_with_empty_think']:>7,}  before replies without reasoning, {trained}",
     ]
-    if warning := sft_rows.thinking_warning(thinking, c):
+    if warning := thinking_warning(thinking, c):
         lines.append(f"  warning: {warning}")
     return lines
 
@@ -245,7 +254,7 @@ def summary(m: dict, out: str) -> str:
     lines += [
         f"rows_sha256    {m['rows_sha256']}",
         f"parquet_sha256 {m['parquet_sha256']}",
-        f"wrote {out}/ ({sft_rows.ROWS_FILE}, {sft_rows.MANIFEST_FILE}" + (f", {sft_rows.VAL_DIR}/)" if v else ")"),
+        f"wrote {out}/ ({ROWS_FILE}, {MANIFEST_FILE}" + (f", {VAL_DIR}/)" if v else ")"),
     ]
     return "\n".join(lines)
 
@@ -267,7 +276,7 @@ def options(args: argparse.Namespace) -> sft_rows.RowOptions:
         packing=args.packing,
         val_fraction=args.val_fraction,
         val_input=args.val_input,
-        workers=sft_rows.default_workers() if args.workers is None else args.workers,
+        workers=default_workers() if args.workers is None else args.workers,
         long=args.long,
         dedupe=args.dedupe,
         max_dropped_share=args.max_dropped_share,
@@ -282,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():
             manifest = sft_rows.build_sft_rows(args.input, args.tokenizer, args.out, options(args))
-    except sft_rows.SftRowsError as e:
+    except SftRowsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

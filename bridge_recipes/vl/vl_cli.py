@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 
+from bridge_recipes.data.render_workers import default_workers
 from bridge_recipes.utils import quiet
 from bridge_recipes.utils.outputs import INTERRUPTED, add_build_options, interrupted
 from bridge_recipes.vl import vl_dataset, vl_processor
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_image_pixels=args.max_image_pixels,
                 overwrite=args.overwrite,
                 progress=not args.no_progress,
-                workers=vl_dataset.default_workers() if args.workers is None else args.workers,
+                workers=default_workers() if args.workers is None else args.workers,
             )
     except vl_processor.VlDatasetError as e:
         print(f"build_vl_dataset.py: error: {e}", file=sys.stderr)

@@ -54,14 +54,9 @@ from tqdm import tqdm
 
 from bridge_recipes.chat.conversations import JsonlSource, MalformedConversation, json_record
 from bridge_recipes.data.integrity import MANIFEST_FILE
+from bridge_recipes.data.render_workers import WorkerError, prepared  # the SFT rows' worker processes
 from bridge_recipes.data.row_writer import output_folder, staged_build
-from bridge_recipes.data.sft_rows import (  # the SFT rows' order and seed, and their worker processes
-    DEFAULT_SEED,
-    PERMUTATION,
-    WorkerError,
-    default_workers,  # noqa: F401 - the command line's default
-    prepared,
-)
+from bridge_recipes.data.sft_rows import DEFAULT_SEED, PERMUTATION  # the SFT rows' order and seed
 from bridge_recipes.utils.outputs import file_sha256, overlap_problem, worker_count, worker_processes
 from bridge_recipes.vl.vl_conversations import (
     DEFAULT_MAX_IMAGE_BYTES,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge_recipes.chat.chat_template import TemplateRenderer
+from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data import sft_rows
 from bridge_recipes.runner.cli import main
 from bridge_recipes.utils.outputs import overlap_problem, staged_output, write_text_atomic
@@ -149,7 +150,7 @@ def test_export_hf_is_checked_at_the_dry_run(tmp_path, capsys, monkeypatch):
 def test_absurd_row_tokens_are_refused_before_the_data_is_read(tmp_path):
     missing = tmp_path / "never-read.jsonl"  # the check comes first: the input is not even opened
     for row_tokens in (0, sft_rows.MAX_ROW_TOKENS + 1, 10**15):
-        with pytest.raises(sft_rows.SftRowsError, match="--row-tokens"):
+        with pytest.raises(SftRowsError, match="--row-tokens"):
             sft_rows.build_sft_rows(missing, CHATML, tmp_path / "out", row_tokens=row_tokens, chat_format="chatml")
 
 
@@ -192,7 +193,7 @@ def test_same_file_for_training_and_validation_is_refused(tmp_path):
     src = _jsonl(tmp_path / "in.jsonl", [GOOD] * 20)
     (tmp_path / "again.jsonl").symlink_to(src)
     for val in (src, tmp_path / "again.jsonl"):
-        with pytest.raises(sft_rows.SftRowsError, match="--val-input"):
+        with pytest.raises(SftRowsError, match="--val-input"):
             sft_rows.build_sft_rows(src, CHATML, tmp_path / "out", row_tokens=64, chat_format="chatml", val_input=val)
 
 

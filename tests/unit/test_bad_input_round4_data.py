@@ -338,7 +338,8 @@ def test_every_skip_reason_of_the_text_build_is_documented():
 
     doc = (ROOT / "docs/sft_data.md").read_text()
     modules = ["chat/chat_formats", "chat/chat_render", "chat/chat_template", "chat/conversations"]
-    modules += ["chat/message_text", "data/sft_rows", "data/long_conversations"]
+    modules += ["chat/message_text", "data/sft_rows", "data/conversation_rendering", "data/split_packing"]
+    modules += ["data/long_conversations"]
     reasons = set()
     for name in modules:
         tree = ast.parse((ROOT / f"bridge_recipes/{name}.py").read_text())

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data import row_writer, sft_rows
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
 from bridge_recipes.vl import vl_dataset, vl_processor
@@ -68,7 +69,7 @@ def builder(request, chats, images, capsys):
             )
             return p.returncode, p.stderr
 
-        return "sft", build, cli, chats, sft_rows.SftRowsError
+        return "sft", build, cli, chats, SftRowsError
     toy = request.getfixturevalue("toy")
 
     def build(out, **kw):

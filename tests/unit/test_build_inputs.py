@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data import sft_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,13 +54,13 @@ def test_bad_lines_are_counted_and_skipped(tmp_path):
 
 @pytest.mark.parametrize("seed", [-1, 2**32])
 def test_seed_out_of_range(tmp_path, seed):
-    with pytest.raises(sft_rows.SftRowsError, match="seed must be in"):
+    with pytest.raises(SftRowsError, match="seed must be in"):
         _build(tmp_path, seed=seed)
 
 
 def test_output_that_cannot_be_created(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(sft_rows.SftRowsError, match=r"cannot create .*file.*choose a writable --out"):
+    with pytest.raises(SftRowsError, match=r"cannot create .*file.*choose a writable --out"):
         sft_rows.build_sft_rows(
             _write_input(tmp_path / "in.jsonl"),
             TOKENIZER,
@@ -96,7 +97,7 @@ def test_rows_longer_than_the_context_window_are_refused(tmp_path, nested):
     (folder / "config.json").write_text(json.dumps({"text_config": window} if nested else window))
     build = dict(row_tokens=8192, progress=False)
     refused = "context window: .* max_position_embeddings 4096; use --row-tokens 4096"
-    with pytest.raises(sft_rows.SftRowsError, match=refused):
+    with pytest.raises(SftRowsError, match=refused):
         sft_rows.build_sft_rows(_write_input(tmp_path / "in.jsonl"), folder, tmp_path / "rows", **build)
     assert not (tmp_path / "rows").exists()
     assert (

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge_recipes.data import sft_rows
+from bridge_recipes.chat.errors import SftRowsError
+from bridge_recipes.data import render_workers, sft_rows, split_packing
 from bridge_recipes.data.synthetic_chat import conversations_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def build(conversations, out, workers, **kw):
 
 @pytest.mark.parametrize("packing", ["boundaries", "eos_joined"])
 def test_the_rows_are_the_same_whatever_the_workers(conversations, tmp_path, packing, monkeypatch):
-    monkeypatch.setattr(sft_rows, "WORK_CHUNK", 7)  # many chunks, a short window ahead
+    monkeypatch.setattr(render_workers, "WORK_CHUNK", 7)  # many chunks, a short window ahead
     one = build(conversations, tmp_path / "one", 1, packing=packing, val_fraction=0.1)
     three = build(conversations, tmp_path / "three", 3, packing=packing, val_fraction=0.1)
     assert one["rows"] > 1 and one["conversations"]["skipped_total"] == 2
@@ -45,8 +46,8 @@ def test_the_rows_are_the_same_whatever_the_workers(conversations, tmp_path, pac
 
 
 def test_workers_render_ahead_a_bounded_number_of_conversations(monkeypatch):
-    monkeypatch.setattr(sft_rows, "WORK_CHUNK", 5)
-    monkeypatch.setattr(sft_rows, "CHUNKS_AHEAD", 2)
+    monkeypatch.setattr(render_workers, "WORK_CHUNK", 5)
+    monkeypatch.setattr(render_workers, "CHUNKS_AHEAD", 2)
     taken = []
 
     def records():
@@ -54,7 +55,7 @@ def test_workers_render_ahead_a_bounded_number_of_conversations(monkeypatch):
             taken.append(i)
             yield i, i
 
-    out = sft_rows.prepared(records(), lambda index, raw: raw * 2, workers=2)
+    out = render_workers.prepared(records(), lambda index, raw: raw * 2, workers=2)
     first = [next(out) for _ in range(3)]
     assert first == [(0, 0), (1, 2), (2, 4)]
     assert len(taken) <= 5 * (2 * 2 + 1)  # the chunks in flight and the one being handed out
@@ -63,7 +64,7 @@ def test_workers_render_ahead_a_bounded_number_of_conversations(monkeypatch):
 
 @pytest.mark.parametrize("workers", [0, -2, True])
 def test_a_worker_count_below_one_is_refused(conversations, tmp_path, workers):
-    with pytest.raises(sft_rows.SftRowsError, match="--workers .*at least 1"):
+    with pytest.raises(SftRowsError, match="--workers .*at least 1"):
         build(conversations, tmp_path / "rows", workers)
 
 
@@ -87,20 +88,20 @@ def test_a_failing_worker_stops_the_build_with_its_error():
         return raw
 
     for workers in (1, 2):
-        with pytest.raises(sft_rows.WorkerError, match="source row 9: KeyError: 'boom'"):
-            list(sft_rows.prepared(((i, i) for i in range(40)), work, workers=workers))
+        with pytest.raises(render_workers.WorkerError, match="source row 9: KeyError: 'boom'"):
+            list(render_workers.prepared(((i, i) for i in range(40)), work, workers=workers))
 
 
 def test_a_build_stopped_by_a_worker_names_the_record_and_leaves_nothing(conversations, tmp_path, monkeypatch):
-    real = sft_rows._prepare
+    real = split_packing._prepare
 
     def failing(decode, render, row_bound, index, raw):
         if index == 33:
             raise KeyError("boom")
         return real(decode, render, row_bound, index, raw)
 
-    monkeypatch.setattr(sft_rows, "_prepare", failing)
-    with pytest.raises(sft_rows.SftRowsError, match=r"c\.jsonl, line 34: KeyError: 'boom'; the build stopped"):
+    monkeypatch.setattr(split_packing, "_prepare", failing)
+    with pytest.raises(SftRowsError, match=r"c\.jsonl, line 34: KeyError: 'boom'; the build stopped"):
         build(conversations, tmp_path / "rows", 2)
     assert list(tmp_path.iterdir()) == []
 
@@ -112,7 +113,7 @@ def test_no_worker_is_stopped_by_signal_at_the_end_or_an_early_stop(monkeypatch)
     import multiprocessing
     import multiprocessing.pool
 
-    from bridge_recipes.data.sft_rows import prepared
+    from bridge_recipes.data.render_workers import prepared
 
     terminated: list[list[bool]] = []
     real = multiprocessing.pool.Pool.terminate

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from bridge_recipes.chat.chat_template import TemplateRenderer
+from bridge_recipes.chat.errors import SftRowsError
 from bridge_recipes.data.inspect_rows import inspect_rows, row_conversations
 from bridge_recipes.data.integrity import RowsIntegrityError, check_rows
 from bridge_recipes.data.long_conversations import TurnCutter, row_tokens_keeping
-from bridge_recipes.data.sft_rows import SftRowsError, build_sft_rows
+from bridge_recipes.data.sft_rows import build_sft_rows
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "tests" / "fixtures" / "qwen35_chat_tokenizer"

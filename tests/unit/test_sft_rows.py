@@ -21,17 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer
 
-from bridge_recipes.data.sft_rows import (
-    MalformedConversation,
-    RowPacker,
-    SftRowsError,
-    build_sft_rows,
-    chat_format,
-    parquet_rows_sha256,
-    render_conversation,
-    source_kind,
-    validate_conversation,
-)
+from bridge_recipes.chat.chat_render import chat_format, render_conversation, validate_conversation
+from bridge_recipes.chat.conversations import source_kind
+from bridge_recipes.chat.errors import MalformedConversation, SftRowsError
+from bridge_recipes.data.integrity import parquet_rows_sha256
+from bridge_recipes.data.packing import RowPacker
+from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.vl.byte_bpe import train_byte_bpe
 
 REPO = Path(__file__).resolve().parents[2]
@@ -313,7 +308,7 @@ def test_malformed_rows_are_reported_with_their_index_and_counted(tokenizer_file
     records = [bad.get(i) or good.pop() for i in range(len(bad) + len(good))]
     src = write_jsonl(tmp_path / "convs.jsonl", records + [""])  # a trailing blank line is no conversation
 
-    with caplog.at_level(logging.WARNING, logger="bridge_recipes.data.sft_rows"):
+    with caplog.at_level(logging.WARNING, logger="bridge_recipes.data.split_packing"):
         m = build(src, tokenizer_file, tmp_path / "out")
     conv = m["conversations"]
     assert conv["skipped"] == {

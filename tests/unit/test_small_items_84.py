@@ -16,8 +16,8 @@ import pytest
 
 from bridge_recipes.chat import chat_formats
 from bridge_recipes.chat.errors import SftRowsError
-from bridge_recipes.data import sft_rows
 from bridge_recipes.data.sft_rows import build_sft_rows
+from bridge_recipes.data.split_packing import IN_VALIDATION
 from bridge_recipes.hf import architecture, importer
 from bridge_recipes.hf import checkpoint as ck
 from bridge_recipes.hf.files import HfCheckpointError
@@ -111,11 +111,11 @@ def test_dedupe_removes_training_conversations_that_are_in_the_validation_split(
     p = run_script("build_sft_rows.py", *common, "--val-input", val_file, "--out", tmp_path / "d", "--dedupe")
     assert p.returncode == 0, p.stderr
     m = json.loads((tmp_path / "d/manifest.json").read_text())
-    assert m["conversations"]["skipped"] == {sft_rows.IN_VALIDATION: 4} and m["conversations"]["used"] == 9
+    assert m["conversations"]["skipped"] == {IN_VALIDATION: 4} and m["conversations"]["used"] == 9
     assert m["validation"]["conversations_removed_from_training"] == 4
     assert m["validation"]["conversations_also_in_training"] == 0
     assert m["validation"]["conversations"]["used"] == 7  # the validation split is kept whole
-    assert re.search(rf"skipped\s+4\s+{sft_rows.IN_VALIDATION}", p.stdout) and re.search(r"removed\s+4\b", p.stdout)
+    assert re.search(rf"skipped\s+4\s+{IN_VALIDATION}", p.stdout) and re.search(r"removed\s+4\b", p.stdout)
     assert "also in the validation split" not in p.stdout
     kept = run_script("build_sft_rows.py", *common, "--val-input", val_file, "--out", tmp_path / "k")
     k = json.loads((tmp_path / "k/manifest.json").read_text())
@@ -132,7 +132,7 @@ def test_dedupe_with_a_validation_fraction_leaves_no_conversation_in_both(tmp_pa
     plain = build_sft_rows(jsonl(tmp_path / "a.jsonl", records), TEMPLATE, tmp_path / "plain", **kw)
     assert plain["validation"]["conversations_also_in_training"] > 0
     m = build_sft_rows(jsonl(tmp_path / "b.jsonl", records), TEMPLATE, tmp_path / "dd", dedupe=True, **kw)
-    removed = m["conversations"]["skipped"][sft_rows.IN_VALIDATION]
+    removed = m["conversations"]["skipped"][IN_VALIDATION]
     assert removed == m["validation"]["conversations_removed_from_training"] > 0
     assert m["validation"]["conversations_also_in_training"] == 0
     assert m["conversations"]["used"] + m["validation"]["conversations"]["used"] == 20

@@ -23,9 +23,10 @@ import pytest
 from bridge_recipes.chat.chat_template import TemplateRenderer, empty_think_block
 from bridge_recipes.chat.conversations import SftRowsError
 from bridge_recipes.chat.message_text import ends_with_reasoning
+from bridge_recipes.data.conversation_rendering import MIN_REASONING_SHARE
 from bridge_recipes.data.inspect_rows import CLOSE, OPEN, UNTRAINED_CLOSE, UNTRAINED_OPEN, inspect_rows
 from bridge_recipes.data.integrity import check_rows
-from bridge_recipes.data.sft_rows import MIN_REASONING_SHARE, build_sft_rows
+from bridge_recipes.data.sft_rows import build_sft_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"
