@@ -415,3 +415,20 @@ def test_the_readme_names_where_a_recipe_function_is_imported_from():
     module, name = found.groups()
     assert registry.find(name).module == module
     assert callable(getattr(importlib.import_module(module), name))
+
+
+FILE_LINES = 550  # about 500: a file past it is doing several jobs
+
+
+def _is_table(path: Path) -> bool:
+    """A recipe definitions module (one GPU's recipes, each a flat list of field assignments) reads as a table."""
+    rel = path.relative_to(ROOT).parts
+    return rel[:2] == ("bridge_recipes", "recipes") and rel[2].startswith("qwen") and len(rel) == 5
+
+
+def test_no_product_file_is_over_about_500_lines():
+    files = [p for tree in (*LIBRARY_TREES, "scripts") for p in sorted((ROOT / tree).rglob("*.py"))]
+    long = {str(p.relative_to(ROOT)): n for p in files if (n := _lines([p])) > FILE_LINES and not _is_table(p)}
+    assert long == {}, "split these by what each part does"
+    assert _is_table(ROOT / "bridge_recipes/recipes/qwen/h200/qwen35.py")
+    assert not _is_table(ROOT / "bridge_recipes/recipes/qwen/policy.py")
