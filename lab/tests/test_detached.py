@@ -193,7 +193,7 @@ def test_every_queued_benchmark_passes_the_argument_checks(tmp_path):
     lease spends its device time on a line that stops at once."""
 
     from bridge_recipes.bench.benchmark import argument_problems, gpus_of
-    from bridge_recipes.runner.cli import megatron_validation
+    from bridge_recipes.runner.problems import megatron_validation
     from lab.benchmark import runs_of
 
     tokenizer = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"

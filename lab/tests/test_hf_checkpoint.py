@@ -34,7 +34,8 @@ def test_saved_config_relaunches_the_same_run_with_weights_export_peft_and_data(
     """--save-config records the HF checkpoint and the export folder beside the config (which holds
     PEFT and the dataset); --config-file builds the same config and starts from the same weights."""
     from bridge_recipes.config import files as config_files
-    from bridge_recipes.runner.cli import build, build_parser
+    from bridge_recipes.runner.arguments import build_parser
+    from bridge_recipes.runner.cli import build
     from lab.hf_evidence import ROWS, ROWS_TOKENIZER
 
     monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))

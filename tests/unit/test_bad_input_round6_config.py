@@ -198,7 +198,7 @@ def test_a_saved_epochs_sets_the_steps_from_the_rows_as_they_are_at_load(tmp_pat
 
 
 def test_a_step_count_on_the_command_line_wins_over_the_files_epochs(tmp_path, capsys):
-    from bridge_recipes.runner.cli import build_parser, take_run_options
+    from bridge_recipes.runner.arguments import build_parser, take_run_options
 
     path = tmp_path / "run.yaml"
     path.write_text(config_files.to_text(bridge_recipes.build(SFT), SFT, {"epochs": "2"}, written_for=True))

@@ -80,7 +80,8 @@ def dry_run_args(work: Path, hf: Path, save: Path, *extra) -> list:
 def lora_run(work, tmp_path_factory):
     """A save folder holding a LoRA checkpoint (step 100) of a run started from toy A, as the launch and
     Megatron leave it (run_identity.json, the tracker, iter_0000100/run_config.yaml); and that run's cfg."""
-    from bridge_recipes.runner.cli import build, build_parser
+    from bridge_recipes.runner.arguments import build_parser
+    from bridge_recipes.runner.cli import build
 
     cache = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp:

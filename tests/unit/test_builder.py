@@ -8,7 +8,7 @@ import pytest
 import bridge_recipes
 from bridge_recipes.config.overrides import FLAG_KEYS, OverrideError, flag_option, flag_values
 from bridge_recipes.recipes.registry import UnknownRecipe
-from bridge_recipes.runner.cli import build_parser, build_request
+from bridge_recipes.runner.arguments import build_parser, build_request
 
 SFT_35B = "qwen35_35b_a3b_sft_8gpu_h200_bf16_config"
 REQUEST = {
@@ -120,7 +120,7 @@ def test_peft_flag_round_trips_through_the_runner_arguments_and_dry_runs(capsys)
     ],
 )
 def test_the_ddp_and_optimizer_settings_agree_after_the_overrides(overrides, expected):
-    from bridge_recipes.runner.cli import megatron_validation
+    from bridge_recipes.runner.problems import megatron_validation
 
     cfg = bridge_recipes.build(SFT_35B, scale_down=4, overrides=list(overrides))
     assert (cfg.ddp.overlap_param_gather, cfg.optimizer.overlap_param_gather) == (expected, expected)

@@ -32,7 +32,7 @@ def test_dry_run_and_plan_check_the_recipes_own_gpu_count(capsys, monkeypatch, m
 
 
 def test_a_launch_without_torchrun_is_one_process(monkeypatch):
-    from bridge_recipes.runner.cli import build_parser, world_size_of
+    from bridge_recipes.runner.arguments import build_parser, world_size_of
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     args = build_parser().parse_intermixed_args(["--recipe", SFT])

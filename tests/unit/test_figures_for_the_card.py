@@ -20,7 +20,9 @@ from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.hardware.gpus import GPUS, speed_ratio
 from bridge_recipes.recipes import registry
 from bridge_recipes.recipes.rates import rate_on
-from bridge_recipes.runner.cli import USAGE_ERROR, main, time_line
+from bridge_recipes.runner.arguments import USAGE_ERROR
+from bridge_recipes.runner.cli import main
+from bridge_recipes.runner.summaries import time_line
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "tests" / "fixtures" / "qwen35_chat_tokenizer"

@@ -340,7 +340,8 @@ def test_runner_dry_run_takes_the_shape_from_the_checkpoint_and_uses_its_tokeniz
     """A toy checkpoint needs --scale-down (its layer count) and nothing else: hidden size, heads,
     experts, vocabulary and MTP depth come from its config.json; the recipe's policy stays."""
     monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
-    from bridge_recipes.runner.cli import build, build_parser
+    from bridge_recipes.runner.arguments import build_parser
+    from bridge_recipes.runner.cli import build
 
     argv = ["--recipe", MOE_RECIPE, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / "moe")]
     _, cfg = build(build_parser().parse_intermixed_args(argv))

@@ -14,7 +14,7 @@ from bridge_recipes.plan.layout import layout_of, stage_layers
 from bridge_recipes.recipes import registry
 from bridge_recipes.recipes.recipe import RecipeMeta
 from bridge_recipes.runner import checks
-from bridge_recipes.runner.cli import megatron_validation
+from bridge_recipes.runner.problems import megatron_validation
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted(registry.discover())

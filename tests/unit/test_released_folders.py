@@ -87,7 +87,8 @@ def test_toy_command_makes_the_released_form_unless_text_only_is_asked(tmp_path)
 @pytest.mark.parametrize(("recipe", "family"), [(MOE_LORA, "moe"), (DENSE_SFT, "dense")])
 def test_text_recipes_take_the_released_folder_as_its_language_model(toys, recipe, family, tmp_path, monkeypatch):
     monkeypatch.setenv(importer.CACHE_ENV, str(tmp_path / "cache"))
-    from bridge_recipes.runner.cli import build, build_parser
+    from bridge_recipes.runner.arguments import build_parser
+    from bridge_recipes.runner.cli import build
 
     argv = ["--recipe", recipe, "--dry-run", "--scale-down", "4", "--hf-checkpoint", str(toys / family)]
     _, cfg = build(build_parser().parse_intermixed_args(argv))

@@ -16,7 +16,8 @@ from bridge_recipes.config import run_length
 from bridge_recipes.config.datasets import rows_per_step
 from bridge_recipes.data.sft_rows import build_sft_rows
 from bridge_recipes.recipes import registry
-from bridge_recipes.runner.cli import build_parser, build_request, main
+from bridge_recipes.runner.arguments import build_parser, build_request
+from bridge_recipes.runner.cli import main
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "fixtures" / "qwen35_chat_tokenizer"
 ROW = 256
@@ -164,7 +165,7 @@ def test_the_dry_run_shows_steps_epochs_tokens_validation_and_time(rows, tmp_pat
 def test_the_expected_time_follows_the_measured_rate_on_the_recipes_card():
     from argparse import Namespace
 
-    from bridge_recipes.runner.cli import time_line
+    from bridge_recipes.runner.summaries import time_line
 
     entry = registry.find(LORA_H100)
     cfg = registry.load(LORA_H100)()
