@@ -6,7 +6,7 @@
     python scripts/convert_checkpoint.py export --megatron /runs/sft/checkpoints \\
         --hf-template /models/Qwen3.6-35B-A3B --recipe qwen36_35b_a3b_sft_8gpu_h200_bf16_config --out /models/sft-hf
 
---recipe takes every name run_recipe.py takes (``qwen36_`` names included). The HF config is
+--recipe takes every name run_recipe.py takes (``qwen36_`` and ``qwen38_`` names included). The HF config is
 checked against the recipe's model first (a mismatch exits 2 naming the
 field); ``--scaled`` compares only the family fields, for toy or scaled-down checkpoints.
 Conversions need a GPU (Megatron-Bridge builds the Megatron model with Transformer Engine).

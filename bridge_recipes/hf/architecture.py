@@ -224,16 +224,17 @@ def check_against(found: dict[str, Any], expected: dict[str, Any], *, scaled: bo
 
 def spec_for_recipe(recipe: str) -> Qwen35Spec:
     """The catalog model a recipe (or a catalog name) is for, as the runner finds it: a listed recipe or
-    ``qwen36_`` alias by its registry entry (:func:`bridge_recipes.recipes.registry.entries`), any other name by
-    the longest catalog name it starts with (a ``qwen36_`` name read as its ``qwen35_`` twin, for a size
-    with a Qwen3.6 checkpoint in the catalog)."""
+    ``qwen36_`` / ``qwen38_`` alias by its registry entry (:func:`bridge_recipes.recipes.registry.entries`), any
+    other name by the longest catalog name it starts with (a ``qwen36_`` name read as its ``qwen35_`` twin,
+    for a size with a Qwen3.6 checkpoint in the catalog; ``qwen38_`` likewise)."""
     from bridge_recipes.recipes import registry
 
     entry = registry.entries().get(recipe)
     if entry is not None and entry.model is not None:
         return SPECS[entry.model]
-    qwen36 = recipe.startswith(registry.QWEN36_PREFIX)
-    base = registry.QWEN35_PREFIX + recipe.removeprefix(registry.QWEN36_PREFIX) if qwen36 else recipe
+    family = next((f for f, p in registry.ALIAS_FAMILIES.items() if recipe.startswith(p)), None)
+    prefix = registry.ALIAS_FAMILIES.get(family, "")
+    base = registry.QWEN35_PREFIX + recipe.removeprefix(prefix) if family else recipe
     hits = [name for name in SPECS if base == name or base.startswith(name + "_")]
     if not hits:
         raise HfCheckpointError(
@@ -241,11 +242,12 @@ def spec_for_recipe(recipe: str) -> Qwen35Spec:
             f"({', '.join(sorted(SPECS))}); run_recipe.py --list shows the recipes"
         )
     spec = SPECS[max(hits, key=len)]
-    if qwen36 and registry.QWEN36_FAMILY not in spec.checkpoints:
-        with_qwen36 = sorted(n for n, s in SPECS.items() if registry.QWEN36_FAMILY in s.checkpoints)
+    if family and family not in spec.checkpoints:
+        release = registry.release_name(family)
+        sizes = sorted(n for n, s in SPECS.items() if family in s.checkpoints)
         raise HfCheckpointError(
-            f"recipe {recipe!r}: the catalog has no Qwen3.6 checkpoint of {spec.name} (Qwen3.6 sizes: "
-            f"{', '.join(with_qwen36)}); use its qwen35_ name, or run_recipe.py --list --filter qwen3.6"
+            f"recipe {recipe!r}: the catalog has no {release} checkpoint of {spec.name} ({release} sizes: "
+            f"{', '.join(sizes)}); use its qwen35_ name, or run_recipe.py --list --filter {family}"
         )
     return spec
 

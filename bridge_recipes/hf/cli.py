@@ -23,7 +23,10 @@ from bridge_recipes.hf.files import EXPORT_FAILED
 from bridge_recipes.utils import quiet
 
 USAGE_ERROR = 2
-RECIPE_HELP = "recipe name as run_recipe.py takes it, qwen36_ names included (or a catalog model, e.g. qwen35_35b_a3b)"
+RECIPE_HELP = (
+    "recipe name as run_recipe.py takes it, qwen36_ and qwen38_ names included "
+    "(or a catalog model, e.g. qwen35_35b_a3b)"
+)
 RELEASED_TOY_MTP_LAYERS = 1  # the MTP depth of every released Qwen3.5/3.6 checkpoint
 
 

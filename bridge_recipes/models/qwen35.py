@@ -1,9 +1,11 @@
-"""Offline architecture catalog of the Qwen3.5 / Qwen3.6 family.
+"""Offline architecture catalog of the Qwen3.5 / Qwen3.6 / Qwen3.8 family.
 
 One frozen :class:`Qwen35Spec` per size holds the numbers of the models' Hugging Face
 ``config.json`` (``text_config``; the vision tower for the VL variants), so that building a
-recipe never touches the network. Qwen3.6 checkpoints share the Qwen3.5 architecture and
-tokenizer: the checkpoint is metadata on the spec (``checkpoints``), not a separate size.
+recipe never touches the network. Qwen3.6 checkpoints and Qwen3.8-27B share the Qwen3.5 architecture
+and tokenizer (Qwen3.8-27B's ``config.json`` gives every text and vision field of the 27B's, the same
+``Qwen3_5ForConditionalGeneration`` released form): the checkpoint is metadata on the spec
+(``checkpoints``), not a separate size.
 
 :func:`build_provider` turns a spec into the Megatron-Bridge provider by handing an
 in-memory ``transformers`` config to Megatron-Bridge's own Qwen3.5 bridge
@@ -12,7 +14,7 @@ attention, MoE with a gated shared expert, MTP) is exactly the one Megatron-Brid
 it reads the config from the Hub, without the Hub.
 
 Sources of the numbers (keys of docs/sources.md): ``hf-configs`` (the HF ``config.json`` of each
-size, slime's ``scripts/models/qwen3.5-*.sh``); the pinned Qwen3.6 revisions are the ones the
+size, slime's ``scripts/models/qwen3.5-*.sh``; ``hf-config-qwen38-27b``); the pinned Qwen3.6 revisions are the ones the
 OpenRecipes H200 entries cite (``openrecipes-35b-h200``, ``openrecipes-27b-h200``).
 """
 
@@ -118,10 +120,14 @@ class Qwen35Spec:
             ) from None
 
 
-def _ckpts(size: str, qwen36_revision: str | None = None, with_qwen36: bool = True) -> dict[str, Checkpoint]:
+def _ckpts(
+    size: str, qwen36_revision: str | None = None, with_qwen36: bool = True, with_qwen38: bool = False
+) -> dict[str, Checkpoint]:
     out = {"qwen3.5": Checkpoint(f"Qwen/Qwen3.5-{size}")}
     if with_qwen36:
         out["qwen3.6"] = Checkpoint(f"Qwen/Qwen3.6-{size}", qwen36_revision)
+    if with_qwen38:
+        out["qwen3.8"] = Checkpoint(f"Qwen/Qwen3.8-{size}")
     return out
 
 
@@ -133,8 +139,9 @@ QWEN35_27B = Qwen35Spec(
     num_attention_heads=24,
     num_query_groups=4,
     linear_num_value_heads=48,
-    # Revision cited by the OpenRecipes 27B H200 entry (openrecipes-27b-h200).
-    checkpoints=_ckpts("27B", "6a9e13bd6fc8f0983b9b99948120bc37f49c13e9"),
+    # Revision cited by the OpenRecipes 27B H200 entry (openrecipes-27b-h200). Qwen3.8-27B: the same
+    # config fields (hf-config-qwen38-27b), so the same spec; no revision pinned by a source.
+    checkpoints=_ckpts("27B", "6a9e13bd6fc8f0983b9b99948120bc37f49c13e9", with_qwen38=True),
 )
 
 QWEN35_35B_A3B = Qwen35Spec(
@@ -327,7 +334,7 @@ def is_vlm(cfg: Any) -> bool:
 
 
 def use_checkpoint_family(cfg: Any, model: Qwen35Spec | str, family: str) -> None:
-    """Record the ``family`` checkpoint of ``model`` (``qwen3.6``: same architecture and tokenizer)
+    """Record the ``family`` checkpoint of ``model`` (``qwen3.6``, ``qwen3.8``: same architecture and tokenizer)
     on a built config: the model's Hugging Face id (Megatron-Bridge's ``hf_model_id``, the template
     of HF exports) and, for VL data, the processor read by the training process. Only the
     checkpoint's id is recorded; nothing is downloaded."""

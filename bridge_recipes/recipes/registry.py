@@ -6,11 +6,11 @@ decorators give the table; a benchmark twin's ``@benchmark_of(real.<recipe>, ...
 metadata of the recipe it names (found earlier in the scan) as :func:`bridge_recipes.recipes.recipe.twin_meta`
 does at run time. Only :func:`load` imports the one module a recipe lives in.
 
-Qwen3.6 names: Qwen3.6 checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
-recipe whose size has a Qwen3.6 checkpoint in the catalog (``bridge_recipes.models.qwen35``) is
-also listed as ``qwen36_...``: an alias of the one definition, whose config records the Qwen3.6
-checkpoint (:func:`bridge_recipes.models.qwen35.use_checkpoint_family`) and saves to its own
-``experiments/qwen36_...`` folder.
+Qwen3.6 and Qwen3.8 names: their checkpoints share the Qwen3.5 architecture, so every ``qwen35_...``
+recipe whose size has a Qwen3.6 (Qwen3.8) checkpoint in the catalog (``bridge_recipes.models.qwen35``)
+is also listed as ``qwen36_...`` (``qwen38_...``): an alias of the one definition, whose config records
+that checkpoint (:func:`bridge_recipes.models.qwen35.use_checkpoint_family`) and saves to its own
+``experiments/qwen36_...`` (``qwen38_...``) folder.
 """
 
 from __future__ import annotations
@@ -163,25 +163,35 @@ def discover() -> dict[str, RecipeEntry]:
     return found
 
 
-QWEN35_PREFIX, QWEN36_PREFIX = "qwen35_", "qwen36_"
-QWEN36_FAMILY = "qwen3.6"  # the catalog's key of a size's Qwen3.6 checkpoint (Qwen35Spec.checkpoints)
+QWEN35_PREFIX = "qwen35_"
+# The later releases of the architecture, each listed under its own names: the catalog's key of a size's
+# checkpoint of that release (Qwen35Spec.checkpoints) and the prefix its aliases take for ``qwen35_``.
+ALIAS_FAMILIES = {"qwen3.6": "qwen36_", "qwen3.8": "qwen38_"}
+
+
+def release_name(family: str) -> str:
+    """A checkpoint family as Qwen names the release: ``qwen3.8`` -> ``Qwen3.8``."""
+    return "Qwen" + family.removeprefix("qwen")
 
 
 @lru_cache(maxsize=1)
 def aliases() -> dict[str, RecipeEntry]:
-    """The ``qwen36_`` name of each recipe whose model has a Qwen3.6 checkpoint in the catalog."""
+    """The ``qwen36_`` / ``qwen38_`` name of each recipe whose model has that release's checkpoint in the
+    catalog."""
     out = {}
     for entry in discover().values():
         if not entry.name.startswith(QWEN35_PREFIX) or entry.model is None:
             continue
-        if QWEN36_FAMILY in SPECS[entry.model].checkpoints:
-            name = QWEN36_PREFIX + entry.name.removeprefix(QWEN35_PREFIX)
-            out[name] = replace(entry, name=name, family=QWEN36_FAMILY, alias_of=entry.name)
+        for family, prefix in ALIAS_FAMILIES.items():
+            if family in SPECS[entry.model].checkpoints:
+                name = prefix + entry.name.removeprefix(QWEN35_PREFIX)
+                out[name] = replace(entry, name=name, family=family, alias_of=entry.name)
     return out
 
 
 def entries() -> dict[str, RecipeEntry]:
-    """Every name ``--list`` shows and :func:`find` resolves: the recipes and their Qwen3.6 aliases."""
+    """Every name ``--list`` shows and :func:`find` resolves: the recipes and their Qwen3.6 / Qwen3.8
+    aliases."""
     return {**discover(), **aliases()}
 
 
