@@ -32,7 +32,7 @@ CHILD = "\n".join(
     [
         "import contextlib, io, json, sys, traceback",
         "from bridge_recipes.runner.__main__ import START_STATE",
-        "from bridge_recipes import quiet",
+        "from bridge_recipes.utils import quiet",
         "from bridge_recipes.runner.cli import main",
         "quiet.install()",
         "results = []",

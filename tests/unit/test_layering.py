@@ -60,7 +60,7 @@ def test_the_check_sees_a_runner_import(tmp_path):
         path = tmp_path / "m.py"
         path.write_text(line + "\n")
         assert any(_is_runner(m) for m in _imports(path)), line
-    path.write_text("from bridge_recipes import registry\nimport bridge_recipes.plan.layout\n")
+    path.write_text("from bridge_recipes.recipes import registry\nimport bridge_recipes.plan.layout\n")
     assert not any(_is_runner(m) for m in _imports(path))
 
 
