@@ -232,8 +232,7 @@ def spec_for_recipe(recipe: str) -> Qwen35Spec:
     entry = registry.entries().get(recipe)
     if entry is not None and entry.model is not None:
         return SPECS[entry.model]
-    family = next((f for f, p in registry.ALIAS_FAMILIES.items() if recipe.startswith(p)), None)
-    prefix = registry.ALIAS_FAMILIES.get(family, "")
+    family, prefix = next(((f, p) for f, p in registry.ALIAS_FAMILIES.items() if recipe.startswith(p)), (None, ""))
     base = registry.QWEN35_PREFIX + recipe.removeprefix(prefix) if family else recipe
     hits = [name for name in SPECS if base == name or base.startswith(name + "_")]
     if not hits:
