@@ -112,7 +112,7 @@ def watched(step: Callable, budgets: watchdog.Budgets, line: watchdog.StepLine |
 
 
 def step_line(cfg: Any, world: int) -> watchdog.StepLine:
-    """The line of each step of ``cfg`` on ``world`` GPUs: its steps, the tokens a step reads and, on SFT
+    """The line of each step of ``cfg`` on ``world`` GPUs: its steps, the tokens it reads per step and, on SFT
     rows, their non-padding share (the rows' manifest)."""
     from bridge_recipes.data.integrity import RowsIntegrityError, read_manifest
 

@@ -195,7 +195,7 @@ RECENT_STEPS = 10  # the steps whose pace the rate and the time left are read fr
 @dataclass
 class StepLine:
     """The line each finished step prints: ``[step] 12 of 140 (8.6%): 4.0 s, 4,317.8 useful tokens/s per
-    GPU, about 8 min 32 s left``. ``tokens_per_step``: the sequences x tokens a step reads; ``useful_share``:
+    GPU, about 8 min 32 s left``. ``tokens_per_step``: the sequences x tokens read per step; ``useful_share``:
     the non-padding share of them (the rows' manifest; 1.0 for other data); the rate is per GPU of
     ``world`` and read from the last :data:`RECENT_STEPS` steps, a step's time from its start to its end
     (evaluation and saving after it are not in it)."""
